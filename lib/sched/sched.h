@@ -1,0 +1,16 @@
+/* sched.h — what runs a collective: the algorithm chosen for (collective, bytes, ranks, memory).
+ * Link cost models and the split of a collective across links live here too (GPU path). */
+#ifndef FC_SCHED_H
+#define FC_SCHED_H
+
+#include <stddef.h>
+#include "algos/algos.h"
+#include "gpu/gpu.h"
+
+/* The algorithm for coll moving `bytes` (the largest buffer of the call) among nranks ranks.
+ * FLEXCOLL_ALGO=ring|tree forces it where the collective has that algorithm. */
+fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem);
+/* Pipeline chunk in elements for a message of count elements of esize bytes. */
+size_t fc_tuner_chunk_count(size_t count, size_t esize);
+
+#endif

@@ -179,6 +179,16 @@ START_TEST(test_from_address) {
 }
 END_TEST
 
+START_TEST(test_from_address_v6) {
+  char hp[64];
+  snprintf(hp, sizeof hp, "[::1]:%d", free_port());
+  flexcoll_unique_id_t id;
+  ck_assert_int_eq(fc_bootstrap_id_from_address(&id, hp, 2), FLEXCOLL_SUCCESS);
+  if (fc_bootstrap_start_root(&id) != FLEXCOLL_SUCCESS) return; /* no IPv6 on this host */
+  run_thread_ranks(&id, 1, 2, NULL);
+}
+END_TEST
+
 START_TEST(test_abort) {
   flexcoll_unique_id_t id;
   atomic_int flag = 0;
@@ -602,6 +612,7 @@ static Suite *bootstrap_suite(void) {
   tcase_add_loop_test(tc, test_threads, 0, (int)(sizeof sizes / sizeof sizes[0]));
   tcase_add_test(tc, test_threads_peer_closed);
   tcase_add_test(tc, test_from_address);
+  tcase_add_test(tc, test_from_address_v6);
   tcase_add_test(tc, test_abort);
   suite_add_tcase(s, tc);
   tc = tcase_create("procs");

@@ -15,6 +15,7 @@
 #include "comm.h"
 #include "error.h"
 #include "param.h"
+#include "topo.h"
 
 #if HAVE_CUDA
 #include "device.h"
@@ -197,6 +198,7 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   comm->cuda_device = g->device = want;
   g->engine = engine_param();
   g->auto_sm_max = 0;
+  fc_topo_log_once();
   FC_CHECK(load_stream_memops(comm, g));
   FC_CHECK(alloc_local(comm, g));
   FC_CHECK(connect_peers(comm, g));

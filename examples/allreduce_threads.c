@@ -5,7 +5,7 @@
  * launcher: rank i uses GPU i, or, on a host without a GPU, all ranks are host-only.  Each rank
  * is then driven by a thread of its own (a collective waits for its peers, so one thread could
  * drive them all only inside flexcoll_group_start()/flexcoll_group_end()).  Every thread sums a
- * vector in host memory over all ranks and checks the result.
+ * vector in host memory over all ranks, checks the result and frees its communicator.
  *
  * Build:
  *   cc $(pkg-config --cflags flexcoll) allreduce_threads.c $(pkg-config --libs flexcoll) -pthread \
@@ -31,6 +31,16 @@ typedef struct {
   size_t wrong;             /* elements that differ from the expected sum */
 } rank_state_t;
 
+/* The thread that drives a communicator frees it.  After a failure the communicator is unusable:
+ * abort stops its work without waiting for the peers, then destroy frees it. */
+static void free_comm(rank_state_t *st) {
+  if (st->result != FLEXCOLL_SUCCESS) flexcoll_comm_abort(st->comm);
+  flexcoll_result_t r = flexcoll_comm_destroy(st->comm);
+  if (r != FLEXCOLL_SUCCESS)
+    fprintf(stderr, "rank %d: flexcoll_comm_destroy: %s (%s)\n", st->rank, flexcoll_get_error_string(r),
+            flexcoll_get_last_error(NULL));
+}
+
 static void *run_rank(void *arg) {
   rank_state_t *st = arg;
   int *sendbuf = malloc(COUNT * sizeof *sendbuf);
@@ -40,6 +50,7 @@ static void *run_rank(void *arg) {
     st->wrong = COUNT;
     free(sendbuf);
     free(recvbuf);
+    free_comm(st);
     return NULL;
   }
   for (size_t i = 0; i < COUNT; i++) sendbuf[i] = st->rank + (int)(i % 1000);
@@ -57,6 +68,7 @@ static void *run_rank(void *arg) {
   }
   free(sendbuf);
   free(recvbuf);
+  free_comm(st);
   return NULL;
 }
 
@@ -82,11 +94,14 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nranks; i++) {
     states[i] = (rank_state_t){.comm = comms[i], .rank = i, .nranks = nranks, .result = FLEXCOLL_SUCCESS};
     if (pthread_create(&threads[i], NULL, run_rank, &states[i]) != 0) {
-      /* The ranks already started wait for this one until they time out. */
       fprintf(stderr, "pthread_create failed for rank %d\n", i);
       break;
     }
     started++;
+  }
+  for (int i = started; i < nranks; i++) { /* ranks that never got a thread: their peers then fail */
+    states[i].result = FLEXCOLL_INTERNAL_ERROR;
+    free_comm(&states[i]);
   }
   for (int i = 0; i < started; i++) pthread_join(threads[i], NULL);
 
@@ -98,14 +113,6 @@ int main(int argc, char **argv) {
              states[i].wrong ? "WRONG" : "OK", states[i].wrong);
   }
 
-  /* After a failure the communicators are unusable: abort stops their work without waiting for
-   * peers, then destroy frees them. */
-  for (int i = 0; i < nranks; i++) {
-    if (!ok) flexcoll_comm_abort(comms[i]);
-    r = flexcoll_comm_destroy(comms[i]);
-    if (r != FLEXCOLL_SUCCESS)
-      fprintf(stderr, "freeing rank %d: %s (%s)\n", i, flexcoll_get_error_string(r), flexcoll_get_last_error(NULL));
-  }
   printf("%s\n", ok ? "all ranks OK" : "FAILED");
   return ok ? 0 : 1;
 }

@@ -103,7 +103,7 @@ flexcoll_result_t flexcoll_comm_init_all(flexcoll_comm_t *comms, int ndev, const
 flexcoll_result_t flexcoll_comm_init_from_env(flexcoll_comm_t *comm, const flexcoll_config_t *config);
 /* Free a communicator once its work is done. */
 flexcoll_result_t flexcoll_comm_destroy(flexcoll_comm_t comm);
-/* Stop all outstanding work of comm and free it without waiting for peers. */
+/* Stop the outstanding work of comm without waiting for peers; free it with flexcoll_comm_destroy. */
 flexcoll_result_t flexcoll_comm_abort(flexcoll_comm_t comm);
 /* The first asynchronous error of comm (peer gone, timeout), FLEXCOLL_SUCCESS if none. */
 flexcoll_result_t flexcoll_comm_get_async_error(flexcoll_comm_t comm, flexcoll_result_t *async_error);

@@ -320,14 +320,14 @@ typedef struct {
   int nranks;  /* 0 until the first hello with the right magic */
   int joined;
   int poison;  /* nonzero: the conflicting rank count seen; the rendezvous can no longer complete */
-  int told;    /* ranks told since the poisoning */
+  int told;    /* ranks told of the failure */
   int polled_slots;
-  int *fds;    /* per rank: its connection, -1 until it joins; then the ranks' addresses */
-  unsigned char (*addrs)[ADDR_BYTES];
+  int *fds;    /* one block: per rank its connection (-1 until it joins), then... */
+  unsigned char (*addrs)[ADDR_BYTES]; /* ...per rank its listen address */
   pend_t pend[ROOT_MAX_PENDING];
   int npend;
   int64_t pause_until;
-  int64_t end;  /* FLEXCOLL_BOOTSTRAP_TIMEOUT after the start */
+  int64_t end; /* FLEXCOLL_BOOTSTRAP_TIMEOUT after the start */
   struct pollfd *pfds;
 } root_t;
 

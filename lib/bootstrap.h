@@ -6,8 +6,9 @@
  * setup and lets a rank notice that a neighbour process died.
  *
  * Environment: FLEXCOLL_SOCKET_IFNAME picks the interface (NCCL_SOCKET_IFNAME syntax: "eth0",
- * prefixes "eth,ib", "^docker,lo" to exclude, "=eth0" for an exact name); FLEXCOLL_BOOTSTRAP_TIMEOUT
- * (seconds, default 120) is how long a root waits for its ranks before giving up.
+ * prefixes "eth,ib", "^docker,lo" to exclude, "=eth0" for an exact name; default: the first up,
+ * non-loopback interface with IPv4, else loopback); FLEXCOLL_BOOTSTRAP_TIMEOUT (seconds, default
+ * 120, <= 0: no limit) is how long a root waits for its ranks before giving up.
  *
  * Thread safety: functions on different fc_bootstrap_t objects may run concurrently (many ranks may
  * live as threads of one process).  On one object, fc_bootstrap_peer_lost may run concurrently with
@@ -27,7 +28,9 @@ typedef struct fc_bootstrap fc_bootstrap_t;
 
 /* Fill id with a fresh random 64-bit magic and the address of a new root listener: a detached
  * thread of this process that serves one rendezvous (its rank count comes from the first hello),
- * then exits, or exits after FLEXCOLL_BOOTSTRAP_TIMEOUT seconds without completion. */
+ * then exits, or exits after FLEXCOLL_BOOTSTRAP_TIMEOUT seconds without completion.  When ranks
+ * disagree on the rank count, every rank is failed (FLEXCOLL_INVALID_ARGUMENT) and the root exits
+ * once as many ranks as the larger count were told. */
 flexcoll_result_t fc_bootstrap_create_root(flexcoll_unique_id_t *id);
 
 /* An id for a root at a known "host:port" ("[v6addr]:port" for IPv6; launchers: MASTER_ADDR:

@@ -103,6 +103,24 @@ static void make_pair(flexcoll_comm_t c[2]) {
   EXPECT_OK(flexcoll_group_end());
 }
 
+/* Destroy the ranks of one communicator that live in this process, each in its own thread, as
+ * ranks driven by separate threads would.  (Destroying them one after the other from one thread is
+ * its own test: test_destroy_sequential.) */
+static void *destroy_thread(void *arg) {
+  flexcoll_comm_t c = arg;
+  return (void *)(intptr_t)flexcoll_comm_destroy(c);
+}
+static void destroy_concurrently(flexcoll_comm_t *c, int n) {
+  pthread_t t[8];
+  ck_assert_int_le(n, 8);
+  for (int i = 0; i < n; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, destroy_thread, c[i]), 0);
+  for (int i = 0; i < n; i++) {
+    void *res;
+    ck_assert_int_eq(pthread_join(t[i], &res), 0);
+    ck_assert_msg((intptr_t)res == FLEXCOLL_SUCCESS, "destroy of rank %d returned %d", i, (int)(intptr_t)res);
+  }
+}
+
 /* The byte layout of a unique id (bootstrap.h): version, "fcb", 64-bit big-endian magic at 4,
  * packed address at 12 (family, 0, port, address), FNV-1a checksum of bytes 0..35 at 36. */
 #define ID_MAGIC_OFF 4
@@ -119,17 +137,31 @@ static void id_fix_checksum(flexcoll_unique_id_t *id) {
   p[ID_SUM_OFF + 3] = (unsigned char)s;
 }
 
-/* A TCP port on 127.0.0.1 that nobody listens on right now. */
+/* A TCP port that nobody uses right now, below the ephemeral range (as launchers pick
+ * MASTER_PORT): an ephemeral port could be taken meanwhile as the local port of some connection. */
 static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ck_assert_int_ge(fd, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
+  int lo = 32768, hi = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768;
+    fclose(f);
+  }
+  int base = lo > 12000 ? 10000 : 61000, span = lo > 12000 ? lo - 10000 : 4000;
+  unsigned seed = (unsigned)getpid() ^ (unsigned)ta_now_ms();
+  for (int attempt = 0; attempt < 200; attempt++) {
+    int port = base + (int)(rand_r(&seed) % (unsigned)span);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok) return port;
+  }
+  ck_abort_msg("no free TCP port found");
+  return -1;
 }
 
 static const char *const launcher_vars[] = {
@@ -366,6 +398,14 @@ START_TEST(test_init_rank_bad_config) {
   EXPECT_ERR(flexcoll_comm_init_rank(&comm, 1, id, 0, &neg), FLEXCOLL_INVALID_ARGUMENT, NULL, "timeout_ms");
   ck_assert_ptr_null(comm);
 
+  /* cuda_device: -1 (host only), UNDEF (the current device) or a device number; nothing else. */
+  flexcoll_config_t dev = host_config(2000);
+  dev.cuda_device = -5;
+  CTX("cuda_device -5");
+  EXPECT_ERR(flexcoll_comm_init_rank(&comm, 1, id, 0, &dev), FLEXCOLL_INVALID_ARGUMENT, NULL, "cuda_device");
+  ck_assert_ptr_null(comm);
+  CTX("");
+
   /* The failures did not use the id up: a good config still works with it. */
   flexcoll_config_t good = host_config(5000);
   EXPECT_OK(flexcoll_comm_init_rank(&comm, 1, id, 0, &good));
@@ -485,10 +525,11 @@ START_TEST(test_init_rank_nranks_mismatch) {
   int n;
   ck_assert_ptr_nonnull(a);
   ck_assert_ptr_nonnull(b);
+  ck_assert_ptr_nonnull(strstr(flexcoll_get_last_error(a), "ranks"));
+  ck_assert_ptr_nonnull(strstr(flexcoll_get_last_error(b), "ranks"));
   EXPECT_ERR(flexcoll_comm_count(a, &n), FLEXCOLL_INVALID_USAGE, NULL, "initialise");
   EXPECT_ERR(flexcoll_allreduce(&n, &n, 1, FLEXCOLL_INT32, FLEXCOLL_SUM, b, NULL), FLEXCOLL_INVALID_USAGE, NULL,
              "initialise");
-  ck_assert_ptr_nonnull(strstr(flexcoll_get_last_error(a), "ranks"));
   EXPECT_OK(flexcoll_comm_destroy(a));
   EXPECT_OK(flexcoll_comm_destroy(b));
 }
@@ -529,7 +570,31 @@ START_TEST(test_init_all_host) {
   EXPECT_OK(flexcoll_group_end());
   for (int r = 0; r < 3; r++)
     for (int i = 0; i < 5; i++) ck_assert_int_eq(out[r][i], 6 * (i + 1));
-  for (int r = 0; r < 3; r++) EXPECT_OK(flexcoll_comm_destroy(comms[r]));
+  destroy_concurrently(comms, 3);
+}
+END_TEST
+
+START_TEST(test_destroy_sequential) {
+  /* The usual clean-up after flexcoll_comm_init_all: destroy the communicators one after the other
+   * from one thread.  Nothing is in flight (every collective has returned), so each destroy must be
+   * prompt; it must not wait for a peer that nobody progresses until the timeout. */
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  setenv("FLEXCOLL_TIMEOUT_MS", "4000", 1); /* bounds the cost of a failure (the default is minutes) */
+  flexcoll_comm_t comms[3] = {NULL, NULL, NULL};
+  EXPECT_OK(flexcoll_comm_init_all(comms, 3, NULL));
+  int in[3] = {1, 2, 3}, out[3] = {0};
+  EXPECT_OK(flexcoll_group_start());
+  for (int r = 0; r < 3; r++) EXPECT_OK(flexcoll_allreduce(&in[r], &out[r], 1, FLEXCOLL_INT32, FLEXCOLL_SUM, comms[r], NULL));
+  EXPECT_OK(flexcoll_group_end());
+  double took[3];
+  for (int r = 0; r < 3; r++) {
+    double t0 = ta_now_ms();
+    EXPECT_OK(flexcoll_comm_destroy(comms[r]));
+    took[r] = ta_now_ms() - t0;
+  }
+  for (int r = 0; r < 3; r++)
+    ck_assert_msg(took[r] < 1000, "destroying rank %d of an init_all communicator took %.0f ms (%.0f / %.0f / %.0f ms)", r,
+                  took[r], took[0], took[1], took[2]);
 }
 END_TEST
 
@@ -619,8 +684,7 @@ START_TEST(test_coll_bad_root) {
     EXPECT_ERR(call_coll(coll, in, out, 8, FLEXCOLL_INT32, FLEXCOLL_SUM, -1, one), FLEXCOLL_INVALID_ARGUMENT, one, "root");
   }
   EXPECT_OK(flexcoll_comm_destroy(one));
-  EXPECT_OK(flexcoll_comm_destroy(pair[0]));
-  EXPECT_OK(flexcoll_comm_destroy(pair[1]));
+  destroy_concurrently(pair, 2);
 }
 END_TEST
 
@@ -676,8 +740,7 @@ START_TEST(test_coll_null_buffers_nonroot) {
   EXPECT_OK(flexcoll_reduce(in1, NULL, 4, FLEXCOLL_INT32, FLEXCOLL_SUM, 0, c[1], NULL));
   EXPECT_OK(flexcoll_group_end());
   for (int i = 0; i < 4; i++) ck_assert_int_eq(out0[i], in0[i] + in1[i]);
-  EXPECT_OK(flexcoll_comm_destroy(c[0]));
-  EXPECT_OK(flexcoll_comm_destroy(c[1]));
+  destroy_concurrently(c, 2);
 }
 END_TEST
 
@@ -729,8 +792,7 @@ START_TEST(test_coll_count_overflow) {
   EXPECT_OK(flexcoll_allreduce(&a, &b, 1, FLEXCOLL_INT32, FLEXCOLL_MAX, one, NULL));
   ck_assert_int_eq(b, 5);
   EXPECT_OK(flexcoll_comm_destroy(one));
-  EXPECT_OK(flexcoll_comm_destroy(pair[0]));
-  EXPECT_OK(flexcoll_comm_destroy(pair[1]));
+  destroy_concurrently(pair, 2);
 }
 END_TEST
 
@@ -774,8 +836,8 @@ START_TEST(test_comm_getters) {
     ck_assert_int_eq(v, r);
     EXPECT_OK(flexcoll_comm_cu_device(pair[r], &v));
     ck_assert_int_eq(v, -1);
-    EXPECT_OK(flexcoll_comm_destroy(pair[r]));
   }
+  destroy_concurrently(pair, 2);
 }
 END_TEST
 
@@ -930,7 +992,54 @@ START_TEST(test_group_init_and_calls) {
     for (int i = 0; i < 3; i++) ck_assert_float_eq(out[r][i], in[0][i] + in[1][i]);
   EXPECT_OK(flexcoll_comm_count(c[0], &v));
   ck_assert_int_eq(v, 2);
-  for (int r = 0; r < 2; r++) EXPECT_OK(flexcoll_comm_destroy(c[r]));
+  destroy_concurrently(c, 2);
+}
+END_TEST
+
+START_TEST(test_group_destroy_pending) {
+  /* Destroying a communicator whose initialisation is still queued in this thread's group: either
+   * destroy refuses (INVALID_USAGE) and the group initialises it, or destroy takes it and the group
+   * forgets it.  Never may group_end initialise freed memory. */
+  flexcoll_unique_id_t id;
+  EXPECT_OK(flexcoll_get_unique_id(&id));
+  flexcoll_config_t cfg = host_config(2000);
+  flexcoll_comm_t comm = NULL;
+  EXPECT_OK(flexcoll_group_start());
+  EXPECT_OK(flexcoll_comm_init_rank(&comm, 1, id, 0, &cfg));
+  flexcoll_result_t d = flexcoll_comm_destroy(comm);
+  ck_assert_msg(d == FLEXCOLL_SUCCESS || d == FLEXCOLL_INVALID_USAGE, "destroy of a pending comm returned %d: %s", d,
+                flexcoll_get_last_error(NULL));
+  flexcoll_result_t end = flexcoll_group_end();
+  ck_assert_msg(end == FLEXCOLL_SUCCESS, "group_end after destroying a pending comm (destroy returned %d) returned %d (%s): %s",
+                d, end, flexcoll_get_error_string(end), flexcoll_get_last_error(NULL));
+  int v;
+  if (d == FLEXCOLL_SUCCESS) {
+    EXPECT_ERR(flexcoll_comm_count(comm, &v), FLEXCOLL_INVALID_USAGE, NULL, "comm");
+  } else {
+    EXPECT_OK(flexcoll_comm_count(comm, &v));
+    EXPECT_OK(flexcoll_comm_destroy(comm));
+  }
+}
+END_TEST
+
+START_TEST(test_group_destroy_queued) {
+  /* A communicator destroyed while calls on it are queued: group_end reports it, nothing crashes. */
+  flexcoll_comm_t comm = make_comm1();
+  int x = 3, y = 0;
+  EXPECT_OK(flexcoll_group_start());
+  EXPECT_OK(flexcoll_allreduce(&x, &y, 1, FLEXCOLL_INT32, FLEXCOLL_SUM, comm, NULL));
+  flexcoll_result_t d = flexcoll_comm_destroy(comm);
+  flexcoll_result_t end = flexcoll_group_end();
+  if (d == FLEXCOLL_SUCCESS) {
+    ck_assert_msg(end == FLEXCOLL_INVALID_USAGE, "group_end ran a call on a destroyed comm: %d (%s)", end,
+                  flexcoll_get_last_error(NULL));
+    ck_assert_int_eq(y, 0);
+  } else {
+    ck_assert_int_eq(d, FLEXCOLL_INVALID_USAGE);
+    EXPECT_OK(end);
+    ck_assert_int_eq(y, 3);
+    EXPECT_OK(flexcoll_comm_destroy(comm));
+  }
 }
 END_TEST
 
@@ -1099,6 +1208,32 @@ START_TEST(test_init_from_env_one_rank) {
 }
 END_TEST
 
+START_TEST(test_init_from_env_retry) {
+  /* Rank 0 serves the rendezvous.  A call refused for a bad config must not leave that server
+   * holding the port: the corrected call in the same process must work. */
+  clear_launcher_env();
+  char root[64];
+  snprintf(root, sizeof root, "127.0.0.1:%d", free_port());
+  setenv("FLEXCOLL_RANK", "0", 1);
+  setenv("FLEXCOLL_NRANKS", "1", 1);
+  setenv("FLEXCOLL_ROOT", root, 1);
+  flexcoll_config_t zero;
+  memset(&zero, 0, sizeof zero);
+  flexcoll_comm_t comm = NULL;
+  CTX("bad config");
+  EXPECT_ERR(flexcoll_comm_init_from_env(&comm, &zero), FLEXCOLL_INVALID_ARGUMENT, NULL, "config");
+  flexcoll_config_t cfg = host_config(3000);
+  CTX("retry with a good config");
+  EXPECT_OK(flexcoll_comm_init_from_env(&comm, &cfg));
+  EXPECT_OK(flexcoll_comm_destroy(comm));
+  /* And a second communicator from the same environment, after the first. */
+  CTX("second communicator");
+  EXPECT_OK(flexcoll_comm_init_from_env(&comm, &cfg));
+  EXPECT_OK(flexcoll_comm_destroy(comm));
+  clear_launcher_env();
+}
+END_TEST
+
 typedef struct {
   int torchrun; /* RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT instead of FLEXCOLL_* */
   int port;
@@ -1174,6 +1309,7 @@ static Suite *api_suite(void) {
   tcase_add_test(init, test_init_rank_nranks_mismatch);
   tcase_add_test(init, test_init_all_bad_args);
   tcase_add_test(init, test_init_all_host);
+  tcase_add_test(init, test_destroy_sequential);
   suite_add_tcase(s, init);
 
   TCase *coll = tcase_create("collectives");
@@ -1196,12 +1332,15 @@ static Suite *api_suite(void) {
   tcase_add_test(life, test_group_misuse);
   tcase_add_test(life, test_group_nested_deferred);
   tcase_add_test(life, test_group_init_and_calls);
+  tcase_add_test(life, test_group_destroy_pending);
+  tcase_add_test(life, test_group_destroy_queued);
   suite_add_tcase(s, life);
 
   TCase *env = tcase_create("init_from_env");
   tcase_set_timeout(env, 40);
   tcase_add_test(env, test_init_from_env_errors);
   tcase_add_test(env, test_init_from_env_one_rank);
+  tcase_add_test(env, test_init_from_env_retry);
   tcase_add_test(env, test_init_from_env_flexcoll_vars);
   tcase_add_test(env, test_init_from_env_torchrun_vars);
   suite_add_tcase(s, env);

@@ -225,7 +225,8 @@ static int proc_exercise(const flexcoll_unique_id_t *id, int rank, int n, void *
   return line ? 11 : 0;
 }
 
-/* Fork n ranks (the root thread stays in this process); fills status[] with wait statuses. */
+/* Fork n ranks running body; the root thread stays in this process, as with a launcher that
+ * creates the id before forking its workers. */
 static void run_procs(const flexcoll_unique_id_t *id, int n, proc_body_t body, void *arg, pid_t *pids) {
   for (int r = 0; r < n; r++) {
     pids[r] = fork();
@@ -234,6 +235,7 @@ static void run_procs(const flexcoll_unique_id_t *id, int n, proc_body_t body, v
   }
 }
 
+/* Reap the ranks into status[] (wait statuses); ranks still running after 20 s are killed. */
 static void wait_procs(int n, pid_t *pids, int *status) {
   int64_t end = now_ms() + 20000;
   for (int left = n; left > 0;) {

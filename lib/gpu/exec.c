@@ -131,6 +131,13 @@ static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cud
     }
     FC_CHECK(join_streams(x));
   }
+  /* End only when every peer has drained what we sent (its last write into our memory, the
+   * credit, has landed): then our staging area is quiet between collectives and at destroy. */
+  for (int q = 0; q < x->comm->nranks; q++)
+    if (q != x->comm->rank && g->peers[q].sent)
+      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->credit,
+                                      g->peers[q].sent, CU_STREAM_WAIT_VALUE_GEQ));
+  CUDA_TRY(x->comm, cudaEventRecord(g->ev_send, g->send_stream));
   CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_send, 0));
   CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
   return FLEXCOLL_SUCCESS;

@@ -214,9 +214,8 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
     cudaStreamSynchronize(g->send_stream);
     cudaStreamSynchronize(g->recv_stream);
   }
-  /* Peers may still read our staging area until they are done: wait for them when we can. */
-  if (comm->bootstrap && !atomic_load(&comm->abort_flag) && atomic_load(&comm->async_error) == FLEXCOLL_SUCCESS)
-    fc_bootstrap_barrier(comm->bootstrap);
+  /* No barrier with peers (destroy is local): every collective ends only once peers have
+   * returned their last credit to us, so nobody writes into our staging area any more. */
   for (int q = 0; g->peers && q < comm->nranks; q++)
     if (g->peers[q].ipc_opened) cudaIpcCloseMemHandle(g->peers[q].stage);
   if (g->send_stream) cudaStreamDestroy(g->send_stream);

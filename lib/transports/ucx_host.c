@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucp/api/ucp.h>
 
 #include "bootstrap.h"
@@ -108,38 +109,43 @@ flexcoll_result_t fc_ucx_init(struct flexcoll_comm *comm) {
   return res;
 }
 
-static void close_endpoints(fc_ucx_t *u, int force, int timeout_ms) {
-  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                           .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-  void **reqs = calloc((size_t)u->nranks, sizeof *reqs);
+/* Destroy is local (like NCCL's): peers may be destroyed later by the same thread, so nothing
+ * here may wait for a peer to make progress.  Flushing the worker only needs our own transports
+ * to hand over what they still hold; endpoints are then closed without a handshake. */
+static void flush_worker(fc_ucx_t *u, int timeout_ms) {
+  ucp_request_param_t p = {.op_attr_mask = 0};
+  void *req = ucp_worker_flush_nbx(u->worker, &p);
+  if (!UCS_PTR_IS_PTR(req)) return;
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  while (ucp_request_check_status(req) == UCS_INPROGRESS) {
+    ucp_worker_progress(u->worker);
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 > timeout_ms) break;
+  }
+  ucp_request_free(req);
+}
+
+static void close_endpoints(fc_ucx_t *u) {
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
   for (int r = 0; r < u->nranks; r++) {
     if (!u->eps[r]) continue;
     void *req = ucp_ep_close_nbx(u->eps[r], &p);
-    if (reqs && UCS_PTR_IS_PTR(req)) reqs[r] = req;
+    if (UCS_PTR_IS_PTR(req)) {
+      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(u->worker);
+      ucp_request_free(req);
+    }
     u->eps[r] = NULL;
   }
-  if (!reqs) return;
-  /* A flush needs the peer; never wait on it past the timeout (the peer may be gone). */
-  struct timespec start, now;
-  clock_gettime(CLOCK_MONOTONIC, &start);
-  for (int r = 0; r < u->nranks; r++) {
-    while (reqs[r] && ucp_request_check_status(reqs[r]) == UCS_INPROGRESS) {
-      ucp_worker_progress(u->worker);
-      clock_gettime(CLOCK_MONOTONIC, &now);
-      if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 > timeout_ms) break;
-    }
-    if (reqs[r]) {
-      if (ucp_request_check_status(reqs[r]) == UCS_INPROGRESS) ucp_request_cancel(u->worker, reqs[r]);
-      ucp_request_free(reqs[r]);
-    }
-  }
-  free(reqs);
 }
 
 void fc_ucx_close(struct flexcoll_comm *comm, int force) {
   fc_ucx_t *u = comm->ucx;
   if (!u) return;
-  if (u->eps && u->worker) close_endpoints(u, force, force ? 100 : comm->timeout_ms);
+  if (u->eps && u->worker) {
+    if (!force) flush_worker(u, comm->timeout_ms < 5000 ? comm->timeout_ms : 5000);
+    close_endpoints(u);
+  }
   free(u->eps);
   if (u->worker) ucp_worker_destroy(u->worker);
   if (u->context) ucp_cleanup(u->context);

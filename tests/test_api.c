@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -219,6 +220,7 @@ static void run_ranks(int nranks, rank_fn_t fn, void *arg, int deadline_ms) {
     pids[r] = fork();
     ck_assert_int_ge(pids[r], 0);
     if (pids[r] == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL); /* die with the test process (Check kills it on timeout) */
       my_rank = r;
       fn(r, nranks, arg);
       rank_reports[r].done = 1;
@@ -398,18 +400,32 @@ START_TEST(test_init_rank_bad_config) {
   EXPECT_ERR(flexcoll_comm_init_rank(&comm, 1, id, 0, &neg), FLEXCOLL_INVALID_ARGUMENT, NULL, "timeout_ms");
   ck_assert_ptr_null(comm);
 
-  /* cuda_device: -1 (host only), UNDEF (the current device) or a device number; nothing else. */
-  flexcoll_config_t dev = host_config(2000);
-  dev.cuda_device = -5;
-  CTX("cuda_device -5");
-  EXPECT_ERR(flexcoll_comm_init_rank(&comm, 1, id, 0, &dev), FLEXCOLL_INVALID_ARGUMENT, NULL, "cuda_device");
-  ck_assert_ptr_null(comm);
-  CTX("");
-
   /* The failures did not use the id up: a good config still works with it. */
   flexcoll_config_t good = host_config(5000);
   EXPECT_OK(flexcoll_comm_init_rank(&comm, 1, id, 0, &good));
   EXPECT_OK(flexcoll_comm_destroy(comm));
+}
+END_TEST
+
+START_TEST(test_init_rank_bad_cuda_device) {
+  /* config.cuda_device is -1 (host only), FLEXCOLL_CONFIG_UNDEF (the current device) or a device
+   * number; any other negative value is a mistake, with or without GPUs. */
+  flexcoll_unique_id_t id;
+  EXPECT_OK(flexcoll_get_unique_id(&id));
+  flexcoll_config_t cfg = host_config(2000);
+  static const int bad[] = {-5, -2, -2147483647};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cfg.cuda_device = bad[i];
+    flexcoll_comm_t comm = (flexcoll_comm_t)(uintptr_t)0x1;
+    CTX("cuda_device %d", bad[i]);
+    flexcoll_result_t res = flexcoll_comm_init_rank(&comm, 1, id, 0, &cfg);
+    if (res == FLEXCOLL_SUCCESS) flexcoll_comm_destroy(comm);
+    ck_assert_msg(res == FLEXCOLL_INVALID_ARGUMENT, "[%s] init_rank returned %d (%s), expected INVALID_ARGUMENT", ta_ctx,
+                  res, flexcoll_get_error_string(res));
+    ck_assert_msg(strstr(flexcoll_get_last_error(NULL), "cuda_device"), "[%s] last error \"%s\" does not name cuda_device",
+                  ta_ctx, flexcoll_get_last_error(NULL));
+    ck_assert_ptr_null(comm);
+  }
 }
 END_TEST
 
@@ -793,6 +809,73 @@ START_TEST(test_coll_count_overflow) {
   ck_assert_int_eq(b, 5);
   EXPECT_OK(flexcoll_comm_destroy(one));
   destroy_concurrently(pair, 2);
+}
+END_TEST
+
+typedef struct {
+  int coll;
+  size_t count;
+  flexcoll_comm_t comm;
+  flexcoll_result_t res;
+  double took;
+  char err[512];
+} mismatch_rank_t;
+
+static void *mismatch_thread(void *arg) {
+  mismatch_rank_t *m = arg;
+  static _Thread_local int32_t in[64], out[64];
+  for (int i = 0; i < 64; i++) in[i] = i, out[i] = -1;
+  double t0 = ta_now_ms();
+  m->res = call_coll(m->coll, in, out, m->count, FLEXCOLL_INT32, FLEXCOLL_SUM, 0, m->comm);
+  m->took = ta_now_ms() - t0;
+  snprintf(m->err, sizeof m->err, "%s", flexcoll_get_last_error(NULL));
+  return NULL;
+}
+
+START_TEST(test_coll_count_mismatch) {
+  /* Ranks that pass different counts: a rank that gets fewer elements than it asked for must not
+   * report success (its buffer is only partly written); every such rank fails within the timeout. */
+  struct {
+    int coll;
+    size_t count[2];
+    int must_fail[2];
+  } cases[] = {
+      {C_ALLREDUCE, {4, 8}, {1, 1}},
+      {C_ALLREDUCE, {8, 4}, {1, 1}},
+      {C_BROADCAST, {4, 8}, {0, 1}}, /* rank 1 expects 8 elements from root 0, which sends 4 */
+      {C_ALLGATHER, {4, 8}, {1, 1}},
+  };
+  const int timeout_ms = 1500;
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    flexcoll_unique_id_t id;
+    EXPECT_OK(flexcoll_get_unique_id(&id));
+    flexcoll_config_t cfg = host_config(timeout_ms);
+    flexcoll_comm_t c[2];
+    EXPECT_OK(flexcoll_group_start());
+    EXPECT_OK(flexcoll_comm_init_rank(&c[0], 2, id, 0, &cfg));
+    EXPECT_OK(flexcoll_comm_init_rank(&c[1], 2, id, 1, &cfg));
+    EXPECT_OK(flexcoll_group_end());
+    mismatch_rank_t m[2];
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) {
+      memset(&m[r], 0, sizeof m[r]);
+      m[r].coll = cases[i].coll;
+      m[r].count = cases[i].count[r];
+      m[r].comm = c[r];
+      ck_assert_int_eq(pthread_create(&t[r], NULL, mismatch_thread, &m[r]), 0);
+    }
+    for (int r = 0; r < 2; r++) ck_assert_int_eq(pthread_join(t[r], NULL), 0);
+    for (int r = 0; r < 2; r++) {
+      CTX("%s counts %zu/%zu, rank %d", coll_names[cases[i].coll], cases[i].count[0], cases[i].count[1], r);
+      if (cases[i].must_fail[r])
+        ck_assert_msg(m[r].res != FLEXCOLL_SUCCESS, "[%s] returned SUCCESS with mismatched counts", ta_ctx);
+      if (m[r].res != FLEXCOLL_SUCCESS)
+        ck_assert_msg(m[r].res == FLEXCOLL_INVALID_USAGE || m[r].res == FLEXCOLL_TIMEOUT || m[r].res == FLEXCOLL_REMOTE_ERROR,
+                      "[%s] returned %d (%s): %s", ta_ctx, m[r].res, flexcoll_get_error_string(m[r].res), m[r].err);
+      ck_assert_msg(m[r].took < 3.0 * timeout_ms, "[%s] took %.0f ms", ta_ctx, m[r].took);
+    }
+    destroy_concurrently(c, 2);
+  }
 }
 END_TEST
 
@@ -1303,6 +1386,7 @@ static Suite *api_suite(void) {
   tcase_set_timeout(init, 20);
   tcase_add_test(init, test_init_rank_bad_args);
   tcase_add_test(init, test_init_rank_bad_config);
+  tcase_add_test(init, test_init_rank_bad_cuda_device);
   tcase_add_test(init, test_init_rank_old_config);
   tcase_add_test(init, test_init_rank_damaged_id);
   tcase_add_test(init, test_init_rank_dead_root);
@@ -1321,6 +1405,7 @@ static Suite *api_suite(void) {
   tcase_add_test(coll, test_coll_null_buffers_nonroot);
   tcase_add_test(coll, test_coll_count_overflow);
   tcase_add_test(coll, test_single_rank_all_collectives);
+  tcase_add_test(coll, test_coll_count_mismatch);
   suite_add_tcase(s, coll);
 
   TCase *life = tcase_create("lifecycle");

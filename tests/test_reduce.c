@@ -350,6 +350,33 @@ START_TEST(test_reduce_nan_inf) {
 }
 END_TEST
 
+/* float16/bfloat16 MAX/MIN against every y pattern (NaNs, zeros, infinities included) for a
+ * spread of x: bit for bit what the CUDA kernels do, which is fmaxf/fminf's selection in
+ * float (x if it wins or y is NaN, else y), the winner rounded back (NaN -> 0x7fff). */
+START_TEST(test_reduce_16bit_maxmin) {
+  const flexcoll_datatype_t dt = _i / 2 ? FLEXCOLL_BFLOAT16 : FLEXCOLL_FLOAT16;
+  const flexcoll_op_t op = _i % 2 ? FLEXCOLL_MIN : FLEXCOLL_MAX;
+  static const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x7c00, 0xfc00, 0x7f80, 0xff80,
+                                      0x7c01, 0x7e00, 0xfe00, 0x7fff, 0xffff, 0x7bff, 0xfbff, 0x3c00};
+  static uint16_t a[0x10000], b[0x10000], d[0x10000];
+  for (uint32_t y = 0; y < 0x10000u; y++) b[y] = (uint16_t)y;
+  const size_t nspecial = sizeof specials / sizeof specials[0];
+  for (uint32_t k = 0; k < nspecial + 0x10000u / 251; k++) {
+    const uint16_t x = k < nspecial ? specials[k] : (uint16_t)((k - nspecial) * 251);
+    for (uint32_t y = 0; y < 0x10000u; y++) a[y] = x;
+    fc_host_reduce(d, a, b, 0x10000u, dt, op);
+    const double xv = as_double(x, dt);
+    for (uint32_t y = 0; y < 0x10000u; y++) {
+      const double yv = as_double(y, dt);
+      const int x_wins = (op == FLEXCOLL_MAX ? isgreater(xv, yv) : isless(xv, yv)) || isnan(yv);
+      const unsigned pick = x_wins ? x : y, want = isnan(as_double(pick, dt)) ? 0x7fffu : pick;
+      EXPECT(d[y] == want, "%s %s(0x%04x, 0x%04x) = 0x%04x, want 0x%04x", fc_dtype_name(dt), fc_op_name(op), x, y,
+             d[y], want);
+    }
+  }
+}
+END_TEST
+
 /* Invalid datatype or operator: nothing happens. */
 START_TEST(test_reduce_invalid) {
   int32_t a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, d[4] = {9, 9, 9, 9};
@@ -582,6 +609,7 @@ static Suite *reduce_suite(void) {
   tcase_set_timeout(tc, 120); /* a million elements x every op and aliasing, per datatype */
   tcase_add_loop_test(tc, test_reduce_all_ops, 0, FLEXCOLL_NUM_DATATYPES);
   tcase_add_loop_test(tc, test_reduce_nan_inf, 0, 4);
+  tcase_add_loop_test(tc, test_reduce_16bit_maxmin, 0, 4); /* {float16, bfloat16} x {max, min} */
   tcase_add_test(tc, test_reduce_invalid);
   tcase_add_loop_test(tc, test_divide, 0, FLEXCOLL_NUM_DATATYPES);
   tcase_add_test(tc, test_divide_known);

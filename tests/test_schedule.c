@@ -135,11 +135,12 @@ static void layout_rank(sim_t *sim, int r) {
   }
   k->base[FC_BUF_SCRATCH] = at;
   k->memlen = at + k->s.scratch_count + GUARD;
-  size_t cap = k->memcap;
-  k->mem = grow(k->mem, &cap, k->memlen, sizeof(int64_t));
-  cap = k->memcap;
-  k->init = grow(k->init, &cap, k->memlen, sizeof(int64_t));
-  k->memcap = cap;
+  if (k->memlen > k->memcap) { /* mem and init share one capacity */
+    k->memcap = k->memlen;
+    k->mem = realloc(k->mem, k->memcap * sizeof(int64_t));
+    k->init = realloc(k->init, k->memcap * sizeof(int64_t));
+    ck_assert(k->mem && k->init);
+  }
   for (size_t i = 0; i < k->memlen; i++) k->mem[i] = (int64_t)(rng() | 1ULL << 62); /* garbage: large */
   for (size_t i = 0; i < ls; i++) k->mem[k->base[FC_BUF_SEND] + i] = (int64_t)(rng() % 2001) - 1000;
   memcpy(k->init, k->mem, k->memlen * sizeof(int64_t));
@@ -179,7 +180,8 @@ static int check_buf_ref(sim_t *sim, int r, int i, int buf, size_t off, size_t c
   if (buf != FC_BUF_SEND && buf != FC_BUF_RECV && buf != FC_BUF_SCRATCH)
     return sim_fail(sim, "rank %d step %d: bad buffer %d", r, i, buf);
   if (off > k->len[buf] || count > k->len[buf] - off)
-    return sim_fail(sim, "rank %d step %d: [%zu,+%zu) outside buffer %d of %zu", r, i, off, count, buf, k->len[buf]);
+    return sim_fail(sim, "rank %d step %d: [%zu,+%zu) outside buffer %d of %zu", r, i, off, count, buf,
+                    k->len[buf]);
   if (buf == FC_BUF_RECV && !recv_writable(sim, r))
     return sim_fail(sim, "rank %d step %d: non-root of reduce references recv", r, i);
   if (buf == FC_BUF_SEND && !send_readable(sim, r))
@@ -205,16 +207,31 @@ static int check_step(sim_t *sim, int r, int i) {
   return 0;
 }
 
+/* At most one message per peer and direction in a round: executors may tag messages by round. */
+static int check_round_peers(sim_t *sim, int r, int round) {
+  const fc_schedule_t *s = &sim->rk[r].s;
+  for (int i = s->round_start[round]; i < s->round_start[round + 1]; i++)
+    for (int j = i + 1; j < s->round_start[round + 1]; j++) {
+      const fc_step_t *x = &s->steps[i], *y = &s->steps[j];
+      if (x->kind == FC_STEP_COPY || y->kind == FC_STEP_COPY || x->peer != y->peer) continue;
+      if ((x->kind == FC_STEP_SEND) == (y->kind == FC_STEP_SEND))
+        return sim_fail(sim, "rank %d round %d: two messages with rank %d in one direction", r, round, x->peer);
+    }
+  return 0;
+}
+
 /* Structure, buffer use and result region of one rank's schedule. */
 static int check_static(sim_t *sim, int r) {
   const fc_schedule_t *s = &sim->rk[r].s;
   if (s->nrounds > 0 && s->round_start[0] != 0) return sim_fail(sim, "rank %d: round 0 not at step 0", r);
-  for (int j = 0; j < s->nrounds; j++)
-    if (s->round_start[j + 1] <= s->round_start[j]) return sim_fail(sim, "rank %d: round %d empty", r, j);
   if ((s->nrounds ? s->round_start[s->nrounds] : 0) != s->nsteps)
     return sim_fail(sim, "rank %d: rounds do not cover the steps", r);
+  for (int j = 0; j < s->nrounds; j++)
+    if (s->round_start[j + 1] <= s->round_start[j]) return sim_fail(sim, "rank %d: round %d empty", r, j);
   for (int i = 0; i < s->nsteps; i++)
     if (check_step(sim, r, i)) return -1;
+  for (int j = 0; j < s->nrounds; j++)
+    if (check_round_peers(sim, r, j)) return -1;
   int has_result = reduces(sim->a.coll) && recv_writable(sim, r) && sim->a.count > 0;
   if (has_result && (s->result_buf != FC_BUF_RECV || s->result_off != 0 || s->result_count != sim->a.count))
     return sim_fail(sim, "rank %d: result region %d [%zu,+%zu)", r, s->result_buf, s->result_off, s->result_count);
@@ -308,8 +325,13 @@ static int complete_round(sim_t *sim, int r) {
       if (m->count != st->count)
         return sim_fail(sim, "rank %d step %d: receives %zu elements, rank %d sent %zu", r, i, st->count, st->peer,
                         m->count);
-      const int64_t *in = sim->arena + m->off, *src = k->mem + (st->src_buf != FC_BUF_NONE ? addr(k, st->src_buf, st->src_off) : 0);
-      for (size_t e = 0; e < st->count; e++) dst[e] = st->kind == FC_STEP_RECV ? in[e] : apply_op(sim->op, src[e], in[e]);
+      const int64_t *in = sim->arena + m->off;
+      if (st->kind == FC_STEP_RECV) {
+        memcpy(dst, in, st->count * sizeof(int64_t));
+      } else {
+        const int64_t *src = k->mem + addr(k, st->src_buf, st->src_off); /* may be dst: element-wise */
+        for (size_t e = 0; e < st->count; e++) dst[e] = apply_op(sim->op, src[e], in[e]);
+      }
     }
   }
   k->cur++;

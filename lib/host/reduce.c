@@ -86,10 +86,10 @@ typedef void (*fc_divide_fn)(void *buf, size_t count, int n);
 /* IEEE fmax/fmin (libm's are calls): x when it wins or when y is NaN, else y (which covers x
  * NaN).  Quiet comparisons (isgreater, !=) and | rather than ||: GCC will not move an
  * FE_INVALID-raising x > y out of a branch, and a branch in the loop stops vectorisation. */
-static inline float fc_fmaxf_(float x, float y) { return isgreater(x, y) | (y != y) ? x : y; }
-static inline float fc_fminf_(float x, float y) { return isless(x, y) | (y != y) ? x : y; }
-static inline double fc_fmax_(double x, double y) { return isgreater(x, y) | (y != y) ? x : y; }
-static inline double fc_fmin_(double x, double y) { return isless(x, y) | (y != y) ? x : y; }
+static inline float fc_fmaxf_(float x, float y) { return (isgreater(x, y) | (y != y)) ? x : y; }
+static inline float fc_fminf_(float x, float y) { return (isless(x, y) | (y != y)) ? x : y; }
+static inline double fc_fmax_(double x, double y) { return (isgreater(x, y) | (y != y)) ? x : y; }
+static inline double fc_fmin_(double x, double y) { return (isless(x, y) | (y != y)) ? x : y; }
 
 /* float16/bfloat16 MAX/MIN on the 16-bit patterns, bit for bit what converting to float,
  * fmaxf/fminf and rounding back give (the winner rounds back to itself, a NaN result becomes
@@ -103,13 +103,13 @@ static inline int32_t fc_key16_(uint32_t h) {
 
 static inline uint16_t fc_max16_(uint32_t x, uint32_t y, uint32_t inf) {
   const int xnan = (x & 0x7fffu) > inf, ynan = (y & 0x7fffu) > inf;
-  const uint32_t r = ((fc_key16_(x) > fc_key16_(y)) & !xnan) | ynan ? x : y;
+  const uint32_t r = (((fc_key16_(x) > fc_key16_(y)) & !xnan) | ynan) ? x : y;
   return (uint16_t)((r & 0x7fffu) > inf ? 0x7fffu : r);
 }
 
 static inline uint16_t fc_min16_(uint32_t x, uint32_t y, uint32_t inf) {
   const int xnan = (x & 0x7fffu) > inf, ynan = (y & 0x7fffu) > inf;
-  const uint32_t r = ((fc_key16_(x) < fc_key16_(y)) & !xnan) | ynan ? x : y;
+  const uint32_t r = (((fc_key16_(x) < fc_key16_(y)) & !xnan) | ynan) ? x : y;
   return (uint16_t)((r & 0x7fffu) > inf ? 0x7fffu : r);
 }
 

@@ -9,7 +9,9 @@
  * __bfloat162float / __float2bfloat16_rn, NaN included: every NaN becomes the canonical
  * NaN that CUDA produces (float16/bfloat16 0x7fff; float16 -> float 0x7fffffff), so that a
  * host-reduced and a device-reduced buffer agree bit for bit.  bfloat16 -> float keeps the
- * NaN payload, as CUDA's does (it is a plain shift).
+ * NaN payload, as CUDA's does (it is a plain shift).  Checked for all 2^32 floats and all
+ * 65536 patterns against the CUDA intrinsics on an H200 (device code, with and without
+ * -ftz=true) and against x86 F16C on the host.
  *
  * The float16 conversions are branch-free so that GCC vectorises the float16 reduction loops.
  * They use one float addition for subnormal results ("magic number" alignment), which is exact

@@ -11,7 +11,7 @@
 #define FC_TOPO_MAX_NICS 16
 
 typedef struct {
-  char name[128];
+  char name[256];
   char pci_bus_id[32];
   int numa_node;      /* -1 when unknown */
   size_t memory_bytes;

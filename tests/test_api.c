@@ -178,6 +178,7 @@ static void clear_launcher_env(void) {
 typedef struct {
   char msg[512]; /* why the rank failed */
   int done;      /* the rank reached its end */
+  char phase[64]; /* what the rank is doing now: says where a hung rank hangs */
 } rank_report_t;
 
 static rank_report_t *rank_reports; /* shared with the forked ranks */
@@ -191,6 +192,8 @@ __attribute__((format(printf, 1, 2))) static void rank_fail(const char *fmt, ...
   fprintf(stderr, "rank %d: %s\n", my_rank, rank_reports[my_rank].msg);
   _exit(1);
 }
+
+#define PHASE(what) snprintf(rank_reports[my_rank].phase, sizeof rank_reports[my_rank].phase, "%s", (what))
 
 #define RANK_CHECK(cond, ...) \
   do {                        \
@@ -243,7 +246,8 @@ static void run_ranks(int nranks, rank_fn_t fn, void *arg, int deadline_ms) {
     if (status[r] == -1) {
       kill(pids[r], SIGKILL);
       waitpid(pids[r], &status[r], 0);
-      snprintf(rank_reports[r].msg, sizeof rank_reports[r].msg, "still running after %d ms (hung), killed", deadline_ms);
+      snprintf(rank_reports[r].msg, sizeof rank_reports[r].msg, "still running after %d ms, hung in %s: killed",
+               deadline_ms, rank_reports[r].phase[0] ? rank_reports[r].phase : "?");
     }
   char why[2048] = "";
   size_t n = 0;
@@ -1343,7 +1347,9 @@ static void env_rank(int rank, int nranks, void *arg) {
   }
   flexcoll_config_t cfg = host_config(10000);
   flexcoll_comm_t comm = NULL;
+  PHASE("flexcoll_comm_init_from_env");
   RANK_OK(flexcoll_comm_init_from_env(&comm, &cfg));
+  PHASE("allreduce");
   int v = -1;
   RANK_OK(flexcoll_comm_count(comm, &v));
   RANK_CHECK(v == nranks, "comm_count %d, expected %d", v, nranks);
@@ -1355,6 +1361,7 @@ static void env_rank(int rank, int nranks, void *arg) {
   RANK_OK(flexcoll_allreduce(in, out, N, FLEXCOLL_INT32, FLEXCOLL_SUM, comm, NULL));
   int sum = nranks * (nranks + 1) / 2;
   for (int i = 0; i < N; i++) RANK_CHECK(out[i] == sum * i, "allreduce out[%d] = %d, expected %d", i, out[i], sum * i);
+  PHASE("flexcoll_comm_destroy");
   RANK_OK(flexcoll_comm_destroy(comm));
 }
 

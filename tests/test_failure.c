@@ -57,6 +57,7 @@ typedef struct {
   char log[768];  /* what it saw (results, times), printed on failure */
   int done;       /* reached its end */
   int result;     /* a survivor's first failed collective (flexcoll_result_t), -1 if none */
+  char phase[64]; /* what the rank is doing now: says where a hung rank hangs */
 } report_t;
 
 static report_t *reports; /* shared with the ranks */
@@ -83,6 +84,8 @@ __attribute__((format(printf, 1, 2))) static void rank_fail(const char *fmt, ...
   fprintf(stderr, "rank %d: %s\n", my_rank, reports[my_rank].msg);
   _exit(1);
 }
+
+#define PHASE(what) snprintf(reports[my_rank].phase, sizeof reports[my_rank].phase, "%s", (what))
 
 #define RANK_CHECK(cond, ...) \
   do {                        \
@@ -143,7 +146,8 @@ static void run_ranks(rank_fn_t fn, void *arg, const int expect[NRANKS], int dea
       for (int r = 0; r < NRANKS; r++)
         if (!ended[r]) {
           kill(pids[r], SIGKILL);
-          snprintf(reports[r].msg, sizeof reports[r].msg, "still running after %d ms (hung): killed", deadline_ms);
+          snprintf(reports[r].msg, sizeof reports[r].msg, "still running after %d ms, hung in %s: killed", deadline_ms,
+                   reports[r].phase[0] ? reports[r].phase : "?");
         }
     }
     tf_sleep_ms(5);
@@ -215,7 +219,9 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   if (job->use_env) setenv("FLEXCOLL_TIMEOUT_MS", "3000", 1); /* before any library call here */
   else cfg.timeout_ms = TIMEOUT_MS;
   flexcoll_comm_t comm = NULL;
+  PHASE("flexcoll_comm_init_rank");
   RANK_OK(flexcoll_comm_init_rank(&comm, NRANKS, *id, rank, &cfg));
+  PHASE("the good allreduces");
 
   size_t n = job->how == LEAVE_MIDKILL ? (size_t)16 << 20 : 4096;
   float *in = malloc(n * sizeof *in), *out = malloc(n * sizeof *out);
@@ -255,6 +261,7 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   }
 
   /* The survivors. */
+  PHASE("the allreduce after the failure");
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   double took = 0;
   int calls = 0;
@@ -289,6 +296,7 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
              flexcoll_get_error_string(ae));
 
   /* Another collective on the broken communicator fails; it must not hang or succeed. */
+  PHASE("the next allreduce");
   double t0 = tf_now_ms();
   res = flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
   took = tf_now_ms() - t0;
@@ -296,9 +304,11 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   RANK_CHECK(res != FLEXCOLL_SUCCESS, "an allreduce on the broken communicator succeeded");
   RANK_CHECK(took < 3.0 * TIMEOUT_MS, "the next allreduce took %.0f ms", took);
 
+  PHASE("flexcoll_comm_abort");
   t0 = tf_now_ms();
   RANK_OK(flexcoll_comm_abort(comm));
   double t_abort = tf_now_ms() - t0;
+  PHASE("flexcoll_comm_destroy");
   t0 = tf_now_ms();
   RANK_OK(flexcoll_comm_destroy(comm));
   double t_destroy = tf_now_ms() - t0;

@@ -543,7 +543,10 @@ static void test_oneshot_pipelined(int nranks, const int *devs, const char *wher
   const int before = g_failures;
   for (int round = 0; round < 4; round++) {
     pipe_plan(&p, &w);
-    for (int i = 0; i < nranks; i++) CK(cudaSetDevice(devs[i])), CK(cudaDeviceSynchronize());
+    for (int i = 0; i < nranks; i++) {
+      CK(cudaSetDevice(devs[i]));
+      CK(cudaDeviceSynchronize());
+    }
     for (int k = 0; k < p.ncalls; k++) {
       w.seq++;
       for (int i = 0; i < nranks; i++) {
@@ -559,7 +562,11 @@ static void test_oneshot_pipelined(int nranks, const int *devs, const char *wher
   }
   printf("%s one-shot pipelined (%d calls queued, skewed ranks), %d ranks on %s\n",
          g_failures == before ? "PASS" : "FAIL", 4 * p.ncalls, nranks, where);
-  for (int i = 0; i < nranks; i++) CK(cudaSetDevice(devs[i])), CK(cudaFree(p.send[i])), CK(cudaFree(p.recv[i]));
+  for (int i = 0; i < nranks; i++) {
+    CK(cudaSetDevice(devs[i]));
+    CK(cudaFree(p.send[i]));
+    CK(cudaFree(p.recv[i]));
+  }
   free(p.hsend), free(E), free(G);
   world_free(&w);
 }

@@ -24,7 +24,7 @@ flexcoll_result_t flexcoll_get_unique_id(flexcoll_unique_id_t *id) {
   return fc_bootstrap_create_root(id);
 }
 
-static flexcoll_result_t check_config(const flexcoll_config_t *config, const char *fn) {
+flexcoll_result_t fc_check_config(const flexcoll_config_t *config, const char *fn) {
   if (!config) return FLEXCOLL_SUCCESS;
   if (config->size < offsetof(flexcoll_config_t, version) + sizeof config->version || config->version == 0 ||
       config->version > FLEXCOLL_CONFIG_VERSION)
@@ -34,6 +34,10 @@ static flexcoll_result_t check_config(const flexcoll_config_t *config, const cha
   if (config->size >= offsetof(flexcoll_config_t, timeout_ms) + sizeof(int) && config->timeout_ms != FLEXCOLL_CONFIG_UNDEF &&
       config->timeout_ms <= 0)
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: config.timeout_ms %d must be positive", fn, config->timeout_ms);
+  if (config->size >= offsetof(flexcoll_config_t, cuda_device) + sizeof(int) && config->cuda_device != FLEXCOLL_CONFIG_UNDEF &&
+      config->cuda_device < -1)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: config.cuda_device %d is neither a device index nor -1 (host only)",
+                    fn, config->cuda_device);
   return FLEXCOLL_SUCCESS;
 }
 
@@ -46,7 +50,7 @@ flexcoll_result_t flexcoll_comm_init_rank(flexcoll_comm_t *comm, int nranks, fle
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: nranks %d out of range [1, 65535]", fn, nranks);
   if (rank < 0 || rank >= nranks)
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: rank %d out of range [0, %d)", fn, rank, nranks);
-  FC_CHECK(check_config(config, fn));
+  FC_CHECK(fc_check_config(config, fn));
   flexcoll_comm_t c;
   FC_CHECK(fc_comm_alloc(&c, nranks, rank, &id, config));
   if (fc_group_active()) {

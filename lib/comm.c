@@ -12,6 +12,7 @@
 #include "bootstrap.h"
 #include "error.h"
 #include "gpu/gpu.h"
+#include "group.h"
 #include "param.h"
 #include "transports/transports.h"
 
@@ -132,6 +133,9 @@ static void comm_free(flexcoll_comm_t c, int force) {
 
 flexcoll_result_t flexcoll_comm_destroy(flexcoll_comm_t comm) {
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_comm_destroy: comm is NULL");
+  if (fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING && fc_group_inits(comm))
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                    "flexcoll_comm_destroy: comm is queued for initialisation in this thread's group; end the group first");
   if (!registry_remove(comm))
     return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "flexcoll_comm_destroy: comm %p is not a live communicator (destroyed twice?)",
                     (void *)comm);

@@ -59,6 +59,8 @@ flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn);
 flexcoll_result_t fc_comm_init(flexcoll_comm_t comm);
 flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, const flexcoll_unique_id_t *id,
                                 const flexcoll_config_t *config);
+/* Validate a user's config (NULL is fine); fn names the caller in the message. */
+flexcoll_result_t fc_check_config(const flexcoll_config_t *config, const char *fn);
 /* The first error recorded asynchronously wins; returns the stored one. */
 flexcoll_result_t fc_comm_set_async_error(flexcoll_comm_t comm, flexcoll_result_t err);
 

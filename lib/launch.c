@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bootstrap.h"
+#include "comm.h"
 #include "error.h"
 #include "log.h"
 #include "param.h"
@@ -52,6 +53,8 @@ flexcoll_result_t flexcoll_comm_init_from_env(flexcoll_comm_t *comm, const flexc
   const char *fn = "flexcoll_comm_init_from_env";
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
   *comm = NULL;
+  /* Check everything before rank 0 starts serving the root: a refused call must leave no listener. */
+  FC_CHECK(fc_check_config(config, fn));
   for (size_t i = 0; i < sizeof launchers / sizeof launchers[0]; i++) {
     const fc_launcher_t *l = &launchers[i];
     int rank, size;

@@ -158,7 +158,8 @@ static const char *describe_status(int st, char *buf, size_t n) {
 }
 
 /* Wait for the n children until the deadline, then kill the rest.  Returns 1 when all exited 0. */
-static int wait_children(const pid_t *pids, int n, double deadline, const char *label, const char *what, int quiet) {
+static int wait_children(const pid_t *pids, int n, double deadline, double grace_s, const char *label, const char *what,
+                         int quiet) {
   int *done = calloc((size_t)n, sizeof *done), *status = calloc((size_t)n, sizeof *status);
   if (!done || !status) { perror("calloc"); abort(); }
   int left = 0, killed = 0;
@@ -174,12 +175,30 @@ static int wait_children(const pid_t *pids, int n, double deadline, const char *
         done[i] = 1;
         left--;
         progressed = 1;
+        /* Once a rank has failed, the others fail too (peer lost, or their timeout): do not wait
+         * for the full deadline for one that hangs. */
+        int failed = !(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0);
+        if (failed && deadline > hx_now() + grace_s) deadline = hx_now() + grace_s;
       }
     }
     if (!left) break;
     if (hx_now() > deadline) {
       for (int i = 0; i < n; i++)
-        if (!done[i]) kill(pids[i], SIGKILL);
+        if (!done[i]) {
+          /* Where it is stuck, for the report (kernel wait channel; a debugger tells more). */
+          char path[64], wchan[64] = "?";
+          snprintf(path, sizeof path, "/proc/%d/wchan", (int)pids[i]);
+          FILE *f = fopen(path, "r");
+          if (f) {
+            size_t k = fread(wchan, 1, sizeof wchan - 1, f);
+            wchan[k] = '\0';
+            fclose(f);
+          }
+          if (!quiet)
+            fprintf(stderr, "[%s] %s %d (pid %d) still running at the deadline (waiting in %s): killing it\n", label,
+                    what, i, (int)pids[i], wchan[0] ? wchan : "?");
+          kill(pids[i], SIGKILL);
+        }
       for (int i = 0; i < n; i++)
         if (!done[i]) {
           while (waitpid(pids[i], &status[i], 0) < 0 && errno == EINTR) {}
@@ -210,6 +229,13 @@ static int wait_children(const pid_t *pids, int n, double deadline, const char *
   free(done);
   free(status);
   return ok;
+}
+
+/* After a first rank failed: long enough for the others to notice (a lost peer within
+ * milliseconds, a hung one within their timeout) and report their own view. */
+static double grace_of(const hx_opts_t *o) {
+  int t = o->timeout_ms > 0 ? o->timeout_ms : 60000;
+  return o->timeout_ms < 0 ? 75.0 : t / 1000.0 + 15.0;
 }
 
 static double deadline_of(const hx_opts_t *o) { return hx_now() + (o->deadline_s > 0 ? o->deadline_s : 300.0); }
@@ -291,7 +317,7 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
     for (int i = 0; i < nranks; i++)
       if (pids[i] > 0) kill(pids[i], SIGKILL);
   }
-  ok = wait_children(pids, nranks, deadline, o->label, "rank", o->expect_fail) && ok;
+  ok = wait_children(pids, nranks, deadline, grace_of(o), o->label, "rank", o->expect_fail) && ok;
   free(pids);
   timing_line(o, "procs", nranks, t0, ok);
   return ok;
@@ -304,9 +330,14 @@ typedef struct {
   pthread_t thread;
 } thread_rank_t;
 
+/* Each thread destroys its own rank when done: destroying the ranks one after the other from one
+ * thread makes each destroy wait for peers that nobody progresses (up to the timeout). */
 static void *thread_main(void *arg) {
   thread_rank_t *t = arg;
   t->rc = t->fn(&t->r);
+  if (t->rc == 0 && t->r.errors == 0) snprintf(t->r.what, sizeof t->r.what, "flexcoll_comm_destroy");
+  flexcoll_result_t res = flexcoll_comm_destroy(t->r.comm);
+  if (res != FLEXCOLL_SUCCESS) hx_fail(&t->r, "flexcoll_comm_destroy returned %d", (int)res);
   return NULL;
 }
 
@@ -343,13 +374,6 @@ static int threads_main(const hx_opts_t *o, int nranks, hx_rank_fn fn, void *arg
     pthread_join(t[i].thread, NULL);
     if (t[i].rc || t[i].r.errors) rc = 1;
   }
-  for (int i = 0; i < nranks; i++) {
-    res = flexcoll_comm_destroy(comms[i]);
-    if (res != FLEXCOLL_SUCCESS) {
-      fprintf(stderr, "[%s] FAIL flexcoll_comm_destroy(rank %d) returned %d\n", o->label, i, (int)res);
-      rc = 1;
-    }
-  }
   free(comms);
   free(t);
   return rc;
@@ -370,7 +394,7 @@ int hx_run_threads(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
     child_setup(parent);
     child_exit(threads_main(o, nranks, fn, arg));
   }
-  int ok = wait_children(&p, 1, deadline, o->label, "threads process", o->expect_fail);
+  int ok = wait_children(&p, 1, deadline, grace_of(o), o->label, "threads process", o->expect_fail);
   timing_line(o, "threads", nranks, t0, ok);
   return ok;
 }
@@ -391,7 +415,7 @@ int hx_run_process(const hx_opts_t *o, hx_proc_fn fn, void *arg) {
     hx_apply_env(o);
     child_exit(fn(arg));
   }
-  int ok = wait_children(&p, 1, deadline, o->label, "process", o->expect_fail);
+  int ok = wait_children(&p, 1, deadline, grace_of(o), o->label, "process", o->expect_fail);
   timing_line(o, "process", 1, t0, ok);
   return ok;
 }
@@ -703,4 +727,41 @@ size_t hx_check_poisoned(hx_rank_t *r, const char *where, const void *buf, size_
   size_t first = 0, bad = count_unpoisoned(buf, bytes, &first);
   if (bad) hx_fail(r, "%s: %zu of %zu bytes written (must stay untouched), first at byte %zu", where, bad, bytes, first);
   return bad;
+}
+
+/* ---- destroying ranks of one process ---------------------------------------------------------- */
+
+typedef struct {
+  flexcoll_comm_t comm;
+  flexcoll_result_t res;
+  pthread_t thread;
+  int started;
+} destroy_job_t;
+
+static void *destroy_main(void *arg) {
+  destroy_job_t *j = arg;
+  j->res = flexcoll_comm_destroy(j->comm);
+  return NULL;
+}
+
+int hx_destroy_concurrently(flexcoll_comm_t *comms, int n) {
+  destroy_job_t *j = calloc((size_t)n, sizeof *j);
+  if (!j) return 0;
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    j[i].comm = comms[i];
+    j[i].started = pthread_create(&j[i].thread, NULL, destroy_main, &j[i]) == 0;
+    if (!j[i].started) destroy_main(&j[i]);
+  }
+  for (int i = 0; i < n; i++) {
+    if (j[i].started) pthread_join(j[i].thread, NULL);
+    if (j[i].res != FLEXCOLL_SUCCESS) {
+      fprintf(stderr, "[hx] flexcoll_comm_destroy(comm %d of %d) returned %d: %s\n", i, n, (int)j[i].res,
+              flexcoll_get_last_error(NULL));
+      ok = 0;
+    }
+    comms[i] = NULL;
+  }
+  free(j);
+  return ok;
 }

@@ -9,7 +9,8 @@
  *                  flexcoll_comm_init_rank with its rank, runs the callback, destroys its
  *                  communicators and exits 0 (success) or 1.
  *   hx_run_threads forks ONE process that calls flexcoll_comm_init_all(comms, nranks, NULL) and runs
- *                  the callback in one pthread per communicator.  The process hides the GPUs
+ *                  the callback in one pthread per communicator, which then destroys its
+ *                  communicator (concurrently: see hx_destroy_concurrently).  The process hides the GPUs
  *                  (CUDA_VISIBLE_DEVICES="") so that the ranks are host ranks on every machine.
  *   hx_run_process forks one process that runs a plain function (group tests, custom set-ups).
  *   In all three the parent waits until a deadline, then SIGKILLs whatever is left, and returns 1
@@ -89,6 +90,11 @@ int hx_run_process(const hx_opts_t *opts, hx_proc_fn fn, void *arg);
 /* Fill r as hx_run_* do for rank `rank` of nranks (seed salted by opts->label; no communicator):
  * for hx_proc_fn bodies that report through hx_fail and the checks. */
 void hx_rank_init(hx_rank_t *r, const hx_opts_t *opts, int rank, int nranks, void *arg);
+
+/* Destroy n communicators of this process at once, one thread each: a healthy communicator's
+ * destroy may wait for its peers (up to its timeout), so ranks that live in one process must not be
+ * destroyed one after the other from one thread.  Returns 1 when every destroy succeeded. */
+int hx_destroy_concurrently(flexcoll_comm_t *comms, int n);
 
 /* Apply opts' environment (FLEXCOLL_ALGO, FLEXCOLL_TIMEOUT_MS, env) to this process; for
  * hx_proc_fn bodies that fork further or for custom set-ups.  hx_run_* call it in their children. */

@@ -49,11 +49,18 @@ static void ta_sleep_ms(int ms) {
 static char ta_ctx[128] = "";
 #define CTX(...) snprintf(ta_ctx, sizeof ta_ctx, __VA_ARGS__)
 
-/* res must be code, and this thread's last error (and comm's, when comm is given) must name what. */
+/* res must be code, and this thread's last error (and comm's, when comm is given) must name what.
+ * A sentinel error is recorded first (flexcoll_get_version(NULL)) so that a call that fails without
+ * recording its own message cannot pass on a stale one. */
 #define EXPECT_ERR(call, code, comm, what)                                                                     \
   do {                                                                                                         \
+    char sentinel_[512];                                                                                       \
+    flexcoll_get_version(NULL);                                                                                \
+    snprintf(sentinel_, sizeof sentinel_, "%s", flexcoll_get_last_error(NULL));                               \
     flexcoll_result_t r_ = (call);                                                                             \
     const char *e_ = flexcoll_get_last_error(NULL);                                                            \
+    ck_assert_msg(strstr(#call, "flexcoll_get_version") || !e_ || strcmp(e_, sentinel_) != 0,                  \
+                  "[%s] %s returned %d without recording a last error", ta_ctx, #call, (int)r_);               \
     ck_assert_msg(r_ == (code), "[%s] %s returned %d (%s), expected %d (%s); last error: %s", ta_ctx, #call,   \
                   (int)r_, flexcoll_get_error_string(r_), (int)(code), flexcoll_get_error_string(code),        \
                   e_ ? e_ : "(null)");                                                                         \
@@ -258,7 +265,8 @@ static void run_ranks(int nranks, rank_fn_t fn, void *arg, int deadline_ms) {
     failed = 1;
     if (!rank_reports[r].msg[0]) {
       if (WIFSIGNALED(status[r]))
-        snprintf(rank_reports[r].msg, sizeof rank_reports[r].msg, "killed by signal %d", WTERMSIG(status[r]));
+        snprintf(rank_reports[r].msg, sizeof rank_reports[r].msg, "killed by signal %d in %s", WTERMSIG(status[r]),
+                 rank_reports[r].phase[0] ? rank_reports[r].phase : "?");
       else
         snprintf(rank_reports[r].msg, sizeof rank_reports[r].msg, "exited with status %d", WEXITSTATUS(status[r]));
     }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dtype.h"
 #include "harness.h"
@@ -230,6 +231,12 @@ typedef struct {
   long calls[NCOLLS];
 } coll_times_t;
 
+static int verbose(void) {
+  static int v = -1;
+  if (v < 0) v = getenv("FC_TEST_VERBOSE") ? atoi(getenv("FC_TEST_VERBOSE")) : 0;
+  return v;
+}
+
 /* Run one call on r->comm and check it.  Returns 0, or -1 when the library returned an error (the
  * ranks may then be out of step: stop). */
 static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
@@ -246,8 +253,25 @@ static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
     return -1;
   }
   pcall_check(r, p);
-  ct->t[p->coll] += hx_now() - t0;
+  double t = hx_now() - t0;
+  ct->t[p->coll] += t;
   ct->calls[p->coll]++;
+  if (verbose() && r->rank == 0 && (p->count >= 10000 || verbose() > 1))
+    fprintf(stderr, "[%s] rank 0: %s: %.3f s\n", r->label, r->what, t);
+  return 0;
+}
+
+/* One last allreduce before the ranks destroy their communicators, so that a rank which is done
+ * early (for instance a tree leaf, whose reduce sends complete without waiting for the receiver)
+ * does not tear its communicator down while peers still work through its messages: the library
+ * treats that as a failed peer (see test_early_destroy, which checks exactly that case). */
+static int final_sync(hx_rank_t *r) {
+  int64_t in = 1, out = 0;
+  snprintf(r->what, sizeof r->what, "final allreduce int64 sum count 1");
+  if (!hx_ok(r, flexcoll_allreduce(&in, &out, 1, FLEXCOLL_INT64, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce"))
+    return 1;
+  if (out != r->nranks) hx_fail(r, "result %" PRId64 ", expected %d", out, r->nranks);
+  r->what[0] = '\0';
   return 0;
 }
 
@@ -264,16 +288,14 @@ static int matrix_rank(hx_rank_t *r) {
     if (!(m->colls & BIT(c))) continue;
     if (c == C_REDUCE_SCATTER && tree) continue; /* ring only: FLEXCOLL_ALGO=tree would run the ring again */
     for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++) {
-      int any_op = 0;
       for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
-        if (coll_reduces(c) ? !(m->ops & BIT(op)) : any_op) continue;
-        any_op = 1;
+        if (!coll_reduces(c) && op > 0) continue; /* one pass for allgather and broadcast */
         int nsizes = m->ncounts + ((m->big || m->big_bytes) && !no_big);
         for (int k = 0; k < nsizes; k++) {
           int big = k == m->ncounts;
           size_t count;
           if (!big) {
-            if (!(m->dtypes & BIT(dt))) continue;
+            if (!(m->dtypes & BIT(dt)) || (coll_reduces(c) && !(m->ops & BIT(op)))) continue;
             count = m->counts[k];
           } else {
             if (!(m->big_colls & BIT(c)) || !(m->big_dtypes & BIT(dt))) continue;
@@ -298,7 +320,7 @@ static int matrix_rank(hx_rank_t *r) {
       }
     }
   }
-  r->what[0] = '\0';
+  if (final_sync(r)) return 1;
   if (r->rank == 0) {
     char line[512];
     int len = snprintf(line, sizeof line, "[%s] rank 0: %" PRIu64 " calls in %.2f s:", r->label, call, hx_now() - t0);
@@ -456,13 +478,10 @@ static int group_one(hx_rank_t *r, flexcoll_comm_t *comms, int n, int coll, flex
   return 0;
 }
 
+/* Concurrently: one after the other from this thread, each destroy would wait for its peers. */
 static int destroy_all(hx_rank_t *r, flexcoll_comm_t *comms, int n) {
-  int ok = 1;
-  for (int i = 0; i < n; i++) {
-    snprintf(r->what, sizeof r->what, "flexcoll_comm_destroy(comm %d)", i);
-    ok &= hx_ok(r, flexcoll_comm_destroy(comms[i]), NULL, "flexcoll_comm_destroy");
-  }
-  return ok;
+  if (hx_destroy_concurrently(comms, n)) return 1;
+  return !hx_fail(r, "flexcoll_comm_destroy of %d ranks failed (see above)", n);
 }
 
 static int init_all_ok(hx_rank_t *r, flexcoll_comm_t *comms, int n) {
@@ -627,12 +646,48 @@ static int multicomm_rank(hx_rank_t *r) {
         if (!ok) return 1;
         for (int k = 0; k < 2; k++) pcall_check(r, &p[k]);
       }
-  return 0;
+  if (final_sync(r)) return 1;
+  r->comm = r->comms[1];
+  int rc = final_sync(r);
+  r->comm = r->comms[0];
+  return rc;
 }
 
 START_TEST(test_multicomm) {
   hx_opts_t o = {.label = "two comms per process n=3", .ncomms = 2, .deadline_s = 200};
   ck_assert_msg(hx_run_procs(3, &o, multicomm_rank, NULL), "two communicators per process: see stderr");
+}
+END_TEST
+
+/* ---- a rank that is done early destroys its communicator -------------------------------------- */
+
+/* Every rank makes the same 300 reduce calls (int32 sum, count 1, root 0, ring chain 2 -> 1 -> 0)
+ * and then destroys its communicator, as the API allows ("once the communicator's work is done").
+ * Rank 2 only sends, and small sends complete without waiting for the receiver, so it is done
+ * first; rank 1 is slow (2 ms of "work" after each call), so rank 0 waits on it, long after rank 2
+ * has gone.  Nothing rank 0 or 1 still needs depends on rank 2 any more (its messages were
+ * delivered), so both must complete with the right results. */
+static int early_rank(hx_rank_t *r) {
+  int32_t in = r->rank + 1, out = 0;
+  const int32_t want = r->nranks * (r->nranks + 1) / 2;
+  for (int i = 0; i < 300; i++) {
+    snprintf(r->what, sizeof r->what, "reduce int32 sum count 1 root 0, call %d of 300", i);
+    flexcoll_result_t res = flexcoll_reduce(&in, r->rank == 0 ? &out : NULL, 1, FLEXCOLL_INT32, FLEXCOLL_SUM, 0,
+                                            r->comm, NULL);
+    if (!hx_ok(r, res, r->comm, "reduce")) return 1;
+    if (r->rank == 0 && out != want) hx_fail(r, "result %d, expected %d", (int)out, (int)want);
+    if (r->rank == 1) {
+      struct timespec ts = {0, 2 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  return 0;
+}
+
+START_TEST(test_early_destroy) {
+  hx_opts_t o = {.label = "early destroy n=3 ring", .algo = "ring", .deadline_s = 120};
+  ck_assert_msg(hx_run_procs(3, &o, early_rank, NULL),
+                "a rank that finished and destroyed its communicator made its peers fail: see stderr");
 }
 END_TEST
 
@@ -647,7 +702,7 @@ static Suite *coll_suite(void) {
   } cases[] = {
       {"procs2", test_procs2, 2}, {"procs3", test_procs3, 2}, {"procs4", test_procs4, 2},
       {"procs8", test_procs8, 2}, {"big64", test_big64, 2},   {"threads", test_threads, 4},
-      {"group", test_group, 2},   {"multicomm", test_multicomm, 1},
+      {"group", test_group, 2},   {"multicomm", test_multicomm, 1}, {"early_destroy", test_early_destroy, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     TCase *tc = tcase_create(cases[i].name);

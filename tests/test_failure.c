@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -166,7 +167,9 @@ static void run_ranks(rank_fn_t fn, void *arg, const int expect[NRANKS], int dea
     if (ok) continue;
     failed = 1;
     if (!reports[r].msg[0]) {
-      if (WIFSIGNALED(st)) snprintf(reports[r].msg, sizeof reports[r].msg, "killed by signal %d", WTERMSIG(st));
+      if (WIFSIGNALED(st))
+        snprintf(reports[r].msg, sizeof reports[r].msg, "killed by signal %d in %s", WTERMSIG(st),
+                 reports[r].phase[0] ? reports[r].phase : "?");
       else snprintf(reports[r].msg, sizeof reports[r].msg, "exited with status %d (expected ending %d)", WEXITSTATUS(st), expect[r]);
     }
     n += (size_t)snprintf(why + n, n < sizeof why ? sizeof why - n : 0, "[rank %d: %s | saw: %s] ", r, reports[r].msg,
@@ -198,6 +201,16 @@ typedef struct {
   int use_env; /* the timeout from FLEXCOLL_TIMEOUT_MS instead of config.timeout_ms */
 } job_t;
 
+/* Open file descriptors of this process. */
+static int count_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n - 1; /* the directory's own descriptor */
+}
+
 static const char *result_name(flexcoll_result_t r) {
   static const char *const names[] = {"SUCCESS", "UNHANDLED_CUDA_ERROR", "SYSTEM_ERROR", "INTERNAL_ERROR",
                                       "INVALID_ARGUMENT", "INVALID_USAGE", "REMOTE_ERROR", "IN_PROGRESS", "TIMEOUT"};
@@ -219,6 +232,7 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   if (job->use_env) setenv("FLEXCOLL_TIMEOUT_MS", "3000", 1); /* before any library call here */
   else cfg.timeout_ms = TIMEOUT_MS;
   flexcoll_comm_t comm = NULL;
+  int fds_before = count_fds();
   PHASE("flexcoll_comm_init_rank");
   RANK_OK(flexcoll_comm_init_rank(&comm, NRANKS, *id, rank, &cfg));
   PHASE("the good allreduces");
@@ -312,9 +326,11 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   t0 = tf_now_ms();
   RANK_OK(flexcoll_comm_destroy(comm));
   double t_destroy = tf_now_ms() - t0;
-  rank_log("abort %.0f ms, destroy %.0f ms", t_abort, t_destroy);
+  int fds_after = count_fds();
+  rank_log("abort %.0f ms, destroy %.0f ms, fds %d -> %d", t_abort, t_destroy, fds_before, fds_after);
   RANK_CHECK(t_abort < 1000, "abort took %.0f ms", t_abort);
   RANK_CHECK(t_destroy < 2000, "destroy after abort took %.0f ms", t_destroy);
+  RANK_CHECK(fds_after == fds_before, "%d file descriptors before init, %d after destroy", fds_before, fds_after);
   free(in);
   free(out);
 }
@@ -388,6 +404,7 @@ START_TEST(test_abort_from_other_thread) {
    * only the abort can release the collective. */
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
   setenv("FLEXCOLL_TIMEOUT_MS", "30000", 1);
+  int fds_before = count_fds();
   flexcoll_comm_t comms[2] = {NULL, NULL};
   ck_assert_msg(flexcoll_comm_init_all(comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
 
@@ -422,6 +439,10 @@ START_TEST(test_abort_from_other_thread) {
   ck_assert_int_eq(flexcoll_comm_abort(comms[1]), FLEXCOLL_SUCCESS);
   ck_assert_int_eq(flexcoll_comm_destroy(comms[1]), FLEXCOLL_SUCCESS);
   ck_assert_msg(tf_now_ms() - t0 < 2000, "destroying the aborted communicators took %.0f ms", tf_now_ms() - t0);
+  /* Everything is released (the rendezvous server of init_all ends with the rendezvous). */
+  int fds_after = count_fds();
+  for (int i = 0; i < 100 && fds_after != fds_before; i++) tf_sleep_ms(10), fds_after = count_fds();
+  ck_assert_msg(fds_after == fds_before, "%d file descriptors before init_all, %d after destroy", fds_before, fds_after);
 }
 END_TEST
 

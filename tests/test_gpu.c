@@ -91,7 +91,6 @@ static int coll_rooted(int c) { return c == C_BROADCAST || c == C_REDUCE; }
 #define MAX_LOCAL 2               /* ranks driven by one process */
 #define MAX_SETS 2                /* communicators per rank */
 #define NSTREAMS 3                /* user streams per GPU */
-#define WAIT_LIMIT_S 120.0        /* a wait longer than this is a hang */
 #define BURST_CALLS 1000
 #define BURST_SMALL_COUNT 256     /* uint32: 1 KiB, the one-shot kernel by default */
 #define BURST_BIG_COUNT (1u << 20) /* uint32: 4 MiB, the schedule executor */
@@ -100,6 +99,48 @@ static int coll_rooted(int c) { return c == C_BROADCAST || c == C_REDUCE; }
 static int g_ngpus;   /* probed in main, before any test */
 static int g_verbose; /* FC_TEST_VERBOSE */
 static int g_no_big;  /* FC_TEST_NO_BIG */
+static int g_timeout_ms = 60000;  /* FLEXCOLL_TIMEOUT_MS of the children (FC_TEST_TIMEOUT_MS) */
+static const char *g_variants;    /* FC_TEST_VARIANT: indices of the variants to run, NULL: all */
+#define WATCHDOG_S 20             /* after a fatal error, the child dies if it cannot leave in time */
+
+/* A wait on the streams longer than this is a hang (after the library's own timeout). */
+static double wait_limit_s(void) { return g_timeout_ms / 1000.0 + 20.0; }
+
+/* ---- watchdog: a hang inside a library or CUDA call never returns to the test's polling loop, so
+ * every batch runs under alarm(); the handler prints what was going on and leaves.  (Our children
+ * must not keep Check's inherited SIGALRM handler: it SIGKILLs the test's whole process group.) */
+static char g_wd_msg[640];
+static size_t g_wd_len;
+
+static void wd_handler(int sig) {
+  (void)sig;
+  ssize_t k = write(2, g_wd_msg, g_wd_len);
+  (void)k;
+  _exit(2);
+}
+
+static void wd_install(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = wd_handler;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGALRM, &sa, NULL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+}
+
+/* Say what the process is doing, for the watchdog's message. */
+static void wd_note(const hx_rank_t *r, const char *doing) {
+  int n = snprintf(g_wd_msg, sizeof g_wd_msg, "[%s] FAIL rank %d (FC_TEST_SEED=0x%016" PRIx64 "): HANG: watchdog expired %s: %s\n",
+                   r->label, r->rank, hx_seed(), doing, r->what[0] ? r->what : "-");
+  g_wd_len = n < 0 ? 0 : (size_t)n < sizeof g_wd_msg ? (size_t)n : sizeof g_wd_msg - 1;
+}
+
+/* Arm the watchdog for one step (a batch, a burst, a destroy). */
+static void wd_arm(const hx_rank_t *r, const char *doing) {
+  wd_note(r, doing);
+  alarm((unsigned)(g_timeout_ms / 1000 + 40));
+}
 
 /* ---- variants: one child process each ---------------------------------------------------------- */
 
@@ -119,12 +160,16 @@ typedef struct {
 static const char *const env_sm[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_ce[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_default[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES", ENV_COMMON, NULL};
-static const char *const env_sm_small[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
-                                           "FLEXCOLL_GPU_SLICE_SIZE=65536", "FLEXCOLL_GPU_SLOTS=2",
-                                           "FLEXCOLL_CHUNK_SIZE=65536", NULL};
-static const char *const env_ce_small[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
-                                           "FLEXCOLL_GPU_SLICE_SIZE=65536", "FLEXCOLL_GPU_SLOTS=2",
-                                           "FLEXCOLL_CHUNK_SIZE=65536", NULL};
+/* The pipelining knobs one at a time, so that a failure points at one of them. */
+static const char *const env_sm_slices[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
+                                            "FLEXCOLL_GPU_SLICE_SIZE=65536", "FLEXCOLL_GPU_SLOTS",
+                                            "FLEXCOLL_CHUNK_SIZE", NULL};
+static const char *const env_ce_slots[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
+                                           "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS=2", "FLEXCOLL_CHUNK_SIZE",
+                                           NULL};
+static const char *const env_ce_chunks[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
+                                            "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",
+                                            "FLEXCOLL_CHUNK_SIZE=65536", NULL};
 
 static const variant_t variants[] = {
     {"ring/sm", "ring", env_sm, 1, 0, 0, 1, 0, 0},
@@ -132,8 +177,9 @@ static const variant_t variants[] = {
     {"tree/sm", "tree", env_sm, 1, 0, 0, 1, 0, 0},
     {"tree/ce", "tree", env_ce, 1, 0, 0, 1, 0, 0},
     {"default", NULL, env_default, 1, 1, 1, 1, 0, 1},
-    {"ring/sm 64KiB slices", "ring", env_sm_small, 0, 0, 0, 1, 0, 0},
-    {"tree/ce 64KiB slices", "tree", env_ce_small, 0, 0, 0, 1, 0, 0},
+    {"ring/sm 64KiB slices", "ring", env_sm_slices, 0, 0, 0, 1, 0, 0},
+    {"ring/ce 2 slots", "ring", env_ce_slots, 0, 0, 0, 1, 0, 0},
+    {"tree/ce 64KiB chunks", "tree", env_ce_chunks, 0, 0, 0, 1, 0, 0},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof variants[0]))
 
@@ -466,7 +512,7 @@ static int async_errors_ok(ctx_t *c, const char *when) {
 }
 
 /* Wait until every user stream of this process is idle, polling the communicators' asynchronous
- * errors; a hang (WAIT_LIMIT_S) or an error is reported with r->what.  Returns 0 or -1. */
+ * errors; a hang (wait_limit_s()) or an error is reported with r->what.  Returns 0 or -1. */
 static int wait_all(ctx_t *c) {
   hx_rank_t *r = c->r;
   const double t0 = hx_now();
@@ -495,7 +541,7 @@ static int wait_all(ctx_t *c) {
       if (!async_errors_ok(c, "while waiting for the streams")) return -1;
       next_poll = now + 0.5;
     }
-    if (now - t0 > WAIT_LIMIT_S) {
+    if (now - t0 > wait_limit_s()) {
       hx_fail(r, "HANG: %d stream(s) still busy after %.0f s (FLEXCOLL_TIMEOUT_MS=%s)", left, now - t0,
               getenv("FLEXCOLL_TIMEOUT_MS") ? getenv("FLEXCOLL_TIMEOUT_MS") : "unset");
       return -1;
@@ -539,6 +585,7 @@ static int run_batch(ctx_t *c, const spec_t *specs, const int *sets, const int *
     fprintf(stderr, "[%s] %s%s\n", r->label, r->what, n > 1 ? " (and more in this batch)" : "");
     fflush(stderr);
   }
+  wd_arm(r, "preparing the buffers of");
   if (any_device)
     for (int li = 0; li < c->nlocal; li++)
       if (arena_reserve(c, li, need[li])) goto out;
@@ -565,6 +612,7 @@ static int run_batch(ctx_t *c, const spec_t *specs, const int *sets, const int *
       for (int li = 0; li < c->nlocal && ok; li++) {
         r->rank = g[k].lb[li].rank;
         describe(r->what, sizeof r->what, &g[k]);
+        wd_note(r, "inside the flexcoll call (or flexcoll_group_end) of");
         ok &= hx_ok(r, issue_rank(c, &g[k], li), c->comm[g[k].set][li], coll_names[g[k].s.coll]);
       }
     if (group) {
@@ -589,7 +637,9 @@ static int run_batch(ctx_t *c, const spec_t *specs, const int *sets, const int *
   if (any_device) {
     if (n > 1) snprintf(r->what, sizeof r->what, "waiting for a batch of %d calls (from call %" PRIu64 ")", n, g[0].d.call);
     else describe(r->what, sizeof r->what, &g[0]);
+    wd_note(r, "waiting for");
     if (wait_all(c)) goto out;
+    wd_note(r, "copying back the results of");
     for (int k = 0; k < n; k++) {
       if (g[k].s.host) continue;
       for (int li = 0; li < c->nlocal; li++) {
@@ -609,6 +659,7 @@ static int run_batch(ctx_t *c, const spec_t *specs, const int *sets, const int *
   }
   rc = 0;
 out:
+  if (rc == 0) alarm(0);
   for (int k = 0; k < n; k++)
     if (g[k].s.host)
       for (int li = 0; li < c->nlocal; li++) free(g[k].lb[li].base);
@@ -796,6 +847,7 @@ static int burst_run(ctx_t *c, uint32_t **da, uint32_t **db, size_t count, int n
         !CU(r, cudaMemset(db[li], HX_POISON, bytes)) || !CU(r, cudaDeviceSynchronize()))
       goto out;
   }
+  wd_arm(r, "during");
   const double t0 = hx_now();
   for (int k = 0; k < ncalls; k++) {
     int ok = 1;
@@ -840,6 +892,7 @@ static int burst_run(ctx_t *c, uint32_t **da, uint32_t **db, size_t count, int n
     }
   }
   r->rank = c->first;
+  alarm(0);
   if (report && c->first == 0) {
     fprintf(stderr, "[%s] %d back-to-back allreduces of %zu B: issued in %.3f s, complete after %.3f s\n", r->label, ncalls,
             bytes, t_issue, t_done);
@@ -1131,9 +1184,16 @@ static int ctx_finish(ctx_t *c, int rc) {
     fprintf(stderr, "[%s] rank %d%s: %s (%ld error(s))\n", r->label, c->first, c->nlocal > 1 ? " (and the other local ranks)" : "",
             rc ? "stopped early" : "done, with mismatches", r->errors);
   if (rc) {
+    /* A hung collective may keep abort or the process's exit from finishing: a watchdog. */
+    fprintf(stderr, "[%s] rank %d: aborting the communicators (SIGALRM in %d s if that or the exit hangs)\n", r->label,
+            c->first, WATCHDOG_S);
+    fflush(stderr);
+    wd_note(r, "in flexcoll_comm_abort or the exit after");
+    alarm(WATCHDOG_S);
     for (int s = 0; s < c->nsets; s++)
       for (int li = 0; li < c->nlocal; li++)
         if (c->comm[s][li]) flexcoll_comm_abort(c->comm[s][li]);
+    fprintf(stderr, "[%s] rank %d: communicators aborted\n", r->label, c->first);
     fflush(stderr);
     return 1;
   }
@@ -1142,7 +1202,10 @@ static int ctx_finish(ctx_t *c, int rc) {
     for (int k = 0; k < NSTREAMS; k++)
       if (c->stream[li][k]) CU(r, cudaStreamSynchronize(c->stream[li][k]));
   }
+  snprintf(r->what, sizeof r->what, "flexcoll_comm_destroy of every communicator");
+  wd_arm(r, "in");
   for (int s = 0; s < c->nsets; s++) destroy_set(c, s);
+  alarm(0);
   for (int li = 0; li < c->nlocal; li++) {
     cudaSetDevice(c->dev[li]);
     for (int k = 0; k < NSTREAMS; k++)
@@ -1157,6 +1220,7 @@ static int onep_main(void *arg) {
   const job_t *j = arg;
   hx_rank_t r;
   const int n = g_ngpus >= 2 ? 2 : 1;
+  wd_install();
   hx_rank_init(&r, j->o, 0, n, NULL);
   ctx_t c;
   memset(&c, 0, sizeof c);
@@ -1168,8 +1232,10 @@ static int onep_main(void *arg) {
   for (int li = 0; li < n; li++) c.dev[li] = li;
   for (int s = 0; s < c.nsets; s++) {
     snprintf(r.what, sizeof r.what, "flexcoll_comm_init_all(comms, %d, NULL), set %d", n, s);
+    wd_arm(&r, "in");
     if (!hx_ok(&r, flexcoll_comm_init_all(c.comm[s], n, NULL), NULL, "flexcoll_comm_init_all")) return ctx_finish(&c, 1);
   }
+  alarm(0);
   if (ctx_setup(&c)) return ctx_finish(&c, 1);
   return ctx_finish(&c, j->fn(&c));
 }
@@ -1194,9 +1260,11 @@ static int twop_rank_main(const job_t *j, int rank, const flexcoll_unique_id_t *
   config.cuda_device = rank;
   for (int s = 0; s < c.nsets; s++) {
     snprintf(r.what, sizeof r.what, "flexcoll_comm_init_rank(2 ranks, rank %d, cuda_device %d), set %d", rank, rank, s);
+    wd_arm(&r, "in");
     if (!hx_ok(&r, flexcoll_comm_init_rank(&c.comm[s][0], 2, ids[s], rank, &config), NULL, "flexcoll_comm_init_rank"))
       return ctx_finish(&c, 1);
   }
+  alarm(0);
   if (ctx_setup(&c)) return ctx_finish(&c, 1);
   return ctx_finish(&c, j->fn(&c));
 }
@@ -1237,6 +1305,7 @@ static int run_twop(const job_t *j) {
     if (p == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(3);
+      wd_install();
       hx_apply_env(o);
       int rc = twop_rank_main(j, rank, ids);
       fflush(stdout);
@@ -1299,11 +1368,32 @@ static int run_topology(int twop, const hx_opts_t *o, const variant_t *v, int ns
 
 /* ---- test cases ----------------------------------------------------------------------------------- */
 
+/* Whether FC_TEST_VARIANT (a list of indices, "0,4,5") selects variant i. */
+static int variant_selected(int i) {
+  if (!g_variants || !*g_variants) return 1;
+  for (const char *p = g_variants; *p;) {
+    char *end;
+    long k = strtol(p, &end, 10);
+    if (end == p) {
+      p++;
+      continue;
+    }
+    if (k == i) return 1;
+    p = end;
+  }
+  return 0;
+}
+
 static int run_variant(int twop, int i) {
   const variant_t *v = &variants[i];
   char label[96];
   snprintf(label, sizeof label, "gpu %s %s", twop ? "2proc" : "1proc", v->name);
-  hx_opts_t o = {.label = label, .algo = v->algo, .deadline_s = v->huge ? 420 : 300, .timeout_ms = 60000, .env = v->env};
+  if (!variant_selected(i)) {
+    fprintf(stderr, "[test_gpu] === %s: not in FC_TEST_VARIANT=%s, skipped ===\n", label, g_variants);
+    return 1;
+  }
+  hx_opts_t o = {.label = label, .algo = v->algo, .deadline_s = v->huge ? 420 : 300, .timeout_ms = g_timeout_ms,
+                 .env = v->env};
   fprintf(stderr, "[test_gpu] === %s: every collective x dtype x op%s ===\n", label,
           v->small ? "" : " (1000003 elements only)");
   return run_topology(twop, &o, v, 1, matrix_body);
@@ -1318,7 +1408,7 @@ static int run_misc(int twop, const char *what, int nsets, body_fn fn) {
   char label[96];
   snprintf(label, sizeof label, "gpu %s %s", twop ? "2proc" : "1proc", what);
   static const char *const env[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES", ENV_COMMON, NULL};
-  hx_opts_t o = {.label = label, .deadline_s = 300, .timeout_ms = 60000, .env = env};
+  hx_opts_t o = {.label = label, .deadline_s = 300, .timeout_ms = g_timeout_ms, .env = env};
   fprintf(stderr, "[test_gpu] === %s ===\n", label);
   return run_topology(twop, &o, NULL, nsets, fn);
 }
@@ -1412,6 +1502,8 @@ int main(void) {
   g_ngpus = n;
   g_verbose = getenv("FC_TEST_VERBOSE") && atoi(getenv("FC_TEST_VERBOSE"));
   g_no_big = getenv("FC_TEST_NO_BIG") && atoi(getenv("FC_TEST_NO_BIG"));
+  g_variants = getenv("FC_TEST_VARIANT");
+  if (getenv("FC_TEST_TIMEOUT_MS") && atoi(getenv("FC_TEST_TIMEOUT_MS")) > 0) g_timeout_ms = atoi(getenv("FC_TEST_TIMEOUT_MS"));
   uint64_t seed = hx_seed(); /* chosen and printed once; the forked tests inherit it */
   fprintf(stderr, "[test_gpu] %d GPU(s)%s%s\n", n,
           n >= 2 ? ": one process over GPUs 0 and 1, and two processes" : ": one rank only; the 2-GPU cases are skipped",

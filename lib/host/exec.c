@@ -28,6 +28,7 @@ typedef struct {
   char *tmp;             /* where a RECV_REDUCE slice lands */
   size_t first, count;   /* elements of the step this slice covers */
   int pending;
+  int is_recv;
 } fc_slice_t;
 
 typedef struct {
@@ -82,6 +83,7 @@ static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tm
     s->first = i * per;
     s->count = st->count - s->first < per ? st->count - s->first : per;
     s->pending = 1;
+    s->is_recv = !is_send;
     uint64_t tag = make_tag(sender, x->seq, msg, i);
     char *base = ref(x, st->buf, st->off + s->first);
     size_t bytes = s->count * x->esize;
@@ -147,7 +149,8 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
       fc_slice_t *s = &x->slices[i];
       if (!s->pending) continue;
       int done;
-      FC_CHECK(fc_ucx_test(x->comm, &s->req, &done));
+      if (s->is_recv) FC_CHECK(fc_ucx_test_recv(x->comm, &s->req, s->count * x->esize, &done));
+      else FC_CHECK(fc_ucx_test(x->comm, &s->req, &done));
       if (done) { finish_slice(x, s); left--; moved = 1; }
     }
     if (moved) { last = now_ms(); idle = 0; }

@@ -30,6 +30,8 @@ flexcoll_result_t fc_ucx_irecv(struct flexcoll_comm *comm, int peer, void *buf, 
 int fc_ucx_progress(struct flexcoll_comm *comm);
 /* *done = 1 once *req has completed (the request is then released and *req set to NULL). */
 flexcoll_result_t fc_ucx_test(struct flexcoll_comm *comm, fc_ucx_req_t *req, int *done);
+/* fc_ucx_test for a receive that must bring exactly `expect` bytes (else FLEXCOLL_INVALID_USAGE). */
+flexcoll_result_t fc_ucx_test_recv(struct flexcoll_comm *comm, fc_ucx_req_t *req, size_t expect, int *done);
 /* Cancel and release a request that will not be waited for (abort, error paths). */
 void fc_ucx_cancel(struct flexcoll_comm *comm, fc_ucx_req_t *req);
 

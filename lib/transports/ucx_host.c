@@ -35,6 +35,9 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u) 
   ucp_config_t *config;
   ucs_status_t st = ucp_config_read("FLEXCOLL", NULL, &config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
+  /* UCX's memory-event hooks (for its registration cache) were seen to deadlock in ucp_init in
+   * forked processes; flexcoll's host transfers do not need them.  UCX_MEM_EVENTS still wins. */
+  if (!getenv("UCX_MEM_EVENTS")) ucp_config_modify(config, "MEM_EVENTS", "no");
   ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                          .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};
   st = ucp_init(&params, config, &u->context);
@@ -175,7 +178,9 @@ flexcoll_result_t fc_ucx_isend(struct flexcoll_comm *comm, int peer, const void 
 flexcoll_result_t fc_ucx_irecv(struct flexcoll_comm *comm, int peer, void *buf, size_t bytes, uint64_t tag,
                                fc_ucx_req_t *req) {
   (void)peer; /* the tag names the sender */
-  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
+  /* Always a request, so that fc_ucx_test_recv can check the length that arrived. */
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+                           .datatype = ucp_dt_make_contig(1)};
   return post_result(comm, ucp_tag_recv_nbx(comm->ucx->worker, buf, bytes, tag, UINT64_MAX, &p), req, "recv");
 }
 
@@ -194,6 +199,22 @@ flexcoll_result_t fc_ucx_test(struct flexcoll_comm *comm, fc_ucx_req_t *req, int
                     "a peer sent more data than this rank expects: the ranks called different collectives or counts");
   if (st == UCS_ERR_CANCELED) return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "transfer cancelled (communicator aborted)");
   return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "transfer failed: %s", ucs_status_string(st));
+}
+
+flexcoll_result_t fc_ucx_test_recv(struct flexcoll_comm *comm, fc_ucx_req_t *req, size_t expect, int *done) {
+  *done = 1;
+  if (*req == NULL) return FLEXCOLL_SUCCESS;
+  ucp_tag_recv_info_t info;
+  ucs_status_t st = ucp_tag_recv_request_test(*req, &info);
+  if (st == UCS_INPROGRESS) { *done = 0; return FLEXCOLL_SUCCESS; }
+  if (st == UCS_OK && info.length != expect) {
+    ucp_request_free(*req);
+    *req = NULL;
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                    "a peer sent %zu bytes where this rank expects %zu: the ranks called different collectives or counts",
+                    info.length, expect);
+  }
+  return fc_ucx_test(comm, req, done);
 }
 
 void fc_ucx_cancel(struct flexcoll_comm *comm, fc_ucx_req_t *req) {

@@ -75,13 +75,14 @@ static void *run_comm_work(void *arg) {
   return NULL;
 }
 
-/* Sort the queue into per-communicator work lists, keeping each communicator's order. */
-static fc_comm_work_t *split_by_comm(size_t *nwork, fc_group_op_t **sorted) {
+/* Per-communicator lists of the initialisations (inits 1) or the calls (inits 0), in queue order. */
+static fc_comm_work_t *split_by_comm(int inits, size_t *nwork, fc_group_op_t **sorted) {
   fc_comm_work_t *work = calloc(group_len, sizeof *work);
   *sorted = malloc(group_len * sizeof **sorted);
   if (!work || !*sorted) { free(work); free(*sorted); return NULL; }
   size_t n = 0, pos = 0;
   for (size_t i = 0; i < group_len; i++) {
+    if (group_ops[i].is_init != inits) continue;
     flexcoll_comm_t c = group_ops[i].call.comm;
     size_t w = 0;
     while (w < n && work[w].comm != c) w++;
@@ -89,7 +90,7 @@ static fc_comm_work_t *split_by_comm(size_t *nwork, fc_group_op_t **sorted) {
     work[n].comm = c;
     work[n].ops = *sorted + pos;
     for (size_t j = i; j < group_len; j++)
-      if (group_ops[j].call.comm == c) (*sorted)[pos++] = group_ops[j];
+      if (group_ops[j].call.comm == c && group_ops[j].is_init == inits) (*sorted)[pos++] = group_ops[j];
     work[n].nops = (size_t)(*sorted + pos - work[n].ops);
     n++;
   }
@@ -97,11 +98,8 @@ static fc_comm_work_t *split_by_comm(size_t *nwork, fc_group_op_t **sorted) {
   return work;
 }
 
-static flexcoll_result_t run_group(void) {
-  size_t nwork;
-  fc_group_op_t *sorted;
-  fc_comm_work_t *work = split_by_comm(&nwork, &sorted);
-  if (!work) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "out of memory running a group");
+/* Each communicator's list in its own thread (one list: inline); the first failure is returned. */
+static flexcoll_result_t run_in_threads(fc_comm_work_t *work, size_t nwork) {
   if (nwork == 1) {
     run_comm_work(&work[0]);
   } else {
@@ -117,9 +115,34 @@ static flexcoll_result_t run_group(void) {
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   for (size_t i = 0; i < nwork && res == FLEXCOLL_SUCCESS; i++)
     if (work[i].result != FLEXCOLL_SUCCESS) res = fc_error(NULL, work[i].result, "%s", work[i].error);
+  return res;
+}
+
+static flexcoll_result_t run_phase(int inits) {
+  size_t nwork;
+  fc_group_op_t *sorted;
+  fc_comm_work_t *work = split_by_comm(inits, &nwork, &sorted);
+  if (!work) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "out of memory running a group");
+  flexcoll_result_t res = nwork ? run_in_threads(work, nwork) : FLEXCOLL_SUCCESS;
   free(work);
   free(sorted);
   return res;
+}
+
+/* Initialisations first (they wait on one another: in parallel).  Then the calls: when every call
+ * only enqueues device work, they are enqueued here in queue order, so that all GPUs see the
+ * communicators' work in the same order (parallel threads would interleave it at random and two
+ * communicators could wait on each other's kernels); calls that block the host run per
+ * communicator in parallel threads. */
+static flexcoll_result_t run_group(void) {
+  FC_CHECK(run_phase(1));
+  int all_async = 1;
+  for (size_t i = 0; i < group_len && all_async; i++)
+    if (!group_ops[i].is_init && !fc_call_is_async(&group_ops[i].call)) all_async = 0;
+  if (!all_async) return run_phase(0);
+  for (size_t i = 0; i < group_len; i++)
+    if (!group_ops[i].is_init) FC_CHECK(fc_call_run(&group_ops[i].call));
+  return FLEXCOLL_SUCCESS;
 }
 
 flexcoll_result_t flexcoll_group_end(void) {

@@ -45,6 +45,8 @@ struct fc_gpu {
   int nslots;              /* per peer */
   fc_peer_t *peers;
   uint64_t oneshot_seq;
+  cudaEvent_t ev_oneshot;      /* after the last one-shot kernel */
+  cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
   char *dev_scratch;       /* schedule scratch in device memory, grown on demand */
   size_t dev_scratch_bytes;
 

@@ -167,10 +167,15 @@ static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, 
     a.stage[p] = g->peers[p].stage + g->oneshot_off;
     a.flags[p] = (uint64_t *)(g->peers[p].stage + g->oneshot_flags_off);
   }
+  /* One-shot kernels of a communicator must run one after another (their staging parity relies
+   * on it), also when the caller alternates streams. */
+  if (g->oneshot_seq > 1 && g->oneshot_stream != stream) CUDA_TRY(x->comm, cudaStreamWaitEvent(stream, g->ev_oneshot, 0));
   if (args->coll == FC_COLL_ALLREDUCE)
     CUDA_TRY(x->comm, fc_kernel_oneshot_allreduce(&a, send, recv, args->count, x->dtype, x->op, stream));
   else
     CUDA_TRY(x->comm, fc_kernel_oneshot_allgather(&a, send, recv, args->count * x->esize, stream));
+  CUDA_TRY(x->comm, cudaEventRecord(g->ev_oneshot, stream));
+  g->oneshot_stream = stream;
   return FLEXCOLL_SUCCESS;
 }
 

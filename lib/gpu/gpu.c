@@ -115,6 +115,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_user, cudaEventDisableTiming));
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_send, cudaEventDisableTiming));
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_recv, cudaEventDisableTiming));
+  CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_oneshot, cudaEventDisableTiming));
   for (int i = 0; i < 64; i++) CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->inflight_ev[i], cudaEventDisableTiming));
   int khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, g->device);
@@ -206,6 +207,8 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   return fc_bootstrap_barrier(comm->bootstrap);
 }
 
+int fc_gpu_is_async(const struct flexcoll_comm *comm) { return comm->gpu && comm->gpu->p2p; }
+
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
@@ -224,6 +227,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   cudaEventDestroy(g->ev_user);
   cudaEventDestroy(g->ev_send);
   cudaEventDestroy(g->ev_recv);
+  cudaEventDestroy(g->ev_oneshot);
   for (int i = 0; i < 64; i++) cudaEventDestroy(g->inflight_ev[i]);
   cudaFree(g->stage);
   cudaFree(g->dev_scratch);
@@ -290,6 +294,7 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
                     comm->init_config.cuda_device);
   return FLEXCOLL_SUCCESS;
 }
+int fc_gpu_is_async(const struct flexcoll_comm *comm) { (void)comm; return 0; }
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }

@@ -35,9 +35,6 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u) 
   ucp_config_t *config;
   ucs_status_t st = ucp_config_read("FLEXCOLL", NULL, &config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
-  /* UCX's memory-event hooks (for its registration cache) were seen to deadlock in ucp_init in
-   * forked processes; flexcoll's host transfers do not need them.  UCX_MEM_EVENTS still wins. */
-  if (!getenv("UCX_MEM_EVENTS")) ucp_config_modify(config, "MEM_EVENTS", "no");
   ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                          .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};
   st = ucp_init(&params, config, &u->context);

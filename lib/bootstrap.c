@@ -908,11 +908,22 @@ flexcoll_result_t fc_bootstrap_barrier(fc_bootstrap_t *b) {
   return res;
 }
 
+/* Sent on both ring sockets by a rank that destroys its communicator: a neighbour that finished
+ * first and left is not a neighbour that died (its peers may still be completing their part). */
+static const char goodbye[8] = {'f', 'c', '-', 'b', 'y', 'e', '!', '\n'};
+
+static int said_goodbye(int fd) {
+  char buf[sizeof goodbye];
+  ssize_t k = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
+  return k == (ssize_t)sizeof buf && memcmp(buf, goodbye, sizeof buf) == 0;
+}
+
 int fc_bootstrap_peer_lost(fc_bootstrap_t *b) {
   if (!b || b->nranks == 1) return 0;
   struct pollfd p[2] = {{b->next_fd, POLLIN | POLLRDHUP, 0}, {b->prev_fd, POLLIN | POLLRDHUP, 0}};
   if (poll(p, 2, 0) <= 0) return 0;
   for (int i = 0; i < 2; i++) {
+    if (p[i].revents && said_goodbye(p[i].fd)) continue;
     /* RDHUP: the peer's FIN arrived, even with its last bytes still queued ahead of it. */
     if (p[i].revents & (POLLERR | POLLHUP | POLLRDHUP)) return 1;
     if (!(p[i].revents & POLLIN)) continue;
@@ -926,6 +937,12 @@ int fc_bootstrap_peer_lost(fc_bootstrap_t *b) {
 
 void fc_bootstrap_close(fc_bootstrap_t *b) {
   if (!b) return;
+  if (b->nranks > 1) {
+    for (int i = 0; i < 2; i++) {
+      int fd = i ? b->prev_fd : b->next_fd;
+      if (fd >= 0) (void)!send(fd, goodbye, sizeof goodbye, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+  }
   sock_close(&b->next_fd);
   sock_close(&b->prev_fd);
   free(b);

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -256,8 +258,19 @@ void hx_rank_init(hx_rank_t *r, const hx_opts_t *o, int rank, int nranks, void *
   r->arg = arg;
 }
 
+/* The exit barrier: every rank arrives, then waits (at most timeout_ms + 5 s) for the others. */
+static void exit_barrier(atomic_int *arrived, int nranks, const hx_opts_t *o) {
+  if (!arrived) return;
+  atomic_fetch_add(arrived, 1);
+  double limit = hx_now() + (o->timeout_ms > 0 ? o->timeout_ms : 60000) / 1000.0 + 5.0;
+  while (atomic_load(arrived) < nranks && hx_now() < limit) {
+    struct timespec ts = {0, 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 static int proc_rank_main(const hx_opts_t *o, int rank, int nranks, const flexcoll_unique_id_t *ids, int ncomms,
-                          hx_rank_fn fn, void *arg) {
+                          hx_rank_fn fn, void *arg, atomic_int *arrived) {
   hx_apply_env(o);
   hx_rank_t r;
   hx_rank_init(&r, o, rank, nranks, arg);
@@ -270,6 +283,7 @@ static int proc_rank_main(const hx_opts_t *o, int rank, int nranks, const flexco
   r.comm = r.comms[0];
   r.what[0] = '\0';
   int rc = fn(&r);
+  exit_barrier(arrived, nranks, o);
   if (rc == 0 && r.errors == 0) snprintf(r.what, sizeof r.what, "flexcoll_comm_destroy");
   for (int k = 0; k < ncomms; k++) {
     flexcoll_result_t res = flexcoll_comm_destroy(r.comms[k]);
@@ -296,6 +310,13 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
   }
   pid_t *pids = calloc((size_t)nranks, sizeof *pids);
   if (!pids) { perror("calloc"); return 0; }
+  atomic_int *arrived = NULL;
+  if (!o->no_exit_barrier) {
+    void *m = mmap(NULL, sizeof *arrived, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) { perror("mmap"); free(pids); return 0; }
+    arrived = m;
+    atomic_init(arrived, 0);
+  }
   pid_t parent = getpid();
   fflush(stdout);
   fflush(stderr);
@@ -309,7 +330,7 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
     }
     if (p == 0) {
       child_setup(parent);
-      child_exit(proc_rank_main(o, i, nranks, ids, ncomms, fn, arg));
+      child_exit(proc_rank_main(o, i, nranks, ids, ncomms, fn, arg, arrived));
     }
     pids[i] = p;
   }
@@ -319,6 +340,7 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
   }
   ok = wait_children(pids, nranks, deadline, grace_of(o), o->label, "rank", o->expect_fail) && ok;
   free(pids);
+  if (arrived) munmap(arrived, sizeof *arrived);
   timing_line(o, "procs", nranks, t0, ok);
   return ok;
 }
@@ -328,6 +350,8 @@ typedef struct {
   hx_rank_fn fn;
   int rc;
   pthread_t thread;
+  atomic_int *arrived; /* exit barrier, NULL: none */
+  const hx_opts_t *opts;
 } thread_rank_t;
 
 /* Each thread destroys its own rank when done: destroying the ranks one after the other from one
@@ -335,6 +359,7 @@ typedef struct {
 static void *thread_main(void *arg) {
   thread_rank_t *t = arg;
   t->rc = t->fn(&t->r);
+  exit_barrier(t->arrived, t->r.nranks, t->opts);
   if (t->rc == 0 && t->r.errors == 0) snprintf(t->r.what, sizeof t->r.what, "flexcoll_comm_destroy");
   flexcoll_result_t res = flexcoll_comm_destroy(t->r.comm);
   if (res != FLEXCOLL_SUCCESS) hx_fail(&t->r, "flexcoll_comm_destroy returned %d", (int)res);
@@ -354,7 +379,11 @@ static int threads_main(const hx_opts_t *o, int nranks, hx_rank_fn fn, void *arg
             o->label, nranks, (int)res, flexcoll_get_error_string(res), flexcoll_get_last_error(NULL), hx_seed());
     return 1;
   }
+  static atomic_int arrived;
+  atomic_init(&arrived, 0);
   for (int i = 0; i < nranks; i++) {
+    t[i].arrived = o->no_exit_barrier ? NULL : &arrived;
+    t[i].opts = o;
     hx_rank_init(&t[i].r, o, i, nranks, arg);
     t[i].r.comm = t[i].r.comms[0] = comms[i];
     t[i].r.ncomms = 1;

@@ -13,6 +13,10 @@
  *                  communicator (concurrently: see hx_destroy_concurrently).  The process hides the GPUs
  *                  (CUDA_VISIBLE_DEVICES="") so that the ranks are host ranks on every machine.
  *   hx_run_process forks one process that runs a plain function (group tests, custom set-ups).
+ *   Before destroying, ranks wait for each other outside the library (shared memory; unless
+ *   hx_opts_t.no_exit_barrier): the library treats a peer that is gone as a failure even when
+ *   nothing of it is needed any more, and a rank whose last calls only sent would otherwise leave
+ *   while its peers are still receiving (test_coll's early_destroy case checks that on purpose).
  *   In all three the parent waits until a deadline, then SIGKILLs whatever is left, and returns 1
  *   when every rank (process) succeeded, else 0, after printing why to stderr.  Children die with
  *   the parent (PR_SET_PDEATHSIG).  Environment variables are set in the children only, before any
@@ -72,6 +76,7 @@ typedef struct {
   int timeout_ms;     /* FLEXCOLL_TIMEOUT_MS for the ranks (0: 60000; < 0: leave unset) */
   const char *const *env; /* more "NAME=value" settings for the children, NULL-terminated, or NULL */
   int expect_fail;    /* procs/threads: 1 when some rank is expected to fail (no failure banner) */
+  int no_exit_barrier; /* 1: each rank destroys its communicators as soon as its callback returns */
 } hx_opts_t;
 
 /* The seed of this process: FC_TEST_SEED (any strtoull base) or time ^ pid; printed once. */

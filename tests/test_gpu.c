@@ -952,10 +952,8 @@ out:
   return rc;
 }
 
-static int multi_body(ctx_t *c) {
-  if (two_sets(c)) return 1;
-  return burst(c);
-}
+static int multi_body(ctx_t *c) { return two_sets(c); }
+static int burst_body(ctx_t *c) { return burst(c); }
 
 /* One communicator, consecutive calls on NSTREAMS user streams, nothing synchronised in between. */
 static int streams_body(ctx_t *c) {
@@ -1415,6 +1413,8 @@ static int run_misc(int twop, const char *what, int nsets, body_fn fn) {
 
 START_TEST(test_multi) { ck_assert_msg(run_misc(_i, "multi", 2, multi_body), "multi (%s): see stderr", _i ? "2proc" : "1proc"); }
 END_TEST
+START_TEST(test_burst) { ck_assert_msg(run_misc(_i, "burst", 1, burst_body), "burst (%s): see stderr", _i ? "2proc" : "1proc"); }
+END_TEST
 START_TEST(test_streams) {
   ck_assert_msg(run_misc(_i, "streams", 1, streams_body), "streams (%s): see stderr", _i ? "2proc" : "1proc");
 }
@@ -1431,7 +1431,7 @@ static Suite *gpu_suite(int ngpus) {
     int loops;
   } cases[] = {
       {"p1", test_p1, NVARIANTS}, {"p2", test_p2, ngpus >= 2 ? NVARIANTS : 0},
-      {"multi", test_multi, two}, {"streams", test_streams, two}, {"host", test_host, two},
+      {"multi", test_multi, two}, {"burst", test_burst, two}, {"streams", test_streams, two}, {"host", test_host, two},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     if (!cases[i].loops) continue;

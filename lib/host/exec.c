@@ -211,6 +211,8 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   x.recv_msgs = x.send_msgs + comm->nranks;
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   for (int r = 0; r < s->nrounds && res == FLEXCOLL_SUCCESS; r++) res = run_round(&x, s, r);
+  /* A peer lost mid-collective leaves the communicator unusable: say so to get_async_error. */
+  if (res == FLEXCOLL_REMOTE_ERROR || res == FLEXCOLL_TIMEOUT) fc_comm_set_async_error(comm, res);
   if (res == FLEXCOLL_SUCCESS && op == FLEXCOLL_AVG && s->result_count)
     fc_host_divide(ref(&x, s->result_buf, s->result_off), s->result_count, dtype, comm->nranks);
   free(x.send_msgs);

@@ -163,11 +163,6 @@ flexcoll_result_t fc_call_run(const fc_call_t *c) {
   return fc_host_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op);
 }
 
-int fc_call_is_async(const fc_call_t *c) {
-  const void *buf = c->sendbuf ? c->sendbuf : c->recvbuf;
-  return c->comm && c->comm->cuda_device >= 0 && buf && fc_mem_type(buf) == FC_MEM_DEVICE && fc_gpu_is_async(c->comm);
-}
-
 static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
   FC_CHECK(check_call(c, fn));
   if (fc_group_active()) return fc_group_enqueue_call(c);

@@ -129,20 +129,13 @@ static flexcoll_result_t run_phase(int inits) {
   return res;
 }
 
-/* Initialisations first (they wait on one another: in parallel).  Then the calls: when every call
- * only enqueues device work, they are enqueued here in queue order, so that all GPUs see the
- * communicators' work in the same order (parallel threads would interleave it at random and two
- * communicators could wait on each other's kernels); calls that block the host run per
- * communicator in parallel threads. */
+/* Initialisations first (they wait on one another: in parallel), then the calls, each
+ * communicator's in its own thread.  Enqueuing device calls of several communicators inline in
+ * queue order (so that every GPU sees them in the same order) hung on the GPU node and was taken
+ * back; see docs/ARCHITECTURE.md. */
 static flexcoll_result_t run_group(void) {
   FC_CHECK(run_phase(1));
-  int all_async = 1;
-  for (size_t i = 0; i < group_len && all_async; i++)
-    if (!group_ops[i].is_init && !fc_call_is_async(&group_ops[i].call)) all_async = 0;
-  if (!all_async) return run_phase(0);
-  for (size_t i = 0; i < group_len; i++)
-    if (!group_ops[i].is_init) FC_CHECK(fc_call_run(&group_ops[i].call));
-  return FLEXCOLL_SUCCESS;
+  return run_phase(0);
 }
 
 flexcoll_result_t flexcoll_group_end(void) {

@@ -22,8 +22,6 @@ typedef struct {
 
 /* Run a validated call now (api.c). */
 flexcoll_result_t fc_call_run(const fc_call_t *call);
-/* Whether the call only enqueues device work (returns without waiting for peers). */
-int fc_call_is_async(const fc_call_t *call);
 
 /* Nonzero inside flexcoll_group_start/end on this thread. */
 int fc_group_active(void);

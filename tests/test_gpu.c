@@ -14,32 +14,35 @@
  *          forking), plain calls (no group).  Left out with fewer than 2 GPUs.
  *
  * Cases (CK_RUN_CASE=<name> runs one; each loop index is one forked child, or pair of children)
- *   p1, p2   (1proc, 2proc) x 7 variants, one per child because the library reads its
- *            environment once per process:
+ *   p1, p2   (1proc, 2proc) x 8 variants, one per child because the library reads its
+ *            environment once per process (FC_TEST_VARIANT=0,4 runs only those):
  *              0 ring/sm   FLEXCOLL_ALGO=ring NVLINK_ENGINE=sm ONESHOT_MAX_BYTES=0
  *              1 ring/ce   ring, ce, ONESHOT_MAX_BYTES=0, plus a 256 MB float32-sum case for
  *                          every collective (out of place)
  *              2 tree/sm   tree, sm, ONESHOT_MAX_BYTES=0 (reduce_scatter: ring only, skipped)
  *              3 tree/ce   tree, ce, ONESHOT_MAX_BYTES=0
  *              4 default   nothing forced: the one-shot kernel (256 KiB) for small allreduce and
- *                          allgather, auto engine; counts around the one-shot limit; buffers
- *                          misaligned by one element on every other call
- *              5 ring/sm, 64 KiB slices, 2 slots, 64 KiB chunks (slot reuse, credits)
- *              6 tree/ce, same small slices/chunks
+ *                          allgather, auto engine; counts at and just above the one-shot limit;
+ *                          buffers misaligned by one element on every other call
+ *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
+ *              6 ring/ce, FLEXCOLL_GPU_SLOTS=2              } failure points at it; 1000003
+ *              7 tree/ce, FLEXCOLL_CHUNK_SIZE=65536         } elements only
  *            Variants 0-4: every collective x datatype (10) x op (5 where it reduces) x count
  *            {0, 1, 7} (default: also 4099) x root {0, n-1} x in place / out of place.
- *            Variants 0-3, 5, 6 (and 4): 1000003 elements for 7 datatypes, each reducing
- *            collective cycling through the 5 ops, in and out of place, both roots.
+ *            All variants: 1000003 elements for 7 datatypes, each reducing collective cycling
+ *            through the 5 ops (float32 also sum), in and out of place, both roots.
  *            ONESHOT_MAX_BYTES=0 sends even 1-element allreduce/allgather through the ring/tree
  *            schedule executor, so that algorithm x engine covers every count.
  *   multi    (1proc, 2proc) two communicators on the same GPUs at once (two init_all pairs; in
- *            2proc two init_rank communicators per process), each on its own stream, ten calls
- *            in flight together; then 1000 back-to-back allreduces of 1 KiB and 1000 of 4 MiB
- *            with one stream sync at the end each (no hang, exact result of the chain, and
- *            cudaMemGetInfo before/after within 16 MiB on every GPU).
+ *            2proc two init_rank communicators per process), each on its own user stream, ten
+ *            calls in flight together, one wait; three rounds (mixed sizes, all small, all big).
+ *   burst    (1proc, 2proc) 1000 back-to-back allreduces of 1 KiB, then 1000 of 4 MiB, one stream
+ *            sync at the end of each: no hang, the exact result of the chain (rank 0 in place,
+ *            the others add a constant: every call must count once), and cudaMemGetInfo before
+ *            and after within 16 MiB on every GPU.
  *   streams  (1proc, 2proc) one communicator, consecutive calls rotated over 3 user streams with
  *            no synchronisation in between (NCCL semantics: calls on a communicator run in the
- *            order they were issued whatever their streams).
+ *            order they were issued whatever their streams): 30 small calls, then 12 mixed.
  *   host     (1proc, 2proc) host-memory calls on GPU communicators (complete on return: checked
  *            before any CUDA synchronisation); FLEXCOLL_INVALID_USAGE for a host sendbuf with a
  *            device recvbuf (and the reverse), device buffer left untouched, communicator still
@@ -50,12 +53,18 @@
  * before the inputs are copied in; after the stream is done everything is copied back and
  * compared with the harness's reference (fresh random data, the seed printed; integers and
  * max/min exact, floats within hx_tolerance); inputs must be unchanged and the bytes around the
- * buffers (and a non-root's recvbuf in reduce) still poison.  Waits poll the streams and
- * flexcoll_comm_get_async_error and give up after 120 s (children run with
- * FLEXCOLL_TIMEOUT_MS=60000), so that a hang is reported with the call that hung.
+ * buffers (and a non-root's recvbuf in reduce) still poison.
+ *
+ * Hangs: children run with FLEXCOLL_TIMEOUT_MS=60000.  Waits poll the streams and
+ * flexcoll_comm_get_async_error (timeout + 20 s at most); every batch of calls also runs under
+ * alarm(timeout + 40 s), whose handler prints "HANG: watchdog expired <where>: <the call>" and
+ * exits, for hangs inside a library or CUDA call; after a fatal error the communicators are
+ * aborted under a 20 s watchdog.  A 2proc rank still running 15 s after its peer failed is killed.
  *
  * Environment: FC_TEST_SEED reproduces the data; FC_TEST_NO_BIG=1 leaves out the 1000003-element
- * and 256 MB calls; FC_TEST_VERBOSE=1 prints every call.  Progress and timing lines go to stderr.
+ * and 256 MB calls; FC_TEST_VARIANT=i,j,... runs only those p1/p2 variants; FC_TEST_TIMEOUT_MS
+ * replaces the children's 60000; FC_TEST_VERBOSE=1 prints every call.  Progress and timing lines
+ * go to stderr.
  */
 #define _GNU_SOURCE
 #include <check.h>

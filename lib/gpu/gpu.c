@@ -207,8 +207,6 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   return fc_bootstrap_barrier(comm->bootstrap);
 }
 
-int fc_gpu_is_async(const struct flexcoll_comm *comm) { return comm->gpu && comm->gpu->p2p; }
-
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
@@ -294,7 +292,6 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
                     comm->init_config.cuda_device);
   return FLEXCOLL_SUCCESS;
 }
-int fc_gpu_is_async(const struct flexcoll_comm *comm) { (void)comm; return 0; }
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }

@@ -24,8 +24,6 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm);
 void fc_gpu_comm_abort(struct flexcoll_comm *comm);
 /* Fold device-side failures (a spin that timed out) into comm->async_error. */
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm);
-/* Whether device collectives of comm are stream-ordered (else they go through host memory and block). */
-int fc_gpu_is_async(const struct flexcoll_comm *comm);
 /* Enqueue a collective on device memory on stream. */
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
                              flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream);

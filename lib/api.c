@@ -142,9 +142,11 @@ flexcoll_result_t fc_call_run(const fc_call_t *c) {
   size_t bytes = fc_coll_recv_count(c->coll, c->count, comm->nranks) * esize;
   size_t send_bytes = fc_coll_send_count(c->coll, c->count, comm->nranks) * esize;
   if (send_bytes > bytes) bytes = send_bytes;
-  fc_mem_t send_mem = c->sendbuf ? fc_mem_type(c->sendbuf) : FC_MEM_HOST;
-  fc_mem_t recv_mem = c->recvbuf ? fc_mem_type(c->recvbuf) : send_mem;
-  if (!c->sendbuf) send_mem = recv_mem;
+  int send_dev = -1, recv_dev = -1;
+  fc_mem_t send_mem = c->sendbuf ? fc_mem_type(c->sendbuf, &send_dev) : FC_MEM_HOST;
+  fc_mem_t recv_mem = c->recvbuf ? fc_mem_type(c->recvbuf, &recv_dev) : send_mem;
+  if (!c->sendbuf) { send_mem = recv_mem; send_dev = recv_dev; }
+  if (!c->recvbuf) recv_dev = send_dev;
   if (send_mem != recv_mem)
     return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: sendbuf is %s memory but recvbuf is %s memory", fc_coll_name(c->coll),
                     send_mem == FC_MEM_DEVICE ? "device" : "host", recv_mem == FC_MEM_DEVICE ? "device" : "host");
@@ -158,6 +160,10 @@ flexcoll_result_t fc_call_run(const fc_call_t *c) {
     if (comm->cuda_device < 0)
       return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: device buffers on a host-only communicator (config.cuda_device -1)",
                       fc_coll_name(c->coll));
+    if (send_dev != comm->cuda_device || recv_dev != comm->cuda_device)
+      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: %s is memory of CUDA device %d but the communicator drives device %d",
+                      fc_coll_name(c->coll), send_dev != comm->cuda_device ? "sendbuf" : "recvbuf",
+                      send_dev != comm->cuda_device ? send_dev : recv_dev, comm->cuda_device);
     return fc_gpu_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op, c->stream);
   }
   return fc_host_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op);

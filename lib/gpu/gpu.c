@@ -41,13 +41,16 @@ int fc_gpu_count(void) {
   return n;
 }
 
-fc_mem_t fc_mem_type(const void *ptr) {
+fc_mem_t fc_mem_type(const void *ptr, int *device) {
   struct cudaPointerAttributes attr;
+  *device = -1;
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     cudaGetLastError();
     return FC_MEM_HOST;
   }
-  return (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) ? FC_MEM_DEVICE : FC_MEM_HOST;
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return FC_MEM_HOST;
+  *device = attr.device;
+  return FC_MEM_DEVICE;
 }
 
 /* What each rank tells the others about its GPU and staging area. */
@@ -284,7 +287,7 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
 }
 #else
 int fc_gpu_count(void) { return 0; }
-fc_mem_t fc_mem_type(const void *ptr) { (void)ptr; return FC_MEM_HOST; }
+fc_mem_t fc_mem_type(const void *ptr, int *device) { (void)ptr; *device = -1; return FC_MEM_HOST; }
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   comm->cuda_device = -1;
   if (comm->init_config.cuda_device >= 0)

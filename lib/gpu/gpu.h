@@ -11,8 +11,9 @@ struct flexcoll_comm;
 
 typedef enum { FC_MEM_HOST, FC_MEM_DEVICE } fc_mem_t;
 
-/* Where ptr lives: device memory (cudaMalloc, managed) or host memory (anything else). */
-fc_mem_t fc_mem_type(const void *ptr);
+/* Where ptr lives: device memory (cudaMalloc, managed) or host memory (anything else);
+ * *device gets the CUDA device of device memory (-1 otherwise). */
+fc_mem_t fc_mem_type(const void *ptr, int *device);
 /* Number of CUDA devices usable here (0 without CUDA or without a GPU). */
 int fc_gpu_count(void);
 

@@ -131,6 +131,17 @@ flexcoll_result_t flexcoll_broadcast(const void *sendbuf, void *recvbuf, size_t 
 flexcoll_result_t flexcoll_reduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                   flexcoll_op_t op, int root, flexcoll_comm_t comm, flexcoll_stream_t stream);
 
+/* recvbuf[r*count + i] = rank r's sendbuf[rank*count + i] (sendbuf and recvbuf must not overlap). */
+flexcoll_result_t flexcoll_alltoall(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                    flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* Send count elements to rank peer, matched in order by peer's flexcoll_recv from this rank.
+ * Inside a group, all sends and receives of a communicator run concurrently. */
+flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_datatype_t dtype, int peer,
+                                flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* Receive count elements from rank peer (see flexcoll_send). */
+flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t dtype, int peer,
+                                flexcoll_comm_t comm, flexcoll_stream_t stream);
+
 /* Queue the following calls of this thread until the matching flexcoll_group_end. */
 flexcoll_result_t flexcoll_group_start(void);
 /* Run the calls queued since flexcoll_group_start (the outermost end runs them). */

@@ -117,20 +117,51 @@ static flexcoll_result_t check_call(const fc_call_t *c, const char *fn) {
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: datatype %d is not a flexcoll_datatype_t", fn, (int)c->dtype);
   if ((unsigned)c->op >= FLEXCOLL_NUM_OPS)
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: op %d is not a flexcoll_op_t", fn, (int)c->op);
-  if ((c->coll == FC_COLL_BROADCAST || c->coll == FC_COLL_REDUCE) && (c->root < 0 || c->root >= comm->nranks))
+  if (c->kind == FC_CALL_COLL && (c->coll == FC_COLL_BROADCAST || c->coll == FC_COLL_REDUCE) &&
+      (c->root < 0 || c->root >= comm->nranks))
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)", fn, c->root, comm->nranks);
+  if (c->kind != FC_CALL_COLL && (c->root < 0 || c->root >= comm->nranks))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: peer %d out of range [0, %d)", fn, c->root, comm->nranks);
   size_t esize = fc_dtype_size(c->dtype);
-  size_t send = fc_coll_send_count(c->coll, c->count, comm->nranks);
-  size_t recv = fc_coll_recv_count(c->coll, c->count, comm->nranks);
+  size_t send = c->kind == FC_CALL_COLL ? fc_coll_send_count(c->coll, c->count, comm->nranks) : c->count;
+  size_t recv = c->kind == FC_CALL_COLL ? fc_coll_recv_count(c->coll, c->count, comm->nranks) : c->count;
   size_t most = send > recv ? send : recv;
   if (c->count > SIZE_MAX / (size_t)comm->nranks || most > SIZE_MAX / esize || most * esize > (size_t)INT64_MAX)
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: count %zu overflows the byte size of the buffers", fn, c->count);
   if (c->count == 0) return FLEXCOLL_SUCCESS;
   int is_root = comm->rank == c->root;
-  int needs_send = c->coll != FC_COLL_BROADCAST || is_root;
-  int needs_recv = c->coll != FC_COLL_REDUCE || is_root;
+  int needs_send = c->kind == FC_CALL_SEND || (c->kind == FC_CALL_COLL && (c->coll != FC_COLL_BROADCAST || is_root));
+  int needs_recv = c->kind == FC_CALL_RECV || (c->kind == FC_CALL_COLL && (c->coll != FC_COLL_REDUCE || is_root));
   if (needs_send && !c->sendbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf is NULL", fn);
   if (needs_recv && !c->recvbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: recvbuf is NULL", fn);
+  if (c->kind == FC_CALL_COLL && c->coll == FC_COLL_ALLTOALL) {
+    const char *s = c->sendbuf, *r = c->recvbuf;
+    size_t bytes = send * esize;
+    if (s < r + bytes && r < s + bytes)
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall cannot run in place)", fn);
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Where the buffers of a call live; FLEXCOLL_INVALID_USAGE when they disagree with each other or
+ * with the communicator. */
+static flexcoll_result_t locate(flexcoll_comm_t comm, const void *const *bufs, int n, const char *fn, fc_mem_t *mem) {
+  int first = -1, dev0 = -1;
+  for (int i = 0; i < n; i++) {
+    if (!bufs[i]) continue;
+    int dev;
+    fc_mem_t m = fc_mem_type(bufs[i], &dev);
+    if (first < 0) { first = i; *mem = m; dev0 = dev; continue; }
+    if (m != *mem || dev != dev0)
+      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: buffers in different memories (%s and %s)", fn,
+                      *mem == FC_MEM_DEVICE ? "device" : "host", m == FC_MEM_DEVICE ? "device" : "host");
+  }
+  if (first < 0) *mem = FC_MEM_HOST;
+  if (*mem == FC_MEM_DEVICE && comm->cuda_device < 0)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: device buffers on a host-only communicator (config.cuda_device -1)", fn);
+  if (*mem == FC_MEM_DEVICE && dev0 != comm->cuda_device)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: buffer of CUDA device %d but the communicator drives device %d", fn,
+                    dev0, comm->cuda_device);
   return FLEXCOLL_SUCCESS;
 }
 
@@ -142,65 +173,86 @@ flexcoll_result_t fc_call_run(const fc_call_t *c) {
   size_t bytes = fc_coll_recv_count(c->coll, c->count, comm->nranks) * esize;
   size_t send_bytes = fc_coll_send_count(c->coll, c->count, comm->nranks) * esize;
   if (send_bytes > bytes) bytes = send_bytes;
-  int send_dev = -1, recv_dev = -1;
-  fc_mem_t send_mem = c->sendbuf ? fc_mem_type(c->sendbuf, &send_dev) : FC_MEM_HOST;
-  fc_mem_t recv_mem = c->recvbuf ? fc_mem_type(c->recvbuf, &recv_dev) : send_mem;
-  if (!c->sendbuf) { send_mem = recv_mem; send_dev = recv_dev; }
-  if (!c->recvbuf) recv_dev = send_dev;
-  if (send_mem != recv_mem)
-    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: sendbuf is %s memory but recvbuf is %s memory", fc_coll_name(c->coll),
-                    send_mem == FC_MEM_DEVICE ? "device" : "host", recv_mem == FC_MEM_DEVICE ? "device" : "host");
+  fc_mem_t mem;
+  const void *bufs[2] = {c->sendbuf, c->recvbuf};
+  FC_CHECK(locate(comm, bufs, 2, fc_coll_name(c->coll), &mem));
   fc_algo_args_t args = {.coll = c->coll, .rank = comm->rank, .nranks = comm->nranks, .root = c->root, .count = c->count};
-  args.algo = fc_tuner_pick(c->coll, bytes, comm->nranks, send_mem);
+  args.algo = fc_tuner_pick(c->coll, bytes, comm->nranks, mem);
   args.chunk_count = fc_tuner_chunk_count(c->count, esize);
   FC_TRACE(FC_SUB_COLL, "%s count %zu %s %s root %d algo %s %s memory seq %u", fc_coll_name(c->coll), c->count,
            fc_dtype_name(c->dtype), fc_op_name(c->op), c->root, fc_algo_name(args.algo),
-           send_mem == FC_MEM_DEVICE ? "device" : "host", comm->coll_seq);
-  if (send_mem == FC_MEM_DEVICE) {
-    if (comm->cuda_device < 0)
-      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: device buffers on a host-only communicator (config.cuda_device -1)",
-                      fc_coll_name(c->coll));
-    if (send_dev != comm->cuda_device || recv_dev != comm->cuda_device)
-      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: %s is memory of CUDA device %d but the communicator drives device %d",
-                      fc_coll_name(c->coll), send_dev != comm->cuda_device ? "sendbuf" : "recvbuf",
-                      send_dev != comm->cuda_device ? send_dev : recv_dev, comm->cuda_device);
-    return fc_gpu_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op, c->stream);
-  }
+           mem == FC_MEM_DEVICE ? "device" : "host", comm->coll_seq);
+  if (mem == FC_MEM_DEVICE) return fc_gpu_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op, c->stream);
   return fc_host_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op);
+}
+
+flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
+  flexcoll_comm_t comm = calls[0].comm;
+  FC_CHECK(fc_comm_check(comm, "flexcoll_send/recv"));
+  fc_log_set_rank(comm->rank);
+  fc_p2p_op_t ops[FC_P2P_MAX_OPS];
+  void *bufs[FC_P2P_MAX_OPS];
+  for (int i = 0; i < n; i++) {
+    const fc_call_t *c = &calls[i];
+    ops[i] = (fc_p2p_op_t){.is_send = c->kind == FC_CALL_SEND, .peer = c->root, .count = c->count * fc_dtype_size(c->dtype)};
+    bufs[i] = c->kind == FC_CALL_SEND ? (void *)c->sendbuf : c->recvbuf;
+  }
+  fc_mem_t mem;
+  FC_CHECK(locate(comm, (const void *const *)bufs, n, "flexcoll_send/recv", &mem));
+  if (mem == FC_MEM_DEVICE) return fc_gpu_run_p2p(comm, ops, n, bufs, calls[0].stream);
+  return fc_host_run_p2p(comm, ops, n, bufs);
 }
 
 static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
   FC_CHECK(check_call(c, fn));
   if (fc_group_active()) return fc_group_enqueue_call(c);
-  return fc_call_run(c);
+  return c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
 }
 
 flexcoll_result_t flexcoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                      flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0, comm, stream};
+  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0, comm, stream, FC_CALL_COLL};
   return submit(&c, "flexcoll_allreduce");
 }
 
 flexcoll_result_t flexcoll_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, flexcoll_datatype_t dtype,
                                      flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, FLEXCOLL_SUM, 0, comm, stream};
+  fc_call_t c = {FC_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL};
   return submit(&c, "flexcoll_allgather");
 }
 
 flexcoll_result_t flexcoll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, flexcoll_datatype_t dtype,
                                           flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0, comm, stream};
+  fc_call_t c = {FC_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0, comm, stream, FC_CALL_COLL};
   return submit(&c, "flexcoll_reduce_scatter");
 }
 
 flexcoll_result_t flexcoll_broadcast(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype, int root,
                                      flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, root, comm, stream};
+  fc_call_t c = {FC_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, root, comm, stream, FC_CALL_COLL};
   return submit(&c, "flexcoll_broadcast");
 }
 
 flexcoll_result_t flexcoll_reduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                   flexcoll_op_t op, int root, flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, comm, stream};
+  fc_call_t c = {FC_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, comm, stream, FC_CALL_COLL};
   return submit(&c, "flexcoll_reduce");
+}
+
+flexcoll_result_t flexcoll_alltoall(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                    flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL};
+  return submit(&c, "flexcoll_alltoall");
+}
+
+flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_datatype_t dtype, int peer, flexcoll_comm_t comm,
+                                flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, NULL, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_SEND};
+  return submit(&c, "flexcoll_send");
+}
+
+flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t dtype, int peer, flexcoll_comm_t comm,
+                                flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLREDUCE, NULL, recvbuf, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_RECV};
+  return submit(&c, "flexcoll_recv");
 }

@@ -104,6 +104,9 @@ flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   flexcoll_result_t res;
   FC_CHECK_GOTO(fc_bootstrap_init(&c->bootstrap, &c->init_id, c->rank, c->nranks, c->timeout_ms, &c->abort_flag),
                 res, fail);
+  c->p2p_sent = calloc((size_t)c->nranks * 2, sizeof *c->p2p_sent);
+  if (!c->p2p_sent) { res = fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto fail; }
+  c->p2p_received = c->p2p_sent + c->nranks;
   FC_CHECK_GOTO(fc_ucx_init(c), res, fail);
   FC_CHECK_GOTO(fc_gpu_comm_init(c), res, fail);
   atomic_store(&c->state, FC_COMM_READY);
@@ -126,6 +129,7 @@ static void comm_free(flexcoll_comm_t c, int force) {
   fc_schedule_free(&c->schedule);
   free(c->scratch);
   free(c->landing);
+  free(c->p2p_sent);
   pthread_mutex_destroy(&c->error_lock);
   c->magic = 0;
   free(c);

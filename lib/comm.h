@@ -40,6 +40,7 @@ struct flexcoll_comm {
   struct fc_gpu *gpu;   /* device-memory state, NULL on host-only communicators */
 
   uint32_t coll_seq;    /* collectives issued, the same sequence on every rank */
+  uint32_t *p2p_sent, *p2p_received; /* per peer: point-to-point messages so far (host transport) */
   fc_schedule_t schedule; /* reused between calls */
   void *scratch;        /* host scratch for schedules, grown on demand */
   size_t scratch_bytes;

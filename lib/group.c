@@ -68,8 +68,20 @@ static void *run_comm_work(void *arg) {
   w->result = FLEXCOLL_SUCCESS;
   for (size_t i = 0; i < w->nops && w->result == FLEXCOLL_SUCCESS; i++) {
     fc_group_op_t *op = &w->ops[i];
-    if (op->is_init) w->result = fc_comm_init(op->call.comm);
-    else w->result = fc_call_run(&op->call);
+    if (op->is_init) {
+      w->result = fc_comm_init(op->call.comm);
+    } else if (op->call.kind == FC_CALL_COLL) {
+      w->result = fc_call_run(&op->call);
+    } else {
+      /* Neighbouring sends and receives run together, as one batch: a rank that both sends to
+       * and receives from a peer must not wait for one before posting the other. */
+      fc_call_t batch[FC_P2P_MAX_OPS];
+      int n = 0;
+      while (i < w->nops && n < FC_P2P_MAX_OPS && !w->ops[i].is_init && w->ops[i].call.kind != FC_CALL_COLL)
+        batch[n++] = w->ops[i++].call;
+      i--;
+      w->result = fc_p2p_run(batch, n);
+    }
   }
   if (w->result != FLEXCOLL_SUCCESS) snprintf(w->error, sizeof w->error, "%s", fc_thread_last_error());
   return NULL;

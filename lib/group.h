@@ -8,6 +8,8 @@
 #include "flexcoll.h"
 #include "algos/algos.h"
 
+typedef enum { FC_CALL_COLL, FC_CALL_SEND, FC_CALL_RECV } fc_call_kind_t;
+
 typedef struct {
   fc_coll_t coll;
   const void *sendbuf;
@@ -15,13 +17,16 @@ typedef struct {
   size_t count; /* as fc_algo_args_t.count */
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
-  int root;
+  int root;                 /* the peer of a send or receive */
   flexcoll_comm_t comm;
   flexcoll_stream_t stream;
+  fc_call_kind_t kind;
 } fc_call_t;
 
-/* Run a validated call now (api.c). */
+/* Run a validated collective now (api.c). */
 flexcoll_result_t fc_call_run(const fc_call_t *call);
+/* Run n validated sends and receives of one communicator together (api.c). */
+flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n);
 
 /* Nonzero inside flexcoll_group_start/end on this thread. */
 int fc_group_active(void);

@@ -465,20 +465,25 @@ static uint64_t rank_key(const hx_data_t *d, int rank) {
                ((uint64_t)(rank + 1) * 0xd6e8feb86659fd93ULL));
 }
 
-static int is_signed_int(flexcoll_datatype_t t) {
+/* The helpers below are always inlined: the fill and check loops are stamped out once per
+ * (datatype, generator) pair (HX_SPECIALIZE) so that these switches fold away; the references of
+ * 1M-element calls on 8 ranks are most of the test's time. */
+#define HX_INLINE static inline __attribute__((always_inline))
+
+HX_INLINE int is_signed_int(flexcoll_datatype_t t) {
   return t == FLEXCOLL_INT8 || t == FLEXCOLL_INT32 || t == FLEXCOLL_INT64;
 }
 
-static uint64_t type_mask(size_t esize) { return esize >= 8 ? ~0ULL : ((1ULL << (8 * esize)) - 1); }
+HX_INLINE uint64_t type_mask(size_t esize) { return esize >= 8 ? ~0ULL : ((1ULL << (8 * esize)) - 1); }
 
 /* Sign- or zero-extend the low esize bytes of v. */
-static uint64_t extend(uint64_t v, size_t esize, int is_signed) {
+HX_INLINE uint64_t extend(uint64_t v, size_t esize, int is_signed) {
   v &= type_mask(esize);
   if (is_signed && esize < 8 && (v >> (8 * esize - 1)) & 1) v |= ~type_mask(esize);
   return v;
 }
 
-static void store_bits(void *out, size_t esize, uint64_t v) {
+HX_INLINE void store_bits(void *out, size_t esize, uint64_t v) {
   switch (esize) {
     case 1: *(uint8_t *)out = (uint8_t)v; break;
     case 2: *(uint16_t *)out = (uint16_t)v; break;
@@ -487,7 +492,7 @@ static void store_bits(void *out, size_t esize, uint64_t v) {
   }
 }
 
-static uint64_t load_bits(const void *in, size_t esize) {
+HX_INLINE uint64_t load_bits(const void *in, size_t esize) {
   switch (esize) {
     case 1: return *(const uint8_t *)in;
     case 2: return *(const uint16_t *)in;
@@ -497,7 +502,7 @@ static uint64_t load_bits(const void *in, size_t esize) {
 }
 
 /* The value of a float element's bits. */
-static double float_value(flexcoll_datatype_t t, uint64_t bits) {
+HX_INLINE double float_value(flexcoll_datatype_t t, uint64_t bits) {
   switch (t) {
     case FLEXCOLL_FLOAT16: return fc_half_to_float((uint16_t)bits);
     case FLEXCOLL_BFLOAT16: return fc_bf16_to_float((uint16_t)bits);
@@ -516,7 +521,7 @@ static double float_value(flexcoll_datatype_t t, uint64_t bits) {
 }
 
 /* Element j of the input with key: its bits (in the low bytes) and, for floats, its value. */
-static uint64_t elem_k(flexcoll_datatype_t t, hx_gen_t gen, uint64_t key, size_t j, double *val) {
+HX_INLINE uint64_t elem_k(flexcoll_datatype_t t, hx_gen_t gen, uint64_t key, size_t j, double *val) {
   uint64_t h = mix64(key + (uint64_t)j * 0x9e3779b97f4a7c15ULL);
   size_t esize = fc_dtype_size(t);
   if (gen == HX_GEN_BITS) {
@@ -551,39 +556,76 @@ static uint64_t elem_k(flexcoll_datatype_t t, hx_gen_t gen, uint64_t key, size_t
   return bits;
 }
 
+/* Run CALL with the constants T_ (datatype) and G_ (generator) equal to t and g. */
+#define HX_SPEC_G(TC, g, CALL)                                                              \
+  switch (g) {                                                                              \
+    case HX_GEN_BITS: { const flexcoll_datatype_t T_ = TC; const hx_gen_t G_ = HX_GEN_BITS; CALL; } break; \
+    case HX_GEN_SUM: { const flexcoll_datatype_t T_ = TC; const hx_gen_t G_ = HX_GEN_SUM; CALL; } break;   \
+    case HX_GEN_PROD: { const flexcoll_datatype_t T_ = TC; const hx_gen_t G_ = HX_GEN_PROD; CALL; } break; \
+    default: { const flexcoll_datatype_t T_ = TC; const hx_gen_t G_ = HX_GEN_MAXMIN; CALL; } break;        \
+  }
+#define HX_SPECIALIZE(t, g, CALL)                                    \
+  switch (t) {                                                       \
+    case FLEXCOLL_INT8: HX_SPEC_G(FLEXCOLL_INT8, g, CALL); break;     \
+    case FLEXCOLL_UINT8: HX_SPEC_G(FLEXCOLL_UINT8, g, CALL); break;   \
+    case FLEXCOLL_INT32: HX_SPEC_G(FLEXCOLL_INT32, g, CALL); break;   \
+    case FLEXCOLL_UINT32: HX_SPEC_G(FLEXCOLL_UINT32, g, CALL); break; \
+    case FLEXCOLL_INT64: HX_SPEC_G(FLEXCOLL_INT64, g, CALL); break;   \
+    case FLEXCOLL_UINT64: HX_SPEC_G(FLEXCOLL_UINT64, g, CALL); break; \
+    case FLEXCOLL_FLOAT16: HX_SPEC_G(FLEXCOLL_FLOAT16, g, CALL); break; \
+    case FLEXCOLL_BFLOAT16: HX_SPEC_G(FLEXCOLL_BFLOAT16, g, CALL); break; \
+    case FLEXCOLL_FLOAT32: HX_SPEC_G(FLEXCOLL_FLOAT32, g, CALL); break; \
+    default: HX_SPEC_G(FLEXCOLL_FLOAT64, g, CALL); break;             \
+  }
+
 void hx_elem(const hx_data_t *d, int rank, size_t j, void *out, double *val) {
   uint64_t bits = elem_k(d->dtype, d->gen, rank_key(d, rank), j, val);
   if (out) store_bits(out, fc_dtype_size(d->dtype), bits);
 }
 
+HX_INLINE void fill_w(flexcoll_datatype_t t, hx_gen_t g, uint64_t key, unsigned char *p, size_t first, size_t count) {
+  const size_t esize = fc_dtype_size(t);
+  for (size_t i = 0; i < count; i++) store_bits(p + i * esize, esize, elem_k(t, g, key, first + i, NULL));
+}
+
 void hx_fill(const hx_data_t *d, int rank, void *buf, size_t first, size_t count) {
-  size_t esize = fc_dtype_size(d->dtype);
   uint64_t key = rank_key(d, rank);
-  unsigned char *p = buf;
-  for (size_t i = 0; i < count; i++) store_bits(p + i * esize, esize, elem_k(d->dtype, d->gen, key, first + i, NULL));
+  HX_SPECIALIZE(d->dtype, d->gen, fill_w(T_, G_, key, buf, first, count));
 }
 
 #define HX_LINES_PER_CHECK 3
 
+/* Mismatches of buf[i] against element first+i of key's input; the first HX_LINES_PER_CHECK
+ * indices go to idx. */
+HX_INLINE size_t input_w(flexcoll_datatype_t t, hx_gen_t g, uint64_t key, const unsigned char *p, size_t first,
+                         size_t count, size_t *idx) {
+  const size_t esize = fc_dtype_size(t);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; i++) {
+    if (load_bits(p + i * esize, esize) == elem_k(t, g, key, first + i, NULL)) continue;
+    if (bad < HX_LINES_PER_CHECK) idx[bad] = i;
+    bad++;
+  }
+  return bad;
+}
+
 size_t hx_check_input(hx_rank_t *r, const char *where, const hx_data_t *d, int src_rank, const void *buf,
                       size_t first, size_t count) {
-  size_t esize = fc_dtype_size(d->dtype), bad = 0, first_bad = 0;
-  uint64_t key = rank_key(d, src_rank);
+  const size_t esize = fc_dtype_size(d->dtype);
+  const uint64_t key = rank_key(d, src_rank);
   const unsigned char *p = buf;
-  for (size_t i = 0; i < count; i++) {
+  size_t idx[HX_LINES_PER_CHECK], bad = 0;
+  HX_SPECIALIZE(d->dtype, d->gen, bad = input_w(T_, G_, key, p, first, count, idx));
+  if (!bad) return 0;
+  for (size_t k = 0; k < bad && k < HX_LINES_PER_CHECK; k++) {
+    size_t i = idx[k];
     uint64_t want = elem_k(d->dtype, d->gen, key, first + i, NULL), got = load_bits(p + i * esize, esize);
-    if (got == want) continue;
-    if (bad++ == 0) first_bad = i;
-    if (bad <= HX_LINES_PER_CHECK)
-      note(r, "%s: element %zu is 0x%0*" PRIx64 ", expected 0x%0*" PRIx64 " (rank %d's input element %zu)%s", where, i,
-           (int)esize * 2, got, (int)esize * 2, want, src_rank, first + i,
-           got == ((HX_POISON * 0x0101010101010101ULL) & type_mask(esize)) ? " [poison: never written]" : "");
+    note(r, "%s: element %zu is 0x%0*" PRIx64 ", expected 0x%0*" PRIx64 " (rank %d's input element %zu)%s", where, i,
+         (int)esize * 2, got, (int)esize * 2, want, src_rank, first + i,
+         got == ((HX_POISON * 0x0101010101010101ULL) & type_mask(esize)) ? " [poison: never written]" : "");
   }
-  if (bad) {
-    r->errors++;
-    if (bad > HX_LINES_PER_CHECK)
-      note(r, "%s: %zu of %zu elements wrong (first at %zu)", where, bad, count, first_bad);
-  }
+  r->errors++;
+  if (bad > HX_LINES_PER_CHECK) note(r, "%s: %zu of %zu elements wrong (first at %zu)", where, bad, count, idx[0]);
   return bad;
 }
 
@@ -619,88 +661,108 @@ static double abs_floor(flexcoll_datatype_t t, int nranks) {
   }
 }
 
+/* The reference of element j: integers: *want (the type's bits); floats: *ref and *mag (the
+ * magnitude the error is relative to). */
+HX_INLINE void ref_elem(flexcoll_datatype_t t, hx_gen_t g, flexcoll_op_t op, const uint64_t *keys, int n, size_t j,
+                        uint64_t *want, double *ref, double *mag) {
+  const size_t esize = fc_dtype_size(t);
+  if (!fc_dtype_is_float(t)) {
+    const int sgn = is_signed_int(t);
+    uint64_t acc = extend(elem_k(t, g, keys[0], j, NULL), esize, sgn);
+    for (int q = 1; q < n; q++) {
+      uint64_t v = extend(elem_k(t, g, keys[q], j, NULL), esize, sgn);
+      switch (op) {
+        case FLEXCOLL_SUM:
+        case FLEXCOLL_AVG: acc += v; break;
+        case FLEXCOLL_PROD: acc *= v; break;
+        case FLEXCOLL_MAX: acc = sgn ? ((int64_t)v > (int64_t)acc ? v : acc) : (v > acc ? v : acc); break;
+        default: acc = sgn ? ((int64_t)v < (int64_t)acc ? v : acc) : (v < acc ? v : acc); break;
+      }
+    }
+    if (op == FLEXCOLL_AVG) {
+      acc = extend(acc, esize, sgn); /* the sum wrapped in the type */
+      acc = sgn ? (uint64_t)((int64_t)acc / (int64_t)n) : acc / (uint64_t)n;
+    }
+    *want = acc & type_mask(esize);
+    return;
+  }
+  double v, acc, m;
+  elem_k(t, g, keys[0], j, &acc);
+  m = fabs(acc);
+  for (int q = 1; q < n; q++) {
+    elem_k(t, g, keys[q], j, &v);
+    switch (op) {
+      case FLEXCOLL_SUM:
+      case FLEXCOLL_AVG: acc += v; m += fabs(v); break;
+      case FLEXCOLL_PROD: acc *= v; break;
+      case FLEXCOLL_MAX: acc = v > acc ? v : acc; break;
+      default: acc = v < acc ? v : acc; break;
+    }
+  }
+  if (op == FLEXCOLL_AVG) { acc /= n; m /= n; }
+  if (op == FLEXCOLL_PROD) m = fabs(acc);
+  *ref = acc;
+  *mag = m;
+}
+
+/* Whether gotbits matches the reference (see hx_check_reduced). */
+HX_INLINE int elem_good(flexcoll_datatype_t t, flexcoll_op_t op, uint64_t gotbits, uint64_t want, double ref, double mag,
+                        double tol, double floor_) {
+  if (!fc_dtype_is_float(t)) return gotbits == want;
+  const double got = float_value(t, gotbits);
+  if (op == FLEXCOLL_MAX || op == FLEXCOLL_MIN) return got == ref;
+  return fabs(got - ref) <= tol * mag + floor_; /* false for NaN */
+}
+
+HX_INLINE size_t reduced_w(flexcoll_datatype_t t, hx_gen_t g, flexcoll_op_t op, const uint64_t *keys, int n,
+                           const unsigned char *p, size_t first, size_t count, double tol, double floor_, size_t *idx) {
+  const size_t esize = fc_dtype_size(t);
+  size_t bad = 0;
+  for (size_t i = 0; i < count; i++) {
+    uint64_t want = 0;
+    double ref = 0.0, mag = 0.0;
+    ref_elem(t, g, op, keys, n, first + i, &want, &ref, &mag);
+    if (elem_good(t, op, load_bits(p + i * esize, esize), want, ref, mag, tol, floor_)) continue;
+    if (bad < HX_LINES_PER_CHECK) idx[bad] = i;
+    bad++;
+  }
+  return bad;
+}
+
 size_t hx_check_reduced(hx_rank_t *r, const char *where, const hx_data_t *d, flexcoll_op_t op, const void *buf,
                         size_t first, size_t count) {
   const flexcoll_datatype_t t = d->dtype;
-  const int n = d->nranks, sgn = is_signed_int(t), isf = fc_dtype_is_float(t);
+  const int n = d->nranks;
   const size_t esize = fc_dtype_size(t);
-  const uint64_t mask = type_mask(esize);
   const double tol = hx_tolerance(t, n), floor_ = abs_floor(t, n);
   uint64_t keys_small[64], *keys = n <= 64 ? keys_small : malloc((size_t)n * sizeof *keys);
   if (!keys) { hx_fail(r, "%s: out of memory for the reference", where); return 1; }
   for (int q = 0; q < n; q++) keys[q] = rank_key(d, q);
   const unsigned char *p = buf;
-  size_t bad = 0, first_bad = 0;
-  for (size_t i = 0; i < count; i++) {
-    const size_t j = first + i;
-    const uint64_t gotbits = load_bits(p + i * esize, esize);
-    if (!isf) {
-      uint64_t acc = 0;
-      for (int q = 0; q < n; q++) {
-        uint64_t v = extend(elem_k(t, d->gen, keys[q], j, NULL), esize, sgn);
-        if (q == 0) { acc = v; continue; }
-        switch (op) {
-          case FLEXCOLL_SUM:
-          case FLEXCOLL_AVG: acc += v; break;
-          case FLEXCOLL_PROD: acc *= v; break;
-          case FLEXCOLL_MAX: acc = sgn ? ((int64_t)v > (int64_t)acc ? v : acc) : (v > acc ? v : acc); break;
-          default: acc = sgn ? ((int64_t)v < (int64_t)acc ? v : acc) : (v < acc ? v : acc); break;
-        }
-      }
-      if (op == FLEXCOLL_AVG) {
-        acc = extend(acc, esize, sgn); /* the sum wrapped in the type */
-        acc = sgn ? (uint64_t)((int64_t)acc / (int64_t)n) : acc / (uint64_t)n;
-      }
-      uint64_t want = acc & mask;
-      if (gotbits == want) continue;
-      if (bad++ == 0) first_bad = i;
-      if (bad <= HX_LINES_PER_CHECK) {
-        if (sgn)
-          note(r, "%s: element %zu is %" PRId64 ", expected %" PRId64 " (%s over %d ranks of input element %zu)", where,
-               i, (int64_t)extend(gotbits, esize, 1), (int64_t)extend(want, esize, 1), fc_op_name(op), n, j);
-        else
-          note(r, "%s: element %zu is %" PRIu64 ", expected %" PRIu64 " (%s over %d ranks of input element %zu)", where,
-               i, gotbits, want, fc_op_name(op), n, j);
-      }
+  size_t idx[HX_LINES_PER_CHECK], bad = 0;
+  HX_SPECIALIZE(t, d->gen, bad = reduced_w(T_, G_, op, keys, n, p, first, count, tol, floor_, idx));
+  for (size_t k = 0; k < bad && k < HX_LINES_PER_CHECK; k++) {
+    const size_t i = idx[k], j = first + i;
+    uint64_t want = 0, gotbits = load_bits(p + i * esize, esize);
+    double ref = 0.0, mag = 0.0;
+    ref_elem(t, d->gen, op, keys, n, j, &want, &ref, &mag);
+    if (!fc_dtype_is_float(t)) {
+      if (is_signed_int(t))
+        note(r, "%s: element %zu is %" PRId64 ", expected %" PRId64 " (%s over %d ranks of input element %zu)", where,
+             i, (int64_t)extend(gotbits, esize, 1), (int64_t)extend(want, esize, 1), fc_op_name(op), n, j);
+      else
+        note(r, "%s: element %zu is %" PRIu64 ", expected %" PRIu64 " (%s over %d ranks of input element %zu)", where,
+             i, gotbits, want, fc_op_name(op), n, j);
     } else {
-      double acc = 0.0, mag = 0.0;
-      for (int q = 0; q < n; q++) {
-        double v;
-        elem_k(t, d->gen, keys[q], j, &v);
-        if (q == 0) {
-          acc = v;
-          mag = fabs(v);
-          continue;
-        }
-        switch (op) {
-          case FLEXCOLL_SUM:
-          case FLEXCOLL_AVG: acc += v; mag += fabs(v); break;
-          case FLEXCOLL_PROD: acc *= v; break;
-          case FLEXCOLL_MAX: acc = v > acc ? v : acc; break;
-          default: acc = v < acc ? v : acc; break;
-        }
-      }
-      if (op == FLEXCOLL_AVG) { acc /= n; mag /= n; }
-      if (op == FLEXCOLL_PROD) mag = fabs(acc);
-      const double got = float_value(t, gotbits);
-      int good;
-      double bound = 0.0;
-      if (op == FLEXCOLL_MAX || op == FLEXCOLL_MIN) good = got == acc;
-      else {
-        bound = tol * mag + floor_;
-        good = fabs(got - acc) <= bound; /* false for NaN */
-      }
-      if (good) continue;
-      if (bad++ == 0) first_bad = i;
-      if (bad <= HX_LINES_PER_CHECK)
-        note(r, "%s: element %zu is %.17g (bits 0x%0*" PRIx64 "), expected %.17g +- %.3g (%s over %d ranks of input "
-             "element %zu)", where, i, got, (int)esize * 2, gotbits, acc, bound, fc_op_name(op), n, j);
+      double bound = (op == FLEXCOLL_MAX || op == FLEXCOLL_MIN) ? 0.0 : tol * mag + floor_;
+      note(r, "%s: element %zu is %.17g (bits 0x%0*" PRIx64 "), expected %.17g +- %.3g (%s over %d ranks of input "
+           "element %zu)", where, i, float_value(t, gotbits), (int)esize * 2, gotbits, ref, bound, fc_op_name(op), n, j);
     }
   }
   if (keys != keys_small) free(keys);
   if (bad) {
     r->errors++;
-    if (bad > HX_LINES_PER_CHECK) note(r, "%s: %zu of %zu elements wrong (first at %zu)", where, bad, count, first_bad);
+    if (bad > HX_LINES_PER_CHECK) note(r, "%s: %zu of %zu elements wrong (first at %zu)", where, bad, count, idx[0]);
   }
   return bad;
 }

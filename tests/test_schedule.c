@@ -8,6 +8,8 @@
  * checked not to touch memory another step of the round writes, since executors run them at once.
  * After the run, recv must hold the reference result and every other cell (guards, the user's send
  * buffer, a non-root's recv in reduce) must be untouched; only scratch may change.
+ * Point-to-point batches (fc_algo_build_p2p) run on the same simulator, with each op's buffer
+ * FC_BUF_EXT + i a separate region of the rank's array.
  */
 #include <check.h>
 #include <stdarg.h>
@@ -21,7 +23,8 @@
 
 #define MAXN 16
 #define GUARD 3
-#define MAX_ROUND_STEPS 64
+#define MAX_ROUND_STEPS 256 /* >= FC_P2P_MAX_OPS: a p2p batch is one round */
+#define NBUF (FC_BUF_EXT + FC_P2P_MAX_OPS)
 
 enum { OP_SUM, OP_MAX, OP_HASH }; /* HASH: neither commutative nor associative */
 
@@ -38,7 +41,7 @@ typedef struct {
   fc_schedule_t s;
   int64_t *mem, *init; /* the rank's memory and its state before the run */
   size_t memlen, memcap;
-  size_t base[3], len[3]; /* by fc_buf_t: where SEND, RECV and SCRATCH start in mem, and their sizes */
+  size_t base[NBUF], len[NBUF]; /* by fc_buf_t: where each buffer starts in mem, and its size */
   int cur;                /* the posted round, not yet completed */
   size_t *ord;            /* per step: its index among the messages of its (sender, receiver) pair */
   size_t ordcap;
@@ -48,6 +51,9 @@ typedef struct {
 typedef struct {
   fc_algo_args_t a; /* rank is ignored */
   int inplace, op, rendezvous;
+  int p2p;                              /* the schedules are p2p batches: ops/nops, not a */
+  fc_p2p_op_t ops[MAXN][FC_P2P_MAX_OPS]; /* p2p: each rank's batch */
+  int nops[MAXN];
   srank_t rk[MAXN];
   msgq_t q[MAXN][MAXN];           /* q[a][b]: messages a posted for b, in order */
   size_t recv_posted[MAXN][MAXN]; /* [b][a]: receives from a that b has posted */
@@ -104,6 +110,7 @@ static int reduces(fc_coll_t c) {
 /* Build every rank's schedule; returns the first failure's code. */
 static flexcoll_result_t sim_build(sim_t *sim, const fc_algo_args_t *a) {
   sim->a = *a;
+  sim->p2p = 0;
   sim->err[0] = 0;
   for (int r = 0; r < a->nranks; r++) {
     fc_algo_args_t ar = *a;
@@ -146,6 +153,32 @@ static void layout_rank(sim_t *sim, int r) {
   memcpy(k->init, k->mem, k->memlen * sizeof(int64_t));
 }
 
+/* p2p: every op's buffer a region of its own between guards; send ops' buffers hold inputs. */
+static void layout_rank_p2p(sim_t *sim, int r) {
+  srank_t *k = &sim->rk[r];
+  size_t at = GUARD;
+  for (int b = 0; b < NBUF; b++) k->base[b] = k->len[b] = 0;
+  for (int i = 0; i < sim->nops[r]; i++) {
+    k->base[FC_BUF_EXT + i] = at;
+    k->len[FC_BUF_EXT + i] = sim->ops[r][i].count;
+    at += sim->ops[r][i].count + GUARD;
+  }
+  k->base[FC_BUF_SCRATCH] = at; /* no scratch: len 0 */
+  k->memlen = at;
+  if (k->memlen > k->memcap) {
+    k->memcap = k->memlen;
+    k->mem = realloc(k->mem, k->memcap * sizeof(int64_t));
+    k->init = realloc(k->init, k->memcap * sizeof(int64_t));
+    ck_assert(k->mem && k->init);
+  }
+  for (size_t i = 0; i < k->memlen; i++) k->mem[i] = (int64_t)(rng() | 1ULL << 62);
+  for (int i = 0; i < sim->nops[r]; i++)
+    if (sim->ops[r][i].is_send)
+      for (size_t e = 0; e < sim->ops[r][i].count; e++)
+        k->mem[k->base[FC_BUF_EXT + i] + e] = (int64_t)(rng() % 2001) - 1000;
+  memcpy(k->init, k->mem, k->memlen * sizeof(int64_t));
+}
+
 /* Per-pair message ordinals: the k-th SEND a->b matches the k-th receive on b from a. */
 static void number_messages(sim_t *sim, int r) {
   srank_t *k = &sim->rk[r];
@@ -168,7 +201,10 @@ static void sim_layout(sim_t *sim, int inplace, int op, int rendezvous, uint64_t
   sim->arena_n = 0;
   memset(sim->recv_posted, 0, sizeof sim->recv_posted);
   for (int r = 0; r < sim->a.nranks; r++) {
-    layout_rank(sim, r);
+    if (sim->p2p)
+      layout_rank_p2p(sim, r);
+    else
+      layout_rank(sim, r);
     number_messages(sim, r);
     sim->rk[r].cur = 0;
     for (int p = 0; p < sim->a.nranks; p++) sim->q[r][p].n = 0;
@@ -177,8 +213,9 @@ static void sim_layout(sim_t *sim, int inplace, int op, int rendezvous, uint64_t
 
 static int check_buf_ref(sim_t *sim, int r, int i, int buf, size_t off, size_t count) {
   const srank_t *k = &sim->rk[r];
-  if (buf != FC_BUF_SEND && buf != FC_BUF_RECV && buf != FC_BUF_SCRATCH)
-    return sim_fail(sim, "rank %d step %d: bad buffer %d", r, i, buf);
+  int valid = sim->p2p ? buf >= FC_BUF_EXT && buf < FC_BUF_EXT + sim->nops[r]
+                       : buf == FC_BUF_SEND || buf == FC_BUF_RECV || buf == FC_BUF_SCRATCH;
+  if (!valid) return sim_fail(sim, "rank %d step %d: bad buffer %d", r, i, buf);
   if (off > k->len[buf] || count > k->len[buf] - off)
     return sim_fail(sim, "rank %d step %d: [%zu,+%zu) outside buffer %d of %zu", r, i, off, count, buf,
                     k->len[buf]);
@@ -194,11 +231,14 @@ static int check_step(sim_t *sim, int r, int i) {
   int comm = st->kind != FC_STEP_COPY, has_src = st->kind == FC_STEP_RECV_REDUCE || st->kind == FC_STEP_COPY;
   if (st->kind > FC_STEP_COPY) return sim_fail(sim, "rank %d step %d: bad kind %d", r, i, st->kind);
   if (st->count == 0) return sim_fail(sim, "rank %d step %d: empty step", r, i);
-  if (comm && (st->peer < 0 || st->peer >= sim->a.nranks || st->peer == r))
+  if (comm && (st->peer < 0 || st->peer >= sim->a.nranks || (st->peer == r && !sim->p2p)))
     return sim_fail(sim, "rank %d step %d: bad peer %d", r, i, st->peer);
   if (!comm && st->peer != -1) return sim_fail(sim, "rank %d step %d: COPY with peer %d", r, i, st->peer);
   if (!has_src && st->src_buf != FC_BUF_NONE) return sim_fail(sim, "rank %d step %d: stray src_buf", r, i);
-  if (st->kind != FC_STEP_SEND && st->buf == FC_BUF_SEND)
+  int input_buf = st->buf == FC_BUF_SEND ||
+                  (sim->p2p && st->buf >= FC_BUF_EXT && st->buf < FC_BUF_EXT + sim->nops[r] &&
+                   sim->ops[r][st->buf - FC_BUF_EXT].is_send);
+  if (st->kind != FC_STEP_SEND && input_buf)
     return sim_fail(sim, "rank %d step %d: writes the user's send buffer", r, i);
   if (check_buf_ref(sim, r, i, st->buf, st->off, st->count)) return -1;
   if (has_src && check_buf_ref(sim, r, i, st->src_buf, st->src_off, st->count)) return -1;
@@ -230,9 +270,9 @@ static int check_static(sim_t *sim, int r) {
     if (s->round_start[j + 1] <= s->round_start[j]) return sim_fail(sim, "rank %d: round %d empty", r, j);
   for (int i = 0; i < s->nsteps; i++)
     if (check_step(sim, r, i)) return -1;
-  for (int j = 0; j < s->nrounds; j++)
+  for (int j = 0; j < s->nrounds && !sim->p2p; j++) /* a p2p batch is one round of any messages */
     if (check_round_peers(sim, r, j)) return -1;
-  int has_result = reduces(sim->a.coll) && recv_writable(sim, r) && sim->a.count > 0;
+  int has_result = !sim->p2p && reduces(sim->a.coll) && recv_writable(sim, r) && sim->a.count > 0;
   if (has_result && (s->result_buf != FC_BUF_RECV || s->result_off != 0 || s->result_count != sim->a.count))
     return sim_fail(sim, "rank %d: result region %d [%zu,+%zu)", r, s->result_buf, s->result_off, s->result_count);
   if (!has_result && s->result_count != 0) return sim_fail(sim, "rank %d: unexpected result region", r);
@@ -380,6 +420,7 @@ static int64_t reference(const sim_t *sim, int r, size_t i) {
     case FC_COLL_ALLGATHER: return input(sim, (int)(i / c), i % c);
     case FC_COLL_REDUCE_SCATTER: return fold(sim, (size_t)r * c + i);
     case FC_COLL_BROADCAST: return input(sim, sim->a.root, i);
+    case FC_COLL_ALLTOALL: return input(sim, (int)(i / c), (size_t)r * c + i % c);
     default: return fold(sim, i);
   }
 }
@@ -429,6 +470,7 @@ static void sweep_one(fc_algo_args_t a, int cfg) {
   for (size_t ci = 0; ci < sizeof chunks / sizeof chunks[0]; ci++) {
     a.chunk_count = chunks[ci];
     for (int inplace = 0; inplace < 2; inplace++) {
+      if (inplace && a.coll == FC_COLL_ALLTOALL) continue; /* the API refuses in-place alltoall */
       int op = (cfg + (int)ci + inplace) % 2 ? OP_MAX : OP_SUM, rdv = 1;
       const char *e = run_config(&a, inplace, op, rdv);
       ck_assert_msg(e == NULL, CFG_FMT, CFG_ARGS(a, inplace, op, rdv, e));
@@ -555,6 +597,8 @@ START_TEST(test_names) {
   ck_assert_str_eq(fc_algo_name(FC_ALGO_TREE), "tree");
   ck_assert_str_eq(fc_algo_name((fc_algo_t)99), "unknown");
   ck_assert_str_eq(fc_coll_name(FC_COLL_REDUCE_SCATTER), "reduce_scatter");
+  ck_assert_str_eq(fc_coll_name(FC_COLL_ALLTOALL), "alltoall");
+  for (int c = 0; c < FC_NUM_COLLS; c++) ck_assert_str_ne(fc_coll_name((fc_coll_t)c), "unknown");
   ck_assert_str_eq(fc_coll_name((fc_coll_t)-1), "unknown");
   ck_assert_int_eq(fc_algo_from_name("RiNg"), FC_ALGO_RING);
   ck_assert_int_eq(fc_algo_from_name("tree"), FC_ALGO_TREE);
@@ -574,9 +618,14 @@ START_TEST(test_counts_and_support) {
   ck_assert_uint_eq(fc_coll_recv_count(FC_COLL_BROADCAST, 5, 4), 5);
   ck_assert_uint_eq(fc_coll_recv_count(FC_COLL_REDUCE, 5, 4), 5);
   ck_assert_uint_eq(fc_coll_recv_count(FC_COLL_ALLGATHER, SIZE_MAX / 2, 4), SIZE_MAX);
+  ck_assert_uint_eq(fc_coll_send_count(FC_COLL_ALLTOALL, 5, 4), 20);
+  ck_assert_uint_eq(fc_coll_recv_count(FC_COLL_ALLTOALL, 5, 4), 20);
+  ck_assert_uint_eq(fc_coll_send_count(FC_COLL_ALLTOALL, 5, 1), 5);
+  ck_assert_uint_eq(fc_coll_send_count(FC_COLL_ALLTOALL, SIZE_MAX / 2, 4), SIZE_MAX);
   for (int c = 0; c < FC_NUM_COLLS; c++) {
     ck_assert_int_eq(fc_algo_supports((fc_coll_t)c, FC_ALGO_RING), 1);
-    ck_assert_int_eq(fc_algo_supports((fc_coll_t)c, FC_ALGO_TREE), c != FC_COLL_REDUCE_SCATTER);
+    ck_assert_int_eq(fc_algo_supports((fc_coll_t)c, FC_ALGO_TREE),
+                     c != FC_COLL_REDUCE_SCATTER && c != FC_COLL_ALLTOALL);
   }
   ck_assert_int_eq(fc_algo_supports(FC_NUM_COLLS, FC_ALGO_RING), 0);
   ck_assert_int_eq(fc_algo_supports(FC_COLL_ALLREDUCE, FC_NUM_ALGOS), 0);
@@ -627,6 +676,223 @@ START_TEST(test_invalid_args_and_reuse) {
 }
 END_TEST
 
+/* Alltoall's shape: the own-block COPY beside round 1, then one SEND to r+k and one RECV from r-k
+ * per round k; empty for count 0, one COPY for one rank.  (The sweep checks its data.) */
+START_TEST(test_alltoall_shape) {
+  fc_schedule_t s;
+  fc_schedule_init(&s);
+  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, 1, 0, 6, 0};
+  ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(s.nrounds, 1);
+  ck_assert_int_eq(s.nsteps, 1);
+  ck_assert_int_eq(s.steps[0].kind, FC_STEP_COPY);
+  ck_assert_uint_eq(s.steps[0].count, 6);
+  for (int n = 2; n <= 9; n++)
+    for (int r = 0; r < n; r++) {
+      a.nranks = n, a.rank = r, a.count = 3;
+      ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
+      ck_assert_int_eq(s.nrounds, n - 1);
+      ck_assert_int_eq(s.nsteps, 2 * (n - 1) + 1);
+      ck_assert_uint_eq(s.scratch_count, 0);
+      ck_assert_uint_eq(s.result_count, 0);
+      ck_assert_int_eq(s.steps[0].kind, FC_STEP_COPY);
+      ck_assert_uint_eq(s.steps[0].off, (size_t)r * 3);
+      ck_assert_uint_eq(s.steps[0].src_off, (size_t)r * 3);
+      for (int k = 1; k < n; k++) {
+        const fc_step_t *x = &s.steps[s.round_start[k - 1] + (k == 1)], *y = x + 1;
+        ck_assert_int_eq(s.round_start[k] - s.round_start[k - 1], k == 1 ? 3 : 2);
+        ck_assert_int_eq(x->kind, FC_STEP_SEND);
+        ck_assert_int_eq(x->peer, (r + k) % n);
+        ck_assert_uint_eq(x->off, (size_t)((r + k) % n) * 3);
+        ck_assert_int_eq(y->kind, FC_STEP_RECV);
+        ck_assert_int_eq(y->peer, (r - k + n) % n);
+        ck_assert_uint_eq(y->off, (size_t)((r - k + n) % n) * 3);
+      }
+      a.count = 0;
+      ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
+      ck_assert_int_eq(s.nrounds, 0);
+      ck_assert_int_eq(s.nsteps, 0);
+    }
+  a.algo = FC_ALGO_TREE, a.count = 3;
+  ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_INVALID_ARGUMENT);
+  fc_schedule_free(&s);
+}
+END_TEST
+
+/* Point-to-point batches.  mper[a][b] messages go from a to b (a == b included); each gets a
+ * random count, 0 now and then.  Every rank's ops are its sends and receives in a random
+ * interleaving that keeps each (direction, peer) sequence in order, as the API's matching needs. */
+static size_t pair_counts[MAXN][MAXN][FC_P2P_MAX_OPS];
+
+static void gen_batch(sim_t *sim, int n, int mper[MAXN][MAXN]) {
+  for (int a = 0; a < n; a++)
+    for (int b = 0; b < n; b++)
+      for (int m = 0; m < mper[a][b]; m++) pair_counts[a][b][m] = rng() % 5 == 0 ? 0 : rng() % 40 + 1;
+  for (int r = 0; r < n; r++) {
+    fc_p2p_op_t *ops = sim->ops[r];
+    int no = 0, used[2][MAXN] = {{0}};
+    for (int p = 0; p < n; p++) {
+      for (int m = 0; m < mper[r][p]; m++) ops[no++] = (fc_p2p_op_t){1, p, 0};
+      for (int m = 0; m < mper[p][r]; m++) ops[no++] = (fc_p2p_op_t){0, p, 0};
+    }
+    ck_assert_int_le(no, FC_P2P_MAX_OPS);
+    for (int i = no - 1; i > 0; i--) { /* Fisher-Yates, then the counts in per-pair order */
+      int j = (int)(rng() % (uint64_t)(i + 1));
+      fc_p2p_op_t tmp = ops[i];
+      ops[i] = ops[j];
+      ops[j] = tmp;
+    }
+    for (int i = 0; i < no; i++) {
+      int p = ops[i].peer, m = used[ops[i].is_send][p]++;
+      ops[i].count = ops[i].is_send ? pair_counts[r][p][m] : pair_counts[p][r][m];
+    }
+    sim->nops[r] = no;
+  }
+}
+
+/* Receive op i of rank r must hold the matching send's data: the j-th receive from a is the j-th
+ * send of a to r.  Every other cell (send buffers, guards) is as before. */
+static int p2p_verify(sim_t *sim) {
+  static int64_t *want;
+  static size_t wantcap;
+  for (int r = 0; r < sim->a.nranks; r++) {
+    const srank_t *k = &sim->rk[r];
+    const fc_p2p_op_t *ops = sim->ops[r];
+    int nrecv[MAXN] = {0};
+    want = grow(want, &wantcap, k->memlen + 1, sizeof(int64_t));
+    memcpy(want, k->init, k->memlen * sizeof(int64_t));
+    for (int i = 0; i < sim->nops[r]; i++) {
+      if (ops[i].is_send) continue;
+      int a = ops[i].peer, j = nrecv[a]++, si = -1;
+      for (int i2 = 0; i2 < sim->nops[a] && si < 0; i2++)
+        if (sim->ops[a][i2].is_send && sim->ops[a][i2].peer == r && j-- == 0) si = i2;
+      if (si < 0 || sim->ops[a][si].count != ops[i].count)
+        return sim_fail(sim, "rank %d op %d: test bug: no matching send", r, i);
+      memcpy(want + k->base[FC_BUF_EXT + i], sim->rk[a].init + sim->rk[a].base[FC_BUF_EXT + si],
+             ops[i].count * sizeof(int64_t));
+    }
+    for (size_t c = 0; c < k->memlen; c++)
+      if (k->mem[c] != want[c])
+        return sim_fail(sim, "rank %d: cell %zu is %lld, want %lld", r, c, (long long)k->mem[c], (long long)want[c]);
+  }
+  return 0;
+}
+
+/* Build every rank's batch, check each schedule against its ops, simulate and verify. */
+static const char *run_p2p(sim_t *sim, int n, int rendezvous, uint64_t seed) {
+  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, n, 0, 0, 0};
+  sim->a = a;
+  sim->p2p = 1;
+  sim->err[0] = 0;
+  for (int r = 0; r < n; r++) {
+    fc_schedule_t *s = &sim->rk[r].s;
+    const fc_p2p_op_t *ops = sim->ops[r];
+    if (fc_algo_build_p2p(s, ops, sim->nops[r]) != FLEXCOLL_SUCCESS) return "fc_algo_build_p2p failed";
+    int st = 0;
+    for (int i = 0; i < sim->nops[r]; i++) {
+      if (ops[i].count == 0) continue;
+      if (st >= s->nsteps) return "schedule lacks steps";
+      const fc_step_t *x = &s->steps[st++];
+      if (x->kind != (ops[i].is_send ? FC_STEP_SEND : FC_STEP_RECV) ||
+          x->buf != FC_BUF_EXT + i || x->peer != ops[i].peer || x->off != 0 || x->count != ops[i].count ||
+          x->src_buf != FC_BUF_NONE)
+        return "schedule does not follow the ops";
+    }
+    if (st != s->nsteps || s->nrounds != (st > 0) || s->result_count != 0 || s->scratch_count != 0)
+      return "schedule has stray steps or rounds";
+  }
+  sim_layout(sim, 0, OP_SUM, rendezvous, seed);
+  for (int r = 0; r < n; r++)
+    if (check_static(sim, r)) return sim->err;
+  if (sim_run(sim) || p2p_verify(sim)) return sim->err;
+  return NULL;
+}
+
+START_TEST(test_p2p_batches) {
+  static int mper[MAXN][MAXN];
+  for (int n = 1; n <= MAXN; n++)
+    for (int it = 0; it < 12; it++) {
+      uint64_t seed = (uint64_t)n * 1000 + (uint64_t)it;
+      rng_state = seed * 0x9E3779B97F4A7C15ULL + 7;
+      int density = 1 + it % 4; /* a pair talks with probability density/4 */
+      for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++) mper[a][b] = rng() % 4 < (uint64_t)density ? (int)(rng() % 4) : 0;
+      gen_batch(&S, n, mper);
+      int rdv = it % 2;
+      const char *e = run_p2p(&S, n, rdv, seed);
+      ck_assert_msg(e == NULL, "p2p n=%d it=%d rdv=%d: %s", n, it, rdv, e);
+    }
+  /* A full batch: 250 ops on rank 0 (the last buffer index is FC_BUF_EXT + 249), self-messages too. */
+  memset(mper, 0, sizeof mper);
+  mper[0][1] = mper[1][0] = 100;
+  mper[0][0] = 25;
+  for (int rdv = 0; rdv < 2; rdv++) {
+    rng_state = 99 + (uint64_t)rdv;
+    gen_batch(&S, 2, mper);
+    ck_assert_int_eq(S.nops[0], FC_P2P_MAX_OPS);
+    const char *e = run_p2p(&S, 2, rdv, 3);
+    ck_assert_msg(e == NULL, "full p2p batch rdv=%d: %s", rdv, e);
+  }
+  /* The simulator catches a batch whose pair sequences disagree (counts swapped on one side). */
+  memset(mper, 0, sizeof mper);
+  mper[0][1] = 2;
+  rng_state = 5;
+  gen_batch(&S, 2, mper);
+  S.ops[0][0].count = 3, S.ops[0][1].count = 4;
+  S.ops[1][0].count = 4, S.ops[1][1].count = 3;
+  const char *e = run_p2p(&S, 2, 1, 3);
+  ck_assert_ptr_nonnull(e);
+  ck_assert_ptr_nonnull(strstr(e, "receives"));
+}
+END_TEST
+
+START_TEST(test_p2p_invalid_and_empty) {
+  fc_schedule_t s;
+  fc_schedule_init(&s);
+  fc_p2p_op_t ops[FC_P2P_MAX_OPS + 1];
+  for (int i = 0; i <= FC_P2P_MAX_OPS; i++) ops[i] = (fc_p2p_op_t){i % 2, i % 3, 1};
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, FC_P2P_MAX_OPS), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(s.nrounds, 1);
+  ck_assert_int_eq(s.nsteps, FC_P2P_MAX_OPS);
+  ck_assert_int_eq(s.steps[FC_P2P_MAX_OPS - 1].buf, FC_BUF_EXT + FC_P2P_MAX_OPS - 1);
+  ck_assert_int_eq(fc_algo_build_p2p(NULL, ops, 1), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, FC_P2P_MAX_OPS + 1), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(s.nsteps, 0);
+  ck_assert_int_eq(s.nrounds, 0);
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, -1), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_algo_build_p2p(&s, NULL, 1), FLEXCOLL_INVALID_ARGUMENT);
+  ops[3].peer = -1;
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, 4), FLEXCOLL_INVALID_ARGUMENT);
+  ops[3].peer = 0, ops[3].is_send = 2;
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, 4), FLEXCOLL_INVALID_ARGUMENT);
+  ops[3].is_send = -1, ops[3].count = 0; /* checked even when the op is empty */
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, 4), FLEXCOLL_INVALID_ARGUMENT);
+  ops[3].is_send = 1;
+  /* Empty: no ops, or only count-0 ops, is no round at all (round_start[0] still there). */
+  ck_assert_int_eq(fc_algo_build_p2p(&s, NULL, 0), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(s.nrounds, 0);
+  ck_assert_int_eq(s.round_start[0], 0);
+  ops[0].count = ops[1].count = 0;
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, 2), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(s.nrounds, 0);
+  ck_assert_int_eq(s.nsteps, 0);
+  /* Count-0 ops are skipped but keep their buffer index; a reused schedule loses its old result. */
+  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0};
+  ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
+  ck_assert_uint_ne(s.result_count, 0);
+  ck_assert_int_eq(fc_algo_build_p2p(&s, ops, 3), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(s.nrounds, 1);
+  ck_assert_int_eq(s.nsteps, 1);
+  ck_assert_int_eq(s.steps[0].buf, FC_BUF_EXT + 2);
+  ck_assert_int_eq(s.steps[0].kind, FC_STEP_RECV);
+  ck_assert_int_eq(s.steps[0].peer, 2);
+  ck_assert_uint_eq(s.result_count, 0);
+  ck_assert_int_eq(s.result_buf, FC_BUF_NONE);
+  ck_assert_uint_eq(s.scratch_count, 0);
+  fc_schedule_free(&s);
+}
+END_TEST
+
 static Suite *schedule_suite(void) {
   Suite *su = suite_create("schedule");
   TCase *tc = tcase_create("api");
@@ -635,10 +901,13 @@ static Suite *schedule_suite(void) {
   tcase_add_test(tc, test_invalid_args_and_reuse);
   tcase_add_test(tc, test_simulator_catches_faults);
   tcase_add_test(tc, test_verify_catches_wrong_data);
+  tcase_add_test(tc, test_alltoall_shape);
+  tcase_add_test(tc, test_p2p_invalid_and_empty);
   suite_add_tcase(su, tc);
   tc = tcase_create("simulate");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
+  tcase_add_test(tc, test_p2p_batches);
   suite_add_tcase(su, tc);
   return su;
 }

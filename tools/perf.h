@@ -16,7 +16,7 @@ typedef struct {
   const char *memory, *json, *baseline;
 } perf_opts_t;
 
-enum { PERF_ALLREDUCE, PERF_ALLGATHER, PERF_REDUCE_SCATTER, PERF_BROADCAST, PERF_REDUCE };
+enum { PERF_ALLREDUCE, PERF_ALLGATHER, PERF_REDUCE_SCATTER, PERF_BROADCAST, PERF_REDUCE, PERF_ALLTOALL, PERF_NUM_COLLS };
 int perf_coll_from_name(const char *name);
 
 /* Run the sweep with one rank per process (launcher) or nranks threads. Exit status. */

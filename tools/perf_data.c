@@ -106,6 +106,15 @@ size_t perf_count_wrong(int coll, const void *host, size_t count, flexcoll_datat
     case PERF_ALLREDUCE:
       for (size_t i = 0; i < count; i++) wrong += differs(load(host, i, dt), expected_reduced(i, dt, op, nranks), dt);
       return wrong;
+    case PERF_ALLTOALL: /* block r came from rank r's block for this rank */
+      for (int r = 0; r < nranks; r++)
+        for (size_t i = 0; i < count; i++) {
+          unsigned char tmp[8];
+          double v = input(r, (size_t)rank * count + i);
+          store(tmp, 0, dt, v, (int64_t)v);
+          wrong += differs(load(host, (size_t)r * count + i, dt), load(tmp, 0, dt), dt);
+        }
+      return wrong;
     default: /* reduce_scatter: this rank's block of the reduction */
       for (size_t i = 0; i < count; i++)
         wrong += differs(load(host, i, dt), expected_reduced((size_t)rank * count + i, dt, op, nranks), dt);

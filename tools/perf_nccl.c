@@ -14,6 +14,7 @@ typedef int (*nccl_allgather_fn)(const void *, void *, size_t, int, void *, void
 typedef int (*nccl_reduce_scatter_fn)(const void *, void *, size_t, int, int, void *, void *);
 typedef int (*nccl_broadcast_fn)(const void *, void *, size_t, int, int, void *, void *);
 typedef int (*nccl_reduce_fn)(const void *, void *, size_t, int, int, int, void *, void *);
+typedef int (*nccl_alltoall_fn)(const void *, void *, size_t, int, void *, void *);
 typedef int (*nccl_destroy_fn)(void *);
 
 static struct {
@@ -25,6 +26,7 @@ static struct {
   nccl_reduce_scatter_fn reduce_scatter;
   nccl_broadcast_fn broadcast;
   nccl_reduce_fn reduce;
+  nccl_alltoall_fn alltoall; /* NCCL >= 2.28; NULL before */
   nccl_destroy_fn destroy;
 } nccl;
 
@@ -48,6 +50,7 @@ int perf_nccl_load(char *err, size_t errlen) {
   nccl.broadcast = (nccl_broadcast_fn)dlsym(lib, "ncclBroadcast");
   nccl.reduce = (nccl_reduce_fn)dlsym(lib, "ncclReduce");
   nccl.destroy = (nccl_destroy_fn)dlsym(lib, "ncclCommDestroy");
+  nccl.alltoall = (nccl_alltoall_fn)dlsym(lib, "ncclAlltoAll");
   if (!nccl.get_id || !nccl.init_rank || !nccl.allreduce || !nccl.allgather || !nccl.reduce_scatter ||
       !nccl.broadcast || !nccl.reduce || !nccl.destroy) {
     snprintf(err, errlen, "libnccl.so.2 lacks an expected symbol");
@@ -91,6 +94,7 @@ int perf_nccl_run(perf_nccl_comm_t *c, int coll, const void *send, void *recv, s
     case PERF_ALLGATHER: return nccl.allgather(send, recv, count, t, c->comm, stream);
     case PERF_REDUCE_SCATTER: return nccl.reduce_scatter(send, recv, count, t, o, c->comm, stream);
     case PERF_BROADCAST: return nccl.broadcast(send, recv, count, t, root, c->comm, stream);
+    case PERF_ALLTOALL: return nccl.alltoall ? nccl.alltoall(send, recv, count, t, c->comm, stream) : 1;
     default: return nccl.reduce(send, recv, count, t, o, root, c->comm, stream);
   }
 }

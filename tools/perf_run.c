@@ -10,10 +10,11 @@
 #include "dtype.h"
 #include "perf.h"
 
-static const char *coll_names[] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"};
+static const char *coll_names[PERF_NUM_COLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
+                                                 "alltoall"};
 
 int perf_coll_from_name(const char *name) {
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < PERF_NUM_COLLS; i++)
     if (strcmp(name, coll_names[i]) == 0) return i;
   return -1;
 }
@@ -55,6 +56,7 @@ static int coll_call(perf_rank_t *r, int use_nccl, int coll, const void *s, void
     case PERF_ALLGATHER: return flexcoll_allgather(s, d, count, o->dtype, r->comm, r->stream);
     case PERF_REDUCE_SCATTER: return flexcoll_reduce_scatter(s, d, count, o->dtype, o->op, r->comm, r->stream);
     case PERF_BROADCAST: return flexcoll_broadcast(s, d, count, o->dtype, o->root, r->comm, r->stream);
+    case PERF_ALLTOALL: return flexcoll_alltoall(s, d, count, o->dtype, r->comm, r->stream);
     default: return flexcoll_reduce(s, d, count, o->dtype, o->op, o->root, r->comm, r->stream);
   }
 }
@@ -67,9 +69,10 @@ typedef struct {
 /* Count per call from the total size, the way nccl-tests sizes its columns. */
 static void size_counts(int coll, size_t bytes, size_t esize, int n, perf_bufs_t *b) {
   size_t total = bytes / esize;
-  b->count = (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER) ? total / (size_t)n : total;
-  b->send_elems = coll == PERF_REDUCE_SCATTER ? b->count * (size_t)n : b->count;
-  b->recv_elems = coll == PERF_ALLGATHER ? b->count * (size_t)n : b->count;
+  int per_rank = coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL;
+  b->count = per_rank ? total / (size_t)n : total;
+  b->send_elems = (coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL) ? b->count * (size_t)n : b->count;
+  b->recv_elems = (coll == PERF_ALLGATHER || coll == PERF_ALLTOALL) ? b->count * (size_t)n : b->count;
 }
 
 static int prepare(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll) {
@@ -130,7 +133,7 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
 
 static double bus_factor(int coll, int n) {
   if (coll == PERF_ALLREDUCE) return 2.0 * (n - 1) / n;
-  if (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER) return (double)(n - 1) / n;
+  if (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL) return (double)(n - 1) / n;
   return 1.0;
 }
 
@@ -156,10 +159,15 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
   b.recv = perf_alloc(big + 64, r->device);
   b.host = malloc(big + 64);
   double t[2], wr[2], tn = 0, wn = 0;
-  for (int ip = 0; ip < 2; ip++) t[ip] = measure(r, 0, &b, ip, &wr[ip]);
+  /* AllToAll has no in-place form: its in-place columns stay empty. */
+  for (int ip = 0; ip < 2; ip++) {
+    t[ip] = wr[ip] = 0;
+    if (!ip || coll != PERF_ALLTOALL) t[ip] = measure(r, 0, &b, ip, &wr[ip]);
+  }
   if (r->nccl) tn = measure(r, 1, &b, 0, &wn);
-  size_t total = (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER) ? b.count * (size_t)r->nranks * esize
-                                                                          : b.count * esize;
+  size_t total = (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL)
+                     ? b.count * (size_t)r->nranks * esize
+                     : b.count * esize;
   double f = bus_factor(coll, r->nranks);
   *wrong_total += wr[0] + wr[1] + wn;
   if (r->rank == 0) {
@@ -167,7 +175,8 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
            coll >= PERF_BROADCAST ? o->root : -1);
     for (int ip = 0; ip < 2; ip++) {
       double algbw = t[ip] > 0 ? (double)total / t[ip] / 1e9 : 0;
-      printf("  %9.2f %7.2f %7.2f %6.0f", t[ip] * 1e6, algbw, algbw * f, wr[ip]);
+      if (t[ip] > 0) printf("  %9.2f %7.2f %7.2f %6.0f", t[ip] * 1e6, algbw, algbw * f, wr[ip]);
+      else printf("  %9s %7s %7s %6s", "n/a", "", "", "");
     }
     if (r->nccl) printf("  %9.2f %6.2f %8.3f", tn * 1e6, tn > 0 ? (double)total / tn / 1e9 * f : 0, tn / t[0]);
     printf("\n");
@@ -176,7 +185,7 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
       fprintf(r->json, "%s\n    {\"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, \"algbw\": %.3f, \"busbw\": %.3f, "
               "\"wrong\": %.0f, \"inplace_time_us\": %.3f, \"inplace_busbw\": %.3f, \"inplace_wrong\": %.0f",
               *first_json ? "" : ",", total, b.count, t[0] * 1e6, total / t[0] / 1e9, total / t[0] / 1e9 * f, wr[0],
-              t[1] * 1e6, total / t[1] / 1e9 * f, wr[1]);
+              t[1] * 1e6, t[1] > 0 ? total / t[1] / 1e9 * f : 0, wr[1]);
       if (r->nccl) fprintf(r->json, ", \"nccl_time_us\": %.3f, \"nccl_busbw\": %.3f", tn * 1e6, total / tn / 1e9 * f);
       fprintf(r->json, "}");
       *first_json = 0;

@@ -18,9 +18,11 @@
 #include "flexcoll.h"
 
 typedef enum { FC_COLL_ALLREDUCE, FC_COLL_ALLGATHER, FC_COLL_REDUCE_SCATTER, FC_COLL_BROADCAST,
-               FC_COLL_REDUCE, FC_NUM_COLLS } fc_coll_t;
+               FC_COLL_REDUCE, FC_COLL_ALLTOALL, FC_NUM_COLLS } fc_coll_t;
 typedef enum { FC_ALGO_RING, FC_ALGO_TREE, FC_NUM_ALGOS } fc_algo_t;
-typedef enum { FC_BUF_SEND, FC_BUF_RECV, FC_BUF_SCRATCH, FC_BUF_NONE } fc_buf_t;
+/* FC_BUF_EXT + i: the i-th buffer of a point-to-point batch (fc_algo_build_p2p). */
+typedef enum { FC_BUF_SEND, FC_BUF_RECV, FC_BUF_SCRATCH, FC_BUF_NONE, FC_BUF_EXT } fc_buf_t;
+#define FC_P2P_MAX_OPS 250 /* buffers of a batch must fit the uint8_t buffer index */
 
 typedef enum {
   FC_STEP_SEND,        /* send count elements at (buf, off) to peer */
@@ -64,6 +66,15 @@ typedef struct {
 /* Build the schedule of args on this rank into s (fc_schedule_init'ed or reused; fc_schedule_reset
  * is done inside).  Returns FLEXCOLL_INVALID_ARGUMENT for unsupported (coll, algo) pairs. */
 flexcoll_result_t fc_algo_build(fc_schedule_t *s, const fc_algo_args_t *args);
+/* A batch of sends and receives of one rank (the point-to-point calls of a group): one round,
+ * op i's buffer is FC_BUF_EXT + i, steps in op order.  nops <= FC_P2P_MAX_OPS. */
+typedef struct {
+  int is_send;
+  int peer;
+  size_t count;
+} fc_p2p_op_t;
+flexcoll_result_t fc_algo_build_p2p(fc_schedule_t *s, const fc_p2p_op_t *ops, int nops);
+
 /* Whether algo implements coll. */
 int fc_algo_supports(fc_coll_t coll, fc_algo_t algo);
 const char *fc_algo_name(fc_algo_t algo);

@@ -8,6 +8,8 @@
  * deadlock-free even when a SEND only completes once the peer has posted its RECV.
  *
  * Steps of count 0 are dropped: both ends compute the same count, so they drop the same message.
+ * (Point-to-point batches, fc_algo_build_p2p, are the exception to "one message per pair, direction
+ * and round": a batch is one round, and its messages of a pair are matched in op order.)
  */
 #ifndef FC_ALGOS_BUILD_H
 #define FC_ALGOS_BUILD_H

@@ -1,6 +1,7 @@
-/* ring.c — FC_ALGO_RING: ring allreduce / allgather / reduce-scatter, and pipelined chains for
- * broadcast and reduce.  Rank r sends to r+1 and receives from r-1 (mod n), except the reduce
- * chain, which runs the other way so that data ends at the root.
+/* ring.c — FC_ALGO_RING: ring allreduce / allgather / reduce-scatter, pipelined chains for
+ * broadcast and reduce, and pairwise exchange for alltoall.  Rank r sends to r+1 and receives
+ * from r-1 (mod n), except the reduce chain, which runs the other way so that data ends at the
+ * root, and alltoall, whose round k pairs r with r+k and r-k.
  *
  * Rounds are numbered globally (see build.h); a message is always sent and received in the same
  * global round, so schedules stay deadlock-free even with rendezvous sends. */
@@ -134,6 +135,23 @@ static void ring_reduce(fc_build_t *b, const ring_t *g, int root, size_t chunk_c
   if (p == 0) fc_build_result(b, FC_BUF_RECV, 0, g->count);
 }
 
+/* Alltoall by pairwise exchange: round k (1..n-1) sends block r+k of send to rank r+k and
+ * receives block r-k of recv from rank r-k, which sends it in its own round k.  The own block is
+ * copied beside round 1.  send and recv never overlap (the API refuses in-place alltoall), so the
+ * steps of a round touch disjoint memory and no scratch is needed. */
+static void ring_alltoall(fc_build_t *b, const ring_t *g) {
+  size_t c = g->count;
+  int n = g->n;
+  if (c == 0) return;
+  for (int k = 1; k < n; k++) {
+    int to = (g->r + k) % n, from = fc_mod(g->r - k, n);
+    fc_build_round(b);
+    if (k == 1) fc_build_copy(b, FC_BUF_RECV, (size_t)g->r * c, FC_BUF_SEND, (size_t)g->r * c, c);
+    fc_build_send(b, to, FC_BUF_SEND, (size_t)to * c, c);
+    fc_build_recv(b, from, FC_BUF_RECV, (size_t)from * c, c);
+  }
+}
+
 void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
   ring_t g = ring_of(a);
   switch (a->coll) {
@@ -142,6 +160,7 @@ void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
     case FC_COLL_REDUCE_SCATTER: ring_reduce_scatter(b, &g); break;
     case FC_COLL_BROADCAST: ring_broadcast(b, &g, a->root, a->chunk_count); break;
     case FC_COLL_REDUCE: ring_reduce(b, &g, a->root, a->chunk_count); break;
+    case FC_COLL_ALLTOALL: ring_alltoall(b, &g); break;
     default: b->err = FLEXCOLL_INVALID_ARGUMENT; break;
   }
 }

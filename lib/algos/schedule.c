@@ -1,5 +1,6 @@
-/* schedule.c — the schedule container, the step/round builder helpers, and fc_algo_build's
- * argument checks and dispatch to ring.c / tree.c.  Pure C, no I/O. */
+/* schedule.c — the schedule container, the step/round builder helpers, fc_algo_build's
+ * argument checks and dispatch to ring.c / tree.c, and point-to-point batches
+ * (fc_algo_build_p2p).  Pure C, no I/O. */
 #include <ctype.h>
 #include <limits.h>
 #include <stdint.h>
@@ -89,14 +90,14 @@ int fc_algo_supports(fc_coll_t coll, fc_algo_t algo) {
   if ((unsigned)coll >= FC_NUM_COLLS) return 0;
   switch (algo) {
     case FC_ALGO_RING: return 1;
-    case FC_ALGO_TREE: return coll != FC_COLL_REDUCE_SCATTER; /* a tree has no natural scatter */
+    case FC_ALGO_TREE: return coll != FC_COLL_REDUCE_SCATTER && coll != FC_COLL_ALLTOALL; /* no natural scatter */
     default: return 0;
   }
 }
 
 static const char *const algo_names[FC_NUM_ALGOS] = {"ring", "tree"};
 static const char *const coll_names[FC_NUM_COLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast",
-                                                      "reduce"};
+                                                      "reduce", "alltoall"};
 
 const char *fc_algo_name(fc_algo_t algo) {
   return (unsigned)algo < FC_NUM_ALGOS ? algo_names[algo] : "unknown";
@@ -127,11 +128,11 @@ static size_t times_ranks(size_t count, int nranks) {
 }
 
 size_t fc_coll_send_count(fc_coll_t coll, size_t count, int nranks) {
-  return coll == FC_COLL_REDUCE_SCATTER ? times_ranks(count, nranks) : count;
+  return coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_ALLTOALL ? times_ranks(count, nranks) : count;
 }
 
 size_t fc_coll_recv_count(fc_coll_t coll, size_t count, int nranks) {
-  return coll == FC_COLL_ALLGATHER ? times_ranks(count, nranks) : count;
+  return coll == FC_COLL_ALLGATHER || coll == FC_COLL_ALLTOALL ? times_ranks(count, nranks) : count;
 }
 
 static int coll_has_root(fc_coll_t coll) { return coll == FC_COLL_BROADCAST || coll == FC_COLL_REDUCE; }
@@ -147,10 +148,28 @@ static int args_valid(const fc_algo_args_t *a) {
   return fc_algo_supports(a->coll, a->algo);
 }
 
-/* One rank: every collective is recv[0, count) = send[0, count) (a no-op when in place). */
+/* One rank: every collective (alltoall's 1*count elements too) is recv[0, count) = send[0, count)
+ * (a no-op when in place). */
 static void build_single(fc_build_t *b, const fc_algo_args_t *a) {
   fc_build_copy(b, FC_BUF_RECV, 0, FC_BUF_SEND, 0, a->count);
   if (coll_reduces(a->coll)) fc_build_result(b, FC_BUF_RECV, 0, a->count);
+}
+
+/* round_start[0] must exist even for an empty schedule: executors read [0, nrounds]. */
+static flexcoll_result_t build_begin(fc_schedule_t *s) {
+  flexcoll_result_t r = grow((void **)&s->round_start, &s->cap_rounds, 1, sizeof(int));
+  if (r == FLEXCOLL_SUCCESS) s->round_start[0] = 0;
+  return r;
+}
+
+static flexcoll_result_t build_end(fc_build_t *b) {
+  fc_schedule_t *s = b->s;
+  if (b->err != FLEXCOLL_SUCCESS) {
+    fc_schedule_reset(s);
+    return b->err;
+  }
+  if (s->nrounds > 0 && s->round_start[s->nrounds - 1] == s->nsteps) s->nrounds--; /* trailing empty round */
+  return FLEXCOLL_SUCCESS;
 }
 
 flexcoll_result_t fc_algo_build(fc_schedule_t *s, const fc_algo_args_t *args) {
@@ -158,20 +177,36 @@ flexcoll_result_t fc_algo_build(fc_schedule_t *s, const fc_algo_args_t *args) {
   fc_schedule_reset(s);
   if (!args_valid(args)) return FLEXCOLL_INVALID_ARGUMENT;
   fc_build_t b = {s, FLEXCOLL_SUCCESS};
-  /* round_start[0] must exist even for an empty schedule: executors read [0, nrounds]. */
-  b.err = grow((void **)&s->round_start, &s->cap_rounds, 1, sizeof(int));
+  b.err = build_begin(s);
   if (b.err != FLEXCOLL_SUCCESS) return b.err;
-  s->round_start[0] = 0;
   if (args->nranks == 1)
     build_single(&b, args);
   else if (args->algo == FC_ALGO_RING)
     fc_ring_build(&b, args);
   else
     fc_tree_build(&b, args);
-  if (b.err != FLEXCOLL_SUCCESS) {
-    fc_schedule_reset(s);
-    return b.err;
+  return build_end(&b);
+}
+
+/* The ops' steps are all in one round, so several messages of one pair may share a round: they
+ * are matched in op order.  A count-0 op is dropped like any empty step; its peer has a count-0
+ * op in the same position of that pair's sequence and drops it too, so the order still matches.
+ * A peer equal to the caller's own rank stays a SEND/RECV pair for the executor to match. */
+flexcoll_result_t fc_algo_build_p2p(fc_schedule_t *s, const fc_p2p_op_t *ops, int nops) {
+  if (!s) return FLEXCOLL_INVALID_ARGUMENT;
+  fc_schedule_reset(s);
+  if (nops < 0 || nops > FC_P2P_MAX_OPS || (nops > 0 && !ops)) return FLEXCOLL_INVALID_ARGUMENT;
+  for (int i = 0; i < nops; i++)
+    if (ops[i].peer < 0 || (ops[i].is_send != 0 && ops[i].is_send != 1)) return FLEXCOLL_INVALID_ARGUMENT;
+  fc_build_t b = {s, FLEXCOLL_SUCCESS};
+  b.err = build_begin(s);
+  if (b.err != FLEXCOLL_SUCCESS) return b.err;
+  for (int i = 0; i < nops; i++) {
+    fc_buf_t buf = (fc_buf_t)(FC_BUF_EXT + i);
+    if (ops[i].is_send)
+      fc_build_send(&b, ops[i].peer, buf, 0, ops[i].count);
+    else
+      fc_build_recv(&b, ops[i].peer, buf, 0, ops[i].count);
   }
-  if (s->nrounds > 0 && s->round_start[s->nrounds - 1] == s->nsteps) s->nrounds--; /* trailing empty round */
-  return FLEXCOLL_SUCCESS;
+  return build_end(&b);
 }

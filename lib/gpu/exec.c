@@ -37,12 +37,16 @@ typedef struct {
   struct flexcoll_comm *comm;
   struct fc_gpu *g;
   char *bufs[3];
+  void *const *ext; /* FC_BUF_EXT + i: buffers of a point-to-point batch */
   size_t esize;
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
 } fc_dexec_t;
 
-static char *dref(fc_dexec_t *x, int buf, size_t off) { return x->bufs[buf] + off * x->esize; }
+static char *dref(fc_dexec_t *x, int buf, size_t off) {
+  char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
+  return base + off * x->esize;
+}
 
 static fc_pair_flags_t *pair_flags(struct fc_gpu *g, char *stage, int q) {
   return (fc_pair_flags_t *)(stage + g->pair_flags_off) + q;
@@ -207,6 +211,49 @@ static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *a
 out:
   free(hs);
   free(hr);
+  return res;
+}
+
+/* Peers without peer access: send and receive through host copies (blocking). */
+static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                          cudaStream_t stream) {
+  struct flexcoll_comm *comm = x->comm;
+  void **host = calloc((size_t)nops, sizeof *host);
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (!host) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  if (cudaStreamSynchronize(stream) != cudaSuccess) res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed");
+  for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++) {
+    host[i] = malloc(ops[i].count + 1);
+    if (!host[i]) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+    else if (ops[i].is_send && ops[i].count && cudaMemcpy(host[i], bufs[i], ops[i].count, cudaMemcpyDeviceToHost))
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a send buffer to the host failed");
+  }
+  if (res == FLEXCOLL_SUCCESS) res = fc_host_run_p2p(comm, ops, nops, host);
+  for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++)
+    if (!ops[i].is_send && ops[i].count && cudaMemcpy(bufs[i], host[i], ops[i].count, cudaMemcpyHostToDevice))
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a received buffer to the device failed");
+  for (int i = 0; i < nops; i++) free(host[i]);
+  free(host);
+  return res;
+}
+
+flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                 flexcoll_stream_t stream) {
+  struct fc_gpu *g = comm->gpu;
+  cudaStream_t user = (cudaStream_t)stream;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != g->device) cudaSetDevice(g->device);
+  fc_dexec_t x = {.comm = comm, .g = g, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs};
+  flexcoll_result_t res;
+  if (!g->p2p) {
+    res = p2p_through_host(&x, ops, nops, bufs, user);
+  } else {
+    res = fc_algo_build_p2p(&comm->schedule, ops, nops);
+    if (res == FLEXCOLL_SUCCESS) res = run_schedule(&x, &comm->schedule, user);
+    if (res == FLEXCOLL_SUCCESS) fc_gpu_track(comm, user);
+  }
+  if (prev != g->device && prev >= 0) cudaSetDevice(prev);
   return res;
 }
 

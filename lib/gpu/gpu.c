@@ -303,4 +303,9 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream;
   return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
 }
+flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                 flexcoll_stream_t stream) {
+  (void)ops; (void)nops; (void)bufs; (void)stream;
+  return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
+}
 #endif

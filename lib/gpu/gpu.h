@@ -29,4 +29,8 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm);
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
                              flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream);
 
+/* Enqueue a batch of point-to-point sends and receives (counts in bytes) over device buffers. */
+flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                 flexcoll_stream_t stream);
+
 #endif

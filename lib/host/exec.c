@@ -34,6 +34,8 @@ typedef struct {
 typedef struct {
   struct flexcoll_comm *comm;
   char *bufs[3];     /* send, recv, scratch, indexed by fc_buf_t */
+  void *const *ext;  /* FC_BUF_EXT + i: buffers of a point-to-point batch */
+  int p2p;           /* messages are numbered per pair across calls, not per collective */
   size_t esize;
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
@@ -43,12 +45,19 @@ typedef struct {
   size_t nslices, cap_slices;
 } fc_exec_t;
 
-static uint64_t make_tag(int sender, uint32_t seq, int msg, size_t slice) {
-  return ((uint64_t)(uint16_t)sender << 48) | ((uint64_t)(seq & 0xffff) << 32) | ((uint64_t)(msg & 0xffff) << 16) |
+/* Tag: sender (16 bits) | kind (1: point-to-point) | number (31 bits) | slice (16 bits).
+ * Collectives number messages by (collective sequence, index within it); point-to-point
+ * messages by their index between the pair since the communicator began, because ranks that
+ * are not involved in a send/recv do not count it and their collective sequences stay aligned. */
+static uint64_t make_tag(int sender, int p2p, uint32_t number, size_t slice) {
+  return ((uint64_t)(uint16_t)sender << 48) | ((uint64_t)(p2p & 1) << 47) | ((uint64_t)(number & 0x7fffffff) << 16) |
          (uint64_t)(slice & 0xffff);
 }
 
-static char *ref(fc_exec_t *x, int buf, size_t off) { return x->bufs[buf] + off * x->esize; }
+static char *ref(fc_exec_t *x, int buf, size_t off) {
+  char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
+  return base + off * x->esize;
+}
 
 static size_t slice_elems(fc_exec_t *x, size_t count) {
   size_t per = (size_t)fc_param_slice_size() / x->esize;
@@ -72,8 +81,14 @@ static flexcoll_result_t reserve_slices(fc_exec_t *x, size_t n) {
 static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tmp_off) {
   int peer = st->peer;
   int is_send = st->kind == FC_STEP_SEND;
-  int msg = is_send ? x->send_msgs[peer]++ : x->recv_msgs[peer]++;
   int sender = is_send ? x->comm->rank : peer;
+  uint32_t number;
+  if (x->p2p) {
+    number = is_send ? x->comm->p2p_sent[peer]++ : x->comm->p2p_received[peer]++;
+  } else {
+    int msg = is_send ? x->send_msgs[peer]++ : x->recv_msgs[peer]++;
+    number = ((x->seq & 0x7fff) << 16) | ((uint32_t)msg & 0xffff);
+  }
   size_t per = slice_elems(x, st->count);
   size_t n = st->count ? (st->count + per - 1) / per : 1; /* an empty message still matches its peer */
   FC_CHECK(reserve_slices(x, n));
@@ -84,7 +99,7 @@ static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tm
     s->count = st->count - s->first < per ? st->count - s->first : per;
     s->pending = 1;
     s->is_recv = !is_send;
-    uint64_t tag = make_tag(sender, x->seq, msg, i);
+    uint64_t tag = make_tag(sender, x->p2p, number, i);
     char *base = ref(x, st->buf, st->off + s->first);
     size_t bytes = s->count * x->esize;
     if (is_send) {
@@ -197,25 +212,36 @@ static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) 
   return res;
 }
 
-flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                              void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
-  fc_schedule_t *s = &comm->schedule;
-  FC_CHECK(fc_algo_build(s, args));
-  fc_exec_t x = {.comm = comm, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .seq = comm->coll_seq++};
-  FC_CHECK(grow(comm, (char **)&comm->scratch, &comm->scratch_bytes, s->scratch_count * x.esize));
-  x.bufs[FC_BUF_SEND] = (char *)sendbuf;
-  x.bufs[FC_BUF_RECV] = recvbuf;
-  x.bufs[FC_BUF_SCRATCH] = comm->scratch;
-  x.send_msgs = calloc((size_t)comm->nranks * 2, sizeof(int));
-  if (!x.send_msgs) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  x.recv_msgs = x.send_msgs + comm->nranks;
+/* Run schedule s (built for this rank) over x's buffers. */
+static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
+  struct flexcoll_comm *comm = x->comm;
+  FC_CHECK(grow(comm, (char **)&comm->scratch, &comm->scratch_bytes, s->scratch_count * x->esize));
+  x->bufs[FC_BUF_SCRATCH] = comm->scratch;
+  x->send_msgs = calloc((size_t)comm->nranks * 2, sizeof(int));
+  if (!x->send_msgs) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  x->recv_msgs = x->send_msgs + comm->nranks;
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
-  for (int r = 0; r < s->nrounds && res == FLEXCOLL_SUCCESS; r++) res = run_round(&x, s, r);
+  for (int r = 0; r < s->nrounds && res == FLEXCOLL_SUCCESS; r++) res = run_round(x, s, r);
   /* A peer lost mid-collective leaves the communicator unusable: say so to get_async_error. */
   if (res == FLEXCOLL_REMOTE_ERROR || res == FLEXCOLL_TIMEOUT) fc_comm_set_async_error(comm, res);
-  if (res == FLEXCOLL_SUCCESS && op == FLEXCOLL_AVG && s->result_count)
-    fc_host_divide(ref(&x, s->result_buf, s->result_off), s->result_count, dtype, comm->nranks);
-  free(x.send_msgs);
-  free(x.slices);
+  if (res == FLEXCOLL_SUCCESS && x->op == FLEXCOLL_AVG && s->result_count)
+    fc_host_divide(ref(x, s->result_buf, s->result_off), s->result_count, x->dtype, comm->nranks);
+  free(x->send_msgs);
+  free(x->slices);
   return res;
+}
+
+flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                              void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+  FC_CHECK(fc_algo_build(&comm->schedule, args));
+  fc_exec_t x = {.comm = comm, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .seq = comm->coll_seq++};
+  x.bufs[FC_BUF_SEND] = (char *)sendbuf;
+  x.bufs[FC_BUF_RECV] = recvbuf;
+  return execute(&x, &comm->schedule);
+}
+
+flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs) {
+  FC_CHECK(fc_algo_build_p2p(&comm->schedule, ops, nops));
+  fc_exec_t x = {.comm = comm, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs, .p2p = 1};
+  return execute(&x, &comm->schedule);
 }

@@ -20,4 +20,7 @@ struct flexcoll_comm;
 flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                               void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op);
 
+/* Run a batch of point-to-point sends and receives (counts in bytes) over host buffers bufs[i]. */
+flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs);
+
 #endif

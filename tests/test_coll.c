@@ -29,8 +29,9 @@
 #include "dtype.h"
 #include "harness.h"
 
-enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, NCOLLS };
-static const char *const coll_names[NCOLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"};
+enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, C_ALLTOALL, NCOLLS };
+static const char *const coll_names[NCOLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
+                                                "alltoall"};
 #define BIT(x) (1u << (x))
 #define ALL_COLLS (BIT(NCOLLS) - 1)
 #define ALL_DTYPES (BIT(FLEXCOLL_NUM_DATATYPES) - 1)
@@ -40,6 +41,8 @@ static const char *const coll_names[NCOLLS] = {"allreduce", "allgather", "reduce
 
 static int coll_reduces(int c) { return c == C_ALLREDUCE || c == C_REDUCE_SCATTER || c == C_REDUCE; }
 static int coll_rooted(int c) { return c == C_BROADCAST || c == C_REDUCE; }
+/* Collectives that FLEXCOLL_ALGO=tree does not implement (it falls back to the ring). */
+static int coll_ring_only(int c) { return c == C_REDUCE_SCATTER || c == C_ALLTOALL; }
 
 /* ---- one call: prepare the buffers, issue, check ---------------------------------------------- */
 
@@ -69,6 +72,7 @@ static int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call)
   const int n = p->nranks, me = p->rank, c = p->coll;
   const size_t es = fc_dtype_size(p->dtype), cnt = p->count;
   hx_data_t d = {p->dtype, coll_reduces(c) ? hx_gen_for_op(p->op) : HX_GEN_BITS, seed, call, n};
+  if (c == C_ALLTOALL) p->inplace = 0;
   p->d = d;
   memset(&p->sb, 0, sizeof p->sb);
   memset(&p->rb, 0, sizeof p->rb);
@@ -141,6 +145,13 @@ static int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call)
           if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
       }
       break;
+    case C_ALLTOALL: { /* never in place (the API refuses overlapping buffers) */
+      void *s = hx_buf_new(r, &p->sb, (size_t)n * cnt * es);
+      if (!s || !(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es))) return -1;
+      hx_fill(&p->d, me, s, 0, (size_t)n * cnt);
+      p->send = s;
+      break;
+    }
   }
   return 0;
 }
@@ -151,7 +162,8 @@ static flexcoll_result_t pcall_issue(const pcall_t *p, flexcoll_comm_t comm) {
     case C_ALLGATHER: return flexcoll_allgather(p->send, p->recv, p->count, p->dtype, comm, NULL);
     case C_REDUCE_SCATTER: return flexcoll_reduce_scatter(p->send, p->recv, p->count, p->dtype, p->op, comm, NULL);
     case C_BROADCAST: return flexcoll_broadcast(p->send, p->recv, p->count, p->dtype, p->root, comm, NULL);
-    default: return flexcoll_reduce(p->send, p->recv, p->count, p->dtype, p->op, p->root, comm, NULL);
+    case C_REDUCE: return flexcoll_reduce(p->send, p->recv, p->count, p->dtype, p->op, p->root, comm, NULL);
+    default: return flexcoll_alltoall(p->send, p->recv, p->count, p->dtype, comm, NULL);
   }
 }
 
@@ -198,6 +210,14 @@ static void pcall_check(hx_rank_t *r, pcall_t *p) {
         if (p->recv) hx_check_poisoned(r, "non-root's recvbuf", p->recv, cnt * es);
       }
       break;
+    case C_ALLTOALL:
+      for (int q = 0; q < n; q++) {
+        char w[64];
+        snprintf(w, sizeof w, "recvbuf block %d", q);
+        hx_check_input(r, w, &p->d, q, (const char *)p->recv + (size_t)q * cnt * es, (size_t)me * cnt, cnt);
+      }
+      hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, (size_t)n * cnt);
+      break;
   }
   if (p->sb.base) hx_buf_check_guards(r, p->inplace && c == C_REDUCE_SCATTER ? "sendbuf/recvbuf" : "sendbuf", &p->sb);
   if (p->rb.base) hx_buf_check_guards(r, p->inplace ? "recvbuf/sendbuf" : "recvbuf", &p->rb);
@@ -224,6 +244,7 @@ typedef struct {
   int big_one_root;  /* big calls: only root nranks-1 */
   int both_roots;    /* roots 0 and nranks-1, else nranks-1 only */
   unsigned modes;    /* BIT(0): out of place, BIT(1): in place */
+  int p2p;           /* also flexcoll_send/recv (p2p_phase) */
 } matrix_t;
 
 typedef struct {
@@ -261,6 +282,106 @@ static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
   return 0;
 }
 
+/* ---- point to point: flexcoll_send / flexcoll_recv ------------------------------------------- */
+
+/* A transfer from rank s to rank d carries the input of virtual rank s*n+d, so every pair's data
+ * differs.  Each pattern is followed by an allreduce that checks the ranks are still in step. */
+typedef struct {
+  hx_buf_t b;
+  void *p;
+  int peer, is_send;
+} xfer_t;
+
+static int p2p_xfer_prepare(hx_rank_t *r, xfer_t *x, const hx_data_t *d, int peer, int is_send, size_t count) {
+  const int n = r->nranks;
+  memset(x, 0, sizeof *x);
+  x->peer = peer;
+  x->is_send = is_send;
+  if (!(x->p = hx_buf_new(r, &x->b, count * fc_dtype_size(d->dtype)))) return -1;
+  if (is_send) hx_fill(d, r->rank * n + peer, x->p, 0, count);
+  return 0;
+}
+
+static flexcoll_result_t p2p_xfer_issue(hx_rank_t *r, xfer_t *x, const hx_data_t *d, size_t count) {
+  if (x->is_send) return flexcoll_send(x->p, count, d->dtype, x->peer, r->comm, NULL);
+  return flexcoll_recv(x->p, count, d->dtype, x->peer, r->comm, NULL);
+}
+
+static void p2p_xfer_check(hx_rank_t *r, xfer_t *x, const hx_data_t *d, size_t count) {
+  const int n = r->nranks;
+  char w[96];
+  if (x->is_send) {
+    snprintf(w, sizeof w, "sendbuf to rank %d (must not change)", x->peer);
+    hx_check_input(r, w, d, r->rank * n + x->peer, x->p, 0, count);
+  } else {
+    snprintf(w, sizeof w, "recvbuf from rank %d", x->peer);
+    hx_check_input(r, w, d, x->peer * n + r->rank, x->p, 0, count);
+  }
+  hx_buf_check_guards(r, w, &x->b);
+  hx_buf_free(&x->b);
+}
+
+static int in_step(hx_rank_t *r, const char *after) {
+  int32_t in = r->rank, out = -1;
+  snprintf(r->what, sizeof r->what, "allreduce int32 sum count 1 after %s", after);
+  if (!hx_ok(r, flexcoll_allreduce(&in, &out, 1, FLEXCOLL_INT32, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce"))
+    return -1;
+  if (out != r->nranks * (r->nranks - 1) / 2) hx_fail(r, "result %d, expected %d", (int)out, r->nranks * (r->nranks - 1) / 2);
+  return 0;
+}
+
+/* Patterns: 0 ring shift (send to rank+1, receive from rank-1) plus a message to itself, in a
+ * group; 1 every rank to every rank (itself included) in one group; 2 pairs (2k, 2k+1) outside a
+ * group, the even rank sending first (an odd rank count leaves the last rank out: it calls
+ * nothing); 3 only ranks 0 and n-1 exchange, in a group, the others call nothing. */
+static int p2p_phase(hx_rank_t *r, uint64_t *call, size_t count, flexcoll_datatype_t dt) {
+  const int n = r->nranks, me = r->rank;
+  static const char *const names[4] = {"ring shift + self", "all pairs", "blocking pairs", "ranks 0 and n-1 only"};
+  xfer_t *x = calloc((size_t)(2 * n + 2), sizeof *x);
+  if (!x) return hx_fail(r, "out of memory");
+  for (int pat = 0; pat < 4; pat++) {
+    hx_data_t d = {dt, HX_GEN_BITS, r->seed, (*call)++, n * n};
+    snprintf(r->what, sizeof r->what, "send/recv %s: %s count %zu (call %" PRIu64 ")", names[pat], fc_dtype_name(dt),
+             count, d.call);
+    int nx = 0, rc = 0, group = pat != 2;
+    switch (pat) {
+      case 0:
+        rc |= p2p_xfer_prepare(r, &x[nx++], &d, (me + 1) % n, 1, count);
+        rc |= p2p_xfer_prepare(r, &x[nx++], &d, me, 1, count);
+        rc |= p2p_xfer_prepare(r, &x[nx++], &d, (me + n - 1) % n, 0, count);
+        rc |= p2p_xfer_prepare(r, &x[nx++], &d, me, 0, count);
+        break;
+      case 1:
+        for (int q = 0; q < n; q++) rc |= p2p_xfer_prepare(r, &x[nx++], &d, q, 1, count);
+        for (int q = 0; q < n; q++) rc |= p2p_xfer_prepare(r, &x[nx++], &d, (me + n - q) % n, 0, count);
+        break;
+      case 2:
+        if ((me ^ 1) < n) {
+          rc |= p2p_xfer_prepare(r, &x[nx++], &d, me ^ 1, !(me & 1), count);
+          rc |= p2p_xfer_prepare(r, &x[nx++], &d, me ^ 1, me & 1, count);
+        }
+        break;
+      default:
+        if (me == 0 || me == n - 1) {
+          rc |= p2p_xfer_prepare(r, &x[nx++], &d, n - 1 - me, 1, count);
+          rc |= p2p_xfer_prepare(r, &x[nx++], &d, n - 1 - me, 0, count);
+        }
+        break;
+    }
+    if (rc) { free(x); return 1; }
+    int ok = 1;
+    if (group && nx) ok &= hx_ok(r, flexcoll_group_start(), NULL, "flexcoll_group_start");
+    for (int i = 0; i < nx && ok; i++)
+      ok &= hx_ok(r, p2p_xfer_issue(r, &x[i], &d, count), r->comm, x[i].is_send ? "flexcoll_send" : "flexcoll_recv");
+    if (group && nx) ok &= hx_ok(r, flexcoll_group_end(), r->comm, "flexcoll_group_end");
+    if (!ok) { free(x); return 1; }
+    for (int i = 0; i < nx; i++) p2p_xfer_check(r, &x[i], &d, count);
+    if (in_step(r, names[pat])) { free(x); return 1; }
+  }
+  free(x);
+  return 0;
+}
+
 static int matrix_rank(hx_rank_t *r) {
   const matrix_t *m = r->arg;
   const int n = r->nranks;
@@ -272,7 +393,7 @@ static int matrix_rank(hx_rank_t *r) {
   double t0 = hx_now();
   for (int c = 0; c < NCOLLS; c++) {
     if (!(m->colls & BIT(c))) continue;
-    if (c == C_REDUCE_SCATTER && tree) continue; /* ring only: FLEXCOLL_ALGO=tree would run the ring again */
+    if (coll_ring_only(c) && tree) continue; /* FLEXCOLL_ALGO=tree would run the ring again */
     for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++) {
       for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
         if (!coll_reduces(c) && op > 0) continue; /* one pass for allgather and broadcast */
@@ -285,6 +406,7 @@ static int matrix_rank(hx_rank_t *r) {
             count = m->counts[k];
           } else {
             if (!(m->big_colls & BIT(c)) || !(m->big_dtypes & BIT(dt))) continue;
+            if (c == C_ALLTOALL && dt != FLEXCOLL_FLOAT32) continue; /* n x count each: one is enough */
             if (coll_reduces(c) && !(m->big_ops & BIT(op))) continue;
             count = m->big;
             if (m->big_bytes) {
@@ -297,6 +419,7 @@ static int matrix_rank(hx_rank_t *r) {
             if (ri == 1 && (!coll_rooted(c) || !m->both_roots || (big && m->big_one_root) || n == 1)) continue;
             for (int ip = 0; ip < 2; ip++) {
               if (!((big ? m->big_modes : m->modes) & BIT(ip))) continue;
+              if (ip && c == C_ALLTOALL) continue;
               pcall_t p = {.coll = c, .dtype = (flexcoll_datatype_t)dt, .op = (flexcoll_op_t)op, .count = count,
                            .root = coll_rooted(c) ? root : 0, .inplace = ip, .rank = r->rank, .nranks = n};
               if (run_one(r, &p, call++, &ct) != 0) return 1;
@@ -305,6 +428,16 @@ static int matrix_rank(hx_rank_t *r) {
         }
       }
     }
+  }
+  if (m->p2p) {
+    double tp = hx_now();
+    static const size_t p2p_counts[] = {0, 1, 7, 1000, 262147};
+    for (size_t k = 0; k < sizeof p2p_counts / sizeof p2p_counts[0]; k++)
+      for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++) {
+        if (k == 4 && dt != FLEXCOLL_FLOAT32) continue;
+        if (p2p_phase(r, &call, p2p_counts[k], (flexcoll_datatype_t)dt)) return 1;
+      }
+    if (r->rank == 0) fprintf(stderr, "[%s] rank 0: send/recv %.2f s\n", r->label, hx_now() - tp);
   }
   r->what[0] = '\0';
   if (r->rank == 0) {
@@ -324,7 +457,7 @@ static const matrix_t full_matrix = {
     .big = BIG_COUNT, .big_colls = ALL_COLLS,
     .big_dtypes = BIT(FLEXCOLL_FLOAT32) | BIT(FLEXCOLL_INT8) | BIT(FLEXCOLL_BFLOAT16),
     .big_ops = BIT(FLEXCOLL_SUM) | BIT(FLEXCOLL_AVG) | BIT(FLEXCOLL_MAX), .big_modes = BIT(0) | BIT(1),
-    .big_one_root = 1, .both_roots = 1, .modes = BIT(0) | BIT(1)};
+    .big_one_root = 1, .both_roots = 1, .modes = BIT(0) | BIT(1), .p2p = 1};
 
 static const char *const algos[2] = {"ring", "tree"};
 

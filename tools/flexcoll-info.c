@@ -34,6 +34,7 @@ int main(int argc, char **argv) {
   setting("FLEXCOLL_GPU_SLOTS", "8", "staging slots per peer");
   setting("FLEXCOLL_CHUNK_SIZE", "1048576", "bytes per pipeline chunk (tree/chain)");
   setting("FLEXCOLL_SLICE_SIZE", "1048576", "bytes per host transfer slice");
+  setting("FLEXCOLL_UCX_PEER_FAILURE", "1", "UCX reports dead peers (1) or may use faster shared memory (0)");
   setting("FLEXCOLL_TIMEOUT_MS", "300000", "longest wait on a peer");
   setting("FLEXCOLL_BOOTSTRAP_TIMEOUT", "120", "seconds a root waits for its ranks");
   setting("FLEXCOLL_SOCKET_IFNAME", "(first up)", "bootstrap interface");

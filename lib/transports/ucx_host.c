@@ -10,7 +10,10 @@
 #include "bootstrap.h"
 #include "comm.h"
 #include "error.h"
+#include "param.h"
 #include "transports.h"
+
+FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
 
 struct fc_ucx {
   ucp_context_h context;
@@ -18,6 +21,15 @@ struct fc_ucx {
   ucp_ep_h *eps;
   int nranks;
 };
+
+/* An endpoint broke.  A peer that finished its part and destroyed its communicator looks the
+ * same as one that died, so this is no error by itself: a transfer that still needed the peer
+ * fails on its own, and a wait for it is bounded by the timeout and the bootstrap ring's watch. */
+static void ep_closed_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
+  (void)ep;
+  struct flexcoll_comm *comm = arg;
+  FC_INFO(FC_SUB_NET, "rank %d: a UCX endpoint closed: %s", comm->rank, ucs_status_string(status));
+}
 
 static flexcoll_result_t ucx_fail(struct flexcoll_comm *comm, const char *what, ucs_status_t st) {
   return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "UCX %s failed: %s", what, ucs_status_string(st));
@@ -66,12 +78,19 @@ out:
 }
 
 static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const char *addrs, size_t stride) {
-  /* No UCX peer-failure handling: asking for it restricts UCX to transports that support it
-   * (TCP, not shared memory: 3-5x slower here).  A dead peer is caught by the bootstrap ring's
-   * watch and the communicator's timeout instead (lib/host/exec.c). */
+  /* With peer-failure handling, a peer that dies makes transfers fail instead of aborting this
+   * process (UCX's shared-memory copies, CMA, treat a vanished peer as fatal otherwise); but
+   * UCX 1.13 then keeps to transports that can report it, TCP, 2-3x slower than shared memory.
+   * FLEXCOLL_UCX_PEER_FAILURE=0 trades that safety for speed. */
+  int safe = fc_param_ucx_peer_failure() != 0;
   for (int r = 0; r < comm->nranks; r++) {
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
                           .address = (const ucp_address_t *)(addrs + (size_t)r * stride)};
+    if (safe) {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler = (ucp_err_handler_t){.cb = ep_closed_cb, .arg = comm};
+    }
     ucs_status_t st = ucp_ep_create(u->worker, &ep, &u->eps[r]);
     if (st != UCS_OK) return ucx_fail(comm, "ucp_ep_create", st);
   }

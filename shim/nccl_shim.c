@@ -73,9 +73,9 @@ static ncclResult_t fwd_call(flexcoll_result_t res) {
   return fwd(res);
 }
 
-#define SHIM_CHECK(call)                         \
-  do {                                           \
-    ncclResult_t shim_res_ = (call);             \
+#define SHIM_CHECK(call)                            \
+  do {                                              \
+    ncclResult_t shim_res_ = (call);                \
     if (shim_res_ != ncclSuccess) return shim_res_; \
   } while (0)
 

@@ -37,7 +37,7 @@ static flexcoll_result_t ucx_fail(struct flexcoll_comm *comm, const char *what, 
 
 static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u) {
   ucp_config_t *config;
-  ucs_status_t st = ucp_config_read("FLEXCOLL", NULL, &config);
+  ucs_status_t st = ucp_config_read(NULL, NULL, &config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
   ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                          .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};

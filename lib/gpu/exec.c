@@ -244,13 +244,20 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != g->device) cudaSetDevice(g->device);
+  /* The kernel wrappers read launch errors with cudaGetLastError: a stale error left by an
+   * earlier call (ours or the application's) must not fail a launch half-way through enqueuing
+   * a collective, which would leave the peers waiting. */
+  cudaGetLastError();
   fc_dexec_t x = {.comm = comm, .g = g, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs};
   flexcoll_result_t res;
   if (!g->p2p) {
     res = p2p_through_host(&x, ops, nops, bufs, user);
   } else {
     res = fc_algo_build_p2p(&comm->schedule, ops, nops);
-    if (res == FLEXCOLL_SUCCESS) res = run_schedule(&x, &comm->schedule, user);
+    if (res == FLEXCOLL_SUCCESS) {
+      res = run_schedule(&x, &comm->schedule, user);
+      if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
+    }
     if (res == FLEXCOLL_SUCCESS) fc_gpu_track(comm, user);
   }
   if (prev != g->device && prev >= 0) cudaSetDevice(prev);
@@ -264,6 +271,10 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != g->device) cudaSetDevice(g->device);
+  /* The kernel wrappers read launch errors with cudaGetLastError: a stale error left by an
+   * earlier call (ours or the application's) must not fail a launch half-way through enqueuing
+   * a collective, which would leave the peers waiting. */
+  cudaGetLastError();
   fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   size_t bytes = args->count * x.esize;
@@ -280,7 +291,9 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
     x.bufs[FC_BUF_SEND] = (char *)sendbuf;
     x.bufs[FC_BUF_RECV] = recvbuf;
     if (s->scratch_count) FC_CHECK_GOTO(ensure_scratch(&x, s->scratch_count * x.esize, &x.bufs[FC_BUF_SCRATCH]), res, out);
-    FC_CHECK_GOTO(run_schedule(&x, s, user), res, out);
+    res = run_schedule(&x, s, user);
+    /* Half a collective may be enqueued: peers wait for the rest, so the communicator is done. */
+    if (res != FLEXCOLL_SUCCESS) { fc_comm_set_async_error(comm, res); goto out; }
     if (op == FLEXCOLL_AVG && s->result_count)
       res = fc_kernel_divide(dref(&x, s->result_buf, s->result_off), s->result_count, dtype, comm->nranks, user)
                 ? fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "average kernel launch failed")

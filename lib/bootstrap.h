@@ -13,6 +13,10 @@
  * Thread safety: functions on different fc_bootstrap_t objects may run concurrently (many ranks may
  * live as threads of one process).  On one object, fc_bootstrap_peer_lost may run concurrently with
  * allgather/barrier; everything else needs the caller's serialisation.
+ *
+ * The implementation lives in lib/bootstrap/: net.c (addresses, the unique id, interfaces,
+ * listeners), root.c (the root listener) and rank.c (rendezvous, ring, all-gather), sharing the
+ * private lib/bootstrap/net.h.
  */
 #ifndef FC_BOOTSTRAP_H
 #define FC_BOOTSTRAP_H

@@ -25,7 +25,10 @@ typedef struct {
 typedef struct {
   char *stage;             /* the peer's staging area (or ours), mapped here */
   int ipc_opened;          /* stage came from cudaIpcOpenMemHandle */
-  uint32_t sent, received; /* chunks sent to / received from this peer so far (host mirror) */
+  /* Chunks sent to / received from this peer so far.  64 bits, so that the slot index
+   * (chunk % nslots) never jumps; the flags in device memory carry the low 32 bits, which the
+   * stream waits compare wrap-aware. */
+  uint64_t sent, received;
 } fc_peer_t;
 
 struct fc_gpu {

@@ -53,8 +53,8 @@ static fc_pair_flags_t *pair_flags(struct fc_gpu *g, char *stage, int q) {
 }
 
 /* Slot `slot` of the ring that `sender` fills in the staging area `stage`. */
-static char *slot_ptr(struct fc_gpu *g, char *stage, int sender, uint32_t chunk) {
-  return stage + g->slots_off + ((size_t)sender * (size_t)g->nslots + chunk % (uint32_t)g->nslots) * g->slice_bytes;
+static char *slot_ptr(struct fc_gpu *g, char *stage, int sender, uint64_t chunk) {
+  return stage + g->slots_off + ((size_t)sender * (size_t)g->nslots + (size_t)(chunk % (uint64_t)g->nslots)) * g->slice_bytes;
 }
 
 static int use_sm(struct fc_gpu *g, size_t bytes) {
@@ -68,15 +68,15 @@ static flexcoll_result_t send_step(fc_dexec_t *x, const fc_step_t *st) {
   size_t per = g->slice_bytes / x->esize, done = 0;
   do {
     size_t n = st->count - done < per ? st->count - done : per;
-    if (p->sent >= (uint32_t)g->nslots) /* the slot is reused: wait until the peer has drained it */
+    if (p->sent >= (uint64_t)g->nslots) /* the slot is reused: wait until the peer has drained it */
       CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->credit,
-                                      p->sent - (uint32_t)g->nslots + 1, CU_STREAM_WAIT_VALUE_GEQ));
+                                      (uint32_t)(p->sent - (uint64_t)g->nslots + 1), CU_STREAM_WAIT_VALUE_GEQ));
     char *dst = slot_ptr(g, p->stage, me, p->sent);
     const char *src = dref(x, st->buf, st->off + done);
     if (n && use_sm(g, n * x->esize)) CUDA_TRY(x->comm, fc_kernel_copy(dst, src, n * x->esize, g->send_stream));
     else if (n) CUDA_TRY(x->comm, cudaMemcpyAsync(dst, src, n * x->esize, cudaMemcpyDeviceToDevice, g->send_stream));
     p->sent++;
-    CU_TRY(x->comm, g->write_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, p->stage, me)->ready, p->sent, 0));
+    CU_TRY(x->comm, g->write_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, p->stage, me)->ready, (uint32_t)p->sent, 0));
     done += n;
   } while (done < st->count);
   return FLEXCOLL_SUCCESS;
@@ -89,8 +89,8 @@ static flexcoll_result_t recv_step(fc_dexec_t *x, const fc_step_t *st) {
   size_t per = g->slice_bytes / x->esize, done = 0;
   do {
     size_t n = st->count - done < per ? st->count - done : per;
-    CU_TRY(x->comm, g->wait_value32(g->recv_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->ready, p->received + 1,
-                                    CU_STREAM_WAIT_VALUE_GEQ));
+    CU_TRY(x->comm, g->wait_value32(g->recv_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->ready,
+                                    (uint32_t)(p->received + 1), CU_STREAM_WAIT_VALUE_GEQ));
     char *slot = slot_ptr(g, g->stage, q, p->received);
     char *dst = dref(x, st->buf, st->off + done);
     if (n && st->kind == FC_STEP_RECV_REDUCE)
@@ -99,7 +99,8 @@ static flexcoll_result_t recv_step(fc_dexec_t *x, const fc_step_t *st) {
     else if (n)
       CUDA_TRY(x->comm, cudaMemcpyAsync(dst, slot, n * x->esize, cudaMemcpyDeviceToDevice, g->recv_stream));
     p->received++;
-    CU_TRY(x->comm, g->write_value32(g->recv_stream, (CUdeviceptr)&pair_flags(g, p->stage, me)->credit, p->received, 0));
+    CU_TRY(x->comm, g->write_value32(g->recv_stream, (CUdeviceptr)&pair_flags(g, p->stage, me)->credit,
+                                     (uint32_t)p->received, 0));
     done += n;
   } while (done < st->count);
   return FLEXCOLL_SUCCESS;
@@ -140,22 +141,28 @@ static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cud
   for (int q = 0; q < x->comm->nranks; q++)
     if (q != x->comm->rank && g->peers[q].sent)
       CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->credit,
-                                      g->peers[q].sent, CU_STREAM_WAIT_VALUE_GEQ));
+                                      (uint32_t)g->peers[q].sent, CU_STREAM_WAIT_VALUE_GEQ));
   CUDA_TRY(x->comm, cudaEventRecord(g->ev_send, g->send_stream));
   CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_send, 0));
   CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
   return FLEXCOLL_SUCCESS;
 }
 
-static flexcoll_result_t ensure_scratch(fc_dexec_t *x, size_t bytes, char **out) {
+/* Scratch in device memory, grown stream-ordered on the caller's stream: after this
+ * communicator's earlier work (which may still use the old scratch), without blocking the host
+ * (a host wait here could wait on peers that are waiting on this thread). */
+static flexcoll_result_t ensure_scratch(fc_dexec_t *x, size_t bytes, cudaStream_t user, char **out) {
   struct flexcoll_comm *comm = x->comm;
   struct fc_gpu *g = x->g;
   if (bytes > g->dev_scratch_bytes) {
-    /* Earlier collectives may still use the old scratch: free it only once they are done. */
-    if (g->dev_scratch) { cudaDeviceSynchronize(); cudaFree(g->dev_scratch); }
+    CUDA_TRY(comm, cudaEventRecord(g->ev_send, g->send_stream));
+    CUDA_TRY(comm, cudaEventRecord(g->ev_recv, g->recv_stream));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_send, 0));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
+    if (g->dev_scratch) CUDA_TRY(comm, cudaFreeAsync(g->dev_scratch, user));
     g->dev_scratch = NULL;
     g->dev_scratch_bytes = 0;
-    CUDA_TRY(comm, cudaMalloc((void **)&g->dev_scratch, bytes));
+    CUDA_TRY(comm, cudaMallocAsync((void **)&g->dev_scratch, bytes, user));
     g->dev_scratch_bytes = bytes;
   }
   *out = g->dev_scratch;
@@ -285,12 +292,15 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   } else if ((args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER) && bytes <= g->oneshot_slot &&
              args->nranks <= FC_ONESHOT_MAX_RANKS) {
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
+    /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */
+    if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
   } else {
     fc_schedule_t *s = &comm->schedule;
     FC_CHECK_GOTO(fc_algo_build(s, args), res, out);
     x.bufs[FC_BUF_SEND] = (char *)sendbuf;
     x.bufs[FC_BUF_RECV] = recvbuf;
-    if (s->scratch_count) FC_CHECK_GOTO(ensure_scratch(&x, s->scratch_count * x.esize, &x.bufs[FC_BUF_SCRATCH]), res, out);
+    if (s->scratch_count)
+      FC_CHECK_GOTO(ensure_scratch(&x, s->scratch_count * x.esize, user, &x.bufs[FC_BUF_SCRATCH]), res, out);
     res = run_schedule(&x, s, user);
     /* Half a collective may be enqueued: peers wait for the rest, so the communicator is done. */
     if (res != FLEXCOLL_SUCCESS) { fc_comm_set_async_error(comm, res); goto out; }

@@ -107,23 +107,28 @@ static flexcoll_result_t load_stream_memops(struct flexcoll_comm *comm, struct f
 
 static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *g) {
   plan_layout(g, comm->nranks);
-  CUDA_CHECK(comm, cudaMalloc((void **)&g->stage, g->stage_bytes));
-  CUDA_CHECK(comm, cudaMemset(g->stage + g->oneshot_flags_off, 0, g->slots_off - g->oneshot_flags_off));
-  CUDA_CHECK(comm, cudaHostAlloc((void **)&g->error_host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
-  *g->error_host = 0;
-  CUDA_CHECK(comm, cudaHostGetDevicePointer((void **)&g->error_dev, g->error_host, 0));
   CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->send_stream, cudaStreamNonBlocking));
   CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->recv_stream, cudaStreamNonBlocking));
   CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->util_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->stage, g->stage_bytes));
+  /* On our own stream, not the legacy one: other communicators' kernels may be waiting on peers
+   * on this device, and a legacy-stream memset would wait for them. */
+  CUDA_CHECK(comm, cudaMemsetAsync(g->stage + g->oneshot_flags_off, 0, g->slots_off - g->oneshot_flags_off, g->util_stream));
+  CUDA_CHECK(comm, cudaStreamSynchronize(g->util_stream));
+  CUDA_CHECK(comm, cudaHostAlloc((void **)&g->error_host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+  *g->error_host = 0;
+  CUDA_CHECK(comm, cudaHostGetDevicePointer((void **)&g->error_dev, g->error_host, 0));
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_user, cudaEventDisableTiming));
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_send, cudaEventDisableTiming));
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_recv, cudaEventDisableTiming));
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_oneshot, cudaEventDisableTiming));
   for (int i = 0; i < 64; i++) CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->inflight_ev[i], cudaEventDisableTiming));
-  int khz = 0;
-  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, g->device);
-  g->timeout_cycles = (uint64_t)(khz > 0 ? khz : 2000000) * (uint64_t)comm->timeout_ms;
-  CUDA_CHECK(comm, cudaDeviceSynchronize());
+  g->timeout_cycles = fc_kernel_timeout_cycles(g->device, comm->timeout_ms);
+  /* Lazy loading would load each kernel at its first launch, waiting for queued work that may
+   * wait on peers (a deadlock in the middle of a collective): load them all now. */
+  int e = fc_kernels_preload_reduce();
+  if (!e) e = fc_kernels_preload_oneshot();
+  if (e) return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "loading the kernels failed: %s", cudaGetErrorString((cudaError_t)e));
   return FLEXCOLL_SUCCESS;
 }
 
@@ -185,17 +190,7 @@ out:
   return res;
 }
 
-flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
-  int want = comm->init_config.cuda_device;
-  int count = fc_gpu_count();
-  comm->cuda_device = -1;
-  if (want == -1 || count == 0) return FLEXCOLL_SUCCESS;
-  if (want == FLEXCOLL_CONFIG_UNDEF) {
-    CUDA_CHECK(comm, cudaGetDevice(&want));
-  } else if (want < 0 || want >= count) {
-    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "config.cuda_device %d: this process sees %d device(s)", want, count);
-  }
-  CUDA_CHECK(comm, cudaSetDevice(want));
+static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   struct fc_gpu *g = calloc(1, sizeof *g);
   if (!g) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   comm->gpu = g;
@@ -210,9 +205,31 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   return fc_bootstrap_barrier(comm->bootstrap);
 }
 
+flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
+  int want = comm->init_config.cuda_device;
+  int count = fc_gpu_count();
+  comm->cuda_device = -1;
+  if (want == -1 || count == 0) return FLEXCOLL_SUCCESS;
+  if (want == FLEXCOLL_CONFIG_UNDEF) {
+    CUDA_CHECK(comm, cudaGetDevice(&want));
+  } else if (want < 0 || want >= count) {
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "config.cuda_device %d: this process sees %d device(s)", want, count);
+  }
+  int prev = -1;
+  CUDA_CHECK(comm, cudaGetDevice(&prev));
+  CUDA_CHECK(comm, cudaSetDevice(want));
+  flexcoll_result_t res = gpu_comm_setup(comm, want);
+  /* The caller's current device is the caller's. */
+  if (prev != want) cudaSetDevice(prev);
+  return res;
+}
+
+
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
+  int prev = -1;
+  cudaGetDevice(&prev);
   cudaSetDevice(g->device);
   if (!atomic_load(&comm->abort_flag)) {
     cudaStreamSynchronize(g->send_stream);
@@ -237,6 +254,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   free(g->peers);
   free(g);
   comm->gpu = NULL;
+  if (prev >= 0) cudaSetDevice(prev);
 }
 
 /* Release device work stuck on peers: kernels see the error flag; stream waits see their flags
@@ -245,6 +263,8 @@ void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
   __atomic_store_n(g->error_host, 2, __ATOMIC_SEQ_CST);
+  int prev = -1;
+  cudaGetDevice(&prev);
   cudaSetDevice(g->device);
   for (int q = 0; q < comm->nranks; q++) {
     fc_pair_flags_t *f = (fc_pair_flags_t *)(g->stage + g->pair_flags_off) + q;
@@ -253,6 +273,7 @@ void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
   }
   cudaStreamSynchronize(g->util_stream);
   cudaGetLastError();
+  if (prev >= 0) cudaSetDevice(prev);
 }
 
 static double now_ms(void) {

@@ -28,6 +28,12 @@ int fc_kernel_copy(void *dst, const void *src, size_t bytes, flexcoll_stream_t s
  * A host function (no stream); it does not return a cudaError_t. */
 uint64_t fc_kernel_timeout_cycles(int device, int timeout_ms);
 
+/* Load every kernel into the current device's context now: CUDA's lazy loading would otherwise
+ * load a kernel at its first launch, waiting for the device's queued work (which, in the middle
+ * of a collective, waits on peers).  Called once per device by each communicator. */
+int fc_kernels_preload_reduce(void);
+int fc_kernels_preload_oneshot(void);
+
 /* One-shot collectives for small messages: one kernel per rank, no host involvement.
  * Every rank owns a staging area that all peers can write (peer-mapped device memory):
  * 2 parities × nranks slots of slot_bytes, plus flags: 2 parities × nranks × FC_ONESHOT_BLOCKS

@@ -106,13 +106,16 @@ __device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, con
   }
 }
 
-/* Thread 0 polls one flag until it equals seq; false once clock64 has run past the deadline.
+/* Thread 0 polls one flag until it equals seq; false once clock64 has run past the deadline,
+ * or once the host has aborted the communicator (*error == 2, see fc_gpu_comm_abort).
  * Tight polling first (latency), then __nanosleep with doubling backoff up to 256 ns. */
-__device__ __forceinline__ bool fc_poll(const uint64_t *flag, uint64_t seq, long long start, uint64_t timeout_cycles) {
+__device__ __forceinline__ bool fc_poll(const uint64_t *flag, uint64_t seq, long long start, uint64_t timeout_cycles,
+                                        const int *error) {
   unsigned spins = 0, ns = 32;
   while (fc_ld_volatile(flag) != seq) {
     if ((uint64_t)(clock64() - start) > timeout_cycles) return false;
     if (++spins > 64) {
+      if (error && *(const volatile int *)error == 2) return false;
       __nanosleep(ns);
       if (ns < 256) ns *= 2;
     }
@@ -128,8 +131,9 @@ __device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par) {
     const uint64_t *mine = fc_pick(a.flags, a.rank);
     int ok = 1;
     for (int q = 0; q < a.nranks && ok; q++)
-      if (q != a.rank) ok = fc_poll(mine + fc_flag_idx(a, par, q, blockIdx.x), a.seq, start, a.timeout_cycles);
-    if (!ok && a.error) *(volatile int *)a.error = 1;
+      if (q != a.rank) ok = fc_poll(mine + fc_flag_idx(a, par, q, blockIdx.x), a.seq, start, a.timeout_cycles, a.error);
+    /* A timeout says so; an abort (2) is left as it is. */
+    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
     /* Acquire side: the block's slot reads (after the barrier below) come after the flags
      * were seen; on timeout it pushes the error word out to the host. */
     __threadfence_system();
@@ -276,4 +280,28 @@ extern "C" int fc_kernel_oneshot_allgather(const fc_oneshot_args_t *args, const 
   fc_oneshot_allgather_kernel<<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, (cudaStream_t)stream>>>(
       *args, (const char *)sendbuf, (char *)recvbuf, bytes);
   return (int)cudaGetLastError();
+}
+
+/* Load every one-shot kernel now (see fc_kernels_preload_reduce in reduce.cu: a first launch
+ * under lazy loading waits for the device's queued work, which may be waiting on peers). */
+namespace {
+struct fc_oneshot_preload {
+  template <typename V, typename D, class Op> int run() {
+    cudaFuncAttributes a;
+    int e = (int)cudaFuncGetAttributes(&a, fc_oneshot_allreduce_kernel<V, D, Op, true>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, fc_oneshot_allreduce_kernel<V, D, Op, false>);
+    return e;
+  }
+};
+}  // namespace
+
+extern "C" int fc_kernels_preload_oneshot(void) {
+  fc_oneshot_preload p;
+  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
+    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
+      int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, p);
+      if (e) return e;
+    }
+  cudaFuncAttributes a;
+  return (int)cudaFuncGetAttributes(&a, fc_oneshot_allgather_kernel);
 }

@@ -228,3 +228,35 @@ extern "C" uint64_t fc_kernel_timeout_cycles(int device, int timeout_ms) {
   }
   return (uint64_t)timeout_ms * (uint64_t)khz;
 }
+
+/* ---- loading every kernel up front ----
+ * With CUDA's lazy module loading (the default since 12.2) the first launch of a kernel loads
+ * it and waits for the work already queued on the device.  In the middle of a collective that
+ * work waits on peers, whose own first launches wait likewise: a deadlock.  Asking for each
+ * kernel's attributes loads it at communicator creation instead. */
+namespace {
+struct fc_reduce_preload {
+  template <typename V, typename D, class Op> int run() {
+    cudaFuncAttributes a;
+    int e = (int)cudaFuncGetAttributes(&a, fc_reduce_kernel<V, Op>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, fc_divide_kernel<D>);
+    return e;
+  }
+};
+}  // namespace
+
+extern "C" int fc_kernels_preload_reduce(void) {
+  fc_reduce_preload p;
+  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
+    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
+      int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, p);
+      if (e) return e;
+    }
+  cudaFuncAttributes a;
+  int e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<uint4>);
+  if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<uint2>);
+  if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<unsigned int>);
+  if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<unsigned short>);
+  if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<unsigned char>);
+  return e;
+}

@@ -153,8 +153,9 @@ static flexcoll_result_t locate(flexcoll_comm_t comm, const void *const *bufs, i
     fc_mem_t m = fc_mem_type(bufs[i], &dev);
     if (first < 0) { first = i; *mem = m; dev0 = dev; continue; }
     if (m != *mem || dev != dev0)
-      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: buffers in different memories (%s and %s)", fn,
-                      *mem == FC_MEM_DEVICE ? "device" : "host", m == FC_MEM_DEVICE ? "device" : "host");
+      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: buffers in different memories (%s of %s, %s of %s)", fn,
+                      *mem == FC_MEM_DEVICE ? "device" : "host", first == 0 ? "sendbuf" : "the first buffer",
+                      m == FC_MEM_DEVICE ? "device" : "host", i == 1 && n == 2 ? "recvbuf" : "another buffer");
   }
   if (first < 0) *mem = FC_MEM_HOST;
   if (*mem == FC_MEM_DEVICE && comm->cuda_device < 0)
@@ -165,16 +166,32 @@ static flexcoll_result_t locate(flexcoll_comm_t comm, const void *const *bufs, i
   return FLEXCOLL_SUCCESS;
 }
 
+/* A communicator whose collective failed half-way is out of step with its peers: refuse. */
+static flexcoll_result_t check_not_failed(flexcoll_comm_t comm, const char *fn) {
+  int err = atomic_load(&comm->async_error);
+  if (err == FLEXCOLL_SUCCESS) return FLEXCOLL_SUCCESS;
+  return fc_error(comm, (flexcoll_result_t)err,
+                  "%s: the communicator failed earlier (%s); abort and destroy it", fn,
+                  flexcoll_get_error_string((flexcoll_result_t)err));
+}
+
 flexcoll_result_t fc_call_run(const fc_call_t *c) {
   flexcoll_comm_t comm = c->comm;
   FC_CHECK(fc_comm_check(comm, fc_coll_name(c->coll)));
+  FC_CHECK(check_not_failed(comm, fc_coll_name(c->coll)));
   fc_log_set_rank(comm->rank);
+  /* Nothing moves, on any path and on every rank alike (the count is the same everywhere). */
+  if (c->count == 0) return FLEXCOLL_SUCCESS;
   size_t esize = fc_dtype_size(c->dtype);
   size_t bytes = fc_coll_recv_count(c->coll, c->count, comm->nranks) * esize;
   size_t send_bytes = fc_coll_send_count(c->coll, c->count, comm->nranks) * esize;
   if (send_bytes > bytes) bytes = send_bytes;
   fc_mem_t mem;
-  const void *bufs[2] = {c->sendbuf, c->recvbuf};
+  /* Only the buffers this rank uses decide (a broadcast's non-roots ignore sendbuf, a reduce's
+   * recvbuf), or one rank could fail alone. */
+  int is_root = comm->rank == c->root;
+  const void *bufs[2] = {c->coll == FC_COLL_BROADCAST && !is_root ? NULL : c->sendbuf,
+                         c->coll == FC_COLL_REDUCE && !is_root ? NULL : c->recvbuf};
   FC_CHECK(locate(comm, bufs, 2, fc_coll_name(c->coll), &mem));
   fc_algo_args_t args = {.coll = c->coll, .rank = comm->rank, .nranks = comm->nranks, .root = c->root, .count = c->count};
   args.algo = fc_tuner_pick(c->coll, bytes, comm->nranks, mem);
@@ -189,6 +206,7 @@ flexcoll_result_t fc_call_run(const fc_call_t *c) {
 flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
   flexcoll_comm_t comm = calls[0].comm;
   FC_CHECK(fc_comm_check(comm, "flexcoll_send/recv"));
+  FC_CHECK(check_not_failed(comm, "flexcoll_send/recv"));
   fc_log_set_rank(comm->rank);
   fc_p2p_op_t ops[FC_P2P_MAX_OPS];
   void *bufs[FC_P2P_MAX_OPS];

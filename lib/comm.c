@@ -86,6 +86,9 @@ flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, cons
   /* Copy only the part of the struct the caller knew about. */
   if (config) memcpy(&c->init_config, config, config->size < sizeof dflt ? config->size : sizeof dflt);
   c->init_config.size = sizeof dflt;
+  /* "The current device" is the caller's: resolve it here, on the calling thread, since the
+   * initialisation may run in another thread (groups). */
+  if (c->init_config.cuda_device == FLEXCOLL_CONFIG_UNDEF) c->init_config.cuda_device = fc_gpu_current_device();
   c->timeout_ms = c->init_config.timeout_ms != FLEXCOLL_CONFIG_UNDEF ? c->init_config.timeout_ms
                                                                        : (int)fc_param_timeout_ms();
   c->cuda_device = -1;
@@ -118,6 +121,10 @@ fail:
   pthread_mutex_lock(&c->error_lock);
   snprintf(c->last_error, sizeof c->last_error, "%s", fc_thread_last_error());
   pthread_mutex_unlock(&c->error_lock);
+  fc_comm_set_async_error(c, res);
+  /* Leave the bootstrap ring now: ranks still initialising with us see it closed at once
+   * instead of waiting out their timeout. */
+  if (c->bootstrap) { fc_bootstrap_close(c->bootstrap); c->bootstrap = NULL; }
   atomic_store(&c->state, FC_COMM_FAILED);
   return res;
 }

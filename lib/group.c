@@ -33,6 +33,22 @@ static flexcoll_result_t enqueue(const fc_group_op_t *op) {
 }
 
 flexcoll_result_t fc_group_enqueue_call(const fc_call_t *call) {
+  if (call->kind != FC_CALL_COLL) {
+    /* Neighbouring sends and receives of a communicator run as one batch (see run_comm_work);
+     * a batch holds at most FC_P2P_MAX_OPS.  Cutting a longer run into several batches could
+     * deadlock (sends in the first batch waiting for receives in the second), so refuse it. */
+    int run = 0;
+    for (size_t i = group_len; i-- > 0;) {
+      const fc_group_op_t *o = &group_ops[i];
+      if (o->is_init || o->call.comm != call->comm) continue;
+      if (o->call.kind == FC_CALL_COLL) break;
+      run++;
+    }
+    if (run >= FC_P2P_MAX_OPS)
+      return fc_error(call->comm, FLEXCOLL_INVALID_USAGE,
+                      "more than %d sends and receives of one communicator in a row inside a group; end the group "
+                      "and start another", FC_P2P_MAX_OPS);
+  }
   fc_group_op_t op = {.is_init = 0, .call = *call};
   return enqueue(&op);
 }

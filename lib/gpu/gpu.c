@@ -41,6 +41,16 @@ int fc_gpu_count(void) {
   return n;
 }
 
+int fc_gpu_current_device(void) {
+  int d;
+  if (fc_gpu_count() == 0) return FLEXCOLL_CONFIG_UNDEF;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return FLEXCOLL_CONFIG_UNDEF;
+  }
+  return d;
+}
+
 fc_mem_t fc_mem_type(const void *ptr, int *device) {
   struct cudaPointerAttributes attr;
   *device = -1;
@@ -308,6 +318,7 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
 }
 #else
 int fc_gpu_count(void) { return 0; }
+int fc_gpu_current_device(void) { return FLEXCOLL_CONFIG_UNDEF; }
 fc_mem_t fc_mem_type(const void *ptr, int *device) { (void)ptr; *device = -1; return FC_MEM_HOST; }
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   comm->cuda_device = -1;

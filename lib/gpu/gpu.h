@@ -16,6 +16,8 @@ typedef enum { FC_MEM_HOST, FC_MEM_DEVICE } fc_mem_t;
 fc_mem_t fc_mem_type(const void *ptr, int *device);
 /* Number of CUDA devices usable here (0 without CUDA or without a GPU). */
 int fc_gpu_count(void);
+/* The calling thread's current CUDA device; FLEXCOLL_CONFIG_UNDEF without a GPU. */
+int fc_gpu_current_device(void);
 
 /* Choose the CUDA device of comm (config, else current; -1 when there is none) and set up what
  * device collectives need. */

@@ -144,7 +144,7 @@ static flexcoll_result_t check_stuck(fc_exec_t *x, double last_progress, double 
       return fc_error(c, FLEXCOLL_REMOTE_ERROR, "a neighbouring rank exited during a collective (seq %u)", x->seq);
     }
   }
-  if (t - last_progress > c->timeout_ms) {
+  if (c->timeout_ms > 0 && t - last_progress > c->timeout_ms) {
     fc_comm_set_async_error(c, FLEXCOLL_TIMEOUT);
     return fc_error(c, FLEXCOLL_TIMEOUT, "no progress from peers for %d ms (collective seq %u)", c->timeout_ms, x->seq);
   }
@@ -222,8 +222,9 @@ static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
   x->recv_msgs = x->send_msgs + comm->nranks;
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   for (int r = 0; r < s->nrounds && res == FLEXCOLL_SUCCESS; r++) res = run_round(x, s, r);
-  /* A peer lost mid-collective leaves the communicator unusable: say so to get_async_error. */
-  if (res == FLEXCOLL_REMOTE_ERROR || res == FLEXCOLL_TIMEOUT) fc_comm_set_async_error(comm, res);
+  /* A collective that failed half-way leaves this rank's message numbering, and its peers, out
+   * of step: the communicator is unusable (get_async_error says so; later calls are refused). */
+  if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
   if (res == FLEXCOLL_SUCCESS && x->op == FLEXCOLL_AVG && s->result_count)
     fc_host_divide(ref(x, s->result_buf, s->result_off), s->result_count, x->dtype, comm->nranks);
   free(x->send_msgs);

@@ -138,7 +138,14 @@ static void close_endpoints(fc_ucx_t *u) {
     if (!u->eps[r]) continue;
     void *req = ucp_ep_close_nbx(u->eps[r], &p);
     if (UCS_PTR_IS_PTR(req)) {
-      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(u->worker);
+      /* A forced close completes locally; bound it anyway: destroy never waits on anyone. */
+      struct timespec start, now;
+      clock_gettime(CLOCK_MONOTONIC, &start);
+      do {
+        ucp_worker_progress(u->worker);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+      } while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+               (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 < 1000);
       ucp_request_free(req);
     }
     u->eps[r] = NULL;

@@ -104,7 +104,12 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
   /* In place, reduce_scatter reads and writes the larger send-sized buffer. */
   perf_bufs_t use = *b;
   if (inplace && coll == PERF_REDUCE_SCATTER) use.recv_elems = use.send_elems;
-  if (prepare(r, &use, inplace, coll)) { r->status = 1; return 0; }
+  /* Every rank takes part in the same collectives, whatever failed locally: agree first. */
+  if (max_over_ranks(r, prepare(r, &use, inplace, coll)) > 0) {
+    r->status = 1;
+    *wrong = 1;
+    return 0;
+  }
   const void *s = send_ptr(r, &use, inplace, coll, esize);
   void *d = recv_ptr(r, &use, inplace, coll, esize);
   int err = coll_call(r, use_nccl, coll, s, d, use.count) || perf_stream_sync(r->stream, r->device);
@@ -205,7 +210,9 @@ static void *rank_main(void *arg) {
     char id[128] = {0};
     if (r->rank == 0 && perf_nccl_unique_id(id)) r->status = 1;
     flexcoll_broadcast(id, id, sizeof id, FLEXCOLL_UINT8, 0, r->comm, NULL);
-    if (!r->status && perf_nccl_init_rank(&r->nccl, r->nranks, id, r->rank)) r->status = 1;
+    /* Rank 0 alone knows whether NCCL gave an id: all ranks go on, or none. */
+    if (max_over_ranks(r, r->status) > 0) r->status = 1;
+    else if (perf_nccl_init_rank(&r->nccl, r->nranks, id, r->rank)) r->status = 1;
   }
   if (r->rank == 0) print_header(r);
   if (r->rank == 0 && o->json && (r->json = fopen(o->json, "w")))
@@ -214,7 +221,7 @@ static void *rank_main(void *arg) {
   double wrong = 0;
   int first = 1;
   size_t esize = fc_dtype_size(o->dtype), unit = esize * (size_t)r->nranks;
-  for (size_t bytes = o->minbytes; bytes <= o->maxbytes && !r->status;) {
+  for (size_t bytes = o->minbytes; bytes <= o->maxbytes && max_over_ranks(r, r->status) == 0;) {
     size_t rounded = bytes / unit * unit;
     sweep_size(r, rounded ? rounded : unit, &wrong, &first);
     size_t next = (size_t)((double)bytes * o->step);

@@ -177,7 +177,7 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
   *wrong_total += wr[0] + wr[1] + wn;
   if (r->rank == 0) {
     printf("%12zu %12zu %8s %6s %5d", total, b.count, fc_dtype_name(o->dtype), fc_op_name(o->op),
-           coll >= PERF_BROADCAST ? o->root : -1);
+           (coll == PERF_BROADCAST || coll == PERF_REDUCE) ? o->root : -1);
     for (int ip = 0; ip < 2; ip++) {
       double algbw = t[ip] > 0 ? (double)total / t[ip] / 1e9 : 0;
       if (t[ip] > 0) printf("  %9.2f %7.2f %7.2f %6.0f", t[ip] * 1e6, algbw, algbw * f, wr[ip]);

@@ -36,7 +36,7 @@ static size_t parse_size(const char *s) {
 
 static void usage(const char *argv0, int status) {
   fprintf(status ? stderr : stdout,
-          "usage: %s [-c allreduce|allgather|reduce_scatter|broadcast|reduce] [-b minbytes] [-e maxbytes]\n"
+          "usage: %s [-c allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall] [-b minbytes] [-e maxbytes]\n"
           "          [-f stepfactor] [-d dtype] [-o sum|prod|max|min|avg] [-r root] [-w warmup] [-i iters]\n"
           "          [-n nranks] [-m host|device] [-a ring|tree|auto] [-C 0|1] [-J file.json] [--baseline nccl]\n"
           "See flexcoll-perf(1).\n", argv0);

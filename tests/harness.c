@@ -159,12 +159,26 @@ static const char *describe_status(int st, char *buf, size_t n) {
   return buf;
 }
 
+/* Best effort: the stacks of a stuck process, through gdb when it is installed (FC_TEST_BACKTRACE=0
+ * turns it off). */
+static void print_backtrace(pid_t pid) {
+  const char *e = getenv("FC_TEST_BACKTRACE");
+  if (e && !atoi(e)) return;
+  if (system("command -v gdb >/dev/null 2>&1") != 0) return;
+  char cmd[256];
+  snprintf(cmd, sizeof cmd,
+           "timeout 60 gdb -p %d -batch -nx -ex 'thread apply all bt' 2>/dev/null | grep -E '^(Thread|#)' | head -80 >&2",
+           (int)pid);
+  fflush(stderr);
+  if (system(cmd) != 0) fprintf(stderr, "[hx] (no backtrace of pid %d)\n", (int)pid);
+}
+
 /* Wait for the n children until the deadline, then kill the rest.  Returns 1 when all exited 0. */
 static int wait_children(const pid_t *pids, int n, double deadline, double grace_s, const char *label, const char *what,
                          int quiet) {
   int *done = calloc((size_t)n, sizeof *done), *status = calloc((size_t)n, sizeof *status);
   if (!done || !status) { perror("calloc"); abort(); }
-  int left = 0, killed = 0;
+  int left = 0;
   for (int i = 0; i < n; i++) left += pids[i] > 0;
   for (int i = 0; i < n; i++) done[i] = pids[i] <= 0;
   while (left > 0) {
@@ -196,16 +210,17 @@ static int wait_children(const pid_t *pids, int n, double deadline, double grace
             wchan[k] = '\0';
             fclose(f);
           }
-          if (!quiet)
+          if (!quiet) {
             fprintf(stderr, "[%s] %s %d (pid %d) still running at the deadline (waiting in %s): killing it\n", label,
                     what, i, (int)pids[i], wchan[0] ? wchan : "?");
+            print_backtrace(pids[i]);
+          }
           kill(pids[i], SIGKILL);
         }
       for (int i = 0; i < n; i++)
         if (!done[i]) {
           while (waitpid(pids[i], &status[i], 0) < 0 && errno == EINTR) {}
           done[i] = 2; /* killed at the deadline */
-          killed++;
         }
       left = 0;
       break;
@@ -227,7 +242,6 @@ static int wait_children(const pid_t *pids, int n, double deadline, double grace
     else
       fprintf(stderr, "[%s] %s %d (pid %d) %s\n", label, what, i, (int)pids[i], describe_status(status[i], buf, sizeof buf));
   }
-  (void)killed;
   free(done);
   free(status);
   return ok;
@@ -311,7 +325,7 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
   pid_t *pids = calloc((size_t)nranks, sizeof *pids);
   if (!pids) { perror("calloc"); return 0; }
   atomic_int *arrived = NULL;
-  if (!o->no_exit_barrier) {
+  if (o->exit_barrier) {
     void *m = mmap(NULL, sizeof *arrived, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) { perror("mmap"); free(pids); return 0; }
     arrived = m;
@@ -354,8 +368,7 @@ typedef struct {
   const hx_opts_t *opts;
 } thread_rank_t;
 
-/* Each thread destroys its own rank when done: destroying the ranks one after the other from one
- * thread makes each destroy wait for peers that nobody progresses (up to the timeout). */
+/* Each thread destroys its own rank when done, as a thread-per-rank program does. */
 static void *thread_main(void *arg) {
   thread_rank_t *t = arg;
   t->rc = t->fn(&t->r);
@@ -382,7 +395,7 @@ static int threads_main(const hx_opts_t *o, int nranks, hx_rank_fn fn, void *arg
   static atomic_int arrived;
   atomic_init(&arrived, 0);
   for (int i = 0; i < nranks; i++) {
-    t[i].arrived = o->no_exit_barrier ? NULL : &arrived;
+    t[i].arrived = o->exit_barrier ? &arrived : NULL;
     t[i].opts = o;
     hx_rank_init(&t[i].r, o, i, nranks, arg);
     t[i].r.comm = t[i].r.comms[0] = comms[i];

@@ -10,15 +10,18 @@
  *                  communicators and exits 0 (success) or 1.
  *   hx_run_threads forks ONE process that calls flexcoll_comm_init_all(comms, nranks, NULL) and runs
  *                  the callback in one pthread per communicator, which then destroys its
- *                  communicator (concurrently: see hx_destroy_concurrently).  The process hides the GPUs
+ *                  communicator.  The process hides the GPUs
  *                  (CUDA_VISIBLE_DEVICES="") so that the ranks are host ranks on every machine.
  *   hx_run_process forks one process that runs a plain function (group tests, custom set-ups).
- *   Before destroying, ranks wait for each other outside the library (shared memory; unless
- *   hx_opts_t.no_exit_barrier): the library treats a peer that is gone as a failure even when
- *   nothing of it is needed any more, and a rank whose last calls only sent would otherwise leave
- *   while its peers are still receiving (test_coll's early_destroy case checks that on purpose).
- *   In all three the parent waits until a deadline, then SIGKILLs whatever is left, and returns 1
- *   when every rank (process) succeeded, else 0, after printing why to stderr.  Children die with
+ *   By default each rank destroys its communicators as soon as its callback returns, as real
+ *   programs do: a rank whose last calls only sent may leave while its peers still receive, which
+ *   the library must tolerate (test_coll's early_destroy case checks it on purpose).
+ *   hx_opts_t.exit_barrier makes the ranks wait for each other first (shared memory / a counter,
+ *   never the library), for tests where an early exit must not be a factor.
+ *   In all three the parent waits until a deadline (cut to the ranks' timeout + 15 s once one rank
+ *   has failed), then prints the stacks of what is left (gdb, when installed; FC_TEST_BACKTRACE=0
+ *   turns it off), SIGKILLs it, and returns 1 when every rank (process) succeeded, else 0, after
+ *   printing why to stderr.  Children die with
  *   the parent (PR_SET_PDEATHSIG).  Environment variables are set in the children only, before any
  *   library call there: the library reads most of them once per process.
  *
@@ -76,7 +79,7 @@ typedef struct {
   int timeout_ms;     /* FLEXCOLL_TIMEOUT_MS for the ranks (0: 60000; < 0: leave unset) */
   const char *const *env; /* more "NAME=value" settings for the children, NULL-terminated, or NULL */
   int expect_fail;    /* procs/threads: 1 when some rank is expected to fail (no failure banner) */
-  int no_exit_barrier; /* 1: each rank destroys its communicators as soon as its callback returns */
+  int exit_barrier;   /* 1: ranks wait for each other (outside the library) before destroying */
 } hx_opts_t;
 
 /* The seed of this process: FC_TEST_SEED (any strtoull base) or time ^ pid; printed once. */

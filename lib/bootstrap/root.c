@@ -40,13 +40,26 @@ typedef struct {
   struct pollfd *pfds;
 } root_t;
 
+/* fork() safety.  UCX (libucm) hooks mmap/munmap and holds its own lock inside them; a process
+ * forked while this thread is in such a call (malloc growing or trimming an arena) inherits the
+ * lock held by nobody, and its ucp_init waits forever.  This is exactly what launchers and tests
+ * do: create the id, then fork the ranks while the root serves them.  So the root thread's
+ * allocations happen under a lock that fork() takes first (pthread_atfork). */
+static pthread_mutex_t root_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t root_atfork_once = PTHREAD_ONCE_INIT;
+static void root_alloc_enter(void) { pthread_mutex_lock(&root_alloc_lock); }
+static void root_alloc_leave(void) { pthread_mutex_unlock(&root_alloc_lock); }
+static void root_install_atfork(void) { pthread_atfork(root_alloc_enter, root_alloc_leave, root_alloc_leave); }
+
 static void root_free(root_t *r) {
   sock_close(&r->lfd);
   for (int i = 0; i < r->npend; i++) sock_close(&r->pend[i].fd);
   for (int i = 0; r->fds && i < r->nranks; i++) sock_close(&r->fds[i]);
+  root_alloc_enter();
   free(r->fds);
   free(r->pfds);
   free(r);
+  root_alloc_leave();
 }
 
 /* Best effort: a 36-byte reply fits in any fresh socket's send buffer, so a failure means the
@@ -70,9 +83,12 @@ static void root_reject(pend_t *p, int status, int nranks, const char *why) {
 }
 
 static int root_size(root_t *r, int nranks) {
+  root_alloc_enter();
   struct pollfd *pfds = realloc(r->pfds, (size_t)(1 + ROOT_MAX_PENDING + nranks) * sizeof *pfds);
   if (pfds) r->pfds = pfds;
-  if (!pfds || !(r->fds = malloc((size_t)nranks * (sizeof *r->fds + ADDR_BYTES)))) return -1;
+  if (pfds) r->fds = malloc((size_t)nranks * (sizeof *r->fds + ADDR_BYTES));
+  root_alloc_leave();
+  if (!pfds || !r->fds) return -1;
   r->addrs = (unsigned char (*)[ADDR_BYTES])(r->fds + nranks);
   for (int i = 0; i < nranks; i++) r->fds[i] = -1;
   r->nranks = nranks;
@@ -180,6 +196,10 @@ static int root_poll(root_t *r, int64_t end) {
 
 static void *root_main(void *arg) {
   root_t *r = arg;
+  /* This thread's first allocation creates its malloc arena (an mmap): do it under the lock. */
+  root_alloc_enter();
+  free(malloc(64));
+  root_alloc_leave();
   /* A failed rendezvous stays to tell late ranks why, until as many as the larger count were told. */
   while (r->poison ? r->told < (r->poison > r->nranks ? r->poison : r->nranks) : r->nranks == 0 || r->joined < r->nranks) {
     if (now_ms() >= r->end) {
@@ -203,6 +223,7 @@ static void *root_main(void *arg) {
 static fc_result_t root_spawn(int lfd, uint64_t magic) {
   /* The parameter is read here, not in the thread, so that its first read is ordered before it. */
   int64_t limit_s = fc_param_bootstrap_timeout();
+  pthread_once(&root_atfork_once, root_install_atfork);
   root_t *r = calloc(1, sizeof *r);
   if (r)
     *r = (root_t){.lfd = lfd, .magic = magic, .end = limit_s > 0 ? now_ms() + limit_s * 1000 : INT64_MAX,

@@ -159,16 +159,19 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
     /* Ranks often outnumber cores (threads of one process, CI machines): after a short spin, give
      * the core to the peer we are waiting for. */
     if (++idle > 64) sched_yield();
-    int moved = fc_ucx_progress(x->comm);
+    int polled = fc_ucx_progress(x->comm), completed = 0;
     for (size_t i = 0; i < x->nslices; i++) {
       fc_slice_t *s = &x->slices[i];
       if (!s->pending) continue;
       int done;
       if (s->is_recv) FC_CHECK(fc_ucx_test_recv(x->comm, &s->req, s->count * x->esize, &done));
       else FC_CHECK(fc_ucx_test(x->comm, &s->req, &done));
-      if (done) { finish_slice(x, s); left--; moved = 1; }
+      if (done) { finish_slice(x, s); left--; completed = 1; }
     }
-    if (moved) { last = now_ms(); idle = 0; }
+    if (polled || completed) idle = 0;
+    /* Only a finished slice of this collective is progress: UCX's own traffic (keepalives)
+     * also makes the worker report activity, and would hold off the timeout forever. */
+    if (completed) last = now_ms();
     else FC_CHECK(check_stuck(x, last, &next_peer_check));
   }
   return FLEXCOLL_SUCCESS;

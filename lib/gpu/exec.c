@@ -244,10 +244,8 @@ static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops,
   return res;
 }
 
-flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
-                                 flexcoll_stream_t stream) {
-  struct fc_gpu *g = comm->gpu;
-  cudaStream_t user = (cudaStream_t)stream;
+/* Make the communicator's device current for the enqueue; returns the caller's to restore. */
+static int enter_device(struct fc_gpu *g) {
   int prev = -1;
   cudaGetDevice(&prev);
   if (prev != g->device) cudaSetDevice(g->device);
@@ -255,6 +253,18 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
    * earlier call (ours or the application's) must not fail a launch half-way through enqueuing
    * a collective, which would leave the peers waiting. */
   cudaGetLastError();
+  return prev;
+}
+
+static void leave_device(struct fc_gpu *g, int prev) {
+  if (prev != g->device && prev >= 0) cudaSetDevice(prev);
+}
+
+flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                 flexcoll_stream_t stream) {
+  struct fc_gpu *g = comm->gpu;
+  cudaStream_t user = (cudaStream_t)stream;
+  int prev = enter_device(g);
   fc_dexec_t x = {.comm = comm, .g = g, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs};
   flexcoll_result_t res;
   if (!g->p2p) {
@@ -267,7 +277,7 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
     }
     if (res == FLEXCOLL_SUCCESS) fc_gpu_track(comm, user);
   }
-  if (prev != g->device && prev >= 0) cudaSetDevice(prev);
+  leave_device(g, prev);
   return res;
 }
 
@@ -275,13 +285,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
                              flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream) {
   struct fc_gpu *g = comm->gpu;
   cudaStream_t user = (cudaStream_t)stream;
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != g->device) cudaSetDevice(g->device);
-  /* The kernel wrappers read launch errors with cudaGetLastError: a stale error left by an
-   * earlier call (ours or the application's) must not fail a launch half-way through enqueuing
-   * a collective, which would leave the peers waiting. */
-  cudaGetLastError();
+  int prev = enter_device(g);
   fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   size_t bytes = args->count * x.esize;
@@ -311,7 +315,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   }
   if (res == FLEXCOLL_SUCCESS && g->p2p) fc_gpu_track(comm, user);
 out:
-  if (prev != g->device && prev >= 0) cudaSetDevice(prev);
+  leave_device(g, prev);
   return res;
 }
 #endif

@@ -102,11 +102,41 @@ flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, cons
   return FLEXCOLL_SUCCESS;
 }
 
+/* Settings that shape the messages between ranks: if two ranks disagree, one sends slices or
+ * chunks the other does not expect, or runs another algorithm, and both hang or fail later.
+ * Every rank compares its environment with rank 0's at creation instead. */
+static const char *const shared_settings[] = {"FLEXCOLL_ALGO",           "FLEXCOLL_CHUNK_SIZE",  "FLEXCOLL_SLICE_SIZE",
+                                              "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",   "FLEXCOLL_ONESHOT_MAX_BYTES"};
+#define FC_NSETTINGS (sizeof shared_settings / sizeof shared_settings[0])
+#define FC_SETTING_LEN 48
+
+static flexcoll_result_t check_settings_agree(flexcoll_comm_t c) {
+  size_t per_rank = FC_NSETTINGS * FC_SETTING_LEN;
+  char *all = calloc((size_t)c->nranks, per_rank);
+  if (!all) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  char *mine = all + (size_t)c->rank * per_rank;
+  for (size_t i = 0; i < FC_NSETTINGS; i++) {
+    const char *v = getenv(shared_settings[i]);
+    snprintf(mine + i * FC_SETTING_LEN, FC_SETTING_LEN, "%s", v ? v : "");
+  }
+  flexcoll_result_t res = fc_bootstrap_allgather(c->bootstrap, all, per_rank);
+  for (int r = 1; r < c->nranks && res == FLEXCOLL_SUCCESS; r++)
+    for (size_t i = 0; i < FC_NSETTINGS && res == FLEXCOLL_SUCCESS; i++) {
+      const char *a = all + i * FC_SETTING_LEN, *b = all + (size_t)r * per_rank + i * FC_SETTING_LEN;
+      if (strcmp(a, b))
+        res = fc_error(c, FLEXCOLL_INVALID_USAGE, "%s differs between ranks: rank 0 has \"%s\", rank %d has \"%s\"",
+                       shared_settings[i], a, r, b);
+    }
+  free(all);
+  return res;
+}
+
 flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   fc_log_set_rank(c->rank);
   flexcoll_result_t res;
   FC_CHECK_GOTO(fc_bootstrap_init(&c->bootstrap, &c->init_id, c->rank, c->nranks, c->timeout_ms, &c->abort_flag),
                 res, fail);
+  FC_CHECK_GOTO(check_settings_agree(c), res, fail);
   c->p2p_sent = calloc((size_t)c->nranks * 2, sizeof *c->p2p_sent);
   if (!c->p2p_sent) { res = fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto fail; }
   c->p2p_received = c->p2p_sent + c->nranks;

@@ -1385,6 +1385,31 @@ START_TEST(test_init_from_env_torchrun_vars) {
 }
 END_TEST
 
+/* ---- settings that ranks must share ------------------------------------------------------------- */
+
+/* Rank 1 sets another transfer slice size than rank 0: both creations fail with INVALID_USAGE and
+ * a message naming the variable, instead of hanging in the first collective. */
+static flexcoll_unique_id_t settings_id;
+
+static void settings_rank(int rank, int nranks, void *arg) {
+  (void)arg;
+  if (rank == 1) setenv("FLEXCOLL_CHUNK_SIZE", "65536", 1);
+  flexcoll_config_t cfg = host_config(5000);
+  flexcoll_comm_t c = NULL;
+  PHASE("flexcoll_comm_init_rank");
+  flexcoll_result_t res = flexcoll_comm_init_rank(&c, nranks, settings_id, rank, &cfg);
+  RANK_CHECK(res == FLEXCOLL_INVALID_USAGE, "init with different FLEXCOLL_CHUNK_SIZE returned %d", (int)res);
+  RANK_CHECK(strstr(flexcoll_get_last_error(NULL), "FLEXCOLL_CHUNK_SIZE") != NULL, "last error \"%s\" does not name it",
+             flexcoll_get_last_error(NULL));
+  RANK_CHECK(c == NULL, "a failed init handed out a communicator");
+}
+
+START_TEST(test_settings_must_agree) {
+  ck_assert_int_eq(flexcoll_get_unique_id(&settings_id), FLEXCOLL_SUCCESS);
+  run_ranks(2, settings_rank, NULL, 20000);
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------------- */
 
 static Suite *api_suite(void) {
@@ -1404,6 +1429,7 @@ static Suite *api_suite(void) {
   tcase_add_test(init, test_init_rank_bad_cuda_device);
   tcase_add_test(init, test_init_rank_old_config);
   tcase_add_test(init, test_init_rank_damaged_id);
+  tcase_add_test(init, test_settings_must_agree);
   tcase_add_test(init, test_init_rank_dead_root);
   tcase_add_test(init, test_init_rank_nranks_mismatch);
   tcase_add_test(init, test_init_all_bad_args);

@@ -2,8 +2,7 @@
  *
  * Each round posts all its transfers at once, cut into slices (FLEXCOLL_SLICE_SIZE) so that the
  * reduction of one slice overlaps the arrival of the next; the round ends when every slice is
- * done.  Messages are matched by tag = (sender, collective sequence, message index between this
- * pair in this collective, slice), so matching never depends on arrival order. */
+ * done.  Messages are matched by tag (see make_tag), so matching never depends on arrival order. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>

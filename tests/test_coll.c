@@ -474,6 +474,19 @@ static int run_matrix_procs(int nranks, const char *algo, const matrix_t *m) {
 
 START_TEST(test_procs2) { ck_assert_msg(run_matrix_procs(2, algos[_i], &full_matrix), "2 ranks, %s: see stderr", algos[_i]); }
 END_TEST
+
+/* The full matrix over UCX's shared-memory transports: the default peer-failure mode keeps UCX
+ * 1.13 on TCP (the cases above), FLEXCOLL_UCX_PEER_FAILURE=0 lets it use shared memory and
+ * cross-memory attach. */
+START_TEST(test_procs_shm) {
+  static const char *const env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", NULL};
+  char label[64];
+  snprintf(label, sizeof label, "procs n=3 %s shm", algos[_i]);
+  hx_opts_t o = {.label = label, .algo = algos[_i], .deadline_s = 240, .env = env};
+  ck_assert_msg(hx_run_procs(3, &o, matrix_rank, (void *)&full_matrix), "3 ranks over shared memory, %s: see stderr",
+                algos[_i]);
+}
+END_TEST
 START_TEST(test_procs3) { ck_assert_msg(run_matrix_procs(3, algos[_i], &full_matrix), "3 ranks, %s: see stderr", algos[_i]); }
 END_TEST
 START_TEST(test_procs4) { ck_assert_msg(run_matrix_procs(4, algos[_i], &full_matrix), "4 ranks, %s: see stderr", algos[_i]); }
@@ -827,7 +840,8 @@ static Suite *coll_suite(void) {
     int loops;
   } cases[] = {
       {"procs2", test_procs2, 2}, {"procs3", test_procs3, 2}, {"procs4", test_procs4, 2},
-      {"procs8", test_procs8, 2}, {"big64", test_big64, 2},   {"threads", test_threads, 4},
+      {"procs8", test_procs8, 2}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 2},
+      {"threads", test_threads, 4},
       {"group", test_group, 2},   {"multicomm", test_multicomm, 1}, {"early_destroy", test_early_destroy, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

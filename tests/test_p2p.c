@@ -1,6 +1,7 @@
-/* test_p2p.c — flexcoll_send / flexcoll_recv / flexcoll_alltoall on host memory: forked ranks and
- * threads of one process, every datatype, counts 0, 1, odd and large, fresh random data; ranks
- * that take no part in a send keep their collectives in step; bad input. */
+/* test_p2p.c — flexcoll_send / flexcoll_recv / flexcoll_alltoall on host memory: forked ranks (over
+ * TCP and over shared memory) and threads of one process, every datatype, counts 0, 1, odd and
+ * large, fresh random data; ranks that take no part in a send keep their collectives in step;
+ * bad input. */
 #define _GNU_SOURCE
 #include <check.h>
 #include <stdio.h>
@@ -97,6 +98,15 @@ START_TEST(test_procs) {
 }
 END_TEST
 
+/* The same over UCX's shared-memory transports (the default peer-failure mode keeps UCX 1.13 on
+ * TCP, which the cases above use): both transports carry every message kind. */
+START_TEST(test_procs_shared_memory) {
+  static const char *const env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", NULL};
+  hx_opts_t o = {.label = "p2p procs shm", .env = env};
+  ck_assert_msg(hx_run_procs(3, &o, p2p_rank, NULL), "3 ranks over shared memory: see stderr");
+}
+END_TEST
+
 START_TEST(test_threads) {
   hx_opts_t o = {.label = "p2p threads"};
   ck_assert_msg(hx_run_threads(3, &o, p2p_rank, NULL), "3 thread ranks: see stderr");
@@ -138,6 +148,7 @@ int main(void) {
   TCase *tc = tcase_create("p2p");
   tcase_set_timeout(tc, 600);
   tcase_add_loop_test(tc, test_procs, 0, 3);
+  tcase_add_test(tc, test_procs_shared_memory);
   tcase_add_test(tc, test_threads);
   tcase_add_test(tc, test_bad_input);
   suite_add_tcase(s, tc);

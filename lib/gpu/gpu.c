@@ -200,19 +200,62 @@ out:
   return res;
 }
 
+/* Time one copy of `bytes` to dst with each engine; 0 on success. */
+static int time_copy(struct fc_gpu *g, char *dst, size_t bytes, int sm, float *ms) {
+  cudaEvent_t a, b;
+  if (cudaEventCreate(&a) != cudaSuccess) return -1;
+  if (cudaEventCreate(&b) != cudaSuccess) { cudaEventDestroy(a); return -1; }
+  int e = 0;
+  *ms = 1e30f;
+  for (int rep = 0; rep < 4 && !e; rep++) { /* the first repetition warms up */
+    float t = 0;
+    e |= cudaEventRecord(a, g->util_stream) != cudaSuccess;
+    if (sm) e |= fc_kernel_copy(dst, g->stage + g->slots_off, bytes, g->util_stream) != 0;
+    else e |= cudaMemcpyAsync(dst, g->stage + g->slots_off, bytes, cudaMemcpyDeviceToDevice, g->util_stream) != cudaSuccess;
+    e |= cudaEventRecord(b, g->util_stream) != cudaSuccess;
+    e |= cudaEventSynchronize(b) != cudaSuccess;
+    e |= cudaEventElapsedTime(&t, a, b) != cudaSuccess;
+    if (!e && rep > 0 && t < *ms) *ms = t;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return e;
+}
+
+/* FLEXCOLL_NVLINK_ENGINE=auto: measure SM stores against the copy engines into the next rank's
+ * staging slots (ours to fill; nobody reads them before the first collective) for the slice
+ * sizes the pipeline uses, and let SM stores carry the sizes where they won.  Any failure keeps
+ * the copy engines, which the baselines say are faster for large transfers. */
+static void calibrate_engine(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  g->auto_sm_max = 0;
+  if (g->engine != FC_ENGINE_AUTO || comm->nranks < 2 || !g->p2p) return;
+  int next = (comm->rank + 1) % comm->nranks;
+  char *dst = g->peers[next].stage + g->slots_off + (size_t)comm->rank * (size_t)g->nslots * g->slice_bytes;
+  for (size_t bytes = 64 << 10; bytes <= g->slice_bytes; bytes *= 4) {
+    float ce, sm;
+    if (time_copy(g, dst, bytes, 0, &ce) || time_copy(g, dst, bytes, 1, &sm)) break;
+    FC_INFO(FC_SUB_GPU, "rank %d: %zu KiB to rank %d: copy engine %.1f us, SM stores %.1f us", comm->rank, bytes >> 10,
+            next, ce * 1e3, sm * 1e3);
+    if (sm < ce) g->auto_sm_max = bytes;
+  }
+  cudaGetLastError();
+  FC_INFO(FC_SUB_GPU, "rank %d: auto engine: SM stores up to %zu bytes, copy engines above", comm->rank, g->auto_sm_max);
+}
+
 static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   struct fc_gpu *g = calloc(1, sizeof *g);
   if (!g) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   comm->gpu = g;
   comm->cuda_device = g->device = want;
   g->engine = engine_param();
-  g->auto_sm_max = 0;
   fc_topo_log_once();
   FC_CHECK(load_stream_memops(comm, g));
   FC_CHECK(alloc_local(comm, g));
   FC_CHECK(connect_peers(comm, g));
   /* Peers must not write into staging areas before their owners have cleared the flags. */
-  return fc_bootstrap_barrier(comm->bootstrap);
+  FC_CHECK(fc_bootstrap_barrier(comm->bootstrap));
+  calibrate_engine(comm, g);
+  return FLEXCOLL_SUCCESS;
 }
 
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {

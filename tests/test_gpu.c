@@ -14,7 +14,7 @@
  *          forking), plain calls (no group).  Left out with fewer than 2 GPUs.
  *
  * Cases (CK_RUN_CASE=<name> runs one; each loop index is one forked child, or pair of children)
- *   p1, p2   (1proc, 2proc) x 8 variants, one per child because the library reads its
+ *   p1, p2   (1proc, 2proc) x 9 variants, one per child because the library reads its
  *            environment once per process (FC_TEST_VARIANT=0,4 runs only those):
  *              0 ring/sm   FLEXCOLL_ALGO=ring NVLINK_ENGINE=sm ONESHOT_MAX_BYTES=0
  *              1 ring/ce   ring, ce, ONESHOT_MAX_BYTES=0, plus a 256 MB float32-sum case for
@@ -27,6 +27,10 @@
  *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
  *              6 ring/ce, FLEXCOLL_GPU_SLOTS=2              } failure points at it; 1000003
  *              7 tree/ce, FLEXCOLL_CHUNK_SIZE=65536         } elements only
+ *              8 direct    FLEXCOLL_DIRECT_MIN_BYTES=1 ONESHOT_MAX_BYTES=0: allreduce, allgather,
+ *                          reduce_scatter and broadcast of every size copied straight between
+ *                          the ranks' buffers (lib/gpu/direct.c); counts as variant 4, buffers
+ *                          misaligned on every other call, plus the 256 MB case
  *            Variants 0-4: every collective x datatype (10) x op (5 where it reduces) x count
  *            {0, 1, 7} (default: also 4099) x root {0, n-1} x in place / out of place.
  *            All variants: 1000003 elements for 7 datatypes, each reducing collective cycling
@@ -165,7 +169,9 @@ typedef struct {
   int misalign;             /* buffers misaligned by one element on every other call */
 } variant_t;
 
-#define ENV_COMMON "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE"
+#define ENV_COMMON                                                                                        \
+  "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", \
+      "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES"
 static const char *const env_sm[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_ce[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_default[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES", ENV_COMMON, NULL};
@@ -180,6 +186,12 @@ static const char *const env_ce_chunks[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCO
                                             "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",
                                             "FLEXCOLL_CHUNK_SIZE=65536", NULL};
 
+/* Direct mode for every size: ranks with empty chunks, one-element pieces, misaligned buffers. */
+static const char *const env_direct[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
+                                         "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE",
+                                         "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
+                                         "FLEXCOLL_DIRECT_PIECES", NULL};
+
 static const variant_t variants[] = {
     {"ring/sm", "ring", env_sm, 1, 0, 0, 1, 0, 0},
     {"ring/ce", "ring", env_ce, 1, 0, 0, 1, 1, 0},
@@ -189,6 +201,7 @@ static const variant_t variants[] = {
     {"ring/sm 64KiB slices", "ring", env_sm_slices, 0, 0, 0, 1, 0, 0},
     {"ring/ce 2 slots", "ring", env_ce_slots, 0, 0, 0, 1, 0, 0},
     {"tree/ce 64KiB chunks", "tree", env_ce_chunks, 0, 0, 0, 1, 0, 0},
+    {"direct", NULL, env_direct, 1, 1, 0, 1, 1, 1},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof variants[0]))
 

@@ -235,10 +235,24 @@ static void *rank_main(void *arg) {
   return NULL;
 }
 
+/* The launcher's local rank (processes on this host), or -1. */
+static int local_rank(void) {
+  static const char *const vars[] = {"FLEXCOLL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                     "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return atoi(v);
+  }
+  return -1;
+}
+
 int perf_run_launched(const perf_opts_t *o) {
   perf_rank_t r = {.o = o, .device = -1};
   flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
   if (!o->device) cfg.cuda_device = -1;
+  /* One GPU per process: the local rank's, when the launcher says which that is. */
+  int local = local_rank(), ngpus = o->device ? perf_gpu_count() : 0;
+  if (local >= 0 && ngpus > 0) cfg.cuda_device = local % ngpus;
   flexcoll_result_t res = flexcoll_comm_init_from_env(&r.comm, &cfg);
   if (res != FLEXCOLL_SUCCESS) {
     fprintf(stderr, "flexcoll-perf: init failed: %s\n", flexcoll_get_last_error(NULL));

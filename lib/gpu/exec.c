@@ -19,19 +19,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "host/host.h"
-
-#define CU_TRY(comm, call)                                                                                   \
-  do {                                                                                                       \
-    CUresult r_ = (call);                                                                                    \
-    if (r_ != CUDA_SUCCESS)                                                                                  \
-      return fc_error((comm), FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s failed: CUresult %d", #call, (int)r_);      \
-  } while (0)
-#define CUDA_TRY(comm, call)                                                                                 \
-  do {                                                                                                       \
-    cudaError_t e_ = (cudaError_t)(call);                                                                    \
-    if (e_ != cudaSuccess)                                                                                   \
-      return fc_error((comm), FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s failed: %s", #call, cudaGetErrorString(e_)); \
-  } while (0)
+#include "sched/sched.h"
 
 typedef struct {
   struct flexcoll_comm *comm;
@@ -46,10 +34,6 @@ typedef struct {
 static char *dref(fc_dexec_t *x, int buf, size_t off) {
   char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
   return base + off * x->esize;
-}
-
-static fc_pair_flags_t *pair_flags(struct fc_gpu *g, char *stage, int q) {
-  return (fc_pair_flags_t *)(stage + g->pair_flags_off) + q;
 }
 
 /* Slot `slot` of the ring that `sender` fills in the staging area `stage`. */
@@ -69,14 +53,14 @@ static flexcoll_result_t send_step(fc_dexec_t *x, const fc_step_t *st) {
   do {
     size_t n = st->count - done < per ? st->count - done : per;
     if (p->sent >= (uint64_t)g->nslots) /* the slot is reused: wait until the peer has drained it */
-      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->credit,
+      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->credit,
                                       (uint32_t)(p->sent - (uint64_t)g->nslots + 1), CU_STREAM_WAIT_VALUE_GEQ));
     char *dst = slot_ptr(g, p->stage, me, p->sent);
     const char *src = dref(x, st->buf, st->off + done);
     if (n && use_sm(g, n * x->esize)) CUDA_TRY(x->comm, fc_kernel_copy(dst, src, n * x->esize, g->send_stream));
     else if (n) CUDA_TRY(x->comm, cudaMemcpyAsync(dst, src, n * x->esize, cudaMemcpyDeviceToDevice, g->send_stream));
     p->sent++;
-    CU_TRY(x->comm, g->write_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, p->stage, me)->ready, (uint32_t)p->sent, 0));
+    CU_TRY(x->comm, g->write_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, p->stage, me)->ready, (uint32_t)p->sent, 0));
     done += n;
   } while (done < st->count);
   return FLEXCOLL_SUCCESS;
@@ -89,7 +73,7 @@ static flexcoll_result_t recv_step(fc_dexec_t *x, const fc_step_t *st) {
   size_t per = g->slice_bytes / x->esize, done = 0;
   do {
     size_t n = st->count - done < per ? st->count - done : per;
-    CU_TRY(x->comm, g->wait_value32(g->recv_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->ready,
+    CU_TRY(x->comm, g->wait_value32(g->recv_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->ready,
                                     (uint32_t)(p->received + 1), CU_STREAM_WAIT_VALUE_GEQ));
     char *slot = slot_ptr(g, g->stage, q, p->received);
     char *dst = dref(x, st->buf, st->off + done);
@@ -99,7 +83,7 @@ static flexcoll_result_t recv_step(fc_dexec_t *x, const fc_step_t *st) {
     else if (n)
       CUDA_TRY(x->comm, cudaMemcpyAsync(dst, slot, n * x->esize, cudaMemcpyDeviceToDevice, g->recv_stream));
     p->received++;
-    CU_TRY(x->comm, g->write_value32(g->recv_stream, (CUdeviceptr)&pair_flags(g, p->stage, me)->credit,
+    CU_TRY(x->comm, g->write_value32(g->recv_stream, (CUdeviceptr)&fc_pair_flags(g, p->stage, me)->credit,
                                      (uint32_t)p->received, 0));
     done += n;
   } while (done < st->count);
@@ -140,7 +124,7 @@ static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cud
    * credit, has landed): then our staging area is quiet between collectives and at destroy. */
   for (int q = 0; q < x->comm->nranks; q++)
     if (q != x->comm->rank && g->peers[q].sent)
-      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&pair_flags(g, g->stage, q)->credit,
+      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->credit,
                                       (uint32_t)g->peers[q].sent, CU_STREAM_WAIT_VALUE_GEQ));
   CUDA_TRY(x->comm, cudaEventRecord(g->ev_send, g->send_stream));
   CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_send, 0));
@@ -151,14 +135,15 @@ static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cud
 /* Scratch in device memory, grown stream-ordered on the caller's stream: after this
  * communicator's earlier work (which may still use the old scratch), without blocking the host
  * (a host wait here could wait on peers that are waiting on this thread). */
-static flexcoll_result_t ensure_scratch(fc_dexec_t *x, size_t bytes, cudaStream_t user, char **out) {
-  struct flexcoll_comm *comm = x->comm;
-  struct fc_gpu *g = x->g;
+flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaStream_t user, char **out) {
+  struct fc_gpu *g = comm->gpu;
   if (bytes > g->dev_scratch_bytes) {
     CUDA_TRY(comm, cudaEventRecord(g->ev_send, g->send_stream));
     CUDA_TRY(comm, cudaEventRecord(g->ev_recv, g->recv_stream));
+    CUDA_TRY(comm, cudaEventRecord(g->ev_local, g->reduce_stream));
     CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_send, 0));
     CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_local, 0));
     if (g->dev_scratch) CUDA_TRY(comm, cudaFreeAsync(g->dev_scratch, user));
     g->dev_scratch = NULL;
     g->dev_scratch_bytes = 0;
@@ -289,6 +274,9 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   size_t bytes = args->count * x.esize;
+  size_t largest = fc_coll_recv_count(args->coll, args->count, args->nranks);
+  if (fc_coll_send_count(args->coll, args->count, args->nranks) > largest)
+    largest = fc_coll_send_count(args->coll, args->count, args->nranks);
   if (!g->p2p) {
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
@@ -299,12 +287,19 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */
     if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
   } else {
+    if (fc_tuner_direct(args->coll, largest * x.esize, args->nranks)) {
+      int done = 0;
+      res = fc_gpu_direct_run(comm, args, sendbuf, recvbuf, dtype, op, user, &done);
+      /* Once the peers count on the call, a failure leaves them waiting: the communicator is done. */
+      if (res != FLEXCOLL_SUCCESS && done) fc_comm_set_async_error(comm, res);
+      if (res != FLEXCOLL_SUCCESS || done) goto tracked;
+    }
     fc_schedule_t *s = &comm->schedule;
     FC_CHECK_GOTO(fc_algo_build(s, args), res, out);
     x.bufs[FC_BUF_SEND] = (char *)sendbuf;
     x.bufs[FC_BUF_RECV] = recvbuf;
     if (s->scratch_count)
-      FC_CHECK_GOTO(ensure_scratch(&x, s->scratch_count * x.esize, user, &x.bufs[FC_BUF_SCRATCH]), res, out);
+      FC_CHECK_GOTO(fc_gpu_scratch(comm, s->scratch_count * x.esize, user, &x.bufs[FC_BUF_SCRATCH]), res, out);
     res = run_schedule(&x, s, user);
     /* Half a collective may be enqueued: peers wait for the rest, so the communicator is done. */
     if (res != FLEXCOLL_SUCCESS) { fc_comm_set_async_error(comm, res); goto out; }
@@ -313,6 +308,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
                 ? fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "average kernel launch failed")
                 : FLEXCOLL_SUCCESS;
   }
+tracked:
   if (res == FLEXCOLL_SUCCESS && g->p2p) fc_gpu_track(comm, user);
 out:
   leave_device(g, prev);

@@ -112,6 +112,13 @@ static flexcoll_result_t load_stream_memops(struct flexcoll_comm *comm, struct f
     return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "the CUDA driver has no stream memory operations");
   g->wait_value32 = (fc_wait_value32_fn)v;
   g->write_value32 = (fc_write_value32_fn)w;
+  /* Direct mode finds the allocation around a user buffer with it (optional: without it,
+   * buffers are not shared between processes). */
+  void *r = NULL;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &r, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    g->get_address_range = (fc_get_address_range_fn)r;
+  cudaGetLastError();
   return FLEXCOLL_SUCCESS;
 }
 
@@ -120,6 +127,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->send_stream, cudaStreamNonBlocking));
   CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->recv_stream, cudaStreamNonBlocking));
   CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->util_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->reduce_stream, cudaStreamNonBlocking));
   CUDA_CHECK(comm, cudaMalloc((void **)&g->stage, g->stage_bytes));
   /* On our own stream, not the legacy one: other communicators' kernels may be waiting on peers
    * on this device, and a legacy-stream memset would wait for them. */
@@ -133,6 +141,11 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_recv, cudaEventDisableTiming));
   CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_oneshot, cudaEventDisableTiming));
   for (int i = 0; i < 64; i++) CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->inflight_ev[i], cudaEventDisableTiming));
+  CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_local, cudaEventDisableTiming));
+  for (int i = 0; i < FC_DIRECT_EVENTS; i++) {
+    CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_pulled[i], cudaEventDisableTiming));
+    CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_reduced[i], cudaEventDisableTiming));
+  }
   g->timeout_cycles = fc_kernel_timeout_cycles(g->device, comm->timeout_ms);
   /* Lazy loading would load each kernel at its first launch, waiting for queued work that may
    * wait on peers (a deadlock in the middle of a collective): load them all now. */
@@ -161,7 +174,9 @@ static flexcoll_result_t map_peer(struct flexcoll_comm *comm, struct fc_gpu *g, 
   }
   if (p->pid == me->pid && p->host_hash == me->host_hash) {
     peer->stage = p->stage;
+    peer->same_process = 1;
   } else {
+    g->any_ipc_peer = 1;
     CUDA_CHECK(comm, cudaIpcOpenMemHandle((void **)&peer->stage, p->handle, cudaIpcMemLazyEnablePeerAccess));
     peer->ipc_opened = 1;
   }
@@ -287,7 +302,9 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   if (!atomic_load(&comm->abort_flag)) {
     cudaStreamSynchronize(g->send_stream);
     cudaStreamSynchronize(g->recv_stream);
+    cudaStreamSynchronize(g->reduce_stream);
   }
+  fc_gpu_direct_release(g);
   /* No barrier with peers (destroy is local): every collective ends only once peers have
    * returned their last credit to us, so nobody writes into our staging area any more. */
   for (int q = 0; g->peers && q < comm->nranks; q++)
@@ -295,6 +312,12 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   if (g->send_stream) cudaStreamDestroy(g->send_stream);
   if (g->recv_stream) cudaStreamDestroy(g->recv_stream);
   if (g->util_stream) cudaStreamDestroy(g->util_stream);
+  if (g->reduce_stream) cudaStreamDestroy(g->reduce_stream);
+  cudaEventDestroy(g->ev_local);
+  for (int i = 0; i < FC_DIRECT_EVENTS; i++) {
+    cudaEventDestroy(g->ev_pulled[i]);
+    cudaEventDestroy(g->ev_reduced[i]);
+  }
   cudaEventDestroy(g->ev_user);
   cudaEventDestroy(g->ev_send);
   cudaEventDestroy(g->ev_recv);
@@ -323,6 +346,8 @@ void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
     fc_pair_flags_t *f = (fc_pair_flags_t *)(g->stage + g->pair_flags_off) + q;
     g->write_value32(g->util_stream, (CUdeviceptr)&f->ready, g->peers[q].received + (1u << 30), 0);
     g->write_value32(g->util_stream, (CUdeviceptr)&f->credit, g->peers[q].sent + (1u << 30), 0);
+    g->write_value32(g->util_stream, (CUdeviceptr)&f->arrive, g->direct_seq + (1u << 30), 0);
+    g->write_value32(g->util_stream, (CUdeviceptr)&f->done, g->direct_seq + (1u << 30), 0);
   }
   cudaStreamSynchronize(g->util_stream);
   cudaGetLastError();

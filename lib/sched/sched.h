@@ -10,6 +10,10 @@
 /* The algorithm for coll moving `bytes` (the largest buffer of the call) among nranks ranks.
  * FLEXCOLL_ALGO=ring|tree forces it where the collective has that algorithm. */
 fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem);
+/* Whether a device collective of `bytes` (the largest buffer) goes direct (lib/gpu/direct.c):
+ * allreduce, allgather, reduce_scatter and broadcast from FLEXCOLL_DIRECT_MIN_BYTES up, unless
+ * FLEXCOLL_DIRECT=0 or FLEXCOLL_ALGO forces an algorithm. */
+int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks);
 /* Pipeline chunk in elements for a message of count elements of esize bytes. */
 size_t fc_tuner_chunk_count(size_t count, size_t esize);
 

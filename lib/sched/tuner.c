@@ -8,6 +8,9 @@
 #include "param.h"
 
 FC_PARAM_INT(chunk_size, "CHUNK_SIZE", 1 << 20)
+FC_PARAM_INT(direct, "DIRECT", 1)
+/* From here the copies of a direct call take far longer than its host exchange (~10 us). */
+FC_PARAM_INT(direct_min_bytes, "DIRECT_MIN_BYTES", 1 << 20)
 
 /* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
  * transports (shared memory / TCP latency of a few microseconds per step). */
@@ -41,6 +44,12 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
     default:
       return FC_ALGO_RING;
   }
+}
+
+int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
+  if (!fc_param_direct() || forced_algo() >= 0 || nranks < 2 || bytes < (size_t)fc_param_direct_min_bytes()) return 0;
+  return coll == FC_COLL_ALLREDUCE || coll == FC_COLL_ALLGATHER || coll == FC_COLL_REDUCE_SCATTER ||
+         coll == FC_COLL_BROADCAST;
 }
 
 size_t fc_tuner_chunk_count(size_t count, size_t esize) {

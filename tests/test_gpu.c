@@ -21,7 +21,7 @@
  *                          every collective (out of place)
  *              2 tree/sm   tree, sm, ONESHOT_MAX_BYTES=0 (reduce_scatter: ring only, skipped)
  *              3 tree/ce   tree, ce, ONESHOT_MAX_BYTES=0
- *              4 default   nothing forced: the one-shot kernel (256 KiB) for small allreduce and
+ *              4 default   nothing forced: the one-shot kernel (8 MiB) for small allreduce and
  *                          allgather, auto engine; counts at and just above the one-shot limit;
  *                          buffers misaligned by one element on every other call
  *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
@@ -99,7 +99,7 @@ static int coll_rooted(int c) { return c == C_BROADCAST || c == C_REDUCE; }
 
 #define BIG_COUNT 1000003
 #define HUGE_BYTES ((size_t)256 << 20)
-#define ONESHOT_DEFAULT ((size_t)256 << 10)
+#define ONESHOT_DEFAULT ((size_t)8 << 20) /* lib/gpu/gpu.c, for 1 or 2 ranks */
 #define GUARD 256                 /* poisoned bytes (at least) before and after every buffer */
 #define MAX_LOCAL 2               /* ranks driven by one process */
 #define MAX_SETS 2                /* communicators per rank */
@@ -739,7 +739,7 @@ static int matrix_body(ctx_t *c) {
               }
       progress(c, coll_names[coll], calls, t0, e0);
     }
-    /* around the default one-shot limit (256 KiB of one rank's data) */
+    /* around the default one-shot limit (8 MiB of one rank's data) */
     if (v->edge && (coll == C_ALLREDUCE || coll == C_ALLGATHER)) {
       static const struct {
         flexcoll_datatype_t dt;
@@ -760,7 +760,7 @@ static int matrix_body(ctx_t *c) {
           }
       calls += ecalls;
       char what[96];
-      snprintf(what, sizeof what, "%s at the one-shot limit (256 KiB and one element more)", coll_names[coll]);
+      snprintf(what, sizeof what, "%s at the one-shot limit (8 MiB and one element more)", coll_names[coll]);
       progress(c, what, ecalls, t0, e0);
     }
     /* 1000003 elements: 7 dtypes, the reducing collectives cycling through the ops */

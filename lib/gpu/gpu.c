@@ -22,7 +22,8 @@
 
 FC_PARAM_INT(gpu_slice_size, "GPU_SLICE_SIZE", 4 << 20)
 FC_PARAM_INT(gpu_slots, "GPU_SLOTS", 8)
-FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", 256 << 10)
+/* -1: by rank count (plan_layout). */
+FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", -1)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \
@@ -91,7 +92,11 @@ static fc_engine_t engine_param(void) {
 /* Staging layout, the same on every rank: one-shot slots and flags, pair flags, pipeline slots. */
 static void plan_layout(struct fc_gpu *g, int nranks) {
   size_t align = 4096;
-  g->oneshot_slot = ((size_t)fc_param_oneshot_max() + align - 1) / align * align;
+  /* One-shot moves the whole message to every peer: as cheap as a ring for 2 ranks (up to 8 MB
+   * it beats the pipelined paths on latency), (n-1)/2 times the traffic beyond. */
+  int64_t oneshot = fc_param_oneshot_max();
+  if (oneshot < 0) oneshot = nranks <= 2 ? 8 << 20 : 1 << 20;
+  g->oneshot_slot = ((size_t)oneshot + align - 1) / align * align;
   g->oneshot_off = 0;
   g->oneshot_flags_off = g->oneshot_off + 2 * (size_t)nranks * g->oneshot_slot;
   g->pair_flags_off = g->oneshot_flags_off + ((2 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);

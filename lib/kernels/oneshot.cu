@@ -40,7 +40,7 @@ __device__ __forceinline__ size_t fc_flag_idx(const fc_oneshot_args_t &a, int pa
  * vector aligned relative to the buffer start. */
 __device__ __forceinline__ void fc_block_range(size_t bytes, size_t *lo, size_t *hi) {
   const size_t granules = (bytes + 15) / 16;
-  const size_t per = (granules + FC_ONESHOT_BLOCKS - 1) / FC_ONESHOT_BLOCKS;
+  const size_t per = (granules + gridDim.x - 1) / gridDim.x;
   const size_t l = (size_t)blockIdx.x * per * 16, h = l + per * 16;
   *lo = l < bytes ? l : bytes;
   *hi = h < bytes ? h : bytes;
@@ -226,6 +226,12 @@ __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_block_copy(recv + (size_t)q * bytes + lo, fc_src(a, par, send, local, q) + lo, hi - lo);
 }
 
+/* The grid for a message of `bytes` (see kernels.h). */
+unsigned fc_oneshot_grid(size_t bytes) {
+  const size_t b = (bytes + FC_ONESHOT_BLOCK_BYTES - 1) / FC_ONESHOT_BLOCK_BYTES;
+  return b < 1 ? 1u : b > FC_ONESHOT_BLOCKS ? (unsigned)FC_ONESHOT_BLOCKS : (unsigned)b;
+}
+
 /* What both collectives need of the arguments; the kernels rely on these without checking. */
 bool fc_args_ok(const fc_oneshot_args_t *a, size_t bytes) {
   if (!a || a->nranks < 1 || a->nranks > FC_ONESHOT_MAX_RANKS || a->rank < 0 || a->rank >= a->nranks)
@@ -252,10 +258,10 @@ struct fc_oneshot_launch {
     /* AVG over one rank divides by 1: skipped, as fc_host_divide skips n <= 1. */
     if (avg && args->nranks > 1)
       fc_oneshot_allreduce_kernel<V, D, Op, true>
-          <<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+          <<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
     else
       fc_oneshot_allreduce_kernel<V, D, Op, false>
-          <<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+          <<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
     return (int)cudaGetLastError();
   }
 };
@@ -277,7 +283,7 @@ extern "C" int fc_kernel_oneshot_allgather(const fc_oneshot_args_t *args, const 
                                            size_t bytes, flexcoll_stream_t stream) {
   if (bytes == 0) return (int)cudaSuccess;
   if (!fc_args_ok(args, bytes)) return (int)cudaErrorInvalidValue;
-  fc_oneshot_allgather_kernel<<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, (cudaStream_t)stream>>>(
+  fc_oneshot_allgather_kernel<<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, (cudaStream_t)stream>>>(
       *args, (const char *)sendbuf, (char *)recvbuf, bytes);
   return (int)cudaGetLastError();
 }

@@ -11,7 +11,8 @@
  * FLEXCOLL_ALGO=ring|tree forces it where the collective has that algorithm. */
 fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem);
 /* Whether a device collective of `bytes` (the largest buffer) goes direct (lib/gpu/direct.c):
- * allreduce, allgather, reduce_scatter and broadcast from FLEXCOLL_DIRECT_MIN_BYTES up, unless
+ * allreduce and allgather from FLEXCOLL_DIRECT_MIN_BYTES up (what the one-shot path leaves them),
+ * reduce_scatter and broadcast from 64 times that, unless
  * FLEXCOLL_DIRECT=0 or FLEXCOLL_ALGO forces an algorithm. */
 int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks);
 /* Pipeline chunk in elements for a message of count elements of esize bytes. */

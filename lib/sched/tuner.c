@@ -48,8 +48,12 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
 
 int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
   if (!fc_param_direct() || forced_algo() >= 0 || nranks < 2 || bytes < (size_t)fc_param_direct_min_bytes()) return 0;
-  return coll == FC_COLL_ALLREDUCE || coll == FC_COLL_ALLGATHER || coll == FC_COLL_REDUCE_SCATTER ||
-         coll == FC_COLL_BROADCAST;
+  if (coll == FC_COLL_ALLREDUCE || coll == FC_COLL_ALLGATHER) return 1;
+  /* Reduce_scatter and broadcast have no one-shot path in front of them: direct mode's fixed
+   * cost (~50 us: the exchange and three dependent streams) pays off only from 64 MB. */
+  if (coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_BROADCAST)
+    return bytes / 64 >= (size_t)fc_param_direct_min_bytes();
+  return 0;
 }
 
 size_t fc_tuner_chunk_count(size_t count, size_t esize) {

@@ -750,17 +750,20 @@ static int matrix_body(ctx_t *c) {
       long ecalls = 0;
       e0 = r->errors;
       for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++)
-        for (int plus = 0; plus < 2; plus++)
+        for (int plus = 0; plus < 2; plus++) {
+          /* The limit is on the result: all n blocks of an allgather. */
+          const size_t edge_count = ONESHOT_DEFAULT / fc_dtype_size(edge[k].dt) / (coll == C_ALLGATHER ? (size_t)n : 1);
           for (int ip = 0; ip < 2; ip++) {
             spec_t s = {.coll = coll, .dtype = edge[k].dt, .op = edge[k].op,
-                        .count = ONESHOT_DEFAULT / fc_dtype_size(edge[k].dt) + (size_t)plus, .inplace = ip};
+                        .count = edge_count + (size_t)plus, .inplace = ip};
             if (v->misalign && (ecalls & 1)) s.shift = fc_dtype_size(s.dtype);
             if (run_one(c, &s)) return 1;
             ecalls++;
           }
+        }
       calls += ecalls;
       char what[96];
-      snprintf(what, sizeof what, "%s at the one-shot limit (8 MiB and one element more)", coll_names[coll]);
+      snprintf(what, sizeof what, "%s at the one-shot limit (8 MiB of result, and one element more)", coll_names[coll]);
       progress(c, what, ecalls, t0, e0);
     }
     /* 1000003 elements: 7 dtypes, the reducing collectives cycling through the ops */

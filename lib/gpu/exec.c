@@ -273,7 +273,6 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   int prev = enter_device(g);
   fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
-  size_t bytes = args->count * x.esize;
   size_t largest = fc_coll_recv_count(args->coll, args->count, args->nranks);
   if (fc_coll_send_count(args->coll, args->count, args->nranks) > largest)
     largest = fc_coll_send_count(args->coll, args->count, args->nranks);
@@ -281,7 +280,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
     /* nothing moves */
-  } else if ((args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER) && bytes <= g->oneshot_slot &&
+  } else if ((args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER) && largest * x.esize <= g->oneshot_slot &&
              args->nranks <= FC_ONESHOT_MAX_RANKS) {
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */

@@ -1,0 +1,153 @@
+/*
+ * flexcoll.h — the public C API of flexcoll, a collective-communication library for NVIDIA GPUs
+ * that spreads every collective over all the links between them (NVLink, PCIe through host
+ * memory, RDMA NICs).  Host memory buffers work too, with or without a GPU.
+ *
+ * Including this header needs no CUDA header: flexcoll_stream_t is the same type as cudaStream_t.
+ * Every function returns a flexcoll_result_t; on failure flexcoll_get_last_error() says why.
+ */
+#ifndef FLEXCOLL_H
+#define FLEXCOLL_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLEXCOLL_MAJOR 0
+#define FLEXCOLL_MINOR 1
+#define FLEXCOLL_PATCH 0
+/* flexcoll_get_version() returns MAJOR*10000 + MINOR*100 + PATCH. */
+#define FLEXCOLL_VERSION_CODE(x, y, z) ((x) * 10000 + (y) * 100 + (z))
+#define FLEXCOLL_VERSION FLEXCOLL_VERSION_CODE(FLEXCOLL_MAJOR, FLEXCOLL_MINOR, FLEXCOLL_PATCH)
+
+/* Values line up with NCCL's ncclResult_t so that a shim is a cast. */
+typedef enum {
+  FLEXCOLL_SUCCESS = 0,
+  FLEXCOLL_UNHANDLED_CUDA_ERROR = 1,
+  FLEXCOLL_SYSTEM_ERROR = 2,
+  FLEXCOLL_INTERNAL_ERROR = 3,
+  FLEXCOLL_INVALID_ARGUMENT = 4,
+  FLEXCOLL_INVALID_USAGE = 5,
+  FLEXCOLL_REMOTE_ERROR = 6,
+  FLEXCOLL_IN_PROGRESS = 7,
+  FLEXCOLL_TIMEOUT = 8,
+  FLEXCOLL_NUM_RESULTS
+} flexcoll_result_t;
+
+typedef enum {
+  FLEXCOLL_INT8,
+  FLEXCOLL_UINT8,
+  FLEXCOLL_INT32,
+  FLEXCOLL_UINT32,
+  FLEXCOLL_INT64,
+  FLEXCOLL_UINT64,
+  FLEXCOLL_FLOAT16,
+  FLEXCOLL_BFLOAT16,
+  FLEXCOLL_FLOAT32,
+  FLEXCOLL_FLOAT64,
+  FLEXCOLL_NUM_DATATYPES
+} flexcoll_datatype_t;
+
+typedef enum {
+  FLEXCOLL_SUM,
+  FLEXCOLL_PROD,
+  FLEXCOLL_MAX,
+  FLEXCOLL_MIN,
+  FLEXCOLL_AVG,
+  FLEXCOLL_NUM_OPS
+} flexcoll_op_t;
+
+typedef struct flexcoll_comm *flexcoll_comm_t;
+typedef struct CUstream_st *flexcoll_stream_t; /* the same type as cudaStream_t */
+
+#define FLEXCOLL_UNIQUE_ID_BYTES 128
+typedef struct {
+  char internal[FLEXCOLL_UNIQUE_ID_BYTES];
+} flexcoll_unique_id_t;
+
+/* Communicator options.  Starts with size and version so that a caller built against an older,
+ * shorter struct stays valid; always start from FLEXCOLL_CONFIG_INITIALIZER.  A field left at
+ * FLEXCOLL_CONFIG_UNDEF takes its default (the FLEXCOLL_* environment variable, else built-in). */
+#define FLEXCOLL_CONFIG_UNDEF (-2147483647 - 1)
+#define FLEXCOLL_CONFIG_VERSION 1
+typedef struct {
+  size_t size;        /* sizeof(flexcoll_config_t) as the caller saw it */
+  unsigned int version; /* FLEXCOLL_CONFIG_VERSION as the caller saw it */
+  int cuda_device;    /* CUDA device of this rank; -1: host memory only; UNDEF: the current device */
+  int timeout_ms;     /* longest wait on a peer before FLEXCOLL_TIMEOUT (FLEXCOLL_TIMEOUT_MS) */
+  int blocking;       /* 1: init returns when ready (default); 0: may return FLEXCOLL_IN_PROGRESS */
+} flexcoll_config_t;
+
+#define FLEXCOLL_CONFIG_INITIALIZER \
+  { sizeof(flexcoll_config_t), FLEXCOLL_CONFIG_VERSION, FLEXCOLL_CONFIG_UNDEF, FLEXCOLL_CONFIG_UNDEF, \
+    FLEXCOLL_CONFIG_UNDEF }
+
+/* Library version as MAJOR*10000 + MINOR*100 + PATCH. */
+flexcoll_result_t flexcoll_get_version(int *version);
+/* A constant, human-readable name for a result code. */
+const char *flexcoll_get_error_string(flexcoll_result_t result);
+/* The last error message recorded for comm; comm NULL: this thread's last error. */
+const char *flexcoll_get_last_error(flexcoll_comm_t comm);
+
+/* A new unique id for flexcoll_comm_init_rank; the caller becomes the bootstrap root. */
+flexcoll_result_t flexcoll_get_unique_id(flexcoll_unique_id_t *id);
+/* Create rank `rank` of an `nranks` communicator identified by id (collective over all ranks). */
+flexcoll_result_t flexcoll_comm_init_rank(flexcoll_comm_t *comm, int nranks, flexcoll_unique_id_t id,
+                                          int rank, const flexcoll_config_t *config);
+/* Create ndev communicators in this process, one per device (or host ranks when devlist is NULL
+ * and there is no GPU), to be driven from threads or from one thread inside a group. */
+flexcoll_result_t flexcoll_comm_init_all(flexcoll_comm_t *comms, int ndev, const int *devlist);
+/* Create a communicator from the launcher's environment (flexcoll, torchrun, Open MPI, PMI, Slurm). */
+flexcoll_result_t flexcoll_comm_init_from_env(flexcoll_comm_t *comm, const flexcoll_config_t *config);
+/* Free a communicator once its work is done. */
+flexcoll_result_t flexcoll_comm_destroy(flexcoll_comm_t comm);
+/* Stop the outstanding work of comm without waiting for peers; free it with flexcoll_comm_destroy. */
+flexcoll_result_t flexcoll_comm_abort(flexcoll_comm_t comm);
+/* The first asynchronous error of comm (peer gone, timeout), FLEXCOLL_SUCCESS if none. */
+flexcoll_result_t flexcoll_comm_get_async_error(flexcoll_comm_t comm, flexcoll_result_t *async_error);
+/* Number of ranks in comm. */
+flexcoll_result_t flexcoll_comm_count(flexcoll_comm_t comm, int *count);
+/* This caller's rank in comm. */
+flexcoll_result_t flexcoll_comm_user_rank(flexcoll_comm_t comm, int *rank);
+/* CUDA device of comm, -1 on host-only communicators. */
+flexcoll_result_t flexcoll_comm_cu_device(flexcoll_comm_t comm, int *device);
+
+/* recvbuf[i] = op over all ranks of sendbuf[i], i < count. */
+flexcoll_result_t flexcoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                     flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* recvbuf[r*sendcount + i] = sendbuf of rank r [i]. */
+flexcoll_result_t flexcoll_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                     flexcoll_datatype_t dtype, flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* recvbuf[i] = op over all ranks of sendbuf[rank*recvcount + i]. */
+flexcoll_result_t flexcoll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                          flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_comm_t comm,
+                                          flexcoll_stream_t stream);
+/* recvbuf = root's sendbuf on every rank. */
+flexcoll_result_t flexcoll_broadcast(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                     int root, flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* recvbuf on root = op over all ranks of sendbuf. */
+flexcoll_result_t flexcoll_reduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                  flexcoll_op_t op, int root, flexcoll_comm_t comm, flexcoll_stream_t stream);
+
+/* recvbuf[r*count + i] = rank r's sendbuf[rank*count + i] (sendbuf and recvbuf must not overlap). */
+flexcoll_result_t flexcoll_alltoall(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                    flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* Send count elements to rank peer, matched in order by peer's flexcoll_recv from this rank.
+ * Inside a group, all sends and receives of a communicator run concurrently. */
+flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_datatype_t dtype, int peer,
+                                flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* Receive count elements from rank peer (see flexcoll_send). */
+flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t dtype, int peer,
+                                flexcoll_comm_t comm, flexcoll_stream_t stream);
+
+/* Queue the following calls of this thread until the matching flexcoll_group_end. */
+flexcoll_result_t flexcoll_group_start(void);
+/* Run the calls queued since flexcoll_group_start (the outermost end runs them). */
+flexcoll_result_t flexcoll_group_end(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLEXCOLL_H */

@@ -1,0 +1,166 @@
+/* ring.c — FC_ALGO_RING: ring allreduce / allgather / reduce-scatter, pipelined chains for
+ * broadcast and reduce, and pairwise exchange for alltoall.  Rank r sends to r+1 and receives
+ * from r-1 (mod n), except the reduce chain, which runs the other way so that data ends at the
+ * root, and alltoall, whose round k pairs r with r+k and r-k.
+ *
+ * Rounds are numbered globally (see build.h); a message is always sent and received in the same
+ * global round, so schedules stay deadlock-free even with rendezvous sends. */
+#include "build.h"
+
+typedef struct {
+  int n, r, next, prev;
+  size_t count;
+} ring_t;
+
+static ring_t ring_of(const fc_algo_args_t *a) {
+  ring_t g = {a->nranks, a->rank, (a->rank + 1) % a->nranks, (a->rank + a->nranks - 1) % a->nranks, a->count};
+  return g;
+}
+
+/* Allreduce: ring reduce-scatter then ring allgather, both on balanced blocks of recv.  Block b
+ * starts at rank b and is reduced once by every rank along the ring, ending fully reduced at
+ * rank b-1; the allgather then only copies it.  So every rank holds the same bits.
+ * Round s of the first half sends block r-s (from send at s = 0, else the partial in recv) and
+ * reduces block r-s-1 into recv: different blocks, so the round's steps never overlap, and in
+ * place (send == recv) block r-s-1 is read and written only by that one element-wise step. */
+static void ring_allreduce(fc_build_t *b, const ring_t *g) {
+  int n = g->n;
+  for (int s = 0; s < n - 1; s++) {
+    int sb = fc_mod(g->r - s, n), rb = fc_mod(g->r - s - 1, n);
+    fc_build_round(b);
+    fc_build_send(b, g->next, s == 0 ? FC_BUF_SEND : FC_BUF_RECV, fc_block_start(g->count, n, sb),
+                  fc_block_len(g->count, n, sb));
+    fc_build_recv_reduce(b, g->prev, FC_BUF_RECV, fc_block_start(g->count, n, rb), FC_BUF_SEND,
+                         fc_block_start(g->count, n, rb), fc_block_len(g->count, n, rb));
+  }
+  /* Rank r now owns block r+1. */
+  for (int s = 0; s < n - 1; s++) {
+    int sb = fc_mod(g->r + 1 - s, n), rb = fc_mod(g->r - s, n);
+    fc_build_round(b);
+    fc_build_send(b, g->next, FC_BUF_RECV, fc_block_start(g->count, n, sb), fc_block_len(g->count, n, sb));
+    fc_build_recv(b, g->prev, FC_BUF_RECV, fc_block_start(g->count, n, rb), fc_block_len(g->count, n, rb));
+  }
+  fc_build_result(b, FC_BUF_RECV, 0, g->count);
+}
+
+/* Allgather: round s forwards block r-s and receives block r-s-1.  Round 0 sends straight from
+ * send so the own-block copy (skipped in place) runs alongside instead of before it. */
+static void ring_allgather(fc_build_t *b, const ring_t *g) {
+  size_t c = g->count;
+  for (int s = 0; s < g->n - 1; s++) {
+    int sb = fc_mod(g->r - s, g->n), rb = fc_mod(g->r - s - 1, g->n);
+    fc_build_round(b);
+    if (s == 0) {
+      fc_build_copy(b, FC_BUF_RECV, (size_t)g->r * c, FC_BUF_SEND, 0, c);
+      fc_build_send(b, g->next, FC_BUF_SEND, 0, c);
+    } else {
+      fc_build_send(b, g->next, FC_BUF_RECV, (size_t)sb * c, c);
+    }
+    fc_build_recv(b, g->prev, FC_BUF_RECV, (size_t)rb * c, c);
+  }
+}
+
+/* Reduce-scatter: round s sends partial block r-s-1 and reduces block r-s-2, so rank r's last
+ * round (s = n-2) completes block r, straight into recv.  Partials live in two scratch slots used
+ * alternately: round s reads slot (s-1)%2 while writing slot s%2.  recv is written only by the
+ * last step, which in place (recv == send block r) reads exactly the elements it writes, and
+ * block r of send is read nowhere else. */
+static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
+  size_t c = g->count;
+  int n = g->n;
+  for (int s = 0; s < n - 1; s++) {
+    int sb = fc_mod(g->r - s - 1, n), rb = fc_mod(g->r - s - 2, n);
+    fc_build_round(b);
+    if (s == 0)
+      fc_build_send(b, g->next, FC_BUF_SEND, (size_t)sb * c, c);
+    else
+      fc_build_send(b, g->next, FC_BUF_SCRATCH, (size_t)((s - 1) % 2) * c, c);
+    if (s == n - 2)
+      fc_build_recv_reduce(b, g->prev, FC_BUF_RECV, 0, FC_BUF_SEND, (size_t)rb * c, c);
+    else
+      fc_build_recv_reduce(b, g->prev, FC_BUF_SCRATCH, (size_t)(s % 2) * c, FC_BUF_SEND, (size_t)rb * c, c);
+  }
+  b->s->scratch_count = n >= 4 ? 2 * c : n == 3 ? c : 0;
+  fc_build_result(b, FC_BUF_RECV, 0, c);
+}
+
+/* Broadcast as a chain root -> root+1 -> ... -> root-1, pipelined over chunks: the rank at chain
+ * position p receives chunk k in global round p-1+k and forwards it in round p+k, so successive
+ * chunks occupy successive links at once.  A round writes chunk g-p+1 and reads chunk g-p. */
+static void ring_broadcast(fc_build_t *b, const ring_t *g, int root, size_t chunk_count) {
+  int p = fc_mod(g->r - root, g->n);
+  fc_chunks_t ch = fc_chunks(g->count, chunk_count);
+  long long first = p > 0 ? p - 1 : 0, last = p + ch.nchunks - 1;
+  for (long long gr = first; gr <= last; gr++) {
+    fc_build_round(b);
+    long long kin = gr - p + 1, kout = gr - p;
+    if (p == 0 && gr == 0) fc_build_copy(b, FC_BUF_RECV, 0, FC_BUF_SEND, 0, g->count); /* beside chunk 0's send */
+    if (p > 0 && fc_chunk_valid(&ch, kin))
+      fc_build_recv(b, g->prev, FC_BUF_RECV, fc_chunk_off(&ch, kin), fc_chunk_len(&ch, kin));
+    if (p < g->n - 1 && fc_chunk_valid(&ch, kout))
+      fc_build_send(b, g->next, p == 0 ? FC_BUF_SEND : FC_BUF_RECV, fc_chunk_off(&ch, kout),
+                    fc_chunk_len(&ch, kout));
+  }
+}
+
+/* Reduce as a chain root-1 -> root-2 -> ... -> root+1 -> root (each rank sends to r-1),
+ * pipelined like the broadcast.  With d = distance from the far
+ * end, a rank reduces chunk k in global round d-1+k and sends it in round d+k.  Non-roots keep
+ * partials in two scratch slots (chunk k in slot k%2: a round writes chunk g-d+1 and reads chunk
+ * g-d, and a slot is rewritten only after its chunk was sent) and never touch recv; the root
+ * reduces straight into recv. */
+static void ring_reduce(fc_build_t *b, const ring_t *g, int root, size_t chunk_count) {
+  int n = g->n, p = fc_mod(g->r - root, n), d = n - 1 - p;
+  fc_chunks_t ch = fc_chunks(g->count, chunk_count);
+  int up = (g->r + 1) % n, down = g->prev; /* receive from up, send to down */
+  long long first = d > 0 ? d - 1 : 0, last = d + ch.nchunks - 1;
+  for (long long gr = first; gr <= last; gr++) {
+    fc_build_round(b);
+    long long kin = gr - d + 1, kout = gr - d;
+    if (d > 0 && fc_chunk_valid(&ch, kin)) {
+      size_t off = fc_chunk_off(&ch, kin), len = fc_chunk_len(&ch, kin);
+      if (p == 0)
+        fc_build_recv_reduce(b, up, FC_BUF_RECV, off, FC_BUF_SEND, off, len);
+      else
+        fc_build_recv_reduce(b, up, FC_BUF_SCRATCH, (size_t)(kin % 2) * ch.chunk, FC_BUF_SEND, off, len);
+    }
+    if (p > 0 && fc_chunk_valid(&ch, kout)) {
+      if (d == 0)
+        fc_build_send(b, down, FC_BUF_SEND, fc_chunk_off(&ch, kout), fc_chunk_len(&ch, kout));
+      else
+        fc_build_send(b, down, FC_BUF_SCRATCH, (size_t)(kout % 2) * ch.chunk, fc_chunk_len(&ch, kout));
+    }
+  }
+  if (p > 0 && d > 0) b->s->scratch_count = ch.nchunks >= 2 ? 2 * ch.chunk : g->count;
+  if (p == 0) fc_build_result(b, FC_BUF_RECV, 0, g->count);
+}
+
+/* Alltoall by pairwise exchange: round k (1..n-1) sends block r+k of send to rank r+k and
+ * receives block r-k of recv from rank r-k, which sends it in its own round k.  The own block is
+ * copied beside round 1.  send and recv never overlap (the API refuses in-place alltoall), so the
+ * steps of a round touch disjoint memory and no scratch is needed. */
+static void ring_alltoall(fc_build_t *b, const ring_t *g) {
+  size_t c = g->count;
+  int n = g->n;
+  if (c == 0) return;
+  for (int k = 1; k < n; k++) {
+    int to = (g->r + k) % n, from = fc_mod(g->r - k, n);
+    fc_build_round(b);
+    if (k == 1) fc_build_copy(b, FC_BUF_RECV, (size_t)g->r * c, FC_BUF_SEND, (size_t)g->r * c, c);
+    fc_build_send(b, to, FC_BUF_SEND, (size_t)to * c, c);
+    fc_build_recv(b, from, FC_BUF_RECV, (size_t)from * c, c);
+  }
+}
+
+void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
+  ring_t g = ring_of(a);
+  switch (a->coll) {
+    case FC_COLL_ALLREDUCE: ring_allreduce(b, &g); break;
+    case FC_COLL_ALLGATHER: ring_allgather(b, &g); break;
+    case FC_COLL_REDUCE_SCATTER: ring_reduce_scatter(b, &g); break;
+    case FC_COLL_BROADCAST: ring_broadcast(b, &g, a->root, a->chunk_count); break;
+    case FC_COLL_REDUCE: ring_reduce(b, &g, a->root, a->chunk_count); break;
+    case FC_COLL_ALLTOALL: ring_alltoall(b, &g); break;
+    default: b->err = FLEXCOLL_INVALID_ARGUMENT; break;
+  }
+}

@@ -1,0 +1,276 @@
+/* api.c — the public entry points: argument checks, the group queue, dispatch by memory type. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "dtype.h"
+#include "error.h"
+#include "gpu/gpu.h"
+#include "group.h"
+#include "host/host.h"
+#include "sched/sched.h"
+
+flexcoll_result_t flexcoll_get_version(int *version) {
+  if (!version) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_get_version: version is NULL");
+  *version = FLEXCOLL_VERSION;
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t flexcoll_get_unique_id(flexcoll_unique_id_t *id) {
+  if (!id) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_get_unique_id: id is NULL");
+  return fc_bootstrap_create_root(id);
+}
+
+flexcoll_result_t fc_check_config(const flexcoll_config_t *config, const char *fn) {
+  if (!config) return FLEXCOLL_SUCCESS;
+  if (config->size < offsetof(flexcoll_config_t, version) + sizeof config->version || config->version == 0 ||
+      config->version > FLEXCOLL_CONFIG_VERSION)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
+                    "%s: config not initialised with FLEXCOLL_CONFIG_INITIALIZER (size %zu, version %u)", fn,
+                    config->size, config->version);
+  if (config->size >= offsetof(flexcoll_config_t, timeout_ms) + sizeof(int) && config->timeout_ms != FLEXCOLL_CONFIG_UNDEF &&
+      config->timeout_ms <= 0)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: config.timeout_ms %d must be positive", fn, config->timeout_ms);
+  if (config->size >= offsetof(flexcoll_config_t, cuda_device) + sizeof(int) && config->cuda_device != FLEXCOLL_CONFIG_UNDEF &&
+      config->cuda_device < -1)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: config.cuda_device %d is neither a device index nor -1 (host only)",
+                    fn, config->cuda_device);
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t flexcoll_comm_init_rank(flexcoll_comm_t *comm, int nranks, flexcoll_unique_id_t id, int rank,
+                                          const flexcoll_config_t *config) {
+  const char *fn = "flexcoll_comm_init_rank";
+  if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  *comm = NULL;
+  if (nranks < 1 || nranks > 65535)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: nranks %d out of range [1, 65535]", fn, nranks);
+  if (rank < 0 || rank >= nranks)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: rank %d out of range [0, %d)", fn, rank, nranks);
+  FC_CHECK(fc_check_config(config, fn));
+  flexcoll_comm_t c;
+  FC_CHECK(fc_comm_alloc(&c, nranks, rank, &id, config));
+  if (fc_group_active()) {
+    flexcoll_result_t res = fc_group_enqueue_init(c);
+    if (res != FLEXCOLL_SUCCESS) { flexcoll_comm_destroy(c); return res; }
+    *comm = c;
+    return FLEXCOLL_SUCCESS;
+  }
+  flexcoll_result_t res = fc_comm_init(c);
+  /* A failed communicator is still handed out in non-blocking mode so the caller can read why. */
+  if (res != FLEXCOLL_SUCCESS) { flexcoll_comm_destroy(c); return res; }
+  *comm = c;
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t flexcoll_comm_init_all(flexcoll_comm_t *comms, int ndev, const int *devlist) {
+  const char *fn = "flexcoll_comm_init_all";
+  if (!comms) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comms is NULL", fn);
+  if (ndev < 1 || ndev > 65535) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: ndev %d out of range [1, 65535]", fn, ndev);
+  int ngpus = fc_gpu_count();
+  if (devlist) {
+    for (int i = 0; i < ndev; i++) {
+      if (devlist[i] < 0 || devlist[i] >= ngpus)
+        return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: devlist[%d] = %d but this process sees %d CUDA device(s)", fn,
+                        i, devlist[i], ngpus);
+      for (int j = 0; j < i; j++)
+        if (devlist[j] == devlist[i])
+          return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: devlist[%d] and devlist[%d] are both device %d", fn, j, i,
+                          devlist[i]);
+    }
+  } else if (ngpus > 0 && ndev > ngpus) {
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: ndev %d but only %d CUDA device(s); pass devlist or fewer", fn,
+                    ndev, ngpus);
+  }
+  for (int i = 0; i < ndev; i++) comms[i] = NULL;
+  flexcoll_unique_id_t id;
+  FC_CHECK(fc_bootstrap_create_root(&id));
+  flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
+  /* All ranks are initialised together in one group: each in its own thread at group_end. */
+  flexcoll_group_start();
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  for (int i = 0; i < ndev && res == FLEXCOLL_SUCCESS; i++) {
+    config.cuda_device = devlist ? devlist[i] : (ngpus > 0 ? i : -1);
+    res = flexcoll_comm_init_rank(&comms[i], ndev, id, i, &config);
+  }
+  flexcoll_result_t end = flexcoll_group_end();
+  if (res == FLEXCOLL_SUCCESS) res = end;
+  if (res != FLEXCOLL_SUCCESS) {
+    for (int i = 0; i < ndev; i++)
+      if (comms[i]) { flexcoll_comm_abort(comms[i]); flexcoll_comm_destroy(comms[i]); comms[i] = NULL; }
+  }
+  return res;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static flexcoll_result_t check_call(const fc_call_t *c, const char *fn) {
+  flexcoll_comm_t comm = c->comm;
+  if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  if (!(fc_group_active() && fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING &&
+        fc_group_inits(comm)))
+    FC_CHECK(fc_comm_check(comm, fn));
+  if ((unsigned)c->dtype >= FLEXCOLL_NUM_DATATYPES)
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: datatype %d is not a flexcoll_datatype_t", fn, (int)c->dtype);
+  if ((unsigned)c->op >= FLEXCOLL_NUM_OPS)
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: op %d is not a flexcoll_op_t", fn, (int)c->op);
+  if (c->kind == FC_CALL_COLL && (c->coll == FC_COLL_BROADCAST || c->coll == FC_COLL_REDUCE) &&
+      (c->root < 0 || c->root >= comm->nranks))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)", fn, c->root, comm->nranks);
+  if (c->kind != FC_CALL_COLL && (c->root < 0 || c->root >= comm->nranks))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: peer %d out of range [0, %d)", fn, c->root, comm->nranks);
+  size_t esize = fc_dtype_size(c->dtype);
+  size_t send = c->kind == FC_CALL_COLL ? fc_coll_send_count(c->coll, c->count, comm->nranks) : c->count;
+  size_t recv = c->kind == FC_CALL_COLL ? fc_coll_recv_count(c->coll, c->count, comm->nranks) : c->count;
+  size_t most = send > recv ? send : recv;
+  if (c->count > SIZE_MAX / (size_t)comm->nranks || most > SIZE_MAX / esize || most * esize > (size_t)INT64_MAX)
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: count %zu overflows the byte size of the buffers", fn, c->count);
+  if (c->count == 0) return FLEXCOLL_SUCCESS;
+  int is_root = comm->rank == c->root;
+  int needs_send = c->kind == FC_CALL_SEND || (c->kind == FC_CALL_COLL && (c->coll != FC_COLL_BROADCAST || is_root));
+  int needs_recv = c->kind == FC_CALL_RECV || (c->kind == FC_CALL_COLL && (c->coll != FC_COLL_REDUCE || is_root));
+  if (needs_send && !c->sendbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf is NULL", fn);
+  if (needs_recv && !c->recvbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: recvbuf is NULL", fn);
+  if (c->kind == FC_CALL_COLL && c->coll == FC_COLL_ALLTOALL) {
+    const char *s = c->sendbuf, *r = c->recvbuf;
+    size_t bytes = send * esize;
+    if (s < r + bytes && r < s + bytes)
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall cannot run in place)", fn);
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Where the buffers of a call live; FLEXCOLL_INVALID_USAGE when they disagree with each other or
+ * with the communicator. */
+static flexcoll_result_t locate(flexcoll_comm_t comm, const void *const *bufs, int n, const char *fn, fc_mem_t *mem) {
+  int first = -1, dev0 = -1;
+  for (int i = 0; i < n; i++) {
+    if (!bufs[i]) continue;
+    int dev;
+    fc_mem_t m = fc_mem_type(bufs[i], &dev);
+    if (first < 0) { first = i; *mem = m; dev0 = dev; continue; }
+    if (m != *mem || dev != dev0)
+      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: buffers in different memories (%s of %s, %s of %s)", fn,
+                      *mem == FC_MEM_DEVICE ? "device" : "host", first == 0 ? "sendbuf" : "the first buffer",
+                      m == FC_MEM_DEVICE ? "device" : "host", i == 1 && n == 2 ? "recvbuf" : "another buffer");
+  }
+  if (first < 0) *mem = FC_MEM_HOST;
+  if (*mem == FC_MEM_DEVICE && comm->cuda_device < 0)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: device buffers on a host-only communicator (config.cuda_device -1)", fn);
+  if (*mem == FC_MEM_DEVICE && dev0 != comm->cuda_device)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: buffer of CUDA device %d but the communicator drives device %d", fn,
+                    dev0, comm->cuda_device);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* A communicator whose collective failed half-way is out of step with its peers: refuse. */
+static flexcoll_result_t check_not_failed(flexcoll_comm_t comm, const char *fn) {
+  int err = atomic_load(&comm->async_error);
+  if (err == FLEXCOLL_SUCCESS) return FLEXCOLL_SUCCESS;
+  return fc_error(comm, (flexcoll_result_t)err,
+                  "%s: the communicator failed earlier (%s); abort and destroy it", fn,
+                  flexcoll_get_error_string((flexcoll_result_t)err));
+}
+
+flexcoll_result_t fc_call_run(const fc_call_t *c) {
+  flexcoll_comm_t comm = c->comm;
+  FC_CHECK(fc_comm_check(comm, fc_coll_name(c->coll)));
+  FC_CHECK(check_not_failed(comm, fc_coll_name(c->coll)));
+  fc_log_set_rank(comm->rank);
+  /* Nothing moves, on any path and on every rank alike (the count is the same everywhere). */
+  if (c->count == 0) return FLEXCOLL_SUCCESS;
+  size_t esize = fc_dtype_size(c->dtype);
+  size_t bytes = fc_coll_recv_count(c->coll, c->count, comm->nranks) * esize;
+  size_t send_bytes = fc_coll_send_count(c->coll, c->count, comm->nranks) * esize;
+  if (send_bytes > bytes) bytes = send_bytes;
+  fc_mem_t mem;
+  /* Only the buffers this rank uses decide (a broadcast's non-roots ignore sendbuf, a reduce's
+   * recvbuf), or one rank could fail alone. */
+  int is_root = comm->rank == c->root;
+  const void *bufs[2] = {c->coll == FC_COLL_BROADCAST && !is_root ? NULL : c->sendbuf,
+                         c->coll == FC_COLL_REDUCE && !is_root ? NULL : c->recvbuf};
+  FC_CHECK(locate(comm, bufs, 2, fc_coll_name(c->coll), &mem));
+  fc_algo_args_t args = {.coll = c->coll, .rank = comm->rank, .nranks = comm->nranks, .root = c->root, .count = c->count};
+  args.algo = fc_tuner_pick(c->coll, bytes, comm->nranks, mem);
+  args.chunk_count = fc_tuner_chunk_count(c->count, esize);
+  FC_TRACE(FC_SUB_COLL, "%s count %zu %s %s root %d algo %s %s memory seq %u", fc_coll_name(c->coll), c->count,
+           fc_dtype_name(c->dtype), fc_op_name(c->op), c->root, fc_algo_name(args.algo),
+           mem == FC_MEM_DEVICE ? "device" : "host", comm->coll_seq);
+  if (mem == FC_MEM_DEVICE) return fc_gpu_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op, c->stream);
+  return fc_host_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op);
+}
+
+flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
+  flexcoll_comm_t comm = calls[0].comm;
+  FC_CHECK(fc_comm_check(comm, "flexcoll_send/recv"));
+  FC_CHECK(check_not_failed(comm, "flexcoll_send/recv"));
+  fc_log_set_rank(comm->rank);
+  fc_p2p_op_t ops[FC_P2P_MAX_OPS];
+  void *bufs[FC_P2P_MAX_OPS];
+  for (int i = 0; i < n; i++) {
+    const fc_call_t *c = &calls[i];
+    ops[i] = (fc_p2p_op_t){.is_send = c->kind == FC_CALL_SEND, .peer = c->root, .count = c->count * fc_dtype_size(c->dtype)};
+    bufs[i] = c->kind == FC_CALL_SEND ? (void *)c->sendbuf : c->recvbuf;
+  }
+  fc_mem_t mem;
+  FC_CHECK(locate(comm, (const void *const *)bufs, n, "flexcoll_send/recv", &mem));
+  if (mem == FC_MEM_DEVICE) return fc_gpu_run_p2p(comm, ops, n, bufs, calls[0].stream);
+  return fc_host_run_p2p(comm, ops, n, bufs);
+}
+
+static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
+  FC_CHECK(check_call(c, fn));
+  if (fc_group_active()) return fc_group_enqueue_call(c);
+  return c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
+}
+
+flexcoll_result_t flexcoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                     flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0, comm, stream, FC_CALL_COLL};
+  return submit(&c, "flexcoll_allreduce");
+}
+
+flexcoll_result_t flexcoll_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, flexcoll_datatype_t dtype,
+                                     flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL};
+  return submit(&c, "flexcoll_allgather");
+}
+
+flexcoll_result_t flexcoll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, flexcoll_datatype_t dtype,
+                                          flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0, comm, stream, FC_CALL_COLL};
+  return submit(&c, "flexcoll_reduce_scatter");
+}
+
+flexcoll_result_t flexcoll_broadcast(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype, int root,
+                                     flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, root, comm, stream, FC_CALL_COLL};
+  return submit(&c, "flexcoll_broadcast");
+}
+
+flexcoll_result_t flexcoll_reduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                  flexcoll_op_t op, int root, flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, comm, stream, FC_CALL_COLL};
+  return submit(&c, "flexcoll_reduce");
+}
+
+flexcoll_result_t flexcoll_alltoall(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
+                                    flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL};
+  return submit(&c, "flexcoll_alltoall");
+}
+
+flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_datatype_t dtype, int peer, flexcoll_comm_t comm,
+                                flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, NULL, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_SEND};
+  return submit(&c, "flexcoll_send");
+}
+
+flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t dtype, int peer, flexcoll_comm_t comm,
+                                flexcoll_stream_t stream) {
+  fc_call_t c = {FC_COLL_ALLREDUCE, NULL, recvbuf, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_RECV};
+  return submit(&c, "flexcoll_recv");
+}

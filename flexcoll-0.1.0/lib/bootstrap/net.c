@@ -1,0 +1,229 @@
+/* net.c — the bootstrap's shared plumbing: addresses in wire form, the unique id, the choice of
+ * interface, listeners, and the table of connections that have not yet sent their hello. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "net.h"
+
+#include <ifaddrs.h>
+#include <limits.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "param.h"
+
+/* ---- addresses ------------------------------------------------------------------------------ */
+
+const char *fc_bs_addr_str(const struct sockaddr_storage *ss, socklen_t len, char *buf, size_t n) {
+  char host[NI_MAXHOST], serv[NI_MAXSERV];
+  if (getnameinfo((const struct sockaddr *)ss, len, host, sizeof host, serv, sizeof serv,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    snprintf(buf, n, "<unprintable address>");
+  else
+    snprintf(buf, n, ss->ss_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, serv);
+  return buf;
+}
+
+int fc_bs_addr_pack(unsigned char *p, const struct sockaddr *sa, socklen_t len) {
+  const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+  const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+  memset(p, 0, ADDR_BYTES);
+  if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof *in) {
+    p[0] = 4;
+    memcpy(p + 2, &in->sin_port, 2);
+    memcpy(p + 4, &in->sin_addr, 4);
+  } else if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof *in6) {
+    p[0] = 6;
+    memcpy(p + 2, &in6->sin6_port, 2);
+    memcpy(p + 4, &in6->sin6_addr, 16);
+    put32(p + 20, in6->sin6_scope_id);
+  }
+  return p[0] && (p[2] | p[3]) ? 0 : -1; /* port 0 cannot be connected to */
+}
+
+int fc_bs_addr_unpack(const unsigned char *p, struct sockaddr_storage *ss, socklen_t *len) {
+  struct sockaddr_in *in = (struct sockaddr_in *)ss;
+  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
+  memset(ss, 0, sizeof *ss);
+  if (p[1] != 0 || (p[2] | p[3]) == 0 || (p[0] != 4 && p[0] != 6)) return -1;
+  for (int i = 8; p[0] == 4 && i < ADDR_BYTES; i++)
+    if (p[i]) return -1;
+  if (p[0] == 4) {
+    in->sin_family = AF_INET;
+    memcpy(&in->sin_port, p + 2, 2);
+    memcpy(&in->sin_addr, p + 4, 4);
+    *len = sizeof *in;
+  } else {
+    in6->sin6_family = AF_INET6;
+    memcpy(&in6->sin6_port, p + 2, 2);
+    memcpy(&in6->sin6_addr, p + 4, 16);
+    in6->sin6_scope_id = get32(p + 20);
+    *len = sizeof *in6;
+  }
+  return 0;
+}
+
+/* ---- unique id -------------------------------------------------------------------------- */
+
+flexcoll_result_t fc_bootstrap_id_encode(flexcoll_unique_id_t *id, uint64_t magic, const struct sockaddr *addr,
+                                         socklen_t len) {
+  if (!id || !addr) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap id encode: NULL %s", id ? "address" : "id");
+  unsigned char *p = (unsigned char *)id->internal;
+  memset(id, 0, sizeof *id);
+  p[0] = ID_VERSION;
+  memcpy(p + 1, "fcb", 3);
+  put64(p + 4, magic);
+  if (fc_bs_addr_pack(p + 12, addr, len) != 0)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
+                    "bootstrap id encode: address (family %d, length %u) is not an IPv4/IPv6 address with a port",
+                    (int)addr->sa_family, (unsigned)len);
+  put32(p + ID_CHECKED_BYTES, (uint32_t)fnv1a64(FNV64_INIT, p, ID_CHECKED_BYTES));
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_bootstrap_id_decode(const flexcoll_unique_id_t *id, uint64_t *magic,
+                                         struct sockaddr_storage *addr, socklen_t *len) {
+  if (!id || !magic || !addr || !len) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap id decode: NULL argument");
+  const unsigned char *p = (const unsigned char *)id->internal;
+  const char *why = NULL;
+  if (p[0] != ID_VERSION || memcmp(p + 1, "fcb", 3) != 0) why = "unknown version or marker";
+  else if (get32(p + ID_CHECKED_BYTES) != (uint32_t)fnv1a64(FNV64_INIT, p, ID_CHECKED_BYTES)) why = "bad checksum";
+  else if (fc_bs_addr_unpack(p + 12, addr, len) != 0) why = "bad address";
+  for (int i = ID_USED_BYTES; !why && i < FLEXCOLL_UNIQUE_ID_BYTES; i++)
+    if (p[i]) why = "nonzero padding";
+  if (why)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
+                    "unique id is not well formed (%s); it must come from flexcoll_get_unique_id, unchanged", why);
+  *magic = get64(p + 4);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* ---- interfaces and listeners ------------------------------------------------------------ */
+
+/* NCCL_SOCKET_IFNAME syntax: optional '^' (exclude), optional '=' (exact names), comma list. */
+static int ifname_selected(const char *spec, const char *name) {
+  int exclude = (*spec == '^');
+  spec += exclude;
+  int exact = (*spec == '=');
+  spec += exact;
+  for (const char *t = spec; *t;) {
+    size_t n = strcspn(t, ",");
+    if (n > 0 && strncmp(name, t, n) == 0 && (!exact || name[n] == '\0')) return !exclude;
+    t += n + (t[n] == ',');
+  }
+  return exclude;
+}
+
+/* Preference of an interface address, lower is better; -1: not usable. */
+static int if_score(const struct ifaddrs *ifa, const char *spec) {
+  if (!ifa->ifa_addr || !(ifa->ifa_flags & IFF_UP)) return -1;
+  int family = ifa->ifa_addr->sa_family;
+  if (family != AF_INET && family != AF_INET6) return -1;
+  int v6 = (family == AF_INET6);
+  if (spec) {
+    int linklocal = v6 && IN6_IS_ADDR_LINKLOCAL(&((const struct sockaddr_in6 *)ifa->ifa_addr)->sin6_addr);
+    return ifname_selected(spec, ifa->ifa_name) ? v6 + linklocal : -1;
+  }
+  if (ifa->ifa_flags & IFF_LOOPBACK) return v6 ? -1 : 2;
+  if (v6 || !(ifa->ifa_flags & IFF_RUNNING)) return -1;
+  /* Container and VM bridges are up on many hosts but rarely reach other hosts: last resort. */
+  static const char *const virt[] = {"docker", "veth", "virbr", "br-"};
+  for (size_t i = 0; i < sizeof virt / sizeof virt[0]; i++)
+    if (strncmp(ifa->ifa_name, virt[i], strlen(virt[i])) == 0) return 1;
+  return 0;
+}
+
+fc_result_t fc_bs_pick_interface(struct sockaddr_storage *addr, socklen_t *len) {
+  const char *spec = fc_param_str("FLEXCOLL_SOCKET_IFNAME", NULL);
+  struct ifaddrs *list;
+  if (getifaddrs(&list) != 0)
+    return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap: getifaddrs: %s", strerror(errno));
+  int best = INT_MAX;
+  char name[IF_NAMESIZE + 1] = "";
+  for (struct ifaddrs *ifa = list; ifa; ifa = ifa->ifa_next) {
+    int score = if_score(ifa, spec);
+    if (score < 0 || score >= best) continue;
+    best = score;
+    *len = ifa->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+    memset(addr, 0, sizeof *addr);
+    memcpy(addr, ifa->ifa_addr, *len);
+    snprintf(name, sizeof name, "%s", ifa->ifa_name);
+  }
+  freeifaddrs(list);
+  if (best == INT_MAX)
+    return spec ? fc_error(NULL, FLEXCOLL_INVALID_USAGE,
+                           "FLEXCOLL_SOCKET_IFNAME=%s matches no interface that is up and has an IP address", spec)
+                : fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap: no network interface is up, not even loopback");
+  set_port(addr, 0);
+  char buf[96];
+  FC_INFO(FC_SUB_BOOT, "bootstrap: interface %s, address %s", name, fc_bs_addr_str(addr, *len, buf, sizeof buf));
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Bind a nonblocking listener to *addr (port 0: any free port) and report the bound address. */
+fc_result_t fc_bs_listen_on(struct sockaddr_storage *addr, socklen_t *len, int reuse, int *fd_out, const char *what) {
+  char buf[96];
+  int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "%s: socket: %s", what, strerror(errno));
+  int one = 1, zero = 0;
+  /* A restarted job reuses MASTER_PORT while the last job's connections sit in TIME_WAIT. */
+  if (reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  /* On the IPv6 wildcard, also take IPv4 clients, whose resolver may have preferred IPv4. */
+  if (addr->ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+  fc_bs_addr_str(addr, *len, buf, sizeof buf);
+  socklen_t bound = sizeof *addr;
+  if (bind(fd, (struct sockaddr *)addr, *len) != 0 || listen(fd, SOMAXCONN) != 0 ||
+      getsockname(fd, (struct sockaddr *)addr, &bound) != 0) {
+    int e = errno;
+    close(fd);
+    return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "%s: cannot listen on %s: %s", what, buf, strerror(e));
+  }
+  *len = bound;
+  *fd_out = fd;
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Take every queued connection.  When the table is full the oldest entry goes, so that a flood
+ * of idle connections cannot keep a real peer out. */
+void fc_bs_pend_accept(int lfd, pend_t *v, int *n, int cap, int hello_ms, int64_t *pause_until) {
+  for (;;) {
+    int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      /* Out of descriptors or memory: the connection stays queued and poll would spin on it. */
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        FC_INFO(FC_SUB_BOOT, "bootstrap: accept: %s; pausing", strerror(errno));
+        *pause_until = now_ms() + 100;
+      }
+      return;
+    }
+    if (*n == cap) {
+      close(v[0].fd);
+      memmove(v, v + 1, (size_t)(cap - 1) * sizeof *v);
+      (*n)--;
+    }
+    v[(*n)++] = (pend_t){.fd = fd, .deadline = hello_ms > 0 ? now_ms() + hello_ms : INT64_MAX};
+  }
+}
+
+/* 1: `want` bytes are in; 0: more to come; -1: closed or failed before a whole hello. */
+int fc_bs_pend_read(pend_t *p, size_t want) {
+  while (p->got < want) {
+    ssize_t k = recv(p->fd, p->buf + p->got, want - p->got, MSG_DONTWAIT);
+    if (k > 0) p->got += (size_t)k;
+    else if (k == 0 || !again(errno)) return -1;
+    else if (errno != EINTR) return 0;
+  }
+  return 1;
+}
+
+int fc_bs_pend_compact(pend_t *v, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (v[i].fd >= 0) v[k++] = v[i];
+  return k;
+}

@@ -1,0 +1,336 @@
+/* root.c — the root listener: a detached thread that collects one hello per rank, then tells
+ * every rank where rank+1 listens (fc_bootstrap_create_root, fc_bootstrap_start_root); and the
+ * ids of launcher jobs, computed from MASTER_ADDR:MASTER_PORT (fc_bootstrap_id_from_address). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "net.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "param.h"
+
+FC_PARAM_INT(bootstrap_timeout, "BOOTSTRAP_TIMEOUT", 120)
+
+/* ---- the root ----------------------------------------------------------------------------- */
+
+typedef struct {
+  int lfd;
+  uint64_t magic;
+  int nranks;  /* 0 until the first hello with the right magic */
+  int joined;
+  int poison;  /* nonzero: the conflicting rank count seen; the rendezvous can no longer complete */
+  int told;    /* ranks told of the failure */
+  int polled_slots;
+  int *fds;    /* one block: per rank its connection (-1 until it joins), then... */
+  unsigned char (*addrs)[ADDR_BYTES]; /* ...per rank its listen address */
+  pend_t pend[ROOT_MAX_PENDING];
+  int npend;
+  int64_t pause_until;
+  int64_t end; /* FLEXCOLL_BOOTSTRAP_TIMEOUT after the start */
+  struct pollfd *pfds;
+} root_t;
+
+/* fork() safety.  UCX (libucm) hooks mmap/munmap and holds its own lock inside them; a process
+ * forked while this thread is in such a call (malloc growing or trimming an arena) inherits the
+ * lock held by nobody, and its ucp_init waits forever.  This is exactly what launchers and tests
+ * do: create the id, then fork the ranks while the root serves them.  So the root thread's
+ * allocations happen under a lock that fork() takes first (pthread_atfork). */
+static pthread_mutex_t root_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t root_atfork_once = PTHREAD_ONCE_INIT;
+static void root_alloc_enter(void) { pthread_mutex_lock(&root_alloc_lock); }
+static void root_alloc_leave(void) { pthread_mutex_unlock(&root_alloc_lock); }
+static void root_install_atfork(void) { pthread_atfork(root_alloc_enter, root_alloc_leave, root_alloc_leave); }
+
+static void root_free(root_t *r) {
+  sock_close(&r->lfd);
+  for (int i = 0; i < r->npend; i++) sock_close(&r->pend[i].fd);
+  for (int i = 0; r->fds && i < r->nranks; i++) sock_close(&r->fds[i]);
+  root_alloc_enter();
+  free(r->fds);
+  free(r->pfds);
+  free(r);
+  root_alloc_leave();
+}
+
+/* Best effort: a 36-byte reply fits in any fresh socket's send buffer, so a failure means the
+ * client is gone, and blocking here would let one dead client stall everyone. */
+static void root_reply(int fd, int status, int nranks, const unsigned char *next_addr) {
+  unsigned char m[REPLY_BYTES] = {0};
+  put32(m, TAG_REPLY);
+  put32(m + 4, (uint32_t)status);
+  put32(m + 8, (uint32_t)nranks);
+  if (next_addr) memcpy(m + 12, next_addr, ADDR_BYTES);
+  ssize_t k;
+  do k = send(fd, m, sizeof m, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (k < 0 && errno == EINTR);
+  if (k != (ssize_t)sizeof m) FC_INFO(FC_SUB_BOOT, "bootstrap root: could not answer a client (status %d)", status);
+}
+
+static void root_reject(pend_t *p, int status, int nranks, const char *why) {
+  FC_INFO(FC_SUB_BOOT, "bootstrap root: rejected a hello: %s", why);
+  root_reply(p->fd, status, nranks, NULL);
+  sock_close(&p->fd);
+}
+
+static int root_size(root_t *r, int nranks) {
+  root_alloc_enter();
+  struct pollfd *pfds = realloc(r->pfds, (size_t)(1 + ROOT_MAX_PENDING + nranks) * sizeof *pfds);
+  if (pfds) r->pfds = pfds;
+  if (pfds) r->fds = malloc((size_t)nranks * (sizeof *r->fds + ADDR_BYTES));
+  root_alloc_leave();
+  if (!pfds || !r->fds) return -1;
+  r->addrs = (unsigned char (*)[ADDR_BYTES])(r->fds + nranks);
+  for (int i = 0; i < nranks; i++) r->fds[i] = -1;
+  r->nranks = nranks;
+  return 0;
+}
+
+/* Mismatched rank counts are a bug in the job: fail every rank now instead of letting them wait. */
+static void root_poison(root_t *r, int other) {
+  FC_WARN("bootstrap root: ranks disagree on the number of ranks (%d and %d); failing the rendezvous", r->nranks, other);
+  r->poison = other;
+  for (int i = 0; i < r->nranks; i++) {
+    if (r->fds[i] < 0) continue;
+    root_reply(r->fds[i], ST_NRANKS, other, NULL);
+    sock_close(&r->fds[i]);
+    r->told++;
+  }
+  r->joined = 0;
+}
+
+static void root_hello(root_t *r, pend_t *p) {
+  const unsigned char *b = p->buf;
+  struct sockaddr_storage ss;
+  socklen_t len;
+  if (get32(b) != TAG_HELLO || get32(b + 4) != PROTO_VERSION) {
+    FC_INFO(FC_SUB_BOOT, "bootstrap root: dropped a connection that is not a flexcoll bootstrap client");
+    sock_close(&p->fd);
+    return;
+  }
+  int rank = (int)get32(b + 16), nranks = (int)get32(b + 20), status = ST_OK, other = r->nranks;
+  const char *why = NULL;
+  if (get64(b + 8) != r->magic) {
+    status = ST_MAGIC, why = "wrong magic";
+  } else if (r->poison) {
+    status = ST_NRANKS, why = "the rendezvous failed earlier";
+    if (nranks == r->nranks) other = r->poison;
+  } else if (nranks < 1 || rank < 0 || rank >= nranks || fc_bs_addr_unpack(b + 24, &ss, &len) != 0) {
+    status = ST_BADRANK, why = "bad rank, rank count or address";
+  } else if (r->nranks == 0 && root_size(r, nranks) != 0) {
+    status = ST_BADRANK, why = "out of memory";
+  } else if (nranks != r->nranks) {
+    root_poison(r, nranks);
+    status = ST_NRANKS, why = "rank count mismatch";
+  } else if (r->fds[rank] >= 0) {
+    status = ST_DUP, why = "duplicate rank";
+  }
+  if (status != ST_OK) {
+    r->told += (status == ST_NRANKS);
+    root_reject(p, status, other, why);
+    return;
+  }
+  r->fds[rank] = p->fd;
+  p->fd = -1;
+  memcpy(r->addrs[rank], b + 24, ADDR_BYTES);
+  r->joined++;
+  FC_TRACE(FC_SUB_BOOT, "bootstrap root: rank %d joined (%d of %d)", rank, r->joined, r->nranks);
+}
+
+/* Handle what the last poll reported: pfds[0] the listener, then the pending connections, then
+ * one entry per rank slot. */
+static void root_service(root_t *r) {
+  int np = r->npend;
+  int64_t now = now_ms();
+  /* Slots first: a rank that died frees its slot before a restarted one could look like a duplicate. */
+  for (int k = 0; k < r->polled_slots; k++) {
+    if (r->fds[k] < 0 || !r->pfds[1 + np + k].revents) continue;
+    /* A joined rank only waits for its reply; data or a hangup means it is gone or not ours. */
+    FC_INFO(FC_SUB_BOOT, "bootstrap root: rank %d left before the rendezvous completed", k);
+    sock_close(&r->fds[k]);
+    r->joined--;
+  }
+  for (int i = 0; i < np; i++) {
+    pend_t *p = &r->pend[i];
+    int st = r->pfds[1 + i].revents ? fc_bs_pend_read(p, HELLO_BYTES) : 0;
+    if (st > 0) root_hello(r, p);
+    else if (st < 0) sock_close(&p->fd);
+    else if (now >= p->deadline) {
+      FC_INFO(FC_SUB_BOOT, "bootstrap root: dropped a connection that sent no hello within %d ms", HELLO_TIMEOUT_MS);
+      sock_close(&p->fd);
+    }
+  }
+  r->npend = fc_bs_pend_compact(r->pend, r->npend);
+  if (r->pfds[0].revents) fc_bs_pend_accept(r->lfd, r->pend, &r->npend, ROOT_MAX_PENDING, HELLO_TIMEOUT_MS, &r->pause_until);
+}
+
+static int root_poll(root_t *r, int64_t end) {
+  int64_t now = now_ms(), wake = end < now + 1000 ? end : now + 1000;
+  int n = 0;
+  r->pfds[n++] = (struct pollfd){now >= r->pause_until ? r->lfd : -1, POLLIN, 0};
+  if (now < r->pause_until && r->pause_until < wake) wake = r->pause_until;
+  for (int i = 0; i < r->npend; i++) {
+    r->pfds[n++] = (struct pollfd){r->pend[i].fd, POLLIN, 0};
+    if (r->pend[i].deadline < wake) wake = r->pend[i].deadline;
+  }
+  for (int k = 0; k < r->nranks; k++) r->pfds[n++] = (struct pollfd){r->fds[k], POLLIN, 0};
+  r->polled_slots = r->nranks;
+  int rc = poll(r->pfds, (nfds_t)n, wake > now ? (int)(wake - now) : 0);
+  if (rc < 0 && errno != EINTR) {
+    FC_WARN("bootstrap root: poll: %s", strerror(errno));
+    return -1;
+  }
+  if (rc < 0)
+    for (int i = 0; i < n; i++) r->pfds[i].revents = 0;
+  return 0;
+}
+
+static void *root_main(void *arg) {
+  root_t *r = arg;
+  /* This thread's first allocation creates its malloc arena (an mmap): do it under the lock. */
+  root_alloc_enter();
+  free(malloc(64));
+  root_alloc_leave();
+  /* A failed rendezvous stays to tell late ranks why, until as many as the larger count were told. */
+  while (r->poison ? r->told < (r->poison > r->nranks ? r->poison : r->nranks) : r->nranks == 0 || r->joined < r->nranks) {
+    if (now_ms() >= r->end) {
+      if (!r->poison)
+        FC_WARN("bootstrap root: giving up (FLEXCOLL_BOOTSTRAP_TIMEOUT) with %d of %d ranks joined", r->joined,
+                r->nranks);
+      break;
+    }
+    if (root_poll(r, r->end) != 0) break;
+    root_service(r);
+  }
+  if (!r->poison && r->nranks > 0 && r->joined == r->nranks) {
+    for (int k = 0; k < r->nranks; k++) root_reply(r->fds[k], ST_OK, r->nranks, r->addrs[(k + 1) % r->nranks]);
+    FC_INFO(FC_SUB_BOOT, "bootstrap root: all %d ranks joined", r->nranks);
+  }
+  root_free(r);
+  return NULL;
+}
+
+/* Takes lfd: it is closed on failure. */
+static fc_result_t root_spawn(int lfd, uint64_t magic) {
+  /* The parameter is read here, not in the thread, so that its first read is ordered before it. */
+  int64_t limit_s = fc_param_bootstrap_timeout();
+  pthread_once(&root_atfork_once, root_install_atfork);
+  root_t *r = calloc(1, sizeof *r);
+  if (r)
+    *r = (root_t){.lfd = lfd, .magic = magic, .end = limit_s > 0 ? now_ms() + limit_s * 1000 : INT64_MAX,
+                  .pfds = malloc((1 + ROOT_MAX_PENDING) * sizeof(struct pollfd))};
+  if (!r || !r->pfds) {
+    free(r);
+    close(lfd);
+    return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap root: out of memory");
+  }
+  pthread_attr_t attr;
+  pthread_t thread;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  /* The thread inherits the mask: keep the application's signals (SIGINT...) for its own threads. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&thread, &attr, root_main, r);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    root_free(r);
+    return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap root: cannot start its thread: %s", strerror(rc));
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_bootstrap_create_root(flexcoll_unique_id_t *id) {
+  if (!id) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap create root: NULL id");
+  uint64_t magic;
+  for (size_t got = 0; got < sizeof magic;) {
+    ssize_t k = getrandom((char *)&magic + got, sizeof magic - got, 0);
+    if (k > 0) got += (size_t)k;
+    else if (errno != EINTR) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap: getrandom: %s", strerror(errno));
+  }
+  struct sockaddr_storage addr;
+  socklen_t len;
+  int fd;
+  FC_CHECK(fc_bs_pick_interface(&addr, &len));
+  FC_CHECK(fc_bs_listen_on(&addr, &len, 0, &fd, "bootstrap root"));
+  fc_result_t res = fc_bootstrap_id_encode(id, magic, (struct sockaddr *)&addr, len);
+  if (res != FLEXCOLL_SUCCESS) {
+    close(fd);
+    return res;
+  }
+  return root_spawn(fd, magic);
+}
+
+/* "host:port" or "[v6addr]:port"; a bare IPv6 address splits at its last colon. */
+static int split_hostport(const char *s, char *host, size_t hostlen, char *port, size_t portlen) {
+  const char *h = s, *colon;
+  size_t hl;
+  if (*s == '[') {
+    const char *rb = strchr(s, ']');
+    if (!rb || rb[1] != ':') return -1;
+    h = s + 1;
+    hl = (size_t)(rb - h);
+    colon = rb + 1;
+  } else {
+    if (!(colon = strrchr(s, ':'))) return -1;
+    hl = (size_t)(colon - s);
+  }
+  const char *p = colon + 1;
+  size_t pl = strlen(p);
+  if (hl == 0 || hl >= hostlen || pl == 0 || pl > 5 || strspn(p, "0123456789") != pl) return -1;
+  long v = strtol(p, NULL, 10);
+  if (v < 1 || v > 65535) return -1;
+  memcpy(host, h, hl);
+  host[hl] = '\0';
+  snprintf(port, portlen, "%ld", v);
+  return 0;
+}
+
+flexcoll_result_t fc_bootstrap_id_from_address(flexcoll_unique_id_t *id, const char *hostport, int nranks) {
+  char host[NI_MAXHOST], port[8];
+  if (!id || !hostport) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap id from address: NULL argument");
+  if (nranks < 1) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap id from address: %d ranks", nranks);
+  if (split_hostport(hostport, host, sizeof host, port, sizeof port) != 0)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
+                    "bootstrap address \"%s\" is not host:port ([address]:port for IPv6, port 1-65535)", hostport);
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *pick;
+  int rc = getaddrinfo(host, port, &hints, &res);
+  if (rc != 0)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap address \"%s\": cannot resolve %s: %s", hostport, host,
+                    gai_strerror(rc));
+  /* Prefer IPv4 so that hosts whose resolvers order the families differently still agree. */
+  for (pick = res; pick && pick->ai_family != AF_INET; pick = pick->ai_next) {}
+  if (!pick) pick = res;
+  unsigned char n[4];
+  put32(n, (uint32_t)nranks);
+  uint64_t magic = fnv1a64(fnv1a64(fnv1a64(FNV64_INIT, "flexcoll", 8), hostport, strlen(hostport)), n, 4);
+  fc_result_t r = fc_bootstrap_id_encode(id, magic, pick->ai_addr, pick->ai_addrlen);
+  freeaddrinfo(res);
+  return r;
+}
+
+flexcoll_result_t fc_bootstrap_start_root(const flexcoll_unique_id_t *id) {
+  uint64_t magic;
+  struct sockaddr_storage addr, any = {0};
+  socklen_t len;
+  int fd;
+  FC_CHECK(fc_bootstrap_id_decode(id, &magic, &addr, &len));
+  /* The wildcard: MASTER_ADDR is this host as the others see it (a name, an alias, a NAT address),
+   * not necessarily an address bound here. */
+  any.ss_family = addr.ss_family;
+  set_port(&any, addr.ss_family == AF_INET ? ((struct sockaddr_in *)&addr)->sin_port
+                                           : ((struct sockaddr_in6 *)&addr)->sin6_port);
+  FC_CHECK(fc_bs_listen_on(&any, &len, 1, &fd, "bootstrap root (is another job using this port?)"));
+  return root_spawn(fd, magic);
+}

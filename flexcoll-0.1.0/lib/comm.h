@@ -1,0 +1,68 @@
+/* comm.h — the communicator: everything a collective needs hangs off it (no hidden globals
+ * beyond parameters and the log). */
+#ifndef FC_COMM_H
+#define FC_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "flexcoll.h"
+#include "algos/algos.h"
+
+#define FC_ERROR_MSG_LEN 512
+#define FC_COMM_MAGIC 0x666c6578636f6c6cULL /* "flexcoll" */
+
+typedef enum {
+  FC_COMM_PENDING, /* created inside a group; initialised at group end */
+  FC_COMM_READY,
+  FC_COMM_FAILED,  /* initialisation failed; only destroy is allowed */
+  FC_COMM_ABORTED
+} fc_comm_state_t;
+
+struct fc_bootstrap;
+struct fc_ucx;
+struct fc_gpu;
+
+struct flexcoll_comm {
+  uint64_t magic;
+  int rank, nranks;
+  int cuda_device;    /* -1: host memory only */
+  int timeout_ms;     /* longest wait on a peer */
+  _Atomic int state;  /* fc_comm_state_t */
+  atomic_int abort_flag;   /* set by flexcoll_comm_abort: every wait loop returns */
+  atomic_int async_error;  /* first asynchronous failure, FLEXCOLL_SUCCESS if none */
+  pthread_mutex_t error_lock;
+  char last_error[FC_ERROR_MSG_LEN];
+
+  struct fc_bootstrap *bootstrap;
+  struct fc_ucx *ucx;   /* host transport */
+  struct fc_gpu *gpu;   /* device-memory state, NULL on host-only communicators */
+
+  uint32_t coll_seq;    /* collectives issued, the same sequence on every rank */
+  uint32_t *p2p_sent, *p2p_received; /* per peer: point-to-point messages so far (host transport) */
+  fc_schedule_t schedule; /* reused between calls */
+  void *scratch;        /* host scratch for schedules, grown on demand */
+  size_t scratch_bytes;
+  void *landing;        /* where received slices wait to be reduced, grown on demand */
+  size_t landing_bytes;
+
+  /* Deferred initialisation (inside a group). */
+  flexcoll_unique_id_t init_id;
+  flexcoll_config_t init_config;
+};
+
+/* Whether comm is a live handle (created and not destroyed). */
+int fc_comm_is_live(flexcoll_comm_t comm);
+/* Check that comm is a live, initialised communicator; records the error otherwise. */
+flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn);
+/* Run the initialisation of a communicator allocated (state PENDING) by fc_comm_alloc. */
+flexcoll_result_t fc_comm_init(flexcoll_comm_t comm);
+flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, const flexcoll_unique_id_t *id,
+                                const flexcoll_config_t *config);
+/* Validate a user's config (NULL is fine); fn names the caller in the message. */
+flexcoll_result_t fc_check_config(const flexcoll_config_t *config, const char *fn);
+/* The first error recorded asynchronously wins; returns the stored one. */
+flexcoll_result_t fc_comm_set_async_error(flexcoll_comm_t comm, flexcoll_result_t err);
+
+#endif

@@ -1,0 +1,129 @@
+/* device.h — private to lib/gpu: the per-communicator device state. */
+#ifndef FC_GPU_DEVICE_H
+#define FC_GPU_DEVICE_H
+
+#include <stdint.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "gpu.h"
+#include "kernels/kernels.h"
+
+/* Stream memory operations through the driver's entry points (no link to libcuda). */
+typedef CUresult (*fc_wait_value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+typedef CUresult (*fc_write_value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+typedef CUresult (*fc_get_address_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+
+typedef enum { FC_ENGINE_CE, FC_ENGINE_SM, FC_ENGINE_AUTO } fc_engine_t;
+
+/* Flags of one peer pair, in the receiver's memory: written remotely by the peer. */
+typedef struct {
+  uint32_t ready;  /* chunks peer q has written into my slots from q */
+  uint32_t credit; /* chunks of mine that peer q has consumed from its slots from me */
+  uint32_t arrive; /* direct mode: the last call peer q's stream has reached (its buffers are ready) */
+  uint32_t done;   /* direct mode: the last call in which peer q has finished with my buffers */
+  uint32_t pad[28];
+} fc_pair_flags_t;
+
+/* A peer's user buffer mapped into this process through CUDA IPC (direct mode), kept until
+ * the communicator is destroyed or the cache fills. */
+typedef struct {
+  int peer;
+  cudaIpcMemHandle_t handle;
+  char *base;
+} fc_ipc_entry_t;
+#define FC_IPC_CACHE 64
+/* Direct mode pipelines a rank's chunk in pieces; events of the last FC_DIRECT_EVENTS pieces. */
+#define FC_DIRECT_EVENTS 8
+
+typedef struct {
+  char *stage;             /* the peer's staging area (or ours), mapped here */
+  int ipc_opened;          /* stage came from cudaIpcOpenMemHandle */
+  int same_process;        /* the peer's pointers are valid here as they are */
+  /* Chunks sent to / received from this peer so far.  64 bits, so that the slot index
+   * (chunk % nslots) never jumps; the flags in device memory carry the low 32 bits, which the
+   * stream waits compare wrap-aware. */
+  uint64_t sent, received;
+} fc_peer_t;
+
+struct fc_gpu {
+  int device;
+  int p2p;                 /* every peer reachable by NVLink/PCIe peer access */
+  fc_engine_t engine;
+  size_t auto_sm_max;      /* auto engine: SM copies up to this slice size, copy engines above */
+  cudaStream_t send_stream, recv_stream, util_stream;
+  cudaStream_t reduce_stream;  /* direct mode: reductions, between the pull and push copies */
+  cudaEvent_t ev_user, ev_send, ev_recv;
+
+  char *stage;             /* local staging allocation */
+  size_t stage_bytes;
+  /* Layout of every staging area (identical on all ranks). */
+  size_t oneshot_off, oneshot_slot, oneshot_flags_off;
+  size_t pair_flags_off;   /* nranks fc_pair_flags_t: [q] written by peer q */
+  size_t slots_off, slice_bytes;
+  int nslots;              /* per peer */
+  fc_peer_t *peers;
+  uint64_t oneshot_seq;
+  cudaEvent_t ev_oneshot;      /* after the last one-shot kernel */
+  cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
+  char *dev_scratch;       /* schedule scratch in device memory, grown on demand */
+  size_t dev_scratch_bytes;
+
+  /* Direct mode (direct.c). */
+  uint32_t direct_seq;         /* direct calls so far */
+  int any_ipc_peer;            /* some peer lives in another process */
+  fc_ipc_entry_t ipc_cache[FC_IPC_CACHE];
+  int ipc_cached;
+  cudaEvent_t ev_pulled[FC_DIRECT_EVENTS], ev_reduced[FC_DIRECT_EVENTS], ev_local;
+
+  int *error_host, *error_dev; /* kernels' timeout flag, host-mapped */
+  uint64_t timeout_cycles;
+
+  /* In-flight collectives for timeout detection: completion events and when they were enqueued. */
+  cudaEvent_t inflight_ev[64];
+  double inflight_t[64];
+  unsigned inflight_head, inflight_tail;
+
+  fc_wait_value32_fn wait_value32;
+  fc_write_value32_fn write_value32;
+  fc_get_address_range_fn get_address_range;
+};
+
+/* Return a CUDA failure (runtime or driver) from the enclosing function as
+ * FLEXCOLL_UNHANDLED_CUDA_ERROR, naming the call. */
+#define CU_TRY(comm, call)                                                                                   \
+  do {                                                                                                       \
+    CUresult r_ = (call);                                                                                    \
+    if (r_ != CUDA_SUCCESS)                                                                                  \
+      return fc_error((comm), FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s failed: CUresult %d", #call, (int)r_);      \
+  } while (0)
+#define CUDA_TRY(comm, call)                                                                                 \
+  do {                                                                                                       \
+    cudaError_t e_ = (cudaError_t)(call);                                                                    \
+    if (e_ != cudaSuccess)                                                                                   \
+      return fc_error((comm), FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s failed: %s", #call, cudaGetErrorString(e_)); \
+  } while (0)
+
+struct flexcoll_comm;
+/* Remember that a collective was enqueued on stream, for timeout detection. */
+void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream);
+
+/* Flags of peer q in the staging area `stage` (ours, or a peer's as mapped here). */
+static inline fc_pair_flags_t *fc_pair_flags(struct fc_gpu *g, char *stage, int q) {
+  return (fc_pair_flags_t *)(stage + g->pair_flags_off) + q;
+}
+
+/* Device scratch of at least `bytes`, grown stream-ordered on `user` (exec.c). */
+flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaStream_t user, char **out);
+
+/* Direct mode (direct.c): large allreduce, allgather, reduce_scatter and broadcast copied by
+ * the copy engines straight between the ranks' own buffers, no staging.  *done = 0 when the
+ * ranks agreed not to (some buffer cannot be shared): the caller runs the staged schedule. */
+flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                    void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
+                                    int *done);
+/* Unmap the peers' buffers (destroy, or a full cache). */
+void fc_gpu_direct_release(struct fc_gpu *g);
+
+#endif

@@ -1,0 +1,316 @@
+/* exec.c — device-memory collectives, stream-ordered.
+ *
+ * Small allreduce/allgather: one one-shot kernel per rank (lib/kernels/oneshot.cu).
+ * Everything else runs the algorithm's schedule (lib/algos) on two side streams joined to the
+ * caller's stream by events: a send stream moves slices into the peer's staging slots (copy
+ * engine or SM stores over NVLink) and raises the peer's `ready` counter with a stream memory
+ * write; a receive stream waits on its own `ready` counter, reduces or copies the slot into place
+ * (a kernel or a local copy) and returns a `credit` to the sender, who waits on credits before
+ * reusing a slot.  No host round trip, no device-wide synchronisation. */
+#define _GNU_SOURCE
+#include "config.h"
+
+#if HAVE_CUDA
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "device.h"
+#include "dtype.h"
+#include "error.h"
+#include "host/host.h"
+#include "sched/sched.h"
+
+typedef struct {
+  struct flexcoll_comm *comm;
+  struct fc_gpu *g;
+  char *bufs[3];
+  void *const *ext; /* FC_BUF_EXT + i: buffers of a point-to-point batch */
+  size_t esize;
+  flexcoll_datatype_t dtype;
+  flexcoll_op_t op;
+} fc_dexec_t;
+
+static char *dref(fc_dexec_t *x, int buf, size_t off) {
+  char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
+  return base + off * x->esize;
+}
+
+/* Slot `slot` of the ring that `sender` fills in the staging area `stage`. */
+static char *slot_ptr(struct fc_gpu *g, char *stage, int sender, uint64_t chunk) {
+  return stage + g->slots_off + ((size_t)sender * (size_t)g->nslots + (size_t)(chunk % (uint64_t)g->nslots)) * g->slice_bytes;
+}
+
+static int use_sm(struct fc_gpu *g, size_t bytes) {
+  return g->engine == FC_ENGINE_SM || (g->engine == FC_ENGINE_AUTO && bytes <= g->auto_sm_max);
+}
+
+static flexcoll_result_t send_step(fc_dexec_t *x, const fc_step_t *st) {
+  struct fc_gpu *g = x->g;
+  int q = st->peer, me = x->comm->rank;
+  fc_peer_t *p = &g->peers[q];
+  size_t per = g->slice_bytes / x->esize, done = 0;
+  do {
+    size_t n = st->count - done < per ? st->count - done : per;
+    if (p->sent >= (uint64_t)g->nslots) /* the slot is reused: wait until the peer has drained it */
+      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->credit,
+                                      (uint32_t)(p->sent - (uint64_t)g->nslots + 1), CU_STREAM_WAIT_VALUE_GEQ));
+    char *dst = slot_ptr(g, p->stage, me, p->sent);
+    const char *src = dref(x, st->buf, st->off + done);
+    if (n && use_sm(g, n * x->esize)) CUDA_TRY(x->comm, fc_kernel_copy(dst, src, n * x->esize, g->send_stream));
+    else if (n) CUDA_TRY(x->comm, cudaMemcpyAsync(dst, src, n * x->esize, cudaMemcpyDeviceToDevice, g->send_stream));
+    p->sent++;
+    CU_TRY(x->comm, g->write_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, p->stage, me)->ready, (uint32_t)p->sent, 0));
+    done += n;
+  } while (done < st->count);
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t recv_step(fc_dexec_t *x, const fc_step_t *st) {
+  struct fc_gpu *g = x->g;
+  int q = st->peer, me = x->comm->rank;
+  fc_peer_t *p = &g->peers[q];
+  size_t per = g->slice_bytes / x->esize, done = 0;
+  do {
+    size_t n = st->count - done < per ? st->count - done : per;
+    CU_TRY(x->comm, g->wait_value32(g->recv_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->ready,
+                                    (uint32_t)(p->received + 1), CU_STREAM_WAIT_VALUE_GEQ));
+    char *slot = slot_ptr(g, g->stage, q, p->received);
+    char *dst = dref(x, st->buf, st->off + done);
+    if (n && st->kind == FC_STEP_RECV_REDUCE)
+      CUDA_TRY(x->comm, fc_kernel_reduce(dst, dref(x, st->src_buf, st->src_off + done), slot, n, x->dtype, x->op,
+                                         g->recv_stream));
+    else if (n)
+      CUDA_TRY(x->comm, cudaMemcpyAsync(dst, slot, n * x->esize, cudaMemcpyDeviceToDevice, g->recv_stream));
+    p->received++;
+    CU_TRY(x->comm, g->write_value32(g->recv_stream, (CUdeviceptr)&fc_pair_flags(g, p->stage, me)->credit,
+                                     (uint32_t)p->received, 0));
+    done += n;
+  } while (done < st->count);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Both side streams wait for each other: the next round may read what this one wrote. */
+static flexcoll_result_t join_streams(fc_dexec_t *x) {
+  struct fc_gpu *g = x->g;
+  CUDA_TRY(x->comm, cudaEventRecord(g->ev_send, g->send_stream));
+  CUDA_TRY(x->comm, cudaEventRecord(g->ev_recv, g->recv_stream));
+  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->send_stream, g->ev_recv, 0));
+  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->recv_stream, g->ev_send, 0));
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cudaStream_t user) {
+  struct fc_gpu *g = x->g;
+  CUDA_TRY(x->comm, cudaEventRecord(g->ev_user, user));
+  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->send_stream, g->ev_user, 0));
+  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->recv_stream, g->ev_user, 0));
+  for (int r = 0; r < s->nrounds; r++) {
+    for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
+      const fc_step_t *st = &s->steps[i];
+      if (st->kind == FC_STEP_COPY) {
+        char *dst = dref(x, st->buf, st->off), *src = dref(x, st->src_buf, st->src_off);
+        if (dst != src && st->count)
+          CUDA_TRY(x->comm, cudaMemcpyAsync(dst, src, st->count * x->esize, cudaMemcpyDeviceToDevice, g->recv_stream));
+      } else if (st->kind == FC_STEP_SEND) {
+        FC_CHECK(send_step(x, st));
+      } else {
+        FC_CHECK(recv_step(x, st));
+      }
+    }
+    FC_CHECK(join_streams(x));
+  }
+  /* End only when every peer has drained what we sent (its last write into our memory, the
+   * credit, has landed): then our staging area is quiet between collectives and at destroy. */
+  for (int q = 0; q < x->comm->nranks; q++)
+    if (q != x->comm->rank && g->peers[q].sent)
+      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->credit,
+                                      (uint32_t)g->peers[q].sent, CU_STREAM_WAIT_VALUE_GEQ));
+  CUDA_TRY(x->comm, cudaEventRecord(g->ev_send, g->send_stream));
+  CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_send, 0));
+  CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Scratch in device memory, grown stream-ordered on the caller's stream: after this
+ * communicator's earlier work (which may still use the old scratch), without blocking the host
+ * (a host wait here could wait on peers that are waiting on this thread). */
+flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaStream_t user, char **out) {
+  struct fc_gpu *g = comm->gpu;
+  if (bytes > g->dev_scratch_bytes) {
+    CUDA_TRY(comm, cudaEventRecord(g->ev_send, g->send_stream));
+    CUDA_TRY(comm, cudaEventRecord(g->ev_recv, g->recv_stream));
+    CUDA_TRY(comm, cudaEventRecord(g->ev_local, g->reduce_stream));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_send, 0));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_local, 0));
+    if (g->dev_scratch) CUDA_TRY(comm, cudaFreeAsync(g->dev_scratch, user));
+    g->dev_scratch = NULL;
+    g->dev_scratch_bytes = 0;
+    CUDA_TRY(comm, cudaMallocAsync((void **)&g->dev_scratch, bytes, user));
+    g->dev_scratch_bytes = bytes;
+  }
+  *out = g->dev_scratch;
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                     cudaStream_t stream) {
+  struct fc_gpu *g = x->g;
+  fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .seq = ++g->oneshot_seq,
+                         .slot_bytes = g->oneshot_slot, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+  for (int p = 0; p < args->nranks; p++) {
+    a.stage[p] = g->peers[p].stage + g->oneshot_off;
+    a.flags[p] = (uint64_t *)(g->peers[p].stage + g->oneshot_flags_off);
+  }
+  /* One-shot kernels of a communicator must run one after another (their staging parity relies
+   * on it), also when the caller alternates streams. */
+  if (g->oneshot_seq > 1 && g->oneshot_stream != stream) CUDA_TRY(x->comm, cudaStreamWaitEvent(stream, g->ev_oneshot, 0));
+  if (args->coll == FC_COLL_ALLREDUCE)
+    CUDA_TRY(x->comm, fc_kernel_oneshot_allreduce(&a, send, recv, args->count, x->dtype, x->op, stream));
+  else
+    CUDA_TRY(x->comm, fc_kernel_oneshot_allgather(&a, send, recv, args->count * x->esize, stream));
+  CUDA_TRY(x->comm, cudaEventRecord(g->ev_oneshot, stream));
+  g->oneshot_stream = stream;
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Peers without peer access: run the host algorithm on copies (correct, not fast, blocking). */
+static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                          cudaStream_t stream) {
+  struct flexcoll_comm *comm = x->comm;
+  size_t sbytes = fc_coll_send_count(args->coll, args->count, args->nranks) * x->esize;
+  size_t rbytes = fc_coll_recv_count(args->coll, args->count, args->nranks) * x->esize;
+  char *hs = malloc(sbytes + 1), *hr = malloc(rbytes + 1);
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (!hs || !hr) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto out; }
+  if (cudaStreamSynchronize(stream) != cudaSuccess ||
+      (send && sbytes && cudaMemcpy(hs, send, sbytes, cudaMemcpyDeviceToHost) != cudaSuccess) ||
+      (recv && rbytes && cudaMemcpy(hr, recv, rbytes, cudaMemcpyDeviceToHost) != cudaSuccess)) {
+    res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "staging device buffers in host memory: %s",
+                   cudaGetErrorString(cudaGetLastError()));
+    goto out;
+  }
+  /* Send inside recv (in-place allreduce, allgather...): read it from the host copy of recv.
+   * Recv inside send (in-place reduce_scatter) needs nothing: the result is copied back. */
+  const void *hsend = hs;
+  if (send && recv && (const char *)send >= (const char *)recv && (const char *)send < (const char *)recv + rbytes)
+    hsend = hr + ((const char *)send - (const char *)recv);
+  FC_CHECK_GOTO(fc_host_run(comm, args, send ? hsend : NULL, recv ? hr : NULL, x->dtype, x->op), res, out);
+  if (recv && rbytes && cudaMemcpy(recv, hr, rbytes, cudaMemcpyHostToDevice) != cudaSuccess)
+    res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a result to the device: %s",
+                   cudaGetErrorString(cudaGetLastError()));
+out:
+  free(hs);
+  free(hr);
+  return res;
+}
+
+/* Peers without peer access: send and receive through host copies (blocking). */
+static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                          cudaStream_t stream) {
+  struct flexcoll_comm *comm = x->comm;
+  void **host = calloc((size_t)nops, sizeof *host);
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (!host) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  if (cudaStreamSynchronize(stream) != cudaSuccess) res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed");
+  for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++) {
+    host[i] = malloc(ops[i].count + 1);
+    if (!host[i]) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+    else if (ops[i].is_send && ops[i].count && cudaMemcpy(host[i], bufs[i], ops[i].count, cudaMemcpyDeviceToHost))
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a send buffer to the host failed");
+  }
+  if (res == FLEXCOLL_SUCCESS) res = fc_host_run_p2p(comm, ops, nops, host);
+  for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++)
+    if (!ops[i].is_send && ops[i].count && cudaMemcpy(bufs[i], host[i], ops[i].count, cudaMemcpyHostToDevice))
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a received buffer to the device failed");
+  for (int i = 0; i < nops; i++) free(host[i]);
+  free(host);
+  return res;
+}
+
+/* Make the communicator's device current for the enqueue; returns the caller's to restore. */
+static int enter_device(struct fc_gpu *g) {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (prev != g->device) cudaSetDevice(g->device);
+  /* The kernel wrappers read launch errors with cudaGetLastError: a stale error left by an
+   * earlier call (ours or the application's) must not fail a launch half-way through enqueuing
+   * a collective, which would leave the peers waiting. */
+  cudaGetLastError();
+  return prev;
+}
+
+static void leave_device(struct fc_gpu *g, int prev) {
+  if (prev != g->device && prev >= 0) cudaSetDevice(prev);
+}
+
+flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                 flexcoll_stream_t stream) {
+  struct fc_gpu *g = comm->gpu;
+  cudaStream_t user = (cudaStream_t)stream;
+  int prev = enter_device(g);
+  fc_dexec_t x = {.comm = comm, .g = g, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs};
+  flexcoll_result_t res;
+  if (!g->p2p) {
+    res = p2p_through_host(&x, ops, nops, bufs, user);
+  } else {
+    res = fc_algo_build_p2p(&comm->schedule, ops, nops);
+    if (res == FLEXCOLL_SUCCESS) {
+      res = run_schedule(&x, &comm->schedule, user);
+      if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
+    }
+    if (res == FLEXCOLL_SUCCESS) fc_gpu_track(comm, user);
+  }
+  leave_device(g, prev);
+  return res;
+}
+
+flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream) {
+  struct fc_gpu *g = comm->gpu;
+  cudaStream_t user = (cudaStream_t)stream;
+  int prev = enter_device(g);
+  fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  size_t largest = fc_coll_recv_count(args->coll, args->count, args->nranks);
+  if (fc_coll_send_count(args->coll, args->count, args->nranks) > largest)
+    largest = fc_coll_send_count(args->coll, args->count, args->nranks);
+  if (!g->p2p) {
+    res = run_through_host(&x, args, sendbuf, recvbuf, user);
+  } else if (args->count == 0) {
+    /* nothing moves */
+  } else if ((args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER) && largest * x.esize <= g->oneshot_slot &&
+             args->nranks <= FC_ONESHOT_MAX_RANKS) {
+    res = run_oneshot(&x, args, sendbuf, recvbuf, user);
+    /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */
+    if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
+  } else {
+    if (fc_tuner_direct(args->coll, largest * x.esize, args->nranks)) {
+      int done = 0;
+      res = fc_gpu_direct_run(comm, args, sendbuf, recvbuf, dtype, op, user, &done);
+      /* Once the peers count on the call, a failure leaves them waiting: the communicator is done. */
+      if (res != FLEXCOLL_SUCCESS && done) fc_comm_set_async_error(comm, res);
+      if (res != FLEXCOLL_SUCCESS || done) goto tracked;
+    }
+    fc_schedule_t *s = &comm->schedule;
+    FC_CHECK_GOTO(fc_algo_build(s, args), res, out);
+    x.bufs[FC_BUF_SEND] = (char *)sendbuf;
+    x.bufs[FC_BUF_RECV] = recvbuf;
+    if (s->scratch_count)
+      FC_CHECK_GOTO(fc_gpu_scratch(comm, s->scratch_count * x.esize, user, &x.bufs[FC_BUF_SCRATCH]), res, out);
+    res = run_schedule(&x, s, user);
+    /* Half a collective may be enqueued: peers wait for the rest, so the communicator is done. */
+    if (res != FLEXCOLL_SUCCESS) { fc_comm_set_async_error(comm, res); goto out; }
+    if (op == FLEXCOLL_AVG && s->result_count)
+      res = fc_kernel_divide(dref(&x, s->result_buf, s->result_off), s->result_count, dtype, comm->nranks, user)
+                ? fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "average kernel launch failed")
+                : FLEXCOLL_SUCCESS;
+  }
+tracked:
+  if (res == FLEXCOLL_SUCCESS && g->p2p) fc_gpu_track(comm, user);
+out:
+  leave_device(g, prev);
+  return res;
+}
+#endif

@@ -1,0 +1,416 @@
+/* gpu.c — CUDA devices: which device a communicator drives, memory-type detection, the staging
+ * areas peers write into (mapped through CUDA IPC between processes, peer access within one),
+ * and the watch over device work (timeouts, abort).  Compiled on every build: without CUDA
+ * (HAVE_CUDA 0) there are no devices and every buffer is host memory. */
+#define _GNU_SOURCE
+#include "config.h"
+#include "gpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "error.h"
+#include "param.h"
+#include "topo.h"
+
+#if HAVE_CUDA
+#include "device.h"
+
+FC_PARAM_INT(gpu_slice_size, "GPU_SLICE_SIZE", 4 << 20)
+FC_PARAM_INT(gpu_slots, "GPU_SLOTS", 8)
+/* -1: by rank count (plan_layout). */
+FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", -1)
+
+#define CUDA_CHECK(comm, call)                                                                        \
+  do {                                                                                                \
+    cudaError_t e_ = (call);                                                                          \
+    if (e_ != cudaSuccess)                                                                            \
+      return fc_error((comm), FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s failed: %s (%s:%d)", #call,          \
+                      cudaGetErrorString(e_), __FILE__, __LINE__);                                    \
+  } while (0)
+
+int fc_gpu_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError(); /* no driver or no device: a host-only process, not an error */
+    return 0;
+  }
+  return n;
+}
+
+int fc_gpu_current_device(void) {
+  int d;
+  if (fc_gpu_count() == 0) return FLEXCOLL_CONFIG_UNDEF;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return FLEXCOLL_CONFIG_UNDEF;
+  }
+  return d;
+}
+
+fc_mem_t fc_mem_type(const void *ptr, int *device) {
+  struct cudaPointerAttributes attr;
+  *device = -1;
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    cudaGetLastError();
+    return FC_MEM_HOST;
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return FC_MEM_HOST;
+  *device = attr.device;
+  return FC_MEM_DEVICE;
+}
+
+/* What each rank tells the others about its GPU and staging area. */
+typedef struct {
+  uint64_t host_hash;
+  int pid, device;
+  char pci_bus_id[32];
+  cudaIpcMemHandle_t handle;
+  void *stage; /* valid in the owner's process only */
+} fc_gpu_peer_info_t;
+
+static uint64_t host_hash(void) {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  uint64_t h = 1469598103934665603ULL;
+  for (char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+  return h;
+}
+
+static fc_engine_t engine_param(void) {
+  const char *s = fc_param_str("FLEXCOLL_NVLINK_ENGINE", "auto");
+  if (strcmp(s, "sm") == 0) return FC_ENGINE_SM;
+  if (strcmp(s, "ce") == 0) return FC_ENGINE_CE;
+  if (strcmp(s, "auto")) FC_WARN("FLEXCOLL_NVLINK_ENGINE=%s is not sm, ce or auto; using auto", s);
+  return FC_ENGINE_AUTO;
+}
+
+/* Staging layout, the same on every rank: one-shot slots and flags, pair flags, pipeline slots. */
+static void plan_layout(struct fc_gpu *g, int nranks) {
+  size_t align = 4096;
+  /* One-shot moves the whole message to every peer: as cheap as a ring for 2 ranks (up to 8 MB
+   * it beats the pipelined paths on latency), (n-1)/2 times the traffic beyond. */
+  int64_t oneshot = fc_param_oneshot_max();
+  if (oneshot < 0) oneshot = nranks <= 2 ? 8 << 20 : 1 << 20;
+  g->oneshot_slot = ((size_t)oneshot + align - 1) / align * align;
+  g->oneshot_off = 0;
+  g->oneshot_flags_off = g->oneshot_off + 2 * (size_t)nranks * g->oneshot_slot;
+  g->pair_flags_off = g->oneshot_flags_off + ((2 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);
+  g->slots_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
+  g->slice_bytes = ((size_t)fc_param_gpu_slice_size() + align - 1) / align * align;
+  g->nslots = (int)fc_param_gpu_slots();
+  if (g->nslots < 2) g->nslots = 2;
+  g->stage_bytes = g->slots_off + (size_t)nranks * (size_t)g->nslots * g->slice_bytes;
+}
+
+static flexcoll_result_t load_stream_memops(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  enum cudaDriverEntryPointQueryResult q;
+  void *w = NULL, *v = NULL;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &v, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess ||
+      cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &w, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "the CUDA driver has no stream memory operations");
+  g->wait_value32 = (fc_wait_value32_fn)v;
+  g->write_value32 = (fc_write_value32_fn)w;
+  /* Direct mode finds the allocation around a user buffer with it (optional: without it,
+   * buffers are not shared between processes). */
+  void *r = NULL;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &r, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    g->get_address_range = (fc_get_address_range_fn)r;
+  cudaGetLastError();
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  plan_layout(g, comm->nranks);
+  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->send_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->recv_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->util_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->reduce_stream, cudaStreamNonBlocking));
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->stage, g->stage_bytes));
+  /* On our own stream, not the legacy one: other communicators' kernels may be waiting on peers
+   * on this device, and a legacy-stream memset would wait for them. */
+  CUDA_CHECK(comm, cudaMemsetAsync(g->stage + g->oneshot_flags_off, 0, g->slots_off - g->oneshot_flags_off, g->util_stream));
+  CUDA_CHECK(comm, cudaStreamSynchronize(g->util_stream));
+  CUDA_CHECK(comm, cudaHostAlloc((void **)&g->error_host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+  *g->error_host = 0;
+  CUDA_CHECK(comm, cudaHostGetDevicePointer((void **)&g->error_dev, g->error_host, 0));
+  CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_user, cudaEventDisableTiming));
+  CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_send, cudaEventDisableTiming));
+  CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_recv, cudaEventDisableTiming));
+  CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_oneshot, cudaEventDisableTiming));
+  for (int i = 0; i < 64; i++) CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->inflight_ev[i], cudaEventDisableTiming));
+  CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_local, cudaEventDisableTiming));
+  for (int i = 0; i < FC_DIRECT_EVENTS; i++) {
+    CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_pulled[i], cudaEventDisableTiming));
+    CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_reduced[i], cudaEventDisableTiming));
+  }
+  g->timeout_cycles = fc_kernel_timeout_cycles(g->device, comm->timeout_ms);
+  /* Lazy loading would load each kernel at its first launch, waiting for queued work that may
+   * wait on peers (a deadlock in the middle of a collective): load them all now. */
+  int e = fc_kernels_preload_reduce();
+  if (!e) e = fc_kernels_preload_oneshot();
+  if (e) return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "loading the kernels failed: %s", cudaGetErrorString((cudaError_t)e));
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Map peer q's staging area: its pointer in this process, or its IPC handle from another. */
+static flexcoll_result_t map_peer(struct flexcoll_comm *comm, struct fc_gpu *g, const fc_gpu_peer_info_t *me,
+                                  const fc_gpu_peer_info_t *p, fc_peer_t *peer) {
+  int local_dev;
+  if (cudaDeviceGetByPCIBusId(&local_dev, p->pci_bus_id) != cudaSuccess) {
+    cudaGetLastError();
+    return FLEXCOLL_SUCCESS; /* not visible here: no peer access */
+  }
+  int can = 0;
+  if (local_dev != g->device) {
+    cudaDeviceCanAccessPeer(&can, g->device, local_dev);
+    if (!can) return FLEXCOLL_SUCCESS;
+    cudaError_t e = cudaDeviceEnablePeerAccess(local_dev, 0);
+    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+      return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "cudaDeviceEnablePeerAccess(%d): %s", local_dev, cudaGetErrorString(e));
+    cudaGetLastError();
+  }
+  if (p->pid == me->pid && p->host_hash == me->host_hash) {
+    peer->stage = p->stage;
+    peer->same_process = 1;
+  } else {
+    g->any_ipc_peer = 1;
+    CUDA_CHECK(comm, cudaIpcOpenMemHandle((void **)&peer->stage, p->handle, cudaIpcMemLazyEnablePeerAccess));
+    peer->ipc_opened = 1;
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  fc_gpu_peer_info_t *all = calloc((size_t)comm->nranks, sizeof *all);
+  g->peers = calloc((size_t)comm->nranks, sizeof *g->peers);
+  if (!all || !g->peers) { free(all); return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory"); }
+  fc_gpu_peer_info_t *me = &all[comm->rank];
+  me->host_hash = host_hash();
+  me->pid = getpid();
+  me->device = g->device;
+  me->stage = g->stage;
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (cudaDeviceGetPCIBusId(me->pci_bus_id, sizeof me->pci_bus_id, g->device) != cudaSuccess ||
+      cudaIpcGetMemHandle(&me->handle, g->stage) != cudaSuccess) {
+    res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "cannot describe device %d for its peers: %s", g->device,
+                   cudaGetErrorString(cudaGetLastError()));
+    goto out;
+  }
+  FC_CHECK_GOTO(fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all), res, out);
+  g->p2p = 1;
+  for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS; q++) {
+    if (q == comm->rank) { g->peers[q].stage = g->stage; continue; }
+    res = map_peer(comm, g, me, &all[q], &g->peers[q]);
+    if (!g->peers[q].stage) g->p2p = 0;
+  }
+  if (res == FLEXCOLL_SUCCESS)
+    FC_INFO(FC_SUB_GPU, "rank %d: GPU %d (%s), %s, staging %zu MB", comm->rank, g->device, me->pci_bus_id,
+            g->p2p ? "peer access to every rank" : "some peers without peer access: device collectives go through host memory",
+            g->stage_bytes >> 20);
+out:
+  free(all);
+  return res;
+}
+
+/* Time one copy of `bytes` to dst with each engine; 0 on success. */
+static int time_copy(struct fc_gpu *g, char *dst, size_t bytes, int sm, float *ms) {
+  cudaEvent_t a, b;
+  if (cudaEventCreate(&a) != cudaSuccess) return -1;
+  if (cudaEventCreate(&b) != cudaSuccess) { cudaEventDestroy(a); return -1; }
+  int e = 0;
+  *ms = 1e30f;
+  for (int rep = 0; rep < 4 && !e; rep++) { /* the first repetition warms up */
+    float t = 0;
+    e |= cudaEventRecord(a, g->util_stream) != cudaSuccess;
+    if (sm) e |= fc_kernel_copy(dst, g->stage + g->slots_off, bytes, g->util_stream) != 0;
+    else e |= cudaMemcpyAsync(dst, g->stage + g->slots_off, bytes, cudaMemcpyDeviceToDevice, g->util_stream) != cudaSuccess;
+    e |= cudaEventRecord(b, g->util_stream) != cudaSuccess;
+    e |= cudaEventSynchronize(b) != cudaSuccess;
+    e |= cudaEventElapsedTime(&t, a, b) != cudaSuccess;
+    if (!e && rep > 0 && t < *ms) *ms = t;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return e;
+}
+
+/* FLEXCOLL_NVLINK_ENGINE=auto: measure SM stores against the copy engines into the next rank's
+ * staging slots (ours to fill; nobody reads them before the first collective) for the slice
+ * sizes the pipeline uses, and let SM stores carry the sizes where they won.  Any failure keeps
+ * the copy engines, which the baselines say are faster for large transfers. */
+static void calibrate_engine(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  g->auto_sm_max = 0;
+  if (g->engine != FC_ENGINE_AUTO || comm->nranks < 2 || !g->p2p) return;
+  int next = (comm->rank + 1) % comm->nranks;
+  char *dst = g->peers[next].stage + g->slots_off + (size_t)comm->rank * (size_t)g->nslots * g->slice_bytes;
+  for (size_t bytes = 64 << 10; bytes <= g->slice_bytes; bytes *= 4) {
+    float ce, sm;
+    if (time_copy(g, dst, bytes, 0, &ce) || time_copy(g, dst, bytes, 1, &sm)) break;
+    FC_INFO(FC_SUB_GPU, "rank %d: %zu KiB to rank %d: copy engine %.1f us, SM stores %.1f us", comm->rank, bytes >> 10,
+            next, ce * 1e3, sm * 1e3);
+    if (sm < ce) g->auto_sm_max = bytes;
+  }
+  cudaGetLastError();
+  FC_INFO(FC_SUB_GPU, "rank %d: auto engine: SM stores up to %zu bytes, copy engines above", comm->rank, g->auto_sm_max);
+}
+
+static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
+  struct fc_gpu *g = calloc(1, sizeof *g);
+  if (!g) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  comm->gpu = g;
+  comm->cuda_device = g->device = want;
+  g->engine = engine_param();
+  fc_topo_log_once();
+  FC_CHECK(load_stream_memops(comm, g));
+  FC_CHECK(alloc_local(comm, g));
+  FC_CHECK(connect_peers(comm, g));
+  /* Peers must not write into staging areas before their owners have cleared the flags. */
+  FC_CHECK(fc_bootstrap_barrier(comm->bootstrap));
+  calibrate_engine(comm, g);
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
+  int want = comm->init_config.cuda_device;
+  int count = fc_gpu_count();
+  comm->cuda_device = -1;
+  if (want == -1 || count == 0) return FLEXCOLL_SUCCESS;
+  if (want == FLEXCOLL_CONFIG_UNDEF) {
+    CUDA_CHECK(comm, cudaGetDevice(&want));
+  } else if (want < 0 || want >= count) {
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "config.cuda_device %d: this process sees %d device(s)", want, count);
+  }
+  int prev = -1;
+  CUDA_CHECK(comm, cudaGetDevice(&prev));
+  CUDA_CHECK(comm, cudaSetDevice(want));
+  flexcoll_result_t res = gpu_comm_setup(comm, want);
+  /* The caller's current device is the caller's. */
+  if (prev != want) cudaSetDevice(prev);
+  return res;
+}
+
+
+void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
+  struct fc_gpu *g = comm->gpu;
+  if (!g) return;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(g->device);
+  if (!atomic_load(&comm->abort_flag)) {
+    cudaStreamSynchronize(g->send_stream);
+    cudaStreamSynchronize(g->recv_stream);
+    cudaStreamSynchronize(g->reduce_stream);
+  }
+  fc_gpu_direct_release(g);
+  /* No barrier with peers (destroy is local): every collective ends only once peers have
+   * returned their last credit to us, so nobody writes into our staging area any more. */
+  for (int q = 0; g->peers && q < comm->nranks; q++)
+    if (g->peers[q].ipc_opened) cudaIpcCloseMemHandle(g->peers[q].stage);
+  if (g->send_stream) cudaStreamDestroy(g->send_stream);
+  if (g->recv_stream) cudaStreamDestroy(g->recv_stream);
+  if (g->util_stream) cudaStreamDestroy(g->util_stream);
+  if (g->reduce_stream) cudaStreamDestroy(g->reduce_stream);
+  cudaEventDestroy(g->ev_local);
+  for (int i = 0; i < FC_DIRECT_EVENTS; i++) {
+    cudaEventDestroy(g->ev_pulled[i]);
+    cudaEventDestroy(g->ev_reduced[i]);
+  }
+  cudaEventDestroy(g->ev_user);
+  cudaEventDestroy(g->ev_send);
+  cudaEventDestroy(g->ev_recv);
+  cudaEventDestroy(g->ev_oneshot);
+  for (int i = 0; i < 64; i++) cudaEventDestroy(g->inflight_ev[i]);
+  cudaFree(g->stage);
+  cudaFree(g->dev_scratch);
+  cudaFreeHost(g->error_host);
+  cudaGetLastError();
+  free(g->peers);
+  free(g);
+  comm->gpu = NULL;
+  if (prev >= 0) cudaSetDevice(prev);
+}
+
+/* Release device work stuck on peers: kernels see the error flag; stream waits see their flags
+ * jump far ahead (the comparison is wrap-aware, so +2^30 satisfies any wait in flight). */
+void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
+  struct fc_gpu *g = comm->gpu;
+  if (!g) return;
+  __atomic_store_n(g->error_host, 2, __ATOMIC_SEQ_CST);
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(g->device);
+  for (int q = 0; q < comm->nranks; q++) {
+    fc_pair_flags_t *f = (fc_pair_flags_t *)(g->stage + g->pair_flags_off) + q;
+    g->write_value32(g->util_stream, (CUdeviceptr)&f->ready, g->peers[q].received + (1u << 30), 0);
+    g->write_value32(g->util_stream, (CUdeviceptr)&f->credit, g->peers[q].sent + (1u << 30), 0);
+    g->write_value32(g->util_stream, (CUdeviceptr)&f->arrive, g->direct_seq + (1u << 30), 0);
+    g->write_value32(g->util_stream, (CUdeviceptr)&f->done, g->direct_seq + (1u << 30), 0);
+  }
+  cudaStreamSynchronize(g->util_stream);
+  cudaGetLastError();
+  if (prev >= 0) cudaSetDevice(prev);
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream) {
+  struct fc_gpu *g = comm->gpu;
+  fc_gpu_poll_async_error(comm); /* retire finished entries first */
+  if (g->inflight_head - g->inflight_tail == 64) return; /* full: the oldest still tells */
+  unsigned i = g->inflight_head++ % 64;
+  cudaEventRecord(g->inflight_ev[i], stream);
+  g->inflight_t[i] = now_ms();
+}
+
+void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
+  struct fc_gpu *g = comm->gpu;
+  if (!g) return;
+  if (__atomic_load_n(g->error_host, __ATOMIC_SEQ_CST) == 1) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+  while (g->inflight_tail != g->inflight_head) {
+    unsigned i = g->inflight_tail % 64;
+    cudaError_t e = cudaEventQuery(g->inflight_ev[i]);
+    if (e == cudaErrorNotReady) {
+      if (now_ms() - g->inflight_t[i] > comm->timeout_ms) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+      return;
+    }
+    if (e != cudaSuccess) fc_comm_set_async_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR);
+    g->inflight_tail++;
+  }
+}
+#else
+int fc_gpu_count(void) { return 0; }
+int fc_gpu_current_device(void) { return FLEXCOLL_CONFIG_UNDEF; }
+fc_mem_t fc_mem_type(const void *ptr, int *device) { (void)ptr; *device = -1; return FC_MEM_HOST; }
+flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
+  comm->cuda_device = -1;
+  if (comm->init_config.cuda_device >= 0)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "config.cuda_device %d: flexcoll was built without CUDA",
+                    comm->init_config.cuda_device);
+  return FLEXCOLL_SUCCESS;
+}
+void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
+void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
+void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }
+flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream) {
+  (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream;
+  return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
+}
+flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                 flexcoll_stream_t stream) {
+  (void)ops; (void)nops; (void)bufs; (void)stream;
+  return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
+}
+#endif

@@ -1,0 +1,38 @@
+/* gpu.h — the device-memory path: CUDA devices, peer mappings, kernels and copy engines.
+ * On builds without CUDA (HAVE_CUDA 0) every communicator is host-only and device memory
+ * cannot occur. */
+#ifndef FC_GPU_H
+#define FC_GPU_H
+
+#include "flexcoll.h"
+#include "algos/algos.h"
+
+struct flexcoll_comm;
+
+typedef enum { FC_MEM_HOST, FC_MEM_DEVICE } fc_mem_t;
+
+/* Where ptr lives: device memory (cudaMalloc, managed) or host memory (anything else);
+ * *device gets the CUDA device of device memory (-1 otherwise). */
+fc_mem_t fc_mem_type(const void *ptr, int *device);
+/* Number of CUDA devices usable here (0 without CUDA or without a GPU). */
+int fc_gpu_count(void);
+/* The calling thread's current CUDA device; FLEXCOLL_CONFIG_UNDEF without a GPU. */
+int fc_gpu_current_device(void);
+
+/* Choose the CUDA device of comm (config, else current; -1 when there is none) and set up what
+ * device collectives need. */
+flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm);
+void fc_gpu_comm_fini(struct flexcoll_comm *comm);
+/* Release collectives stuck on the device (flexcoll_comm_abort). */
+void fc_gpu_comm_abort(struct flexcoll_comm *comm);
+/* Fold device-side failures (a spin that timed out) into comm->async_error. */
+void fc_gpu_poll_async_error(struct flexcoll_comm *comm);
+/* Enqueue a collective on device memory on stream. */
+flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream);
+
+/* Enqueue a batch of point-to-point sends and receives (counts in bytes) over device buffers. */
+flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                 flexcoll_stream_t stream);
+
+#endif

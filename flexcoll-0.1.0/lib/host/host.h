@@ -1,0 +1,26 @@
+/* host.h — the host-memory executor: runs algorithm schedules (lib/algos) on host buffers with
+ * C reductions, moving data between ranks through the host transport (UCX). */
+#ifndef FC_HOST_H
+#define FC_HOST_H
+
+#include <stddef.h>
+#include "flexcoll.h"
+#include "algos/algos.h"
+
+/* dst[i] = a[i] op b[i] for i < count (dst may alias a or b).  AVG reduces as SUM here; the
+ * division happens once at the end (fc_host_divide).  float16/bfloat16 accumulate in float and
+ * round to nearest even per operation, as the CUDA kernels do. */
+void fc_host_reduce(void *dst, const void *a, const void *b, size_t count, flexcoll_datatype_t dtype,
+                    flexcoll_op_t op);
+/* buf[i] /= n (integers: C division, truncating toward zero). */
+void fc_host_divide(void *buf, size_t count, flexcoll_datatype_t dtype, int n);
+
+struct flexcoll_comm;
+/* Run the schedule of args on comm with host buffers; returns when this rank's part is done. */
+flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                              void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op);
+
+/* Run a batch of point-to-point sends and receives (counts in bytes) over host buffers bufs[i]. */
+flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs);
+
+#endif

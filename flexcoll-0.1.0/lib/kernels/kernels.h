@@ -1,0 +1,69 @@
+/* kernels.h — flexcoll's CUDA kernels behind a C interface (the .cu files beside it, nvcc, sm_90).
+ * Written once over (datatype, op) with templates and instantiated by a table; no -rdc.
+ * Every function enqueues on `stream` and returns a cudaError_t as int (0 = cudaSuccess). */
+#ifndef FC_KERNELS_H
+#define FC_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "flexcoll.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FC_ONESHOT_MAX_RANKS 8
+
+/* dst[i] = a[i] op b[i] (AVG reduces as SUM); dst may alias a or b.  float16/bfloat16 in float,
+ * rounded to nearest even per operation, like lib/host/reduce.c. */
+int fc_kernel_reduce(void *dst, const void *a, const void *b, size_t count, flexcoll_datatype_t dtype,
+                     flexcoll_op_t op, flexcoll_stream_t stream);
+/* buf[i] /= n (integers truncate). */
+int fc_kernel_divide(void *buf, size_t count, flexcoll_datatype_t dtype, int n, flexcoll_stream_t stream);
+/* An SM-driven copy (16-byte loads/stores when aligned); dst may be peer memory over NVLink. */
+int fc_kernel_copy(void *dst, const void *src, size_t bytes, flexcoll_stream_t stream);
+/* fc_oneshot_args_t.timeout_cycles for a wait of timeout_ms on `device`: clock64 counts SM
+ * cycles, cudaDevAttrClockRate (kHz) per ms at the peak clock (~1.98 GHz on H200; a lower
+ * clock only lengthens the wait).  timeout_ms <= 0: UINT64_MAX, never time out.
+ * A host function (no stream); it does not return a cudaError_t. */
+uint64_t fc_kernel_timeout_cycles(int device, int timeout_ms);
+
+/* Load every kernel into the current device's context now: CUDA's lazy loading would otherwise
+ * load a kernel at its first launch, waiting for the device's queued work (which, in the middle
+ * of a collective, waits on peers).  Called once per device by each communicator. */
+int fc_kernels_preload_reduce(void);
+int fc_kernels_preload_oneshot(void);
+
+/* One-shot collectives for small messages: one kernel per rank, no host involvement.
+ * Every rank owns a staging area that all peers can write (peer-mapped device memory):
+ * 2 parities × nranks slots of slot_bytes, plus flags: 2 parities × nranks × FC_ONESHOT_BLOCKS
+ * uint64 words.  Rank r writes its input into slot r of every peer's staging area (parity seq&1),
+ * block b of the grid (see FC_ONESHOT_BLOCK_BYTES) then sets flag [parity][r][b] = seq in that peer's flags after a system
+ * fence; it then waits (bounded by timeout_cycles of clock64) for all its own flags [parity][q][b]
+ * == seq and reduces in rank order 0..n-1 (so every rank gets bitwise the same result).
+ * On timeout the kernel stores 1 into *error (host-mapped) and returns. */
+/* Blocks of the grid: one per 32 KiB of message, at least 1, at most FC_ONESHOT_BLOCKS (the
+ * flags are sized for that many).  Every rank computes the same grid from the same size. */
+#define FC_ONESHOT_BLOCKS 64
+#define FC_ONESHOT_BLOCK_BYTES (32u << 10)
+typedef struct {
+  int rank, nranks;
+  uint64_t seq;                                 /* >= 1, increasing per call on a communicator */
+  size_t slot_bytes;
+  char *stage[FC_ONESHOT_MAX_RANKS];            /* stage[p]: rank p's staging area as seen from here (stage[rank] local) */
+  uint64_t *flags[FC_ONESHOT_MAX_RANKS];        /* flags[p]: rank p's flags as seen from here */
+  uint64_t timeout_cycles;
+  int *error;                                   /* host-mapped */
+} fc_oneshot_args_t;
+
+/* recvbuf = op over ranks of sendbuf (count * dtype size <= slot_bytes); AVG divides at the end. */
+int fc_kernel_oneshot_allreduce(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t count,
+                                flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream);
+/* recvbuf[q*bytes ...] = rank q's sendbuf (bytes <= slot_bytes). */
+int fc_kernel_oneshot_allgather(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t bytes,
+                                flexcoll_stream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,66 @@
+/* tuner.c — algorithm choice by message size and rank count.
+ * Trees win when latency dominates (log2(n) steps instead of 2(n-1)); rings when bandwidth does
+ * (every rank sends 2(n-1)/n of the data once instead of the whole message per tree level). */
+#define _GNU_SOURCE
+#include "sched.h"
+
+#include "log.h"
+#include "param.h"
+
+FC_PARAM_INT(chunk_size, "CHUNK_SIZE", 1 << 20)
+FC_PARAM_INT(direct, "DIRECT", 1)
+/* From here the copies of a direct call take far longer than its host exchange (~10 us). */
+FC_PARAM_INT(direct_min_bytes, "DIRECT_MIN_BYTES", 1 << 20)
+
+/* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
+ * transports (shared memory / TCP latency of a few microseconds per step). */
+#define TREE_MAX_BYTES_ALLREDUCE (64 << 10)
+#define TREE_MAX_BYTES_ALLGATHER (16 << 10)
+
+static int forced_algo(void) {
+  static int cached = -2;
+  int v = __atomic_load_n(&cached, __ATOMIC_ACQUIRE);
+  if (v != -2) return v;
+  const char *s = fc_param_str("FLEXCOLL_ALGO", NULL);
+  v = s ? fc_algo_from_name(s) : -1;
+  if (s && v < 0) FC_WARN("FLEXCOLL_ALGO=%s is neither ring nor tree; choosing by size", s);
+  __atomic_store_n(&cached, v, __ATOMIC_RELEASE);
+  return v;
+}
+
+fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) {
+  (void)mem;
+  int forced = forced_algo();
+  if (forced >= 0 && fc_algo_supports(coll, (fc_algo_t)forced)) return (fc_algo_t)forced;
+  switch (coll) {
+    case FC_COLL_ALLREDUCE:
+      return (nranks > 2 && bytes <= TREE_MAX_BYTES_ALLREDUCE) ? FC_ALGO_TREE : FC_ALGO_RING;
+    case FC_COLL_ALLGATHER:
+      return (nranks > 2 && bytes <= TREE_MAX_BYTES_ALLGATHER) ? FC_ALGO_TREE : FC_ALGO_RING;
+    case FC_COLL_BROADCAST:
+    case FC_COLL_REDUCE:
+      /* A pipelined chain moves each byte once per rank like the tree, with one hop per step. */
+      return nranks > 4 && bytes <= (4u << 20) ? FC_ALGO_TREE : FC_ALGO_RING;
+    default:
+      return FC_ALGO_RING;
+  }
+}
+
+int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
+  if (!fc_param_direct() || forced_algo() >= 0 || nranks < 2 || bytes < (size_t)fc_param_direct_min_bytes()) return 0;
+  if (coll == FC_COLL_ALLREDUCE || coll == FC_COLL_ALLGATHER) return 1;
+  /* Reduce_scatter and broadcast have no one-shot path in front of them: direct mode's fixed
+   * cost (~50 us: the exchange and three dependent streams) pays off only from 64 MB. */
+  if (coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_BROADCAST)
+    return bytes / 64 >= (size_t)fc_param_direct_min_bytes();
+  return 0;
+}
+
+size_t fc_tuner_chunk_count(size_t count, size_t esize) {
+  size_t chunk = (size_t)fc_param_chunk_size() / esize;
+  if (chunk == 0) chunk = 1;
+  /* Bound the number of chunks (messages between a pair are numbered in 16 bits). */
+  const size_t max_chunks = 4096;
+  if (count / chunk >= max_chunks) chunk = count / max_chunks + 1;
+  return chunk;
+}

@@ -1,0 +1,44 @@
+/* topo.h — what this machine has: GPUs (PCI bus id, NUMA node, memory, SMs), the peer links
+ * between them (peer access, NVLink as reported by native peer atomics, CUDA's performance
+ * rank), RDMA devices.  hwloc for placement, CUDA for the GPUs and links, ibverbs for NICs. */
+#ifndef FC_TOPO_H
+#define FC_TOPO_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#define FC_TOPO_MAX_GPUS 16
+#define FC_TOPO_MAX_NICS 16
+
+typedef struct {
+  char name[256];
+  char pci_bus_id[32];
+  int numa_node;      /* -1 when unknown */
+  size_t memory_bytes;
+  int sm_count, cc_major, cc_minor, copy_engines;
+} fc_topo_gpu_t;
+
+typedef struct {
+  int access;       /* peer access possible */
+  int nvlink;       /* native atomics across the link: NVLink (or NVSwitch), not PCIe */
+  int perf_rank;    /* CUDA's relative performance rank of the link (lower is better) */
+} fc_topo_link_t;
+
+typedef struct {
+  int ngpus;
+  fc_topo_gpu_t gpus[FC_TOPO_MAX_GPUS];
+  fc_topo_link_t links[FC_TOPO_MAX_GPUS][FC_TOPO_MAX_GPUS];
+  int nnics;
+  char nics[FC_TOPO_MAX_NICS][64];
+  int numa_nodes;   /* NUMA nodes hwloc sees (0 without hwloc) */
+  char cpu_model[128];
+} fc_topo_t;
+
+/* Fill t from this machine; never fails (missing pieces stay zero / -1). */
+void fc_topo_discover(fc_topo_t *t);
+/* Human-readable description (flexcoll-info, INFO log). */
+void fc_topo_print(const fc_topo_t *t, FILE *out);
+/* Log the topology once per process at INFO. */
+void fc_topo_log_once(void);
+
+#endif

@@ -1,0 +1,235 @@
+/* ucx_host.c — the host transport over UCX tagged messages.
+ * One UCP context and worker per communicator: communicators never share progress or tags, and
+ * ranks that are threads of one process use the same code as processes. */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "error.h"
+#include "param.h"
+#include "transports.h"
+
+FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
+
+struct fc_ucx {
+  ucp_context_h context;
+  ucp_worker_h worker;
+  ucp_ep_h *eps;
+  int nranks;
+};
+
+/* An endpoint broke.  A peer that finished its part and destroyed its communicator looks the
+ * same as one that died, so this is no error by itself: a transfer that still needed the peer
+ * fails on its own, and a wait for it is bounded by the timeout and the bootstrap ring's watch. */
+static void ep_closed_cb(void *arg, ucp_ep_h ep, ucs_status_t status) {
+  (void)ep;
+  struct flexcoll_comm *comm = arg;
+  FC_INFO(FC_SUB_NET, "rank %d: a UCX endpoint closed: %s", comm->rank, ucs_status_string(status));
+}
+
+static flexcoll_result_t ucx_fail(struct flexcoll_comm *comm, const char *what, ucs_status_t st) {
+  return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "UCX %s failed: %s", what, ucs_status_string(st));
+}
+
+static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u) {
+  ucp_config_t *config;
+  ucs_status_t st = ucp_config_read(NULL, NULL, &config);
+  if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
+  ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+                         .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};
+  st = ucp_init(&params, config, &u->context);
+  ucp_config_release(config);
+  if (st != UCS_OK) return ucx_fail(comm, "ucp_init", st);
+  /* SERIALIZED: the thread that initialises and the threads that later drive the communicator
+   * (group_end runs each communicator in its own thread) may differ, never concurrently. */
+  ucp_worker_params_t wparams = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                                 .thread_mode = UCS_THREAD_MODE_SERIALIZED};
+  st = ucp_worker_create(u->context, &wparams, &u->worker);
+  if (st != UCS_OK) return ucx_fail(comm, "ucp_worker_create", st);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Worker addresses differ in length: all-gather the lengths, then the padded addresses. */
+static flexcoll_result_t exchange_addresses(struct flexcoll_comm *comm, fc_ucx_t *u, char **all, size_t *stride) {
+  ucp_address_t *addr;
+  size_t len;
+  ucs_status_t st = ucp_worker_get_address(u->worker, &addr, &len);
+  if (st != UCS_OK) return ucx_fail(comm, "ucp_worker_get_address", st);
+  uint64_t *lens = calloc((size_t)comm->nranks, sizeof *lens);
+  flexcoll_result_t res = FLEXCOLL_SYSTEM_ERROR;
+  if (!lens) goto out;
+  lens[comm->rank] = len;
+  FC_CHECK_GOTO(fc_bootstrap_allgather(comm->bootstrap, lens, sizeof *lens), res, out);
+  size_t max = 0;
+  for (int r = 0; r < comm->nranks; r++) max = lens[r] > max ? lens[r] : max;
+  *stride = max;
+  *all = calloc((size_t)comm->nranks, max);
+  if (!*all) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for UCX addresses"); goto out; }
+  memcpy(*all + (size_t)comm->rank * max, addr, len);
+  FC_CHECK_GOTO(fc_bootstrap_allgather(comm->bootstrap, *all, max), res, out);
+out:
+  free(lens);
+  ucp_worker_release_address(u->worker, addr);
+  return res;
+}
+
+static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const char *addrs, size_t stride) {
+  /* With peer-failure handling, a peer that dies makes transfers fail instead of aborting this
+   * process (UCX's shared-memory copies, CMA, treat a vanished peer as fatal otherwise); but
+   * UCX 1.13 then keeps to transports that can report it, TCP, 2-3x slower than shared memory.
+   * FLEXCOLL_UCX_PEER_FAILURE=0 trades that safety for speed. */
+  int safe = fc_param_ucx_peer_failure() != 0;
+  for (int r = 0; r < comm->nranks; r++) {
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
+                          .address = (const ucp_address_t *)(addrs + (size_t)r * stride)};
+    if (safe) {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler = (ucp_err_handler_t){.cb = ep_closed_cb, .arg = comm};
+    }
+    ucs_status_t st = ucp_ep_create(u->worker, &ep, &u->eps[r]);
+    if (st != UCS_OK) return ucx_fail(comm, "ucp_ep_create", st);
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_ucx_init(struct flexcoll_comm *comm) {
+  fc_ucx_t *u = calloc(1, sizeof *u);
+  if (!u) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  comm->ucx = u;
+  u->nranks = comm->nranks;
+  u->eps = calloc((size_t)comm->nranks, sizeof *u->eps);
+  if (!u->eps) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  FC_CHECK(create_worker(comm, u));
+  char *addrs = NULL;
+  size_t stride = 0;
+  flexcoll_result_t res = exchange_addresses(comm, u, &addrs, &stride);
+  if (res == FLEXCOLL_SUCCESS) res = connect_peers(comm, u, addrs, stride);
+  free(addrs);
+  /* Wire-up messages flow on first use; a barrier keeps a fast rank from closing early. */
+  if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
+  return res;
+}
+
+/* Destroy is local (like NCCL's): peers may be destroyed later by the same thread, so nothing
+ * here may wait for a peer to make progress.  Flushing the worker only needs our own transports
+ * to hand over what they still hold; endpoints are then closed without a handshake. */
+static void flush_worker(fc_ucx_t *u, int timeout_ms) {
+  ucp_request_param_t p = {.op_attr_mask = 0};
+  void *req = ucp_worker_flush_nbx(u->worker, &p);
+  if (!UCS_PTR_IS_PTR(req)) return;
+  struct timespec start, now;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  while (ucp_request_check_status(req) == UCS_INPROGRESS) {
+    ucp_worker_progress(u->worker);
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 > timeout_ms) break;
+  }
+  ucp_request_free(req);
+}
+
+static void close_endpoints(fc_ucx_t *u) {
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+  for (int r = 0; r < u->nranks; r++) {
+    if (!u->eps[r]) continue;
+    void *req = ucp_ep_close_nbx(u->eps[r], &p);
+    if (UCS_PTR_IS_PTR(req)) {
+      /* A forced close completes locally; bound it anyway: destroy never waits on anyone. */
+      struct timespec start, now;
+      clock_gettime(CLOCK_MONOTONIC, &start);
+      do {
+        ucp_worker_progress(u->worker);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+      } while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+               (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 < 1000);
+      ucp_request_free(req);
+    }
+    u->eps[r] = NULL;
+  }
+}
+
+void fc_ucx_close(struct flexcoll_comm *comm, int force) {
+  fc_ucx_t *u = comm->ucx;
+  if (!u) return;
+  if (u->eps && u->worker) {
+    if (!force) flush_worker(u, comm->timeout_ms < 5000 ? comm->timeout_ms : 5000);
+    close_endpoints(u);
+  }
+  free(u->eps);
+  if (u->worker) ucp_worker_destroy(u->worker);
+  if (u->context) ucp_cleanup(u->context);
+  free(u);
+  comm->ucx = NULL;
+}
+
+static flexcoll_result_t post_result(struct flexcoll_comm *comm, ucs_status_ptr_t p, fc_ucx_req_t *req,
+                                     const char *what) {
+  if (p == NULL) { *req = NULL; return FLEXCOLL_SUCCESS; }
+  if (UCS_PTR_IS_ERR(p)) {
+    ucs_status_t st = UCS_PTR_STATUS(p);
+    if (st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT || st == UCS_ERR_UNREACHABLE)
+      return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "UCX %s: peer unreachable (%s)", what, ucs_status_string(st));
+    return ucx_fail(comm, what, st);
+  }
+  *req = p;
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_ucx_isend(struct flexcoll_comm *comm, int peer, const void *buf, size_t bytes, uint64_t tag,
+                               fc_ucx_req_t *req) {
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
+  return post_result(comm, ucp_tag_send_nbx(comm->ucx->eps[peer], buf, bytes, tag, &p), req, "send");
+}
+
+flexcoll_result_t fc_ucx_irecv(struct flexcoll_comm *comm, int peer, void *buf, size_t bytes, uint64_t tag,
+                               fc_ucx_req_t *req) {
+  (void)peer; /* the tag names the sender */
+  /* Always a request, so that fc_ucx_test_recv can check the length that arrived. */
+  ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
+                           .datatype = ucp_dt_make_contig(1)};
+  return post_result(comm, ucp_tag_recv_nbx(comm->ucx->worker, buf, bytes, tag, UINT64_MAX, &p), req, "recv");
+}
+
+int fc_ucx_progress(struct flexcoll_comm *comm) { return (int)ucp_worker_progress(comm->ucx->worker); }
+
+flexcoll_result_t fc_ucx_test(struct flexcoll_comm *comm, fc_ucx_req_t *req, int *done) {
+  *done = 1;
+  if (*req == NULL) return FLEXCOLL_SUCCESS;
+  ucs_status_t st = ucp_request_check_status(*req);
+  if (st == UCS_INPROGRESS) { *done = 0; return FLEXCOLL_SUCCESS; }
+  ucp_request_free(*req);
+  *req = NULL;
+  if (st == UCS_OK) return FLEXCOLL_SUCCESS;
+  if (st == UCS_ERR_MESSAGE_TRUNCATED)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                    "a peer sent more data than this rank expects: the ranks called different collectives or counts");
+  if (st == UCS_ERR_CANCELED) return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "transfer cancelled (communicator aborted)");
+  return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "transfer failed: %s", ucs_status_string(st));
+}
+
+flexcoll_result_t fc_ucx_test_recv(struct flexcoll_comm *comm, fc_ucx_req_t *req, size_t expect, int *done) {
+  *done = 1;
+  if (*req == NULL) return FLEXCOLL_SUCCESS;
+  ucp_tag_recv_info_t info;
+  ucs_status_t st = ucp_tag_recv_request_test(*req, &info);
+  if (st == UCS_INPROGRESS) { *done = 0; return FLEXCOLL_SUCCESS; }
+  if (st == UCS_OK && info.length != expect) {
+    ucp_request_free(*req);
+    *req = NULL;
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                    "a peer sent %zu bytes where this rank expects %zu: the ranks called different collectives or counts",
+                    info.length, expect);
+  }
+  return fc_ucx_test(comm, req, done);
+}
+
+void fc_ucx_cancel(struct flexcoll_comm *comm, fc_ucx_req_t *req) {
+  if (*req == NULL) return;
+  if (ucp_request_check_status(*req) == UCS_INPROGRESS) ucp_request_cancel(comm->ucx->worker, *req);
+  ucp_request_free(*req);
+  *req = NULL;
+}

@@ -1,0 +1,527 @@
+/* test_failure.c — what the survivors see when a rank fails, and flexcoll_comm_abort.
+ *
+ * Three forked ranks of one communicator (the unique id made by the test process before the fork)
+ * run a few good allreduces; then one rank leaves instead of calling the next allreduce: it exits
+ * (_exit(0)), is killed (SIGKILL), or just stops calling (sleeps); in one more case it is killed
+ * while a large allreduce is moving data.  The others must get FLEXCOLL_REMOTE_ERROR or
+ * FLEXCOLL_TIMEOUT within the timeout (3000 ms, given by config.timeout_ms or FLEXCOLL_TIMEOUT_MS;
+ * asserted: < 3 x timeout), with a last error that says why; flexcoll_comm_get_async_error must
+ * report it; a further collective must fail promptly instead of hanging; flexcoll_comm_abort then
+ * flexcoll_comm_destroy must succeed promptly.  The test process enforces a deadline on its ranks
+ * and kills what is left, so that a hang fails the test instead of stalling it.
+ *
+ * Also: flexcoll_comm_abort from another thread releases a collective stuck waiting for a peer
+ * that never calls it (ranks as threads of one process, flexcoll_comm_init_all), and an init whose
+ * peer never shows up times out.
+ *
+ * Ranks never call ck_assert (they are not the process Check watches): they record what went wrong
+ * in shared memory and exit nonzero; the test process asserts on that.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "flexcoll.h"
+
+#define TIMEOUT_MS 3000
+#define NRANKS 3
+
+static double tf_now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void tf_sleep_ms(int ms) {
+  struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&t, &t) != 0 && errno == EINTR) {}
+}
+
+/* ---- forked ranks ------------------------------------------------------------------------------- */
+
+typedef struct {
+  char msg[768];  /* why the rank failed */
+  char log[768];  /* what it saw (results, times), printed on failure */
+  int done;       /* reached its end */
+  int result;     /* a survivor's first failed collective (flexcoll_result_t), -1 if none */
+  char phase[64]; /* what the rank is doing now: says where a hung rank hangs */
+} report_t;
+
+static report_t *reports; /* shared with the ranks */
+static int last_results[NRANKS]; /* report_t.result of the last run_ranks */
+static int my_rank = -1;
+
+__attribute__((format(printf, 1, 2))) static void rank_log(const char *fmt, ...) {
+  report_t *r = &reports[my_rank];
+  size_t n = strlen(r->log);
+  if (n + 2 >= sizeof r->log) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(r->log + n, sizeof r->log - n, fmt, ap);
+  va_end(ap);
+  n = strlen(r->log);
+  if (n + 2 < sizeof r->log) strcat(r->log, "; ");
+}
+
+__attribute__((format(printf, 1, 2))) static void rank_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reports[my_rank].msg, sizeof reports[my_rank].msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "rank %d: %s\n", my_rank, reports[my_rank].msg);
+  _exit(1);
+}
+
+#define PHASE(what) snprintf(reports[my_rank].phase, sizeof reports[my_rank].phase, "%s", (what))
+
+#define RANK_CHECK(cond, ...) \
+  do {                        \
+    if (!(cond)) rank_fail(__VA_ARGS__); \
+  } while (0)
+
+#define RANK_OK(call)                                                                                     \
+  do {                                                                                                    \
+    flexcoll_result_t r_ = (call);                                                                        \
+    RANK_CHECK(r_ == FLEXCOLL_SUCCESS, "%s returned %d (%s): %s", #call, (int)r_,                         \
+               flexcoll_get_error_string(r_), flexcoll_get_last_error(NULL));                             \
+  } while (0)
+
+typedef void (*rank_fn_t)(int rank, const flexcoll_unique_id_t *id, void *arg);
+
+enum { EXPECT_OK, EXPECT_EXIT0, EXPECT_SIGKILL, EXPECT_ANY };
+
+/* Fork NRANKS ranks running fn with an id made here, before the fork; wait at most deadline_ms,
+ * then kill what is left.  expect[r] says how rank r must end.  Once every rank expected to
+ * succeed has ended, the others (a stalled rank) are killed. */
+static void run_ranks(rank_fn_t fn, void *arg, const int expect[NRANKS], int deadline_ms) {
+  flexcoll_unique_id_t id;
+  ck_assert_int_eq(flexcoll_get_unique_id(&id), FLEXCOLL_SUCCESS);
+  reports = mmap(NULL, NRANKS * sizeof *reports, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(reports, MAP_FAILED);
+  memset(reports, 0, NRANKS * sizeof *reports);
+  for (int r = 0; r < NRANKS; r++) reports[r].result = -1;
+  pid_t parent = getpid(), pids[NRANKS];
+  fflush(NULL);
+  for (int r = 0; r < NRANKS; r++) {
+    pids[r] = fork();
+    ck_assert_int_ge(pids[r], 0);
+    if (pids[r] == 0) {
+      /* Die with the test process (Check kills it on its own timeout). */
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(3);
+      my_rank = r;
+      fn(r, &id, arg);
+      reports[r].done = 1;
+      _exit(0);
+    }
+  }
+  int status[NRANKS], ended[NRANKS] = {0};
+  double t0 = tf_now_ms(), end = t0 + deadline_ms;
+  int timed_out = 0;
+  for (;;) {
+    int needed_left = 0, left = 0;
+    for (int r = 0; r < NRANKS; r++) {
+      if (!ended[r] && waitpid(pids[r], &status[r], WNOHANG) == pids[r]) ended[r] = 1;
+      if (!ended[r]) left++, needed_left += expect[r] != EXPECT_ANY;
+    }
+    if (!left) break;
+    if (!needed_left) { /* only stalled ranks remain */
+      for (int r = 0; r < NRANKS; r++)
+        if (!ended[r]) kill(pids[r], SIGKILL);
+    } else if (tf_now_ms() > end) {
+      timed_out = 1;
+      for (int r = 0; r < NRANKS; r++)
+        if (!ended[r]) {
+          kill(pids[r], SIGKILL);
+          snprintf(reports[r].msg, sizeof reports[r].msg, "still running after %d ms, hung in %s: killed", deadline_ms,
+                   reports[r].phase[0] ? reports[r].phase : "?");
+        }
+    }
+    tf_sleep_ms(5);
+  }
+  char why[4096] = "";
+  size_t n = 0;
+  int failed = 0;
+  for (int r = 0; r < NRANKS; r++) {
+    int st = status[r], ok;
+    switch (expect[r]) {
+      case EXPECT_OK: ok = WIFEXITED(st) && WEXITSTATUS(st) == 0 && reports[r].done; break;
+      case EXPECT_EXIT0: ok = WIFEXITED(st) && WEXITSTATUS(st) == 0 && !reports[r].done; break;
+      case EXPECT_SIGKILL: ok = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && !reports[r].msg[0]; break;
+      default: ok = !reports[r].msg[0]; break;
+    }
+    if (ok) continue;
+    failed = 1;
+    if (!reports[r].msg[0]) {
+      if (WIFSIGNALED(st))
+        snprintf(reports[r].msg, sizeof reports[r].msg, "killed by signal %d in %s", WTERMSIG(st),
+                 reports[r].phase[0] ? reports[r].phase : "?");
+      else snprintf(reports[r].msg, sizeof reports[r].msg, "exited with status %d (expected ending %d)", WEXITSTATUS(st), expect[r]);
+    }
+    n += (size_t)snprintf(why + n, n < sizeof why ? sizeof why - n : 0, "[rank %d: %s | saw: %s] ", r, reports[r].msg,
+                          reports[r].log);
+    if (n >= sizeof why) n = sizeof why - 1;
+  }
+  for (int r = 0; r < NRANKS; r++) {
+    if (reports[r].log[0]) fprintf(stderr, "  rank %d: %s\n", r, reports[r].log);
+    last_results[r] = reports[r].result;
+  }
+  munmap(reports, NRANKS * sizeof *reports);
+  reports = NULL;
+  ck_assert_msg(!failed, "%s%s", timed_out ? "deadline passed: " : "", why);
+  ck_assert_msg(tf_now_ms() - t0 < deadline_ms, "the ranks took %.0f ms", tf_now_ms() - t0);
+}
+
+/* ---- a rank leaves in the middle of a job --------------------------------------------------------- */
+
+typedef enum {
+  LEAVE_EXIT,     /* _exit(0) instead of the next allreduce */
+  LEAVE_SIGKILL,  /* raise(SIGKILL) instead of the next allreduce */
+  LEAVE_STALL,    /* stop calling (the process stays, its sockets open): only the timeout tells */
+  LEAVE_MIDKILL   /* SIGKILL from a thread while a large allreduce moves data */
+} leave_t;
+
+typedef struct {
+  leave_t how;
+  int victim;
+  int use_env; /* the timeout from FLEXCOLL_TIMEOUT_MS instead of config.timeout_ms */
+} job_t;
+
+/* Open file descriptors of this process. */
+static int count_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n - 1; /* the directory's own descriptor */
+}
+
+static const char *result_name(flexcoll_result_t r) {
+  static const char *const names[] = {"SUCCESS", "UNHANDLED_CUDA_ERROR", "SYSTEM_ERROR", "INTERNAL_ERROR",
+                                      "INVALID_ARGUMENT", "INVALID_USAGE", "REMOTE_ERROR", "IN_PROGRESS", "TIMEOUT"};
+  return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "?";
+}
+
+static int is_peer_failure(flexcoll_result_t r) { return r == FLEXCOLL_REMOTE_ERROR || r == FLEXCOLL_TIMEOUT; }
+
+static void *killer_thread(void *arg) {
+  tf_sleep_ms((int)(intptr_t)arg);
+  raise(SIGKILL);
+  return NULL;
+}
+
+static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
+  const job_t *job = arg;
+  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+  cfg.cuda_device = -1;
+  if (job->use_env) setenv("FLEXCOLL_TIMEOUT_MS", "3000", 1); /* before any library call here */
+  else cfg.timeout_ms = TIMEOUT_MS;
+  flexcoll_comm_t comm = NULL;
+  int fds_before = count_fds();
+  PHASE("flexcoll_comm_init_rank");
+  RANK_OK(flexcoll_comm_init_rank(&comm, NRANKS, *id, rank, &cfg));
+  PHASE("the good allreduces");
+
+  size_t n = job->how == LEAVE_MIDKILL ? (size_t)16 << 20 : 4096;
+  float *in = malloc(n * sizeof *in), *out = malloc(n * sizeof *out);
+  RANK_CHECK(in && out, "out of memory");
+  for (size_t i = 0; i < n; i++) in[i] = (float)(rank + 1) * (float)(i % 64);
+  const float sum = NRANKS * (NRANKS + 1) / 2;
+
+  /* A few good collectives first: the failure must hit a communicator that works.  No rank can
+   * leave before every rank has checked its async error (before the last good allreduce). */
+  for (int k = 0; k < 3; k++) {
+    if (k == 2) {
+      flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
+      RANK_OK(flexcoll_comm_get_async_error(comm, &ae));
+      RANK_CHECK(ae == FLEXCOLL_SUCCESS, "async error %d before anything failed", ae);
+    }
+    memset(out, 0, n * sizeof *out);
+    RANK_OK(flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL));
+    for (size_t i = 0; i < n; i += 997)
+      RANK_CHECK(out[i] == sum * (float)(i % 64), "good allreduce %d: out[%zu] = %g", k, i, (double)out[i]);
+  }
+
+  if (rank == job->victim) {
+    /* Let the others finish the last good allreduce (data this rank sent may still sit unread in
+     * their sockets; a dead process's sockets are reset) and enter the next one. */
+    if (job->how != LEAVE_MIDKILL) tf_sleep_ms(200);
+    switch (job->how) {
+      case LEAVE_EXIT: _exit(0);
+      case LEAVE_SIGKILL: raise(SIGKILL); break;
+      case LEAVE_STALL: for (;;) pause();
+      case LEAVE_MIDKILL: {
+        pthread_t t;
+        pthread_create(&t, NULL, killer_thread, (void *)(intptr_t)300);
+        for (;;) flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
+      }
+    }
+    rank_fail("the victim survived");
+  }
+
+  /* The survivors. */
+  PHASE("the allreduce after the failure");
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  double took = 0;
+  int calls = 0;
+  do {
+    double t0 = tf_now_ms();
+    res = flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
+    took = tf_now_ms() - t0;
+    calls++;
+  } while (job->how == LEAVE_MIDKILL && res == FLEXCOLL_SUCCESS && calls < 1000);
+  char err[512], cerr[512];
+  snprintf(err, sizeof err, "%s", flexcoll_get_last_error(NULL));
+  snprintf(cerr, sizeof cerr, "%s", flexcoll_get_last_error(comm));
+  rank_log("allreduce #%d after the failure: %s in %.0f ms (\"%s\")", calls, result_name(res), took, err);
+  RANK_CHECK(is_peer_failure(res), "allreduce after rank %d left returned %d (%s), expected REMOTE_ERROR or TIMEOUT: %s",
+             job->victim, res, flexcoll_get_error_string(res), err);
+  RANK_CHECK(took < 3.0 * TIMEOUT_MS, "the failed allreduce took %.0f ms (timeout %d ms)", took, TIMEOUT_MS);
+  reports[rank].result = res;
+  if (job->how == LEAVE_STALL) {
+    /* Nothing but the timeout can tell: not earlier.  (A survivor may see REMOTE_ERROR: the other
+     * survivor timed out first and destroyed its communicator.) */
+    RANK_CHECK(took > 0.8 * TIMEOUT_MS, "%s after only %.0f ms with a stalled peer (timeout %d ms)", result_name(res),
+               took, TIMEOUT_MS);
+  }
+  RANK_CHECK(err[0], "no last error for this thread after the failed allreduce");
+  RANK_CHECK(cerr[0], "no last error for the communicator after the failed allreduce");
+
+  /* The communicator knows. */
+  flexcoll_result_t ae = FLEXCOLL_SUCCESS;
+  RANK_OK(flexcoll_comm_get_async_error(comm, &ae));
+  rank_log("async error %s", result_name(ae));
+  RANK_CHECK(is_peer_failure(ae), "flexcoll_comm_get_async_error reports %d (%s) after the failure", ae,
+             flexcoll_get_error_string(ae));
+
+  /* Another collective on the broken communicator fails; it must not hang or succeed. */
+  PHASE("the next allreduce");
+  double t0 = tf_now_ms();
+  res = flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
+  took = tf_now_ms() - t0;
+  rank_log("next allreduce: %s in %.0f ms", result_name(res), took);
+  RANK_CHECK(res != FLEXCOLL_SUCCESS, "an allreduce on the broken communicator succeeded");
+  RANK_CHECK(took < 3.0 * TIMEOUT_MS, "the next allreduce took %.0f ms", took);
+
+  PHASE("flexcoll_comm_abort");
+  t0 = tf_now_ms();
+  RANK_OK(flexcoll_comm_abort(comm));
+  double t_abort = tf_now_ms() - t0;
+  PHASE("flexcoll_comm_destroy");
+  t0 = tf_now_ms();
+  RANK_OK(flexcoll_comm_destroy(comm));
+  double t_destroy = tf_now_ms() - t0;
+  int fds_after = count_fds();
+  rank_log("abort %.0f ms, destroy %.0f ms, fds %d -> %d", t_abort, t_destroy, fds_before, fds_after);
+  RANK_CHECK(t_abort < 1000, "abort took %.0f ms", t_abort);
+  RANK_CHECK(t_destroy < 2000, "destroy after abort took %.0f ms", t_destroy);
+  RANK_CHECK(fds_after == fds_before, "%d file descriptors before init, %d after destroy", fds_before, fds_after);
+  free(in);
+  free(out);
+}
+
+static void run_leave(leave_t how, int victim, int use_env) {
+  job_t job = {how, victim, use_env};
+  int expect[NRANKS];
+  for (int r = 0; r < NRANKS; r++) expect[r] = EXPECT_OK;
+  expect[victim] = how == LEAVE_EXIT ? EXPECT_EXIT0 : how == LEAVE_STALL ? EXPECT_ANY : EXPECT_SIGKILL;
+  run_ranks(leave_rank, &job, expect, 6 * TIMEOUT_MS);
+}
+
+START_TEST(test_rank_exits) { run_leave(LEAVE_EXIT, 2, 0); }
+END_TEST
+
+START_TEST(test_rank_killed) { run_leave(LEAVE_SIGKILL, 2, 1); }
+END_TEST
+
+START_TEST(test_rank_stalls) {
+  run_leave(LEAVE_STALL, 2, 0);
+  ck_assert_msg(last_results[0] == FLEXCOLL_TIMEOUT || last_results[1] == FLEXCOLL_TIMEOUT,
+                "with a stalled peer no survivor reported FLEXCOLL_TIMEOUT (%d, %d)", last_results[0], last_results[1]);
+}
+END_TEST
+
+START_TEST(test_rank_killed_mid_transfer) { run_leave(LEAVE_MIDKILL, 1, 0); }
+END_TEST
+
+/* ---- init whose peer never comes --------------------------------------------------------------- */
+
+START_TEST(test_init_peer_missing) {
+  flexcoll_unique_id_t id;
+  ck_assert_int_eq(flexcoll_get_unique_id(&id), FLEXCOLL_SUCCESS);
+  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+  cfg.cuda_device = -1;
+  cfg.timeout_ms = 2000;
+  flexcoll_comm_t comm = (flexcoll_comm_t)(uintptr_t)0x1;
+  double t0 = tf_now_ms();
+  flexcoll_result_t res = flexcoll_comm_init_rank(&comm, 2, id, 0, &cfg);
+  double took = tf_now_ms() - t0;
+  const char *e = flexcoll_get_last_error(NULL);
+  ck_assert_msg(is_peer_failure(res), "init without its peer returned %d (%s): %s", res, flexcoll_get_error_string(res), e);
+  ck_assert_ptr_null(comm);
+  ck_assert_msg(e && e[0], "no last error");
+  ck_assert_msg(took < 3.0 * cfg.timeout_ms, "init without its peer took %.0f ms (timeout %d)", took, cfg.timeout_ms);
+}
+END_TEST
+
+/* ---- abort from another thread --------------------------------------------------------------------- */
+
+typedef struct {
+  flexcoll_comm_t comm;
+  atomic_int finished;
+  flexcoll_result_t res;
+  double ended_ms;
+  char err[512];
+} stuck_t;
+
+static void *stuck_allreduce(void *arg) {
+  stuck_t *s = arg;
+  static float in[1024], out[1024];
+  s->res = flexcoll_allreduce(in, out, 1024, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, s->comm, NULL);
+  snprintf(s->err, sizeof s->err, "%s", flexcoll_get_last_error(NULL));
+  s->ended_ms = tf_now_ms();
+  atomic_store(&s->finished, 1);
+  return NULL;
+}
+
+START_TEST(test_abort_from_other_thread) {
+  /* Host ranks as threads of this (Check-forked) process; a timeout far beyond the test so that
+   * only the abort can release the collective. */
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  setenv("FLEXCOLL_TIMEOUT_MS", "30000", 1);
+  int fds_before = count_fds();
+  flexcoll_comm_t comms[2] = {NULL, NULL};
+  ck_assert_msg(flexcoll_comm_init_all(comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
+
+  stuck_t s = {.comm = comms[0]};
+  atomic_init(&s.finished, 0);
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, stuck_allreduce, &s), 0);
+  /* Rank 1 never calls: the allreduce of rank 0 waits. */
+  tf_sleep_ms(500);
+  ck_assert_msg(!atomic_load(&s.finished), "allreduce returned %d (%s) without its peer: %s", s.res,
+                flexcoll_get_error_string(s.res), s.err);
+
+  double t_abort = tf_now_ms();
+  ck_assert_int_eq(flexcoll_comm_abort(comms[0]), FLEXCOLL_SUCCESS);
+  ck_assert_msg(tf_now_ms() - t_abort < 1000, "abort took %.0f ms", tf_now_ms() - t_abort);
+  while (!atomic_load(&s.finished) && tf_now_ms() - t_abort < 5000) tf_sleep_ms(5);
+  ck_assert_msg(atomic_load(&s.finished), "the allreduce still waits 5 s after flexcoll_comm_abort");
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  double released = s.ended_ms - t_abort;
+  ck_assert_msg(s.res != FLEXCOLL_SUCCESS, "the aborted allreduce returned SUCCESS");
+  ck_assert_msg(s.res == FLEXCOLL_REMOTE_ERROR || s.res == FLEXCOLL_INVALID_USAGE || s.res == FLEXCOLL_TIMEOUT,
+                "the aborted allreduce returned %d (%s): %s", s.res, flexcoll_get_error_string(s.res), s.err);
+  ck_assert_msg(s.err[0], "no last error in the aborted thread");
+  ck_assert_msg(released < 1000, "the allreduce returned %.0f ms after the abort", released);
+  fprintf(stderr, "  aborted allreduce: %s after %.0f ms: %s\n", result_name(s.res), released, s.err);
+
+  /* Only destroy is allowed now; the surviving rank is aborted and destroyed too, all promptly. */
+  int v;
+  ck_assert_int_eq(flexcoll_comm_count(comms[0], &v), FLEXCOLL_INVALID_USAGE);
+  double t0 = tf_now_ms();
+  ck_assert_int_eq(flexcoll_comm_destroy(comms[0]), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_comm_abort(comms[1]), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_comm_destroy(comms[1]), FLEXCOLL_SUCCESS);
+  ck_assert_msg(tf_now_ms() - t0 < 2000, "destroying the aborted communicators took %.0f ms", tf_now_ms() - t0);
+  /* Everything is released (the rendezvous server of init_all ends with the rendezvous). */
+  int fds_after = count_fds();
+  for (int i = 0; i < 100 && fds_after != fds_before; i++) tf_sleep_ms(10), fds_after = count_fds();
+  ck_assert_msg(fds_after == fds_before, "%d file descriptors before init_all, %d after destroy", fds_before, fds_after);
+}
+END_TEST
+
+typedef struct {
+  flexcoll_comm_t comms[2];
+  atomic_int finished;
+  flexcoll_result_t res;
+} group_stuck_t;
+
+static void *stuck_group(void *arg) {
+  group_stuck_t *g = arg;
+  static int in[2][256], out[2][256];
+  /* Rank 0 runs an allreduce and then a broadcast; rank 1 only the allreduce: the group waits in
+   * rank 0's broadcast. */
+  flexcoll_group_start();
+  flexcoll_allreduce(in[0], out[0], 256, FLEXCOLL_INT32, FLEXCOLL_SUM, g->comms[0], NULL);
+  flexcoll_broadcast(in[0], out[0], 256, FLEXCOLL_INT32, 1, g->comms[0], NULL);
+  flexcoll_allreduce(in[1], out[1], 256, FLEXCOLL_INT32, FLEXCOLL_SUM, g->comms[1], NULL);
+  g->res = flexcoll_group_end();
+  atomic_store(&g->finished, 1);
+  return NULL;
+}
+
+START_TEST(test_abort_releases_group) {
+  /* A group stuck at its end (one rank waits for a peer that has nothing more to do) is released
+   * by aborting the waiting communicator from another thread. */
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  setenv("FLEXCOLL_TIMEOUT_MS", "30000", 1);
+  group_stuck_t g;
+  memset(&g, 0, sizeof g);
+  atomic_init(&g.finished, 0);
+  ck_assert_msg(flexcoll_comm_init_all(g.comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s",
+                flexcoll_get_last_error(NULL));
+  pthread_t t;
+  ck_assert_int_eq(pthread_create(&t, NULL, stuck_group, &g), 0);
+  tf_sleep_ms(500);
+  ck_assert_msg(!atomic_load(&g.finished), "the group ended (%d) although rank 1 never joined the broadcast", g.res);
+  double t0 = tf_now_ms();
+  ck_assert_int_eq(flexcoll_comm_abort(g.comms[0]), FLEXCOLL_SUCCESS);
+  while (!atomic_load(&g.finished) && tf_now_ms() - t0 < 5000) tf_sleep_ms(5);
+  ck_assert_msg(atomic_load(&g.finished), "the group still waits 5 s after flexcoll_comm_abort");
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(g.res != FLEXCOLL_SUCCESS, "the aborted group returned SUCCESS");
+  ck_assert_msg(tf_now_ms() - t0 < 1500, "the group ended %.0f ms after the abort", tf_now_ms() - t0);
+  t0 = tf_now_ms();
+  ck_assert_int_eq(flexcoll_comm_destroy(g.comms[0]), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_comm_abort(g.comms[1]), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_comm_destroy(g.comms[1]), FLEXCOLL_SUCCESS);
+  ck_assert_msg(tf_now_ms() - t0 < 2000, "destroying took %.0f ms", tf_now_ms() - t0);
+}
+END_TEST
+
+/* ---- main ---------------------------------------------------------------------------------------- */
+
+static Suite *failure_suite(void) {
+  Suite *s = suite_create("failure");
+  TCase *dead = tcase_create("dead_rank");
+  tcase_set_timeout(dead, 8 * TIMEOUT_MS / 1000);
+  tcase_add_test(dead, test_rank_exits);
+  tcase_add_test(dead, test_rank_killed);
+  tcase_add_test(dead, test_rank_stalls);
+  tcase_add_test(dead, test_rank_killed_mid_transfer);
+  tcase_add_test(dead, test_init_peer_missing);
+  suite_add_tcase(s, dead);
+
+  TCase *abort_tc = tcase_create("abort");
+  tcase_set_timeout(abort_tc, 15);
+  tcase_add_test(abort_tc, test_abort_from_other_thread);
+  tcase_add_test(abort_tc, test_abort_releases_group);
+  suite_add_tcase(s, abort_tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(failure_suite());
+  /* Every test in its own process: the ranks are forked from it and it sets the environment. */
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,160 @@
+/* test_p2p.c — flexcoll_send / flexcoll_recv / flexcoll_alltoall on host memory: forked ranks (over
+ * TCP and over shared memory) and threads of one process, every datatype, counts 0, 1, odd and
+ * large, fresh random data; ranks that take no part in a send keep their collectives in step;
+ * bad input. */
+#define _GNU_SOURCE
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "flexcoll.h"
+#include "harness.h"
+
+static const size_t counts[] = {0, 1, 7, 100003};
+#define NCOUNTS (sizeof counts / sizeof counts[0])
+
+/* Ring exchange inside a group: send to next, receive from previous, plus a message to self. */
+static int ring_exchange(hx_rank_t *r, flexcoll_datatype_t dt, size_t count, uint64_t call) {
+  size_t es = fc_dtype_size(dt);
+  int next = (r->rank + 1) % r->nranks, prev = (r->rank + r->nranks - 1) % r->nranks;
+  hx_data_t d = {dt, HX_GEN_BITS, r->seed, call, r->nranks};
+  hx_buf_t sb, rb, self_rb;
+  char *send = hx_buf_new(r, &sb, count * es), *recv = hx_buf_new(r, &rb, count * es);
+  char *self = hx_buf_new(r, &self_rb, count * es);
+  if (!send || !recv || !self) return 1;
+  hx_fill(&d, r->rank, send, 0, count);
+  snprintf(r->what, sizeof r->what, "ring exchange %s count %zu", fc_dtype_name(dt), count);
+  flexcoll_group_start();
+  flexcoll_result_t a = flexcoll_send(send, count, dt, next, r->comm, NULL);
+  flexcoll_result_t b = flexcoll_recv(recv, count, dt, prev, r->comm, NULL);
+  flexcoll_result_t c = flexcoll_recv(self, count, dt, r->rank, r->comm, NULL); /* before its send */
+  flexcoll_result_t e = flexcoll_send(send, count, dt, r->rank, r->comm, NULL);
+  flexcoll_result_t end = flexcoll_group_end();
+  if (hx_ok(r, a, r->comm, "send") && hx_ok(r, b, r->comm, "recv") && hx_ok(r, c, r->comm, "recv self") &&
+      hx_ok(r, e, r->comm, "send self") && hx_ok(r, end, r->comm, "group_end")) {
+    hx_check_input(r, "from prev", &d, prev, recv, 0, count);
+    hx_check_input(r, "from self", &d, r->rank, self, 0, count);
+  }
+  hx_buf_check_guards(r, "recv", &rb);
+  hx_buf_free(&sb);
+  hx_buf_free(&rb);
+  hx_buf_free(&self_rb);
+  return 0;
+}
+
+static int alltoall_once(hx_rank_t *r, flexcoll_datatype_t dt, size_t count, uint64_t call) {
+  size_t es = fc_dtype_size(dt), n = (size_t)r->nranks;
+  hx_data_t d = {dt, HX_GEN_BITS, r->seed, call, r->nranks};
+  hx_buf_t sb, rb;
+  char *send = hx_buf_new(r, &sb, n * count * es), *recv = hx_buf_new(r, &rb, n * count * es);
+  if (!send || !recv) return 1;
+  hx_fill(&d, r->rank, send, 0, n * count);
+  snprintf(r->what, sizeof r->what, "alltoall %s count %zu", fc_dtype_name(dt), count);
+  if (hx_ok(r, flexcoll_alltoall(send, recv, count, dt, r->comm, NULL), r->comm, "alltoall"))
+    for (int q = 0; q < r->nranks; q++)
+      hx_check_input(r, "block", &d, q, recv + (size_t)q * count * es, (size_t)r->rank * count, count);
+  hx_buf_check_guards(r, "recv", &rb);
+  hx_buf_free(&sb);
+  hx_buf_free(&rb);
+  return 0;
+}
+
+/* Only ranks 0 and 1 exchange (outside a group, one direction each way in turn); then everybody
+ * runs an allreduce, which must still match across ranks. */
+static int bystanders(hx_rank_t *r, uint64_t call) {
+  int64_t v = 0, sum = 0;
+  if (r->rank == 0) v = 42, hx_ok(r, flexcoll_send(&v, 1, FLEXCOLL_INT64, 1, r->comm, NULL), r->comm, "send 0->1");
+  if (r->rank == 1) {
+    if (hx_ok(r, flexcoll_recv(&v, 1, FLEXCOLL_INT64, 0, r->comm, NULL), r->comm, "recv 1<-0") && v != 42)
+      hx_fail(r, "rank 1 received %lld, expected 42", (long long)v);
+  }
+  int64_t mine = r->rank + (int64_t)call;
+  if (hx_ok(r, flexcoll_allreduce(&mine, &sum, 1, FLEXCOLL_INT64, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce")) {
+    int64_t want = (int64_t)r->nranks * (r->nranks - 1) / 2 + (int64_t)r->nranks * (int64_t)call;
+    if (sum != want) hx_fail(r, "allreduce after send/recv: %lld, expected %lld", (long long)sum, (long long)want);
+  }
+  return 0;
+}
+
+static int p2p_rank(hx_rank_t *r) {
+  uint64_t call = 0;
+  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
+    for (size_t c = 0; c < NCOUNTS; c++) {
+      if (counts[c] > 1000 && dt % 3) continue; /* the large count for a few types only */
+      ring_exchange(r, (flexcoll_datatype_t)dt, counts[c], call++);
+      alltoall_once(r, (flexcoll_datatype_t)dt, counts[c], call++);
+    }
+  if (r->nranks >= 2)
+    for (int i = 0; i < 5; i++) bystanders(r, call++);
+  return 0;
+}
+
+START_TEST(test_procs) {
+  static const int sizes[] = {2, 3, 4};
+  hx_opts_t o = {.label = "p2p procs"};
+  ck_assert_msg(hx_run_procs(sizes[_i], &o, p2p_rank, NULL), "%d ranks: see stderr", sizes[_i]);
+}
+END_TEST
+
+/* The same over UCX's shared-memory transports (the default peer-failure mode keeps UCX 1.13 on
+ * TCP, which the cases above use): both transports carry every message kind. */
+START_TEST(test_procs_shared_memory) {
+  static const char *const env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", NULL};
+  hx_opts_t o = {.label = "p2p procs shm", .env = env};
+  ck_assert_msg(hx_run_procs(3, &o, p2p_rank, NULL), "3 ranks over shared memory: see stderr");
+}
+END_TEST
+
+START_TEST(test_threads) {
+  hx_opts_t o = {.label = "p2p threads"};
+  ck_assert_msg(hx_run_threads(3, &o, p2p_rank, NULL), "3 thread ranks: see stderr");
+}
+END_TEST
+
+/* Bad input: the documented codes and a last error naming the problem. */
+static int bad_input_rank(hx_rank_t *r) {
+  char buf[64] = {0};
+  flexcoll_result_t res = flexcoll_send(buf, 1, FLEXCOLL_INT8, r->nranks, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "peer"))
+    hx_fail(r, "send to peer nranks: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_recv(NULL, 4, FLEXCOLL_INT8, 0, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "recvbuf"))
+    hx_fail(r, "recv into NULL: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_alltoall(buf, buf + 1, 1, FLEXCOLL_INT8, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "overlap"))
+    hx_fail(r, "overlapping alltoall: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_send(buf, 1, (flexcoll_datatype_t)77, 0, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "datatype"))
+    hx_fail(r, "send of datatype 77: %d (%s)", res, flexcoll_get_last_error(NULL));
+  /* Sizes that disagree: rank 0 sends 8 bytes, rank 1 expects 16. */
+  if (r->rank == 0) flexcoll_send(buf, 8, FLEXCOLL_UINT8, 1, r->comm, NULL);
+  if (r->rank == 1) {
+    res = flexcoll_recv(buf, 16, FLEXCOLL_UINT8, 0, r->comm, NULL);
+    if (res != FLEXCOLL_INVALID_USAGE) hx_fail(r, "recv of 16 bytes from a send of 8: %d (%s)", res, flexcoll_get_last_error(r->comm));
+  }
+  return 0;
+}
+
+START_TEST(test_bad_input) {
+  hx_opts_t o = {.label = "p2p bad input"};
+  ck_assert_msg(hx_run_procs(2, &o, bad_input_rank, NULL), "see stderr");
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("p2p");
+  TCase *tc = tcase_create("p2p");
+  tcase_set_timeout(tc, 600);
+  tcase_add_loop_test(tc, test_procs, 0, 3);
+  tcase_add_test(tc, test_procs_shared_memory);
+  tcase_add_test(tc, test_threads);
+  tcase_add_test(tc, test_bad_input);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,42 @@
+/* flexcoll-info — what flexcoll sees on this machine (GPUs, links, NUMA, RDMA devices) and the
+ * settings it would use, from the environment and the built-in defaults. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "flexcoll.h"
+#include "topo.h"
+
+static void setting(const char *var, const char *dflt, const char *what) {
+  const char *v = getenv(var);
+  printf("  %-28s %-12s %s%s\n", var, v && *v ? v : dflt, what, v && *v ? " (from the environment)" : "");
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+    printf("usage: %s\nPrints devices, links and flexcoll's settings. See flexcoll-info(1).\n", argv[0]);
+    return 0;
+  }
+  int version = 0;
+  flexcoll_get_version(&version);
+  printf("flexcoll %d.%d.%d (CUDA %s, verbs %s, hwloc %s)\n", version / 10000, version / 100 % 100, version % 100,
+         HAVE_CUDA ? "yes" : "no", HAVE_VERBS ? "yes" : "no", HAVE_HWLOC ? "yes" : "no");
+  fc_topo_t t;
+  fc_topo_discover(&t);
+  fc_topo_print(&t, stdout);
+  printf("Settings:\n");
+  setting("FLEXCOLL_ALGO", "auto", "algorithm (ring|tree), else by size");
+  setting("FLEXCOLL_NVLINK_ENGINE", "auto", "NVLink engine (sm|ce|auto)");
+  setting("FLEXCOLL_ONESHOT_MAX_BYTES", "262144", "device messages up to this size use the one-shot kernels");
+  setting("FLEXCOLL_GPU_SLICE_SIZE", "4194304", "bytes per device pipeline slice");
+  setting("FLEXCOLL_GPU_SLOTS", "8", "staging slots per peer");
+  setting("FLEXCOLL_CHUNK_SIZE", "1048576", "bytes per pipeline chunk (tree/chain)");
+  setting("FLEXCOLL_SLICE_SIZE", "1048576", "bytes per host transfer slice");
+  setting("FLEXCOLL_UCX_PEER_FAILURE", "1", "UCX reports dead peers (1) or may use faster shared memory (0)");
+  setting("FLEXCOLL_TIMEOUT_MS", "300000", "longest wait on a peer");
+  setting("FLEXCOLL_BOOTSTRAP_TIMEOUT", "120", "seconds a root waits for its ranks");
+  setting("FLEXCOLL_SOCKET_IFNAME", "(first up)", "bootstrap interface");
+  return 0;
+}

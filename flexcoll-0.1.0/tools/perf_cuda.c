@@ -1,0 +1,52 @@
+/* perf_cuda.c — flexcoll-perf's buffers and streams: CUDA device memory when built with CUDA,
+ * plain host memory for device -1 (and on builds without CUDA). */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "perf.h"
+
+#if HAVE_CUDA
+#include <cuda_runtime.h>
+
+int perf_gpu_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+  return n;
+}
+int perf_set_device(int dev) { return cudaSetDevice(dev) != cudaSuccess; }
+void *perf_alloc(size_t bytes, int device) {
+  if (device < 0) return malloc(bytes);
+  void *p = NULL;
+  return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+void perf_free(void *p, int device) {
+  if (device < 0) free(p);
+  else cudaFree(p);
+}
+int perf_copy(void *dst, const void *src, size_t bytes, int device) {
+  if (device < 0) { memcpy(dst, src, bytes); return 0; }
+  return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) != cudaSuccess;
+}
+void *perf_stream_create(int device) {
+  cudaStream_t s = NULL;
+  (void)device;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  return s;
+}
+void perf_stream_destroy(void *stream, int device) { (void)device; cudaStreamDestroy((cudaStream_t)stream); }
+int perf_stream_sync(void *stream, int device) {
+  if (device < 0) return 0;
+  return cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess;
+}
+#else
+int perf_gpu_count(void) { return 0; }
+int perf_set_device(int dev) { (void)dev; return 1; }
+void *perf_alloc(size_t bytes, int device) { (void)device; return malloc(bytes); }
+void perf_free(void *p, int device) { (void)device; free(p); }
+int perf_copy(void *dst, const void *src, size_t bytes, int device) { (void)device; memcpy(dst, src, bytes); return 0; }
+void *perf_stream_create(int device) { (void)device; return NULL; }
+void perf_stream_destroy(void *stream, int device) { (void)stream; (void)device; }
+int perf_stream_sync(void *stream, int device) { (void)stream; (void)device; return 0; }
+#endif

@@ -1,0 +1,293 @@
+/* perf_run.c — one rank's sweep: buffers, warm-up, timed iterations, checks, the report. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dtype.h"
+#include "perf.h"
+
+static const char *coll_names[PERF_NUM_COLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
+                                                 "alltoall"};
+
+int perf_coll_from_name(const char *name) {
+  for (int i = 0; i < PERF_NUM_COLLS; i++)
+    if (strcmp(name, coll_names[i]) == 0) return i;
+  return -1;
+}
+
+typedef struct {
+  const perf_opts_t *o;
+  int rank, nranks, device;
+  flexcoll_comm_t comm;
+  perf_nccl_comm_t *nccl;
+  void *stream;
+  FILE *json;
+  int status;
+} perf_rank_t;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Host-memory collectives on the same communicator serve as barrier and reduction of results. */
+static double max_over_ranks(perf_rank_t *r, double v) {
+  double out = v;
+  if (flexcoll_allreduce(&v, &out, 1, FLEXCOLL_FLOAT64, FLEXCOLL_MAX, r->comm, NULL) != FLEXCOLL_SUCCESS) r->status = 1;
+  return out;
+}
+
+static double sum_over_ranks(perf_rank_t *r, double v) {
+  double out = v;
+  if (flexcoll_allreduce(&v, &out, 1, FLEXCOLL_FLOAT64, FLEXCOLL_SUM, r->comm, NULL) != FLEXCOLL_SUCCESS) r->status = 1;
+  return out;
+}
+
+static int coll_call(perf_rank_t *r, int use_nccl, int coll, const void *s, void *d, size_t count) {
+  const perf_opts_t *o = r->o;
+  if (use_nccl) return perf_nccl_run(r->nccl, coll, s, d, count, o->dtype, o->op, o->root, r->stream);
+  switch (coll) {
+    case PERF_ALLREDUCE: return flexcoll_allreduce(s, d, count, o->dtype, o->op, r->comm, r->stream);
+    case PERF_ALLGATHER: return flexcoll_allgather(s, d, count, o->dtype, r->comm, r->stream);
+    case PERF_REDUCE_SCATTER: return flexcoll_reduce_scatter(s, d, count, o->dtype, o->op, r->comm, r->stream);
+    case PERF_BROADCAST: return flexcoll_broadcast(s, d, count, o->dtype, o->root, r->comm, r->stream);
+    case PERF_ALLTOALL: return flexcoll_alltoall(s, d, count, o->dtype, r->comm, r->stream);
+    default: return flexcoll_reduce(s, d, count, o->dtype, o->op, o->root, r->comm, r->stream);
+  }
+}
+
+typedef struct {
+  size_t count, send_elems, recv_elems;
+  void *send, *recv, *host;
+} perf_bufs_t;
+
+/* Count per call from the total size, the way nccl-tests sizes its columns. */
+static void size_counts(int coll, size_t bytes, size_t esize, int n, perf_bufs_t *b) {
+  size_t total = bytes / esize;
+  int per_rank = coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL;
+  b->count = per_rank ? total / (size_t)n : total;
+  b->send_elems = (coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL) ? b->count * (size_t)n : b->count;
+  b->recv_elems = (coll == PERF_ALLGATHER || coll == PERF_ALLTOALL) ? b->count * (size_t)n : b->count;
+}
+
+static int prepare(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll) {
+  size_t esize = fc_dtype_size(r->o->dtype);
+  size_t sbytes = b->send_elems * esize, rbytes = b->recv_elems * esize;
+  memset(b->host, 0xff, rbytes > sbytes ? rbytes : sbytes);
+  if (perf_copy(b->recv, b->host, rbytes, r->device)) return 1; /* poison the output */
+  perf_fill_input(b->host, b->send_elems, r->o->dtype, r->rank, 0);
+  void *dst = b->send;
+  if (inplace) dst = (char *)b->recv + (coll == PERF_ALLGATHER ? (size_t)r->rank * sbytes : 0);
+  return perf_copy(dst, b->host, sbytes, r->device);
+}
+
+static const void *send_ptr(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll, size_t esize) {
+  if (!inplace) return b->send;
+  return (char *)b->recv + (coll == PERF_ALLGATHER ? (size_t)r->rank * b->count * esize : 0);
+}
+
+static void *recv_ptr(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll, size_t esize) {
+  if (inplace && coll == PERF_REDUCE_SCATTER) return (char *)b->recv + (size_t)r->rank * b->count * esize;
+  return b->recv;
+}
+
+/* One measurement: returns the time per call (s), max over ranks; *wrong gets the global count. */
+static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace, double *wrong) {
+  const perf_opts_t *o = r->o;
+  int coll = perf_coll_from_name(o->coll);
+  size_t esize = fc_dtype_size(o->dtype);
+  /* In place, reduce_scatter reads and writes the larger send-sized buffer. */
+  perf_bufs_t use = *b;
+  if (inplace && coll == PERF_REDUCE_SCATTER) use.recv_elems = use.send_elems;
+  /* Every rank takes part in the same collectives, whatever failed locally: agree first. */
+  if (max_over_ranks(r, prepare(r, &use, inplace, coll)) > 0) {
+    r->status = 1;
+    *wrong = 1;
+    return 0;
+  }
+  const void *s = send_ptr(r, &use, inplace, coll, esize);
+  void *d = recv_ptr(r, &use, inplace, coll, esize);
+  int err = coll_call(r, use_nccl, coll, s, d, use.count) || perf_stream_sync(r->stream, r->device);
+  double w = 0;
+  if (!err && o->check) {
+    perf_copy(use.host, use.recv, use.recv_elems * esize, r->device);
+    const void *res = (char *)use.host + (d == use.recv ? 0 : (size_t)((char *)d - (char *)use.recv));
+    w = (double)perf_count_wrong(coll, res, use.count, o->dtype, o->op, r->rank, r->nranks, o->root);
+  }
+  for (int i = 0; i < o->warmup && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);
+  err = err || perf_stream_sync(r->stream, r->device);
+  max_over_ranks(r, 0);
+  double t0 = now_s();
+  for (int i = 0; i < o->iters && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);
+  err = err || perf_stream_sync(r->stream, r->device);
+  double t = (now_s() - t0) / o->iters;
+  if (err) {
+    fprintf(stderr, "flexcoll-perf: rank %d: %s failed: %s\n", r->rank, use_nccl ? "NCCL" : o->coll,
+            use_nccl ? "see NCCL_DEBUG=WARN" : flexcoll_get_last_error(r->comm));
+    r->status = 1;
+    w += 1;
+  }
+  *wrong = sum_over_ranks(r, w);
+  return max_over_ranks(r, t);
+}
+
+static double bus_factor(int coll, int n) {
+  if (coll == PERF_ALLREDUCE) return 2.0 * (n - 1) / n;
+  if (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL) return (double)(n - 1) / n;
+  return 1.0;
+}
+
+static void print_header(perf_rank_t *r) {
+  const perf_opts_t *o = r->o;
+  printf("# flexcoll-perf: %s, %d ranks, %s memory, %s %s, warmup %d, iters %d%s\n", o->coll, r->nranks, o->memory,
+         fc_dtype_name(o->dtype), fc_op_name(o->op), o->warmup, o->iters, r->nccl ? ", baseline NCCL" : "");
+  printf("#%11s %12s %8s %6s %5s  %9s %7s %7s %6s  %9s %7s %7s %6s%s\n", "size", "count", "type", "redop", "root",
+         "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
+         r->nccl ? "  nccl:time  busbw  flexcoll/nccl" : "");
+  printf("#%11s %12s %8s %6s %5s  %9s %7s %7s %6s  %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
+         "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *first_json) {
+  const perf_opts_t *o = r->o;
+  int coll = perf_coll_from_name(o->coll);
+  size_t esize = fc_dtype_size(o->dtype);
+  perf_bufs_t b;
+  size_counts(coll, bytes, esize, r->nranks, &b);
+  size_t big = (b.send_elems > b.recv_elems ? b.send_elems : b.recv_elems) * esize;
+  b.send = perf_alloc(b.send_elems * esize + 64, r->device);
+  b.recv = perf_alloc(big + 64, r->device);
+  b.host = malloc(big + 64);
+  double t[2], wr[2], tn = 0, wn = 0;
+  /* AllToAll has no in-place form: its in-place columns stay empty. */
+  for (int ip = 0; ip < 2; ip++) {
+    t[ip] = wr[ip] = 0;
+    if (!ip || coll != PERF_ALLTOALL) t[ip] = measure(r, 0, &b, ip, &wr[ip]);
+  }
+  if (r->nccl) tn = measure(r, 1, &b, 0, &wn);
+  size_t total = (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL)
+                     ? b.count * (size_t)r->nranks * esize
+                     : b.count * esize;
+  double f = bus_factor(coll, r->nranks);
+  *wrong_total += wr[0] + wr[1] + wn;
+  if (r->rank == 0) {
+    printf("%12zu %12zu %8s %6s %5d", total, b.count, fc_dtype_name(o->dtype), fc_op_name(o->op),
+           (coll == PERF_BROADCAST || coll == PERF_REDUCE) ? o->root : -1);
+    for (int ip = 0; ip < 2; ip++) {
+      double algbw = t[ip] > 0 ? (double)total / t[ip] / 1e9 : 0;
+      if (t[ip] > 0) printf("  %9.2f %7.2f %7.2f %6.0f", t[ip] * 1e6, algbw, algbw * f, wr[ip]);
+      else printf("  %9s %7s %7s %6s", "n/a", "", "", "");
+    }
+    if (r->nccl) printf("  %9.2f %6.2f %8.3f", tn * 1e6, tn > 0 ? (double)total / tn / 1e9 * f : 0, tn / t[0]);
+    printf("\n");
+    fflush(stdout);
+    if (r->json) {
+      fprintf(r->json, "%s\n    {\"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, \"algbw\": %.3f, \"busbw\": %.3f, "
+              "\"wrong\": %.0f, \"inplace_time_us\": %.3f, \"inplace_busbw\": %.3f, \"inplace_wrong\": %.0f",
+              *first_json ? "" : ",", total, b.count, t[0] * 1e6, total / t[0] / 1e9, total / t[0] / 1e9 * f, wr[0],
+              t[1] * 1e6, t[1] > 0 ? total / t[1] / 1e9 * f : 0, wr[1]);
+      if (r->nccl) fprintf(r->json, ", \"nccl_time_us\": %.3f, \"nccl_busbw\": %.3f", tn * 1e6, total / tn / 1e9 * f);
+      fprintf(r->json, "}");
+      *first_json = 0;
+    }
+  }
+  perf_free(b.send, r->device);
+  perf_free(b.recv, r->device);
+  free(b.host);
+}
+
+static void *rank_main(void *arg) {
+  perf_rank_t *r = arg;
+  const perf_opts_t *o = r->o;
+  if (r->device >= 0 && perf_set_device(r->device)) { r->status = 1; return NULL; }
+  r->stream = r->device >= 0 ? perf_stream_create(r->device) : NULL;
+  if (o->baseline && r->device >= 0) {
+    char id[128] = {0};
+    if (r->rank == 0 && perf_nccl_unique_id(id)) r->status = 1;
+    flexcoll_broadcast(id, id, sizeof id, FLEXCOLL_UINT8, 0, r->comm, NULL);
+    /* Rank 0 alone knows whether NCCL gave an id: all ranks go on, or none. */
+    if (max_over_ranks(r, r->status) > 0) r->status = 1;
+    else if (perf_nccl_init_rank(&r->nccl, r->nranks, id, r->rank)) r->status = 1;
+  }
+  if (r->rank == 0) print_header(r);
+  if (r->rank == 0 && o->json && (r->json = fopen(o->json, "w")))
+    fprintf(r->json, "{\"collective\": \"%s\", \"nranks\": %d, \"memory\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", "
+            "\"results\": [", o->coll, r->nranks, o->memory, fc_dtype_name(o->dtype), fc_op_name(o->op));
+  double wrong = 0;
+  int first = 1;
+  size_t esize = fc_dtype_size(o->dtype), unit = esize * (size_t)r->nranks;
+  for (size_t bytes = o->minbytes; bytes <= o->maxbytes && max_over_ranks(r, r->status) == 0;) {
+    size_t rounded = bytes / unit * unit;
+    sweep_size(r, rounded ? rounded : unit, &wrong, &first);
+    size_t next = (size_t)((double)bytes * o->step);
+    bytes = next > bytes ? next : bytes + 1;
+  }
+  if (r->json) { fprintf(r->json, "\n  ]}\n"); fclose(r->json); }
+  if (r->rank == 0) printf("# Out of bounds values : %.0f %s\n", wrong, wrong ? "FAILED" : "OK");
+  if (wrong) r->status = 1;
+  if (r->nccl) perf_nccl_destroy(r->nccl);
+  if (r->stream) perf_stream_destroy(r->stream, r->device);
+  return NULL;
+}
+
+/* The launcher's local rank (processes on this host), or -1. */
+static int local_rank(void) {
+  static const char *const vars[] = {"FLEXCOLL_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                     "SLURM_LOCALID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *v = getenv(vars[i]);
+    if (v && *v) return atoi(v);
+  }
+  return -1;
+}
+
+int perf_run_launched(const perf_opts_t *o) {
+  perf_rank_t r = {.o = o, .device = -1};
+  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+  if (!o->device) cfg.cuda_device = -1;
+  /* One GPU per process: the local rank's, when the launcher says which that is. */
+  int local = local_rank(), ngpus = o->device ? perf_gpu_count() : 0;
+  if (local >= 0 && ngpus > 0) cfg.cuda_device = local % ngpus;
+  flexcoll_result_t res = flexcoll_comm_init_from_env(&r.comm, &cfg);
+  if (res != FLEXCOLL_SUCCESS) {
+    fprintf(stderr, "flexcoll-perf: init failed: %s\n", flexcoll_get_last_error(NULL));
+    return 1;
+  }
+  flexcoll_comm_count(r.comm, &r.nranks);
+  flexcoll_comm_user_rank(r.comm, &r.rank);
+  if (o->device) flexcoll_comm_cu_device(r.comm, &r.device);
+  rank_main(&r);
+  flexcoll_comm_destroy(r.comm);
+  return r.status;
+}
+
+int perf_run_threads(const perf_opts_t *o) {
+  int n = o->nranks;
+  flexcoll_comm_t *comms = calloc((size_t)n, sizeof *comms);
+  perf_rank_t *ranks = calloc((size_t)n, sizeof *ranks);
+  pthread_t *threads = calloc((size_t)n, sizeof *threads);
+  if (flexcoll_comm_init_all(comms, n, NULL) != FLEXCOLL_SUCCESS) {
+    fprintf(stderr, "flexcoll-perf: init of %d ranks failed: %s\n", n, flexcoll_get_last_error(NULL));
+    return 1;
+  }
+  for (int i = 0; i < n; i++) {
+    ranks[i] = (perf_rank_t){.o = o, .rank = i, .nranks = n, .comm = comms[i], .device = -1};
+    if (o->device) flexcoll_comm_cu_device(comms[i], &ranks[i].device);
+    pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
+  }
+  int status = 0;
+  for (int i = 0; i < n; i++) {
+    pthread_join(threads[i], NULL);
+    status |= ranks[i].status;
+    flexcoll_comm_destroy(comms[i]);
+  }
+  free(comms);
+  free(ranks);
+  free(threads);
+  return status;
+}

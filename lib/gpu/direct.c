@@ -33,6 +33,7 @@
 #include "config.h"
 
 #if HAVE_CUDA
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,28 +131,29 @@ typedef struct {
   uint32_t seq;
 } direct_t;
 
-/* arrive: tell every peer this call's buffers are ready on our side, then wait for theirs. */
-static flexcoll_result_t arrive(direct_t *d, cudaStream_t s) {
+/* Write seq into flag `field` of ours at every peer, from stream s, then wait on s until every
+ * peer's has reached seq in our staging area. */
+static flexcoll_result_t signal_and_wait(direct_t *d, cudaStream_t s, size_t field) {
   struct fc_gpu *g = d->g;
   int me = d->comm->rank, n = d->comm->nranks;
   for (int q = 0; q < n; q++)
-    if (q != me) CU_TRY(d->comm, g->write_value32(s, (CUdeviceptr)&fc_pair_flags(g, g->peers[q].stage, me)->arrive, d->seq, 0));
+    if (q != me)
+      CU_TRY(d->comm, g->write_value32(s, (CUdeviceptr)((char *)fc_pair_flags(g, g->peers[q].stage, me) + field), d->seq, 0));
   for (int q = 0; q < n; q++)
     if (q != me)
-      CU_TRY(d->comm, g->wait_value32(s, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->arrive, d->seq, CU_STREAM_WAIT_VALUE_GEQ));
+      CU_TRY(d->comm, g->wait_value32(s, (CUdeviceptr)((char *)fc_pair_flags(g, g->stage, q) + field), d->seq,
+                                      CU_STREAM_WAIT_VALUE_GEQ));
   return FLEXCOLL_SUCCESS;
+}
+
+/* arrive: tell every peer this call's buffers are ready on our side, then wait for theirs. */
+static flexcoll_result_t arrive(direct_t *d, cudaStream_t s) {
+  return signal_and_wait(d, s, offsetof(fc_pair_flags_t, arrive));
 }
 
 /* done: our copies (everything before on s) are complete; wait until the peers' are. */
 static flexcoll_result_t finish(direct_t *d, cudaStream_t s) {
-  struct fc_gpu *g = d->g;
-  int me = d->comm->rank, n = d->comm->nranks;
-  for (int q = 0; q < n; q++)
-    if (q != me) CU_TRY(d->comm, g->write_value32(s, (CUdeviceptr)&fc_pair_flags(g, g->peers[q].stage, me)->done, d->seq, 0));
-  for (int q = 0; q < n; q++)
-    if (q != me)
-      CU_TRY(d->comm, g->wait_value32(s, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->done, d->seq, CU_STREAM_WAIT_VALUE_GEQ));
-  return FLEXCOLL_SUCCESS;
+  return signal_and_wait(d, s, offsetof(fc_pair_flags_t, done));
 }
 
 static flexcoll_result_t copy(direct_t *d, void *dst, const void *src, size_t bytes, cudaStream_t s) {

@@ -142,6 +142,21 @@ flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_data
 flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t dtype, int peer,
                                 flexcoll_comm_t comm, flexcoll_stream_t stream);
 
+/* Symmetric windows: device memory that every rank registers together, so that large
+ * collectives on it copy straight between the ranks' buffers with no per-call handshake.
+ * Collective: every rank of comm calls it with its own buffer (device memory of comm's device,
+ * inside one allocation from cudaMalloc), all of the same size, in the same order.  A collective
+ * takes the direct path when each buffer that peers touch (allreduce: both; allgather and
+ * broadcast: recvbuf; reduce_scatter: sendbuf) lies in a window at the SAME offset from its
+ * window's start on every rank; otherwise it runs the staged pipeline.  Breaking that rule on
+ * some ranks only ends in FLEXCOLL_TIMEOUT.  From one thread driving several communicators, call
+ * it inside flexcoll_group_start/end (*window is set at the group's end). */
+typedef struct flexcoll_window *flexcoll_window_t;
+flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window);
+/* Collective: waits for comm's work on the window, unmaps the peers' buffers; after it returns
+ * on every rank the buffer may be freed. */
+flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window);
+
 /* Queue the following calls of this thread until the matching flexcoll_group_end. */
 flexcoll_result_t flexcoll_group_start(void);
 /* Run the calls queued since flexcoll_group_start (the outermost end runs them). */

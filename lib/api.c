@@ -229,48 +229,93 @@ static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
 
 flexcoll_result_t flexcoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                      flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0, comm, stream, FC_CALL_COLL};
+  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0, comm, stream, FC_CALL_COLL, NULL, NULL};
   return submit(&c, "flexcoll_allreduce");
 }
 
 flexcoll_result_t flexcoll_allgather(const void *sendbuf, void *recvbuf, size_t sendcount, flexcoll_datatype_t dtype,
                                      flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL};
+  fc_call_t c = {FC_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL, NULL, NULL};
   return submit(&c, "flexcoll_allgather");
 }
 
 flexcoll_result_t flexcoll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount, flexcoll_datatype_t dtype,
                                           flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0, comm, stream, FC_CALL_COLL};
+  fc_call_t c = {FC_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0, comm, stream, FC_CALL_COLL, NULL, NULL};
   return submit(&c, "flexcoll_reduce_scatter");
 }
 
 flexcoll_result_t flexcoll_broadcast(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype, int root,
                                      flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, root, comm, stream, FC_CALL_COLL};
+  fc_call_t c = {FC_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, root, comm, stream, FC_CALL_COLL, NULL, NULL};
   return submit(&c, "flexcoll_broadcast");
 }
 
 flexcoll_result_t flexcoll_reduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                   flexcoll_op_t op, int root, flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, comm, stream, FC_CALL_COLL};
+  fc_call_t c = {FC_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root, comm, stream, FC_CALL_COLL, NULL, NULL};
   return submit(&c, "flexcoll_reduce");
 }
 
 flexcoll_result_t flexcoll_alltoall(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                     flexcoll_comm_t comm, flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL};
+  fc_call_t c = {FC_COLL_ALLTOALL, sendbuf, recvbuf, count, dtype, FLEXCOLL_SUM, 0, comm, stream, FC_CALL_COLL, NULL, NULL};
   return submit(&c, "flexcoll_alltoall");
 }
 
 flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_datatype_t dtype, int peer, flexcoll_comm_t comm,
                                 flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, NULL, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_SEND};
+  fc_call_t c = {FC_COLL_ALLREDUCE, sendbuf, NULL, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_SEND, NULL, NULL};
   return submit(&c, "flexcoll_send");
 }
 
 flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t dtype, int peer, flexcoll_comm_t comm,
                                 flexcoll_stream_t stream) {
-  fc_call_t c = {FC_COLL_ALLREDUCE, NULL, recvbuf, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_RECV};
+  fc_call_t c = {FC_COLL_ALLREDUCE, NULL, recvbuf, count, dtype, FLEXCOLL_SUM, peer, comm, stream, FC_CALL_RECV, NULL, NULL};
   return submit(&c, "flexcoll_recv");
+}
+
+/* ---- symmetric windows --------------------------------------------------------------------- */
+
+/* The communicator of a window call: live (or initialised earlier in this group). */
+static flexcoll_result_t check_window_comm(flexcoll_comm_t comm, const char *fn) {
+  if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  if (fc_group_active() && fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING && fc_group_inits(comm))
+    return FLEXCOLL_SUCCESS;
+  return fc_comm_check(comm, fn);
+}
+
+flexcoll_result_t fc_window_call_run(const fc_call_t *c) {
+  flexcoll_comm_t comm = c->comm;
+  int reg = c->kind == FC_CALL_WINDOW_REGISTER;
+  const char *fn = reg ? "flexcoll_window_register" : "flexcoll_window_deregister";
+  FC_CHECK(fc_comm_check(comm, fn));
+  FC_CHECK(check_not_failed(comm, fn));
+  if (comm->cuda_device < 0)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: windows hold device memory; this communicator is host-only", fn);
+  if (reg) return fc_gpu_window_register(comm, c->recvbuf, c->count, c->window_out);
+  if (!fc_gpu_window_valid(comm, c->window))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is not a registered window of this communicator", fn);
+  return fc_gpu_window_deregister(comm, c->window);
+}
+
+flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window) {
+  const char *fn = "flexcoll_window_register";
+  FC_CHECK(check_window_comm(comm, fn));
+  if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
+  *window = NULL;
+  if (!buf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: buf is NULL", fn);
+  if (bytes == 0) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: bytes is 0", fn);
+  fc_call_t c = {.recvbuf = buf, .count = bytes, .comm = comm, .kind = FC_CALL_WINDOW_REGISTER, .window_out = window};
+  if (fc_group_active()) return fc_group_enqueue_call(&c);
+  return fc_window_call_run(&c);
+}
+
+flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window) {
+  const char *fn = "flexcoll_window_deregister";
+  FC_CHECK(check_window_comm(comm, fn));
+  if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
+  fc_call_t c = {.comm = comm, .kind = FC_CALL_WINDOW_DEREGISTER, .window = window};
+  if (fc_group_active()) return fc_group_enqueue_call(&c);
+  return fc_window_call_run(&c);
 }

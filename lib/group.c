@@ -33,7 +33,7 @@ static flexcoll_result_t enqueue(const fc_group_op_t *op) {
 }
 
 flexcoll_result_t fc_group_enqueue_call(const fc_call_t *call) {
-  if (call->kind != FC_CALL_COLL) {
+  if (fc_call_is_p2p(call->kind)) {
     /* Neighbouring sends and receives of a communicator run as one batch (see run_comm_work);
      * a batch holds at most FC_P2P_MAX_OPS.  Cutting a longer run into several batches could
      * deadlock (sends in the first batch waiting for receives in the second), so refuse it. */
@@ -41,7 +41,7 @@ flexcoll_result_t fc_group_enqueue_call(const fc_call_t *call) {
     for (size_t i = group_len; i-- > 0;) {
       const fc_group_op_t *o = &group_ops[i];
       if (o->is_init || o->call.comm != call->comm) continue;
-      if (o->call.kind == FC_CALL_COLL) break;
+      if (!fc_call_is_p2p(o->call.kind)) break;
       run++;
     }
     if (run >= FC_P2P_MAX_OPS)
@@ -88,12 +88,14 @@ static void *run_comm_work(void *arg) {
       w->result = fc_comm_init(op->call.comm);
     } else if (op->call.kind == FC_CALL_COLL) {
       w->result = fc_call_run(&op->call);
+    } else if (!fc_call_is_p2p(op->call.kind)) {
+      w->result = fc_window_call_run(&op->call);
     } else {
       /* Neighbouring sends and receives run together, as one batch: a rank that both sends to
        * and receives from a peer must not wait for one before posting the other. */
       fc_call_t batch[FC_P2P_MAX_OPS];
       int n = 0;
-      while (i < w->nops && n < FC_P2P_MAX_OPS && !w->ops[i].is_init && w->ops[i].call.kind != FC_CALL_COLL)
+      while (i < w->nops && n < FC_P2P_MAX_OPS && !w->ops[i].is_init && fc_call_is_p2p(w->ops[i].call.kind))
         batch[n++] = w->ops[i++].call;
       i--;
       w->result = fc_p2p_run(batch, n);

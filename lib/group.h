@@ -8,7 +8,9 @@
 #include "flexcoll.h"
 #include "algos/algos.h"
 
-typedef enum { FC_CALL_COLL, FC_CALL_SEND, FC_CALL_RECV } fc_call_kind_t;
+typedef enum { FC_CALL_COLL, FC_CALL_SEND, FC_CALL_RECV, FC_CALL_WINDOW_REGISTER, FC_CALL_WINDOW_DEREGISTER } fc_call_kind_t;
+
+static inline int fc_call_is_p2p(fc_call_kind_t k) { return k == FC_CALL_SEND || k == FC_CALL_RECV; }
 
 typedef struct {
   fc_coll_t coll;
@@ -21,12 +23,18 @@ typedef struct {
   flexcoll_comm_t comm;
   flexcoll_stream_t stream;
   fc_call_kind_t kind;
+  /* Windows: recvbuf and count are the buffer and its bytes. */
+  struct flexcoll_window *window;      /* deregister */
+  struct flexcoll_window **window_out; /* register */
 } fc_call_t;
 
 /* Run a validated collective now (api.c). */
 flexcoll_result_t fc_call_run(const fc_call_t *call);
 /* Run n validated sends and receives of one communicator together (api.c). */
 flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n);
+
+/* Register or deregister a window now (api.c). */
+flexcoll_result_t fc_window_call_run(const fc_call_t *call);
 
 /* Nonzero inside flexcoll_group_start/end on this thread. */
 int fc_group_active(void);

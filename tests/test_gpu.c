@@ -14,7 +14,7 @@
  *          forking), plain calls (no group).  Left out with fewer than 2 GPUs.
  *
  * Cases (CK_RUN_CASE=<name> runs one; each loop index is one forked child, or pair of children)
- *   p1, p2   (1proc, 2proc) x 9 variants, one per child because the library reads its
+ *   p1, p2   (1proc, 2proc) x 10 variants, one per child because the library reads its
  *            environment once per process (FC_TEST_VARIANT=0,4 runs only those):
  *              0 ring/sm   FLEXCOLL_ALGO=ring NVLINK_ENGINE=sm ONESHOT_MAX_BYTES=0
  *              1 ring/ce   ring, ce, ONESHOT_MAX_BYTES=0, plus a 256 MB float32-sum case for
@@ -27,10 +27,15 @@
  *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
  *              6 ring/ce, FLEXCOLL_GPU_SLOTS=2              } failure points at it; 1000003
  *              7 tree/ce, FLEXCOLL_CHUNK_SIZE=65536         } elements only
- *              8 direct    FLEXCOLL_DIRECT_MIN_BYTES=1 ONESHOT_MAX_BYTES=0: allreduce, allgather,
- *                          reduce_scatter and broadcast of every size copied straight between
- *                          the ranks' buffers (lib/gpu/direct.c); counts as variant 4, buffers
- *                          misaligned on every other call, plus the 256 MB case
+ *              8 direct    FLEXCOLL_DIRECT=2, DIRECT_MIN_BYTES=1, DIRECT_RS_BCAST_MIN_BYTES=1,
+ *                          ONESHOT_MAX_BYTES=0: allreduce, allgather, reduce_scatter and
+ *                          broadcast of every size copied straight between the ranks' buffers,
+ *                          their addresses exchanged at each call (lib/gpu/direct.c); counts as
+ *                          variant 4, buffers misaligned on every other call, plus the 256 MB case
+ *              9 window    as 8 with FLEXCOLL_DIRECT left at 1: every arena is a symmetric
+ *                          window (flexcoll_window_register, in a group in 1proc; re-registered
+ *                          when it grows), so direct mode finds the peers' buffers at the same
+ *                          offsets with no exchange (buffers are laid out alike on every rank)
  *            Variants 0-4: every collective x datatype (10) x op (5 where it reduces) x count
  *            {0, 1, 7} (default: also 4099) x root {0, n-1} x in place / out of place.
  *            All variants: 1000003 elements for 7 datatypes, each reducing collective cycling
@@ -49,8 +54,10 @@
  *            order they were issued whatever their streams): 30 small calls, then 12 mixed.
  *   host     (1proc, 2proc) host-memory calls on GPU communicators (complete on return: checked
  *            before any CUDA synchronisation); FLEXCOLL_INVALID_USAGE for a host sendbuf with a
- *            device recvbuf (and the reverse), device buffer left untouched, communicator still
- *            usable afterwards.
+ *            device recvbuf (and the reverse), device buffer left untouched; window misuse:
+ *            NULL/0 arguments and unknown windows (INVALID_ARGUMENT at once), host memory and
+ *            unequal sizes (INVALID_USAGE on every rank), a range past the allocation
+ *            (INVALID_ARGUMENT); communicator still usable afterwards.
  *
  * Every call: device buffers carved from one cudaMalloc per rank with 256+ poisoned bytes around
  * each buffer; the whole allocation is poisoned with cudaMemsetAsync(0xA5) on the user stream
@@ -167,10 +174,11 @@ typedef struct {
   int big;                  /* 1000003 elements, a subset of dtypes and ops */
   int huge;                 /* 256 MB float32 sum, every collective, out of place */
   int misalign;             /* buffers misaligned by one element on every other call */
+  int windows;              /* the arenas are symmetric windows (flexcoll_window_register) */
 } variant_t;
 
 #define ENV_COMMON                                                                                        \
-  "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", \
+  "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", "FLEXCOLL_DIRECT_RS_BCAST_MIN_BYTES", \
       "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES"
 static const char *const env_sm[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_ce[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
@@ -186,22 +194,31 @@ static const char *const env_ce_chunks[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCO
                                             "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",
                                             "FLEXCOLL_CHUNK_SIZE=65536", NULL};
 
-/* Direct mode for every size: ranks with empty chunks, one-element pieces, misaligned buffers. */
+/* Direct mode for every size: ranks with empty chunks, one-element pieces, misaligned buffers.
+ * "direct": unregistered buffers, their addresses exchanged at every call (FLEXCOLL_DIRECT=2);
+ * "window": the buffers in symmetric windows (the default FLEXCOLL_DIRECT=1). */
 static const char *const env_direct[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
                                          "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE",
-                                         "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
+                                         "FLEXCOLL_DIRECT=2", "FLEXCOLL_DIRECT_MIN_BYTES=1",
+                                         "FLEXCOLL_DIRECT_RS_BCAST_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
+                                         "FLEXCOLL_DIRECT_PIECES", NULL};
+static const char *const env_window[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
+                                         "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE",
+                                         "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES=1",
+                                         "FLEXCOLL_DIRECT_RS_BCAST_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
                                          "FLEXCOLL_DIRECT_PIECES", NULL};
 
 static const variant_t variants[] = {
-    {"ring/sm", "ring", env_sm, 1, 0, 0, 1, 0, 0},
-    {"ring/ce", "ring", env_ce, 1, 0, 0, 1, 1, 0},
-    {"tree/sm", "tree", env_sm, 1, 0, 0, 1, 0, 0},
-    {"tree/ce", "tree", env_ce, 1, 0, 0, 1, 0, 0},
-    {"default", NULL, env_default, 1, 1, 1, 1, 0, 1},
-    {"ring/sm 64KiB slices", "ring", env_sm_slices, 0, 0, 0, 1, 0, 0},
-    {"ring/ce 2 slots", "ring", env_ce_slots, 0, 0, 0, 1, 0, 0},
-    {"tree/ce 64KiB chunks", "tree", env_ce_chunks, 0, 0, 0, 1, 0, 0},
-    {"direct", NULL, env_direct, 1, 1, 0, 1, 1, 1},
+    {"ring/sm", "ring", env_sm, 1, 0, 0, 1, 0, 0, 0},
+    {"ring/ce", "ring", env_ce, 1, 0, 0, 1, 1, 0, 0},
+    {"tree/sm", "tree", env_sm, 1, 0, 0, 1, 0, 0, 0},
+    {"tree/ce", "tree", env_ce, 1, 0, 0, 1, 0, 0, 0},
+    {"default", NULL, env_default, 1, 1, 1, 1, 0, 1, 0},
+    {"ring/sm 64KiB slices", "ring", env_sm_slices, 0, 0, 0, 1, 0, 0, 0},
+    {"ring/ce 2 slots", "ring", env_ce_slots, 0, 0, 0, 1, 0, 0, 0},
+    {"tree/ce 64KiB chunks", "tree", env_ce_chunks, 0, 0, 0, 1, 0, 0, 0},
+    {"direct", NULL, env_direct, 1, 1, 0, 1, 1, 1, 0},
+    {"window", NULL, env_window, 1, 1, 0, 1, 1, 1, 1},
 };
 #define NVARIANTS ((int)(sizeof variants / sizeof variants[0]))
 
@@ -218,6 +235,7 @@ typedef struct {
   int dev[MAX_LOCAL];
   cudaStream_t stream[MAX_LOCAL][NSTREAMS];
   char *arena[MAX_LOCAL]; /* device memory the calls' buffers are carved from */
+  flexcoll_window_t win[MAX_LOCAL]; /* the arena as a window of comm set 0 (variant "window") */
   size_t arena_cap[MAX_LOCAL], arena_used[MAX_LOCAL];
   uint64_t call;          /* index of the next call: the same sequence on every rank */
 } ctx_t;
@@ -292,17 +310,14 @@ static void layout(const ctx_t *c, gcall_t *g, int li) {
     b->a_bytes = b->has_a ? S * es : 0;
     b->b_bytes = b->has_b ? R * es : 0;
   }
-  size_t cur = 0;
-  if (b->has_a) {
-    cur += GUARD + s->shift;
-    b->a_off = cur;
-    cur = al256(cur + b->a_bytes);
-  }
-  if (b->has_b) {
-    cur += GUARD + s->shift;
-    b->b_off = cur;
-    cur = al256(cur + b->b_bytes);
-  }
+  /* Both regions on every rank, used or not: each buffer is at the same offset on every rank,
+   * as symmetric windows require (an unused region must stay poison). */
+  size_t cur = GUARD + s->shift;
+  b->a_off = cur;
+  cur = al256(cur + (s->inplace ? b->a_bytes : S * es));
+  cur += GUARD + s->shift;
+  b->b_off = cur;
+  cur = al256(cur + R * es);
   b->total = cur + GUARD;
 }
 
@@ -513,6 +528,45 @@ static int arena_reserve(ctx_t *c, int li, size_t bytes) {
   return 0;
 }
 
+/* Variant "window": register (reg 1) or deregister every local arena as a symmetric window of
+ * comm set 0.  Collective: inside a group when this process drives several ranks. */
+static int windows_set(ctx_t *c, int reg) {
+  hx_rank_t *r = c->r;
+  if (!c->v || !c->v->windows) return 0;
+  const int group = c->nlocal > 1;
+  int ok = 1;
+  if (group) ok &= hx_ok(r, flexcoll_group_start(), NULL, "flexcoll_group_start");
+  for (int li = 0; li < c->nlocal; li++) {
+    flexcoll_comm_t comm = c->comm[0][li];
+    if (reg)
+      ok &= hx_ok(r, flexcoll_window_register(comm, c->arena[li], c->arena_cap[li], &c->win[li]), comm,
+                  "flexcoll_window_register");
+    else if (c->win[li])
+      ok &= hx_ok(r, flexcoll_window_deregister(comm, c->win[li]), comm, "flexcoll_window_deregister");
+  }
+  if (group) ok &= hx_ok(r, flexcoll_group_end(), NULL, "flexcoll_group_end");
+  if (!reg)
+    for (int li = 0; li < c->nlocal; li++) c->win[li] = NULL;
+  if (ok && reg)
+    for (int li = 0; li < c->nlocal; li++)
+      if (!c->win[li]) ok = 0, hx_fail(r, "flexcoll_window_register succeeded without setting the window");
+  return ok ? 0 : -1;
+}
+
+/* Arenas of need[li] bytes (the same on every rank), as windows in variant "window". */
+static int arena_reserve_all(ctx_t *c, const size_t *need) {
+  int grow = 0;
+  for (int li = 0; li < c->nlocal; li++) {
+    c->arena_used[li] = 0;
+    grow |= need[li] > c->arena_cap[li];
+  }
+  if (!grow) return 0;
+  if (windows_set(c, 0)) return -1;
+  for (int li = 0; li < c->nlocal; li++)
+    if (arena_reserve(c, li, need[li])) return -1;
+  return windows_set(c, 1);
+}
+
 static int async_errors_ok(ctx_t *c, const char *when) {
   hx_rank_t *r = c->r;
   for (int s = 0; s < c->nsets; s++)
@@ -608,9 +662,7 @@ static int run_batch(ctx_t *c, const spec_t *specs, const int *sets, const int *
     fflush(stderr);
   }
   wd_arm(r, "preparing the buffers of");
-  if (any_device)
-    for (int li = 0; li < c->nlocal; li++)
-      if (arena_reserve(c, li, need[li])) goto out;
+  if (any_device && arena_reserve_all(c, need)) goto out;
   for (int k = 0; k < n; k++)
     for (int li = 0; li < c->nlocal; li++) {
       lbuf_t *b = &g[k].lb[li];
@@ -1091,6 +1143,93 @@ out:
   return rc;
 }
 
+/* One collective window registration on every local rank (a group when there are several):
+ * every rank must get `expect`; on success the windows are deregistered again. */
+static int window_collective(ctx_t *c, const char *what, void *const *buf, const size_t *bytes, flexcoll_result_t expect) {
+  hx_rank_t *r = c->r;
+  const int group = c->nlocal > 1;
+  flexcoll_window_t w[MAX_LOCAL] = {NULL};
+  flexcoll_result_t res[MAX_LOCAL + 1];
+  snprintf(r->what, sizeof r->what, "flexcoll_window_register, %s", what);
+  wd_arm(r, "in");
+  if (group) flexcoll_group_start();
+  for (int li = 0; li < c->nlocal; li++) res[li] = flexcoll_window_register(c->comm[0][li], buf[li], bytes[li], &w[li]);
+  if (group) res[c->nlocal] = flexcoll_group_end();
+  int bad = 0;
+  /* In a group the calls are queued (SUCCESS) and the group's end reports. */
+  for (int k = group ? c->nlocal : 0; k < c->nlocal + group; k++) {
+    flexcoll_result_t got = res[k];
+    if (got != expect) {
+      hx_fail(r, "returned %d (%s) %s, expected %d (%s); last error: %s", (int)got, flexcoll_get_error_string(got),
+              k == c->nlocal ? "from flexcoll_group_end" : "", (int)expect, flexcoll_get_error_string(expect),
+              flexcoll_get_last_error(k == c->nlocal ? NULL : c->comm[0][k]));
+      bad = 1;
+    } else if (g_verbose) {
+      fprintf(stderr, "[%s] %s -> %s: %s\n", r->label, what, flexcoll_get_error_string(got),
+              flexcoll_get_last_error(k == c->nlocal ? NULL : c->comm[0][k]));
+    }
+  }
+  if (expect == FLEXCOLL_SUCCESS && !bad) {
+    if (group) flexcoll_group_start();
+    for (int li = 0; li < c->nlocal; li++) res[li] = flexcoll_window_deregister(c->comm[0][li], w[li]);
+    if (group) res[0] = flexcoll_group_end();
+    if (res[0] != FLEXCOLL_SUCCESS) hx_fail(r, "flexcoll_window_deregister after %s: %s", what, flexcoll_get_last_error(NULL));
+  }
+  alarm(0);
+  return bad ? -1 : 0;
+}
+
+/* flexcoll_window_register/deregister refuse bad arguments: at once when only this rank can
+ * tell, on every rank together when the ranks disagree. */
+static int window_misuse(ctx_t *c) {
+  hx_rank_t *r = c->r;
+  const size_t bytes = 1 << 20;
+  char *dev[MAX_LOCAL] = {NULL};
+  void *host[MAX_LOCAL] = {NULL}, *buf[MAX_LOCAL];
+  size_t len[MAX_LOCAL];
+  int rc = -1;
+  for (int li = 0; li < c->nlocal; li++) {
+    flexcoll_comm_t comm = c->comm[0][li];
+    flexcoll_window_t w = NULL;
+    if (!CU(r, cudaSetDevice(c->dev[li])) || !CU(r, cudaMalloc((void **)&dev[li], bytes))) goto out;
+    host[li] = malloc(bytes);
+    if (!host[li]) { hx_fail(r, "out of memory"); goto out; }
+    struct {
+      const char *what;
+      flexcoll_result_t res;
+    } calls[] = {
+        {"register(buf NULL)", flexcoll_window_register(comm, NULL, bytes, &w)},
+        {"register(bytes 0)", flexcoll_window_register(comm, dev[li], 0, &w)},
+        {"register(window NULL)", flexcoll_window_register(comm, dev[li], bytes, NULL)},
+        {"register(comm NULL)", flexcoll_window_register(NULL, dev[li], bytes, &w)},
+        {"deregister(window NULL)", flexcoll_window_deregister(comm, NULL)},
+        {"deregister(a pointer that is no window)", flexcoll_window_deregister(comm, (flexcoll_window_t)host[li])},
+    };
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++)
+      if (calls[i].res != FLEXCOLL_INVALID_ARGUMENT)
+        hx_fail(r, "flexcoll_window_%s returned %d (%s), expected FLEXCOLL_INVALID_ARGUMENT; last error: %s", calls[i].what,
+                (int)calls[i].res, flexcoll_get_error_string(calls[i].res), flexcoll_get_last_error(comm));
+    if (w) hx_fail(r, "a refused flexcoll_window_register set the window");
+  }
+  for (int li = 0; li < c->nlocal; li++) buf[li] = host[li], len[li] = bytes;
+  if (window_collective(c, "host memory on every rank", buf, len, FLEXCOLL_INVALID_USAGE)) goto out;
+  for (int li = 0; li < c->nlocal; li++) buf[li] = dev[li] + 4096, len[li] = bytes;
+  if (window_collective(c, "bytes past the end of the allocation", buf, len, FLEXCOLL_INVALID_ARGUMENT)) goto out;
+  for (int li = 0; li < c->nlocal; li++) buf[li] = dev[li], len[li] = c->first + li == 0 ? bytes : bytes / 2;
+  if (c->nranks > 1 && window_collective(c, "unequal sizes", buf, len, FLEXCOLL_INVALID_USAGE)) goto out;
+  for (int li = 0; li < c->nlocal; li++) buf[li] = dev[li] + 256, len[li] = bytes - 256;
+  if (window_collective(c, "a valid window", buf, len, FLEXCOLL_SUCCESS)) goto out;
+  rc = 0;
+out:
+  r->what[0] = '\0';
+  for (int li = 0; li < c->nlocal; li++) {
+    cudaSetDevice(c->dev[li]);
+    if (dev[li]) cudaFree(dev[li]);
+    free(host[li]);
+  }
+  return rc;
+}
+
 static int host_body(ctx_t *c) {
   const int n = c->nranks;
   double t0 = hx_now();
@@ -1114,6 +1253,7 @@ static int host_body(ctx_t *c) {
   t0 = hx_now();
   e0 = c->r->errors;
   if (invalid_usage(c)) return 1;
+  if (window_misuse(c)) return 1;
   /* the communicators still work, device and host memory */
   spec_t after[2] = {{.coll = C_ALLREDUCE, .dtype = FLEXCOLL_FLOAT32, .op = FLEXCOLL_SUM, .count = 4099},
                      {.coll = C_ALLREDUCE, .dtype = FLEXCOLL_INT64, .op = FLEXCOLL_MAX, .count = 7, .host = 1}};
@@ -1225,6 +1365,9 @@ static int ctx_finish(ctx_t *c, int rc) {
     for (int k = 0; k < NSTREAMS; k++)
       if (c->stream[li][k]) CU(r, cudaStreamSynchronize(c->stream[li][k]));
   }
+  snprintf(r->what, sizeof r->what, "flexcoll_window_deregister of the arenas");
+  wd_arm(r, "in");
+  windows_set(c, 0);
   snprintf(r->what, sizeof r->what, "flexcoll_comm_destroy of every communicator");
   wd_arm(r, "in");
   for (int s = 0; s < c->nsets; s++) destroy_set(c, s);

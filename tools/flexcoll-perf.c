@@ -19,7 +19,7 @@
 
 static perf_opts_t opts = {
     .coll = "allreduce", .minbytes = 8, .maxbytes = 64 << 20, .step = 2, .dtype = FLEXCOLL_FLOAT32,
-    .op = FLEXCOLL_SUM, .root = 0, .warmup = 5, .iters = 20, .nranks = 0, .memory = NULL, .check = 1,
+    .op = FLEXCOLL_SUM, .root = 0, .warmup = 5, .iters = 20, .nranks = 0, .memory = NULL, .check = 1, .windows = 1,
 };
 
 static size_t parse_size(const char *s) {
@@ -38,7 +38,8 @@ static void usage(const char *argv0, int status) {
   fprintf(status ? stderr : stdout,
           "usage: %s [-c allreduce|allgather|reduce_scatter|broadcast|reduce|alltoall] [-b minbytes] [-e maxbytes]\n"
           "          [-f stepfactor] [-d dtype] [-o sum|prod|max|min|avg] [-r root] [-w warmup] [-i iters]\n"
-          "          [-n nranks] [-m host|device] [-a ring|tree|auto] [-C 0|1] [-J file.json] [--baseline nccl]\n"
+          "          [-n nranks] [-m host|device] [-a ring|tree|auto] [-C 0|1] [-R 0|1] [-J file.json]\n"
+          "          [--baseline nccl]\n"
           "See flexcoll-perf(1).\n", argv0);
   exit(status);
 }
@@ -47,10 +48,10 @@ static void parse_args(int argc, char **argv) {
   static const struct option longopts[] = {
       {"coll", 1, 0, 'c'}, {"minbytes", 1, 0, 'b'}, {"maxbytes", 1, 0, 'e'}, {"stepfactor", 1, 0, 'f'},
       {"dtype", 1, 0, 'd'}, {"op", 1, 0, 'o'}, {"root", 1, 0, 'r'}, {"warmup", 1, 0, 'w'}, {"iters", 1, 0, 'i'},
-      {"nranks", 1, 0, 'n'}, {"memory", 1, 0, 'm'}, {"algo", 1, 0, 'a'}, {"check", 1, 0, 'C'}, {"json", 1, 0, 'J'},
+      {"nranks", 1, 0, 'n'}, {"memory", 1, 0, 'm'}, {"algo", 1, 0, 'a'}, {"check", 1, 0, 'C'}, {"windows", 1, 0, 'R'}, {"json", 1, 0, 'J'},
       {"baseline", 1, 0, 'B'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "c:b:e:f:d:o:r:w:i:n:m:a:C:J:h", longopts, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "c:b:e:f:d:o:r:w:i:n:m:a:C:R:J:h", longopts, NULL)) != -1) {
     switch (c) {
       case 'c': opts.coll = optarg; break;
       case 'b': opts.minbytes = parse_size(optarg); break;
@@ -65,6 +66,7 @@ static void parse_args(int argc, char **argv) {
       case 'm': opts.memory = optarg; break;
       case 'a': if (strcmp(optarg, "auto")) setenv("FLEXCOLL_ALGO", optarg, 1); break;
       case 'C': opts.check = atoi(optarg); break;
+      case 'R': opts.windows = atoi(optarg); break;
       case 'J': opts.json = optarg; break;
       case 'B': opts.baseline = optarg; break;
       case 'h': usage(argv[0], 0); break;

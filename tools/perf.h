@@ -13,6 +13,7 @@ typedef struct {
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
   int root, warmup, iters, nranks, check, device;
+  int windows; /* register device buffers as symmetric windows (-R) */
   const char *memory, *json, *baseline;
 } perf_opts_t;
 

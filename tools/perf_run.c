@@ -163,6 +163,15 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
   b.send = perf_alloc(b.send_elems * esize + 64, r->device);
   b.recv = perf_alloc(big + 64, r->device);
   b.host = malloc(big + 64);
+  /* Symmetric windows: flexcoll's large device collectives copy straight between the ranks'
+   * buffers (the NCCL baseline gets the same buffers, unregistered, as nccl-tests does). */
+  flexcoll_window_t win[2] = {NULL, NULL};
+  if (r->o->windows && r->device >= 0 && b.send && b.recv &&
+      (flexcoll_window_register(r->comm, b.send, b.send_elems * esize + 64, &win[0]) ||
+       flexcoll_window_register(r->comm, b.recv, big + 64, &win[1]))) {
+    fprintf(stderr, "flexcoll-perf: rank %d: flexcoll_window_register: %s\n", r->rank, flexcoll_get_last_error(r->comm));
+    r->status = 1;
+  }
   double t[2], wr[2], tn = 0, wn = 0;
   /* AllToAll has no in-place form: its in-place columns stay empty. */
   for (int ip = 0; ip < 2; ip++) {
@@ -196,6 +205,11 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
       *first_json = 0;
     }
   }
+  for (int i = 0; i < 2; i++)
+    if (win[i] && flexcoll_window_deregister(r->comm, win[i])) {
+      fprintf(stderr, "flexcoll-perf: rank %d: flexcoll_window_deregister: %s\n", r->rank, flexcoll_get_last_error(r->comm));
+      r->status = 1;
+    }
   perf_free(b.send, r->device);
   perf_free(b.recv, r->device);
   free(b.host);

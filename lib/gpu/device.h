@@ -23,17 +23,38 @@ typedef struct {
   uint32_t credit; /* chunks of mine that peer q has consumed from its slots from me */
   uint32_t arrive; /* direct mode: the last call peer q's stream has reached (its buffers are ready) */
   uint32_t done;   /* direct mode: the last call in which peer q has finished with my buffers */
-  uint32_t pad[28];
+  uint32_t desc;   /* direct mode: what peer q's current call is (coll, count, window offsets...) */
+  uint32_t pad[27];
 } fc_pair_flags_t;
 
-/* A peer's user buffer mapped into this process through CUDA IPC (direct mode), kept until
- * the communicator is destroyed or the cache fills. */
+/* A peer's allocation mapped into this process through CUDA IPC (peer_mem.c), kept while a
+ * window pins it, else until the communicator is destroyed or the cache fills. */
 typedef struct {
   int peer;
+  int pins;  /* windows that use it */
   cudaIpcMemHandle_t handle;
   char *base;
 } fc_ipc_entry_t;
 #define FC_IPC_CACHE 64
+/* What a rank tells the others about one of its buffers. */
+typedef struct {
+  uint64_t ptr;               /* in the owner's address space; 0: no buffer */
+  uint64_t offset;            /* from the start of its allocation */
+  cudaIpcMemHandle_t handle;  /* of that allocation (when some peer is in another process) */
+} fc_buf_desc_t;
+
+/* A symmetric window (flexcoll_window_register). */
+struct flexcoll_window {
+  uint64_t magic;
+  struct flexcoll_comm *comm;
+  unsigned id;               /* registration order: the same window has the same id on every rank */
+  char *base;
+  size_t bytes;
+  char **peer;               /* [q]: rank q's window as addressed here ([rank]: base) */
+  char **mapping;            /* [q]: the IPC cache entry it lies in; NULL in this process */
+  struct flexcoll_window *next;
+};
+
 /* Direct mode pipelines a rank's chunk in pieces; events of the last FC_DIRECT_EVENTS pieces. */
 #define FC_DIRECT_EVENTS 8
 
@@ -70,8 +91,11 @@ struct fc_gpu {
   char *dev_scratch;       /* schedule scratch in device memory, grown on demand */
   size_t dev_scratch_bytes;
 
-  /* Direct mode (direct.c). */
+  /* Direct mode (direct.c) and the peers' memory it uses (peer_mem.c). */
   uint32_t direct_seq;         /* direct calls so far */
+  uint32_t direct_desc;        /* the current direct call's descriptor (abort releases waits on it) */
+  struct flexcoll_window *windows;
+  unsigned windows_registered;
   int any_ipc_peer;            /* some peer lives in another process */
   fc_ipc_entry_t ipc_cache[FC_IPC_CACHE];
   int ipc_cached;
@@ -119,11 +143,22 @@ flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaS
 
 /* Direct mode (direct.c): large allreduce, allgather, reduce_scatter and broadcast copied by
  * the copy engines straight between the ranks' own buffers, no staging.  *done = 0 when the
- * ranks agreed not to (some buffer cannot be shared): the caller runs the staged schedule. */
+ * ranks run the staged schedule instead (the buffers are not in windows, or cannot be shared). */
 flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
                                     int *done);
-/* Unmap the peers' buffers (destroy, or a full cache). */
-void fc_gpu_direct_release(struct fc_gpu *g);
+
+/* The peers' memory (peer_mem.c). */
+/* Describe ptr for the peers; 0 when it cannot be shared with another process. */
+int fc_peer_mem_describe(struct fc_gpu *g, const void *ptr, fc_buf_desc_t *d);
+/* Peer q's buffer d as a pointer valid here, mapping its allocation if needed (pin: for a window). */
+flexcoll_result_t fc_peer_mem_map(struct flexcoll_comm *comm, int q, const fc_buf_desc_t *d, int pin, char **out);
+/* Make room for `entries` more mappings (may wait for this communicator's device work). */
+flexcoll_result_t fc_peer_mem_reserve(struct fc_gpu *g, int entries);
+/* The window holding [ptr, ptr + bytes), and ptr's offset in it; 0 if none. */
+int fc_peer_mem_window_of(struct fc_gpu *g, const void *ptr, size_t bytes, const struct flexcoll_window **w,
+                          size_t *offset);
+/* Unmap everything (destroy). */
+void fc_peer_mem_release(struct fc_gpu *g);
 
 #endif

@@ -5,25 +5,29 @@
  * microseconds: on 2 H200s it tops out near 210 GB/s each way.  One copy-engine transfer of
  * hundreds of MB straight into the peer's buffer runs at ~387 GB/s (docs/PERFORMANCE.md).
  *
- * How: at each call the ranks exchange where their buffers are (a pointer between threads of
- * one process, a CUDA IPC handle and offset between processes; peers' allocations stay mapped
- * in a small cache).  That exchange goes over the bootstrap, so a direct call waits on the host
- * for the peers to reach the same call; it never waits for device work.  The tuner uses it
- * only from FLEXCOLL_DIRECT_MIN_BYTES up, where the copies take far longer than the exchange.
- * If any rank cannot share a buffer (memory from a stream-ordered pool, for one), all ranks
- * learn it from the same exchange and run the staged schedule instead.
+ * Where the peers' buffers are (peer_mem.c): in a symmetric window (flexcoll_window_register)
+ * a buffer's peers sit at the same offset of their windows, mapped once at registration, so a
+ * call needs no message at all and the host never waits.  Buffers outside windows take the
+ * staged schedule, unless FLEXCOLL_DIRECT=2: then the ranks describe their buffers to one
+ * another over the bootstrap at every call (a pointer between threads of one process, a CUDA
+ * IPC handle and offset between processes, mappings cached), and the host waits for the peers
+ * to reach the same call (never for device work).  If any rank cannot share a buffer (memory
+ * from a stream-ordered pool, for one), all ranks learn it from that exchange and run the
+ * staged schedule instead.
  *
  * On the device, per call (seq):
- *   arrive   every rank writes seq into each peer's `arrive` flag from its stream: its buffers
- *            hold this call's input and earlier work is done with them; then waits for every
- *            peer's.
+ *   arrive   every rank writes a descriptor of the call (collective, count, window offsets)
+ *            into each peer's `desc` flag and seq into its `arrive` flag, from its stream: its
+ *            buffers hold this call's input and earlier work is done with them; then waits for
+ *            every peer's arrive, and for its desc to equal its own (ranks that disagree about
+ *            the call wait there until the timeout instead of copying the wrong bytes).
  *   copy     allgather: each rank pushes its block into every peer's recvbuf (one copy-engine
  *            transfer per peer).  allreduce / reduce_scatter: rank r owns chunk r; it pulls
  *            chunk r of every peer's sendbuf into local scratch piece by piece (copy engine),
  *            reduces each piece with its own into recvbuf (kernel, reduce stream) and, for
  *            allreduce, pushes the reduced piece into every peer's recvbuf (copy engine).
  *            Pulls, reductions and pushes of successive pieces overlap on three streams.
- *            broadcast: non-roots pull the root's buffer.
+ *            broadcast: the root pushes its buffer into every peer's recvbuf.
  *   done     every rank writes seq into each peer's `done` flag once its copies have
  *            completed (stream order; the write carries a memory barrier), and waits for
  *            every peer's: after that nobody touches its buffers, and its stream goes on.
@@ -44,6 +48,7 @@
 #include "error.h"
 #include "log.h"
 #include "param.h"
+#include "sched/sched.h"
 
 FC_PARAM_INT(direct_piece_bytes, "DIRECT_PIECE_BYTES", 64 << 20)
 FC_PARAM_INT(direct_pieces, "DIRECT_PIECES", 2)
@@ -57,67 +62,12 @@ FC_PARAM_INT(direct_pieces, "DIRECT_PIECES", 2)
 #define SCRATCH_SLOTS 2
 _Static_assert(FC_DIRECT_EVENTS > SCRATCH_SLOTS, "a slot's reduced event must survive until its reuse");
 
-/* What one rank tells the others about one of its buffers. */
-typedef struct {
-  uint64_t ptr;               /* in the owner's address space; 0: no buffer */
-  uint64_t offset;            /* from the start of its allocation */
-  cudaIpcMemHandle_t handle;  /* of that allocation (when some peer is in another process) */
-} buf_desc_t;
-
+/* What each rank tells the others at an exchange (FLEXCOLL_DIRECT=2). */
 typedef struct {
   int32_t ok; /* every buffer of this rank can be shared */
   int32_t pad;
-  buf_desc_t buf[2]; /* send, recv */
+  fc_buf_desc_t buf[2]; /* send, recv */
 } rank_desc_t;
-
-static int describe(struct fc_gpu *g, const void *ptr, buf_desc_t *d) {
-  memset(d, 0, sizeof *d);
-  if (!ptr) return 1;
-  d->ptr = (uint64_t)(uintptr_t)ptr;
-  if (!g->any_ipc_peer) return 1;
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  if (!g->get_address_range || g->get_address_range(&base, &size, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS)
-    return 0;
-  if (cudaIpcGetMemHandle(&d->handle, (void *)(uintptr_t)base) != cudaSuccess) {
-    cudaGetLastError(); /* e.g. memory from cudaMallocAsync pools: not shareable this way */
-    return 0;
-  }
-  d->offset = (uint64_t)((uintptr_t)ptr - (uintptr_t)base);
-  return 1;
-}
-
-void fc_gpu_direct_release(struct fc_gpu *g) {
-  for (int i = 0; i < g->ipc_cached; i++) cudaIpcCloseMemHandle(g->ipc_cache[i].base);
-  g->ipc_cached = 0;
-  cudaGetLastError();
-}
-
-/* Peer q's buffer d as a pointer valid here (the caller makes room in the cache). */
-static flexcoll_result_t map_buffer(struct flexcoll_comm *comm, int q, const buf_desc_t *d, char **out) {
-  struct fc_gpu *g = comm->gpu;
-  *out = NULL;
-  if (!d->ptr) return FLEXCOLL_SUCCESS;
-  if (g->peers[q].same_process) {
-    *out = (char *)(uintptr_t)d->ptr;
-    return FLEXCOLL_SUCCESS;
-  }
-  for (int i = 0; i < g->ipc_cached; i++)
-    if (g->ipc_cache[i].peer == q && !memcmp(&g->ipc_cache[i].handle, &d->handle, sizeof d->handle)) {
-      *out = g->ipc_cache[i].base + d->offset;
-      return FLEXCOLL_SUCCESS;
-    }
-  fc_ipc_entry_t *e = &g->ipc_cache[g->ipc_cached];
-  cudaError_t err = cudaIpcOpenMemHandle((void **)&e->base, d->handle, cudaIpcMemLazyEnablePeerAccess);
-  if (err != cudaSuccess)
-    return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "mapping rank %d's buffer (cudaIpcOpenMemHandle): %s", q,
-                    cudaGetErrorString(err));
-  e->peer = q;
-  e->handle = d->handle;
-  g->ipc_cached++;
-  *out = e->base + d->offset;
-  return FLEXCOLL_SUCCESS;
-}
 
 typedef struct {
   struct flexcoll_comm *comm;
@@ -129,31 +79,43 @@ typedef struct {
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
   uint32_t seq;
+  uint32_t desc;           /* what this call is: the same on every rank */
 } direct_t;
 
-/* Write seq into flag `field` of ours at every peer, from stream s, then wait on s until every
- * peer's has reached seq in our staging area. */
-static flexcoll_result_t signal_and_wait(direct_t *d, cudaStream_t s, size_t field) {
+/* Write value into flag `field` of ours at every peer, from stream s. */
+static flexcoll_result_t signal(direct_t *d, cudaStream_t s, size_t field, uint32_t value) {
   struct fc_gpu *g = d->g;
   int me = d->comm->rank, n = d->comm->nranks;
   for (int q = 0; q < n; q++)
     if (q != me)
-      CU_TRY(d->comm, g->write_value32(s, (CUdeviceptr)((char *)fc_pair_flags(g, g->peers[q].stage, me) + field), d->seq, 0));
-  for (int q = 0; q < n; q++)
-    if (q != me)
-      CU_TRY(d->comm, g->wait_value32(s, (CUdeviceptr)((char *)fc_pair_flags(g, g->stage, q) + field), d->seq,
-                                      CU_STREAM_WAIT_VALUE_GEQ));
+      CU_TRY(d->comm, g->write_value32(s, (CUdeviceptr)((char *)fc_pair_flags(g, g->peers[q].stage, me) + field), value, 0));
   return FLEXCOLL_SUCCESS;
 }
 
-/* arrive: tell every peer this call's buffers are ready on our side, then wait for theirs. */
+/* Wait on s until every peer's flag `field` in our staging area compares to value. */
+static flexcoll_result_t wait_all(direct_t *d, cudaStream_t s, size_t field, uint32_t value, unsigned how) {
+  struct fc_gpu *g = d->g;
+  int me = d->comm->rank, n = d->comm->nranks;
+  for (int q = 0; q < n; q++)
+    if (q != me)
+      CU_TRY(d->comm, g->wait_value32(s, (CUdeviceptr)((char *)fc_pair_flags(g, g->stage, q) + field), value, how));
+  return FLEXCOLL_SUCCESS;
+}
+
+/* arrive: tell every peer what this call is and that its buffers are ready on our side, then
+ * wait for theirs.  The desc write lands first (each stream write is preceded by a memory
+ * barrier), so once a peer's arrive is seen its desc is this call's. */
 static flexcoll_result_t arrive(direct_t *d, cudaStream_t s) {
-  return signal_and_wait(d, s, offsetof(fc_pair_flags_t, arrive));
+  FC_CHECK(signal(d, s, offsetof(fc_pair_flags_t, desc), d->desc));
+  FC_CHECK(signal(d, s, offsetof(fc_pair_flags_t, arrive), d->seq));
+  FC_CHECK(wait_all(d, s, offsetof(fc_pair_flags_t, arrive), d->seq, CU_STREAM_WAIT_VALUE_GEQ));
+  return wait_all(d, s, offsetof(fc_pair_flags_t, desc), d->desc, CU_STREAM_WAIT_VALUE_EQ);
 }
 
 /* done: our copies (everything before on s) are complete; wait until the peers' are. */
 static flexcoll_result_t finish(direct_t *d, cudaStream_t s) {
-  return signal_and_wait(d, s, offsetof(fc_pair_flags_t, done));
+  FC_CHECK(signal(d, s, offsetof(fc_pair_flags_t, done), d->seq));
+  return wait_all(d, s, offsetof(fc_pair_flags_t, done), d->seq, CU_STREAM_WAIT_VALUE_GEQ);
 }
 
 static flexcoll_result_t copy(direct_t *d, void *dst, const void *src, size_t bytes, cudaStream_t s) {
@@ -178,14 +140,16 @@ static flexcoll_result_t allgather(direct_t *d) {
   return finish(d, g->send_stream);
 }
 
-/* broadcast: non-roots pull the root's buffer. */
+/* broadcast: the root pushes its buffer into every peer's recvbuf, and into its own. */
 static flexcoll_result_t broadcast(direct_t *d) {
   struct fc_gpu *g = d->g;
-  int me = d->comm->rank, root = d->args->root;
+  int me = d->comm->rank, n = d->comm->nranks;
   size_t bytes = d->args->count * d->esize;
   FC_CHECK(arrive(d, g->send_stream));
-  if (me == root) FC_CHECK(copy(d, d->recv, d->send, bytes, g->send_stream));
-  else FC_CHECK(copy(d, d->recv, d->peer_send[root], bytes, g->send_stream));
+  if (me == d->args->root) {
+    for (int i = 1; i < n; i++) FC_CHECK(copy(d, d->peer_recv[(me + i) % n], d->send, bytes, g->send_stream));
+    FC_CHECK(copy(d, d->recv, d->send, bytes, g->send_stream));
+  }
   return finish(d, g->send_stream);
 }
 
@@ -291,6 +255,7 @@ static flexcoll_result_t enqueue(direct_t *d, cudaStream_t user) {
   /* Scratch first: it is grown on the user stream, before the side streams fork from it. */
   if (p.npieces) FC_CHECK(fc_gpu_scratch(comm, (size_t)(comm->nranks - 1) * p.slots * p.piece * d->esize, user, &scratch));
   d->seq = ++g->direct_seq;
+  g->direct_desc = d->desc;
   CUDA_TRY(comm, cudaEventRecord(g->ev_user, user));
   CUDA_TRY(comm, cudaStreamWaitEvent(g->send_stream, g->ev_user, 0));
   CUDA_TRY(comm, cudaStreamWaitEvent(g->recv_stream, g->ev_user, 0));
@@ -315,49 +280,92 @@ static flexcoll_result_t enqueue(direct_t *d, cudaStream_t user) {
   return FLEXCOLL_SUCCESS;
 }
 
+/* A 32-bit digest of what the call is: equal on every rank when the ranks agree on it. */
+static uint32_t describe_call(const fc_algo_args_t *a, flexcoll_datatype_t dtype, flexcoll_op_t op, const uint64_t *w,
+                              int nw) {
+  uint64_t v[5 + 4] = {(uint64_t)a->coll, (uint64_t)a->count, (uint64_t)dtype, (uint64_t)op, (uint64_t)a->root};
+  for (int i = 0; i < nw; i++) v[5 + i] = w[i];
+  uint64_t h = 1469598103934665603ULL;
+  for (int i = 0; i < 5 + nw; i++) h = (h ^ v[i]) * 1099511628211ULL;
+  return (uint32_t)(h ^ (h >> 32));
+}
+
+/* The peers' buffers through an exchange over the bootstrap (FLEXCOLL_DIRECT=2): *go = 0 when
+ * some rank cannot share its buffers (every rank learns it from the same exchange). */
+static flexcoll_result_t exchange(struct flexcoll_comm *comm, const void *share_send, const void *share_recv, char **ptrs,
+                                  int *go) {
+  struct fc_gpu *g = comm->gpu;
+  int me = comm->rank, n = comm->nranks;
+  rank_desc_t *all = calloc((size_t)n, sizeof *all);
+  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  all[me].ok = fc_peer_mem_describe(g, share_send, &all[me].buf[0]) && fc_peer_mem_describe(g, share_recv, &all[me].buf[1]);
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
+  *go = res == FLEXCOLL_SUCCESS;
+  for (int q = 0; q < n && *go; q++)
+    if (!all[q].ok) {
+      FC_TRACE(FC_SUB_COLL, "direct mode off for this call: rank %d cannot share its buffers", q);
+      *go = 0;
+    }
+  /* Room for every mapping of this call, so that none of them is released half-way. */
+  if (*go && fc_peer_mem_reserve(g, 2 * n) != FLEXCOLL_SUCCESS)
+    res = fc_error(comm, FLEXCOLL_INVALID_USAGE, "no room to map the peers' buffers: too many windows");
+  for (int q = 0; q < n && *go && res == FLEXCOLL_SUCCESS; q++) {
+    if (q == me) continue;
+    res = fc_peer_mem_map(comm, q, &all[q].buf[0], 0, &ptrs[q]);
+    if (res == FLEXCOLL_SUCCESS) res = fc_peer_mem_map(comm, q, &all[q].buf[1], 0, &ptrs[n + q]);
+  }
+  free(all);
+  return res;
+}
+
 flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
                                     int *done) {
   struct fc_gpu *g = comm->gpu;
-  int me = comm->rank, n = comm->nranks;
+  int n = comm->nranks;
+  size_t es = fc_dtype_size(dtype);
   *done = 0;
-  /* Only the buffers the peers will touch are described (a broadcast's non-root sendbuf is
-   * not even valid). */
-  int is_root = me == args->root;
-  const void *share_send = args->coll == FC_COLL_BROADCAST && !is_root ? NULL : sendbuf;
-  const void *share_recv = args->coll == FC_COLL_ALLGATHER || args->coll == FC_COLL_ALLREDUCE ? recvbuf : NULL;
-  rank_desc_t *all = calloc((size_t)n, sizeof *all);
+  /* Only the buffers the peers touch: allreduce both, reduce_scatter sendbuf (pulled), allgather
+   * and broadcast recvbuf (pushed into). */
+  const void *share_send = NULL, *share_recv = NULL;
+  size_t send_bytes = args->count * es, recv_bytes = args->count * es;
+  switch (args->coll) {
+    case FC_COLL_ALLREDUCE: share_send = sendbuf; share_recv = recvbuf; break;
+    case FC_COLL_REDUCE_SCATTER: share_send = sendbuf; send_bytes *= (size_t)n; break;
+    case FC_COLL_ALLGATHER: share_recv = recvbuf; recv_bytes *= (size_t)n; break;
+    default: share_recv = recvbuf; break;
+  }
   char **ptrs = calloc(2 * (size_t)n, sizeof *ptrs);
+  if (!ptrs) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
-  if (!all || !ptrs) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto out; }
-  all[me].ok = describe(g, share_send, &all[me].buf[0]) && describe(g, share_recv, &all[me].buf[1]);
-  /* A failed exchange leaves the bootstrap ring out of step: the communicator is done. */
-  *done = 1;
-  FC_CHECK_GOTO(fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all), res, out);
-  for (int q = 0; q < n; q++)
-    if (!all[q].ok) {
-      FC_TRACE(FC_SUB_COLL, "direct mode off for this call: rank %d cannot share its buffers", q);
-      *done = 0;
-      goto out;
+  const struct flexcoll_window *ws = NULL, *wr = NULL;
+  size_t os = 0, orecv = 0;
+  uint64_t where[4] = {0};
+  if ((!share_send || fc_peer_mem_window_of(g, share_send, send_bytes, &ws, &os)) &&
+      (!share_recv || fc_peer_mem_window_of(g, share_recv, recv_bytes, &wr, &orecv))) {
+    /* Windows: the peers' buffers are at the same offsets of their windows. */
+    for (int q = 0; q < n; q++) {
+      if (ws) ptrs[q] = ws->peer[q] + os;
+      if (wr) ptrs[n + q] = wr->peer[q] + orecv;
     }
-  direct_t d = {.comm = comm, .g = g, .args = args, .send = (char *)sendbuf, .recv = recvbuf, .peer_send = ptrs,
-                .peer_recv = ptrs + n, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
-  /* Room for every mapping of this call, so that none of them is released half-way. */
-  if (g->ipc_cached > FC_IPC_CACHE - 2 * n) {
-    cudaStreamSynchronize(g->send_stream);
-    cudaStreamSynchronize(g->recv_stream);
-    cudaStreamSynchronize(g->reduce_stream);
-    fc_gpu_direct_release(g);
+    where[0] = ws ? ws->id : ~0ull;
+    where[1] = os;
+    where[2] = wr ? wr->id : ~0ull;
+    where[3] = orecv;
+    *done = 1;
+  } else if (fc_tuner_direct_exchange()) {
+    /* Once the exchange has started the peers count on this call: a failure ends the communicator. */
+    *done = 1;
+    int go = 0;
+    res = exchange(comm, share_send, share_recv, ptrs, &go);
+    if (res == FLEXCOLL_SUCCESS && !go) *done = 0;
   }
-  for (int q = 0; q < n && res == FLEXCOLL_SUCCESS; q++) {
-    if (q == me) continue;
-    res = map_buffer(comm, q, &all[q].buf[0], &d.peer_send[q]);
-    if (res == FLEXCOLL_SUCCESS) res = map_buffer(comm, q, &all[q].buf[1], &d.peer_recv[q]);
+  if (res == FLEXCOLL_SUCCESS && *done) {
+    direct_t d = {.comm = comm, .g = g, .args = args, .send = (char *)sendbuf, .recv = recvbuf, .peer_send = ptrs,
+                  .peer_recv = ptrs + n, .esize = es, .dtype = dtype, .op = op,
+                  .desc = describe_call(args, dtype, op, where, 4)};
+    res = enqueue(&d, user);
   }
-  if (res != FLEXCOLL_SUCCESS) goto out;
-  res = enqueue(&d, user);
-out:
-  free(all);
   free(ptrs);
   return res;
 }

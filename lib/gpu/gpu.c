@@ -309,7 +309,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
     cudaStreamSynchronize(g->recv_stream);
     cudaStreamSynchronize(g->reduce_stream);
   }
-  fc_gpu_direct_release(g);
+  fc_peer_mem_release(g);
   /* No barrier with peers (destroy is local): every collective ends only once peers have
    * returned their last credit to us, so nobody writes into our staging area any more. */
   for (int q = 0; g->peers && q < comm->nranks; q++)
@@ -353,6 +353,7 @@ void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
     g->write_value32(g->util_stream, (CUdeviceptr)&f->credit, g->peers[q].sent + (1u << 30), 0);
     g->write_value32(g->util_stream, (CUdeviceptr)&f->arrive, g->direct_seq + (1u << 30), 0);
     g->write_value32(g->util_stream, (CUdeviceptr)&f->done, g->direct_seq + (1u << 30), 0);
+    g->write_value32(g->util_stream, (CUdeviceptr)&f->desc, g->direct_desc, 0);
   }
   cudaStreamSynchronize(g->util_stream);
   cudaGetLastError();
@@ -413,4 +414,14 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
   (void)ops; (void)nops; (void)bufs; (void)stream;
   return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
 }
+/* Communicators of a build without CUDA are host-only: api.c refuses windows before these. */
+flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out) {
+  (void)buf; (void)bytes; (void)out;
+  return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "a window on a build without CUDA");
+}
+flexcoll_result_t fc_gpu_window_deregister(struct flexcoll_comm *comm, struct flexcoll_window *w) {
+  (void)w;
+  return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "a window on a build without CUDA");
+}
+int fc_gpu_window_valid(struct flexcoll_comm *comm, const struct flexcoll_window *w) { (void)comm; (void)w; return 0; }
 #endif

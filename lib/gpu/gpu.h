@@ -35,4 +35,10 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
                                  flexcoll_stream_t stream);
 
+/* Symmetric windows (flexcoll_window_register/deregister; collective; arguments checked by api.c). */
+flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out);
+flexcoll_result_t fc_gpu_window_deregister(struct flexcoll_comm *comm, struct flexcoll_window *w);
+/* Whether w is a live window of comm. */
+int fc_gpu_window_valid(struct flexcoll_comm *comm, const struct flexcoll_window *w);
+
 #endif

@@ -8,9 +8,12 @@
 #include "param.h"
 
 FC_PARAM_INT(chunk_size, "CHUNK_SIZE", 1 << 20)
+/* 0: never; 1: buffers in symmetric windows; 2: also others, exchanging addresses per call. */
 FC_PARAM_INT(direct, "DIRECT", 1)
-/* From here the copies of a direct call take far longer than its host exchange (~10 us). */
+/* Allreduce and allgather reach it after the one-shot kernel (8 MiB for 2 ranks). */
 FC_PARAM_INT(direct_min_bytes, "DIRECT_MIN_BYTES", 1 << 20)
+/* Reduce_scatter and broadcast have no one-shot path in front of them. */
+FC_PARAM_INT(direct_rs_bcast_min_bytes, "DIRECT_RS_BCAST_MIN_BYTES", 64 << 20)
 
 /* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
  * transports (shared memory / TCP latency of a few microseconds per step). */
@@ -49,12 +52,11 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
 int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
   if (!fc_param_direct() || forced_algo() >= 0 || nranks < 2 || bytes < (size_t)fc_param_direct_min_bytes()) return 0;
   if (coll == FC_COLL_ALLREDUCE || coll == FC_COLL_ALLGATHER) return 1;
-  /* Reduce_scatter and broadcast have no one-shot path in front of them: direct mode's fixed
-   * cost (~50 us: the exchange and three dependent streams) pays off only from 64 MB. */
-  if (coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_BROADCAST)
-    return bytes / 64 >= (size_t)fc_param_direct_min_bytes();
+  if (coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_BROADCAST) return bytes >= (size_t)fc_param_direct_rs_bcast_min_bytes();
   return 0;
 }
+
+int fc_tuner_direct_exchange(void) { return fc_param_direct() >= 2; }
 
 size_t fc_tuner_chunk_count(size_t count, size_t esize) {
   size_t chunk = (size_t)fc_param_chunk_size() / esize;

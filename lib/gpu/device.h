@@ -81,6 +81,7 @@ struct fc_gpu {
   size_t stage_bytes;
   /* Layout of every staging area (identical on all ranks). */
   size_t oneshot_off, oneshot_slot, oneshot_flags_off;
+  size_t ll_off, ll_max;   /* the one-shot kernels' LL area, and their LL limit per rank (0: off) */
   size_t pair_flags_off;   /* nranks fc_pair_flags_t: [q] written by peer q */
   size_t slots_off, slice_bytes;
   int nslots;              /* per peer */

@@ -24,6 +24,8 @@ FC_PARAM_INT(gpu_slice_size, "GPU_SLICE_SIZE", 4 << 20)
 FC_PARAM_INT(gpu_slots, "GPU_SLOTS", 8)
 /* -1: by rank count (plan_layout). */
 FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", -1)
+/* One-shot messages up to this many bytes per rank take the LL kernels (oneshot.cu). */
+FC_PARAM_INT(ll_max, "LL_MAX_BYTES", 64 << 10)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \
@@ -99,7 +101,14 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   g->oneshot_slot = ((size_t)oneshot + align - 1) / align * align;
   g->oneshot_off = 0;
   g->oneshot_flags_off = g->oneshot_off + 2 * (size_t)nranks * g->oneshot_slot;
-  g->pair_flags_off = g->oneshot_flags_off + ((2 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);
+  /* The LL area (2 parities x nranks slots of 2 lines per 16 bytes) lies between the flags and
+   * the pair flags, so that the one memset at set-up clears all three. */
+  int64_t ll = fc_param_ll_max();
+  if (ll < 0) ll = 0;
+  if ((size_t)ll > g->oneshot_slot) ll = (int64_t)g->oneshot_slot;
+  g->ll_max = (size_t)ll / 16 * 16;
+  g->ll_off = g->oneshot_flags_off + ((2 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);
+  g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
   g->slots_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
   g->slice_bytes = ((size_t)fc_param_gpu_slice_size() + align - 1) / align * align;
   g->nslots = (int)fc_param_gpu_slots();

@@ -54,6 +54,12 @@ typedef struct {
   uint64_t *flags[FC_ONESHOT_MAX_RANKS];        /* flags[p]: rank p's flags as seen from here */
   uint64_t timeout_cycles;
   int *error;                                   /* host-mapped */
+  /* LL variant (oneshot.cu): messages of up to ll_max bytes per rank (a multiple of 16; 0: never)
+   * go as 16-byte lines of 8 data bytes and two copies of (uint32_t)seq, polled by the readers,
+   * into ll[p]: rank p's LL area as seen from here, 2 parities x nranks slots of 2 * ll_max
+   * bytes, zeroed before the first call. */
+  size_t ll_max;
+  char *ll[FC_ONESHOT_MAX_RANKS];
 } fc_oneshot_args_t;
 
 /* recvbuf = op over ranks of sendbuf (count * dtype size <= slot_bytes); AVG divides at the end. */

@@ -226,6 +226,158 @@ __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_block_copy(recv + (size_t)q * bytes + lo, fc_src(a, par, send, local, q) + lo, hi - lo);
 }
 
+/* ---- LL (low-latency) variant, for messages up to a.ll_max bytes per rank ----
+ * A 16-byte line carries 8 bytes of data and the call's flag twice, {d0, flag, d1, flag},
+ * written with one 16-byte volatile store; each 8-byte half arrives whole (NCCL's LL protocol
+ * relies on the same), so a reader that sees both flags equal to (uint32_t)seq has both data
+ * words of this call.  The readers poll the lines themselves: no fence and no separate flag
+ * round trip, which is what the plain one-shot kernel pays per block.  The lines double the
+ * bytes on the link, hence the size limit.  Each thread owns 16 data bytes (2 lines) of every
+ * rank: it posts its own unit to every peer, then polls the peers' units at the same index.
+ * The LL area is apart from the plain slots: stale plain data there could look like a flag.
+ * Parity and reuse follow the same argument as the plain kernels (one seq counter for both). */
+
+__device__ __forceinline__ void fc_ll_store(uint4 *p, uint32_t d0, uint32_t d1, uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(flag), "r"(d1), "r"(flag)
+               : "memory");
+}
+__device__ __forceinline__ uint4 fc_ll_load(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+/* Line pair of unit u in the slot that `sender` fills, parity par, of the LL area `area`. */
+__device__ __forceinline__ uint4 *fc_ll_lines(const fc_oneshot_args_t &a, char *area, int par, int sender, size_t u) {
+  const size_t slot_lines = a.ll_max / 8; /* 2 lines per 16 data bytes */
+  return (uint4 *)area + ((size_t)par * (size_t)a.nranks + (size_t)sender) * slot_lines + 2 * u;
+}
+
+/* Wait for both lines to carry flag and return their 16 data bytes; false once clock64 has run
+ * past the deadline or the host has aborted (*error == 2). */
+__device__ __forceinline__ bool fc_ll_read(const fc_oneshot_args_t &a, const uint4 *lines, uint32_t flag, long long start,
+                                           uint4 *out) {
+  uint4 l0 = fc_ll_load(lines), l1 = fc_ll_load(lines + 1);
+  unsigned spins = 0;
+  while (l0.y != flag || l0.w != flag || l1.y != flag || l1.w != flag) {
+    if (++spins > 256) {
+      spins = 0;
+      if ((uint64_t)(clock64() - start) > a.timeout_cycles) return false;
+      if (a.error && *(const volatile int *)a.error == 2) return false;
+    }
+    if (l0.y != flag || l0.w != flag) l0 = fc_ll_load(lines);
+    if (l1.y != flag || l1.w != flag) l1 = fc_ll_load(lines + 1);
+  }
+  *out = make_uint4(l0.x, l0.z, l1.x, l1.z);
+  return true;
+}
+
+__device__ __forceinline__ void fc_ll_timed_out(const fc_oneshot_args_t &a) {
+  if (a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+  __threadfence_system();
+}
+
+/* Bytes [off, off + 16) of buf clipped to n (zeros beyond), in one load when whole and aligned. */
+__device__ __forceinline__ uint4 fc_load16(const char *buf, size_t off, size_t n) {
+  if (off + 16 <= n && ((uintptr_t)(buf + off) & 15u) == 0) return *(const uint4 *)(buf + off);
+  uint4 v = make_uint4(0, 0, 0, 0);
+  unsigned char *c = (unsigned char *)&v;
+  for (int i = 0; i < 16 && off + i < n; i++) c[i] = (unsigned char)buf[off + i];
+  return v;
+}
+__device__ __forceinline__ void fc_store16(char *buf, size_t off, size_t n, uint4 v) {
+  if (off + 16 <= n && ((uintptr_t)(buf + off) & 15u) == 0) {
+    *(uint4 *)(buf + off) = v;
+    return;
+  }
+  const unsigned char *c = (const unsigned char *)&v;
+  for (int i = 0; i < 16 && off + i < n; i++) buf[off + i] = (char)c[i];
+}
+
+/* Post our 16 bytes of unit u to every peer. */
+__device__ __forceinline__ void fc_ll_post(const fc_oneshot_args_t &a, int par, size_t u, uint4 v, uint32_t flag) {
+#pragma unroll
+  for (int p = 0; p < FC_ONESHOT_MAX_RANKS; p++)
+    if (p < a.nranks && p != a.rank) {
+      uint4 *dst = fc_ll_lines(a, a.ll[p], par, a.rank, u);
+      fc_ll_store(dst, v.x, v.y, flag);
+      fc_ll_store(dst + 1, v.z, v.w, flag);
+    }
+}
+
+template <typename V, typename D, class Op, bool AVG>
+__global__ void __launch_bounds__(FC_OS_THREADS)
+    fc_ll_allreduce_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
+  typedef fc_vec<V> vec;
+  const int par = (int)(a.seq & 1);
+  const uint32_t flag = (uint32_t)a.seq;
+  const long long start = clock64();
+  char *local = fc_pick(a.ll, a.rank);
+  const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
+  const size_t units = (bytes + 15) / 16;
+  for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
+    vec own;
+    own.raw = fc_load16(send, 16 * u, bytes);
+    fc_ll_post(a, par, u, own.raw, flag);
+    /* Rank order 0..n-1, as the plain kernel: every rank gets bitwise the same result. */
+    vec acc = own;
+#pragma unroll
+    for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
+      if (q >= a.nranks) break;
+      vec v = own;
+      if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, local, par, q, u), flag, start, &v.raw)) {
+        fc_ll_timed_out(a);
+        return;
+      }
+      acc = q == 0 ? v : fc_vec_apply<V, Op>(acc, v);
+    }
+    if (AVG)
+#pragma unroll
+      for (int j = 0; j < vec::N; j++) acc.e[j] = fc_avg<V, D>(acc.e[j], dn);
+    fc_store16(recv, 16 * u, bytes, acc.raw);
+  }
+}
+
+__global__ void __launch_bounds__(FC_OS_THREADS)
+    fc_ll_allgather_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
+  const int par = (int)(a.seq & 1);
+  const uint32_t flag = (uint32_t)a.seq;
+  const long long start = clock64();
+  char *local = fc_pick(a.ll, a.rank);
+  const size_t units = (bytes + 15) / 16;
+  for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
+    const uint4 own = fc_load16(send, 16 * u, bytes);
+    fc_ll_post(a, par, u, own, flag);
+#pragma unroll
+    for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
+      if (q >= a.nranks) break;
+      uint4 v = own;
+      if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, local, par, q, u), flag, start, &v)) {
+        fc_ll_timed_out(a);
+        return;
+      }
+      fc_store16(recv + (size_t)q * bytes, 16 * u, bytes, v);
+    }
+  }
+}
+
+/* The LL grid: one thread per 16 bytes (every rank computes the same from the same size). */
+unsigned fc_ll_grid(size_t bytes) {
+  const size_t units = (bytes + 15) / 16, b = (units + FC_OS_THREADS - 1) / FC_OS_THREADS;
+  return b < 1 ? 1u : b > FC_ONESHOT_BLOCKS ? (unsigned)FC_ONESHOT_BLOCKS : (unsigned)b;
+}
+
+/* Whether a message of `bytes` per rank takes the LL kernels. */
+bool fc_use_ll(const fc_oneshot_args_t *a, size_t bytes) {
+  if (a->ll_max == 0 || bytes > a->ll_max || (a->ll_max & 15u)) return false;
+  for (int p = 0; p < a->nranks; p++)
+    if (!a->ll[p] || ((uintptr_t)a->ll[p] & 15u)) return false;
+  return true;
+}
+
 /* The grid for a message of `bytes` (see kernels.h). */
 unsigned fc_oneshot_grid(size_t bytes) {
   const size_t b = (bytes + FC_ONESHOT_BLOCK_BYTES - 1) / FC_ONESHOT_BLOCK_BYTES;
@@ -256,6 +408,15 @@ struct fc_oneshot_launch {
     const size_t bytes = count * sizeof(V);
     if (!fc_args_ok(args, bytes)) return (int)cudaErrorInvalidValue;
     /* AVG over one rank divides by 1: skipped, as fc_host_divide skips n <= 1. */
+    if (fc_use_ll(args, bytes)) {
+      if (avg && args->nranks > 1)
+        fc_ll_allreduce_kernel<V, D, Op, true>
+            <<<fc_ll_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+      else
+        fc_ll_allreduce_kernel<V, D, Op, false>
+            <<<fc_ll_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+      return (int)cudaGetLastError();
+    }
     if (avg && args->nranks > 1)
       fc_oneshot_allreduce_kernel<V, D, Op, true>
           <<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
@@ -283,6 +444,11 @@ extern "C" int fc_kernel_oneshot_allgather(const fc_oneshot_args_t *args, const 
                                            size_t bytes, flexcoll_stream_t stream) {
   if (bytes == 0) return (int)cudaSuccess;
   if (!fc_args_ok(args, bytes)) return (int)cudaErrorInvalidValue;
+  if (fc_use_ll(args, bytes)) {
+    fc_ll_allgather_kernel<<<fc_ll_grid(bytes), FC_OS_THREADS, 0, (cudaStream_t)stream>>>(*args, (const char *)sendbuf,
+                                                                                        (char *)recvbuf, bytes);
+    return (int)cudaGetLastError();
+  }
   fc_oneshot_allgather_kernel<<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, (cudaStream_t)stream>>>(
       *args, (const char *)sendbuf, (char *)recvbuf, bytes);
   return (int)cudaGetLastError();
@@ -296,6 +462,8 @@ struct fc_oneshot_preload {
     cudaFuncAttributes a;
     int e = (int)cudaFuncGetAttributes(&a, fc_oneshot_allreduce_kernel<V, D, Op, true>);
     if (!e) e = (int)cudaFuncGetAttributes(&a, fc_oneshot_allreduce_kernel<V, D, Op, false>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, fc_ll_allreduce_kernel<V, D, Op, true>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, fc_ll_allreduce_kernel<V, D, Op, false>);
     return e;
   }
 };
@@ -309,5 +477,6 @@ extern "C" int fc_kernels_preload_oneshot(void) {
       if (e) return e;
     }
   cudaFuncAttributes a;
-  return (int)cudaFuncGetAttributes(&a, fc_oneshot_allgather_kernel);
+  int e = (int)cudaFuncGetAttributes(&a, fc_oneshot_allgather_kernel);
+  return e ? e : (int)cudaFuncGetAttributes(&a, fc_ll_allgather_kernel);
 }

@@ -287,14 +287,19 @@ static void test_args(const DevBufs &db) {
 struct Rank {
   int dev;
   cudaStream_t stream;
-  char *stage, *send, *recv;
+  char *stage, *send, *recv, *ll;
   uint64_t *flags;
   int *error; /* host-mapped */
 };
 
+/* LL areas are allocated for this limit; World.ll_max (0: the plain kernels only) picks the
+ * limit of the calls. */
+static const size_t kLLCap = 64 << 10;
+static size_t ll_bytes(int nranks) { return 2 * (size_t)nranks * 2 * kLLCap; }
+
 struct World {
   int nranks;
-  size_t slot;
+  size_t slot, ll_max;
   uint64_t seq, timeout_cycles;
   Rank r[FC_ONESHOT_MAX_RANKS];
 };
@@ -313,6 +318,8 @@ static void world_init(World *w, int nranks, const int *devs, size_t slot) {
     CK(cudaMalloc(&r->stage, 2 * (size_t)nranks * slot));
     CK(cudaMalloc(&r->flags, flags_bytes(nranks)));
     CK(cudaMemset(r->flags, 0, flags_bytes(nranks)));
+    CK(cudaMalloc(&r->ll, ll_bytes(nranks)));
+    CK(cudaMemset(r->ll, 0, ll_bytes(nranks)));
     CK(cudaMalloc(&r->send, slot + 64));
     CK(cudaMalloc(&r->recv, (size_t)nranks * slot + 64));
     CK(cudaHostAlloc(&r->error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
@@ -330,6 +337,7 @@ static void world_free(World *w) {
     CK(cudaStreamDestroy(r->stream));
     CK(cudaFree(r->stage));
     CK(cudaFree(r->flags));
+    CK(cudaFree(r->ll));
     CK(cudaFree(r->send));
     CK(cudaFree(r->recv));
     CK(cudaFreeHost(r->error));
@@ -340,7 +348,8 @@ static fc_oneshot_args_t world_args(const World *w, int rank) {
   fc_oneshot_args_t a;
   memset(&a, 0, sizeof a);
   a.rank = rank, a.nranks = w->nranks, a.seq = w->seq, a.slot_bytes = w->slot;
-  for (int p = 0; p < w->nranks; p++) a.stage[p] = w->r[p].stage, a.flags[p] = w->r[p].flags;
+  for (int p = 0; p < w->nranks; p++) a.stage[p] = w->r[p].stage, a.flags[p] = w->r[p].flags, a.ll[p] = w->r[p].ll;
+  a.ll_max = w->ll_max;
   a.timeout_cycles = w->timeout_cycles;
   a.error = w->r[rank].error;
   return a;
@@ -449,10 +458,11 @@ static void oneshot_allgather_case(World *w, size_t bytes, size_t off, int inpla
 
 /* Every datatype and op at several sizes up to a full slot, interleaved with allgathers on
  * the same staging area and seq counter. */
-static void test_oneshot(int nranks, const int *devs, const char *where) {
+static void test_oneshot(int nranks, const int *devs, const char *where, size_t ll_max) {
   const size_t slot = 256 << 10;
   World w;
   world_init(&w, nranks, devs, slot);
+  w.ll_max = ll_max; /* LL for the sizes up to it, plain kernels above: both on one seq counter */
   char *S = (char *)malloc((size_t)nranks * slot), *E = (char *)malloc(slot), *G = (char *)malloc((size_t)nranks * slot);
   const int before = g_failures;
   for (int dt = 0; dt < NDT; dt++) {
@@ -467,8 +477,8 @@ static void test_oneshot(int nranks, const int *devs, const char *where) {
     for (size_t k = 0; k < sizeof bytes / sizeof bytes[0]; k++)
       oneshot_allgather_case(&w, bytes[k], (size_t)(k * 3 % 17), (int)(k == 4 || k == 6), S, G);
   }
-  printf("%s one-shot allreduce/allgather, %d ranks on %s (%llu calls)\n", g_failures == before ? "PASS" : "FAIL",
-         nranks, where, (unsigned long long)w.seq);
+  printf("%s one-shot allreduce/allgather, %d ranks on %s, LL up to %zu bytes (%llu calls)\n",
+         g_failures == before ? "PASS" : "FAIL", nranks, where, ll_max, (unsigned long long)w.seq);
   free(S), free(E), free(G);
   world_free(&w);
 }
@@ -533,6 +543,7 @@ static void test_oneshot_pipelined(int nranks, const int *devs, const char *wher
   memset(&p, 0, sizeof p);
   p.nranks = nranks, p.ncalls = 48, p.slot = 64 << 10;
   world_init(&w, nranks, devs, p.slot);
+  w.ll_max = 16 << 10; /* LL and plain calls interleaved */
   p.hsend = (char *)malloc((size_t)p.ncalls * nranks * p.slot);
   char *E = (char *)malloc((size_t)nranks * p.slot), *G = (char *)malloc((size_t)nranks * p.slot);
   for (int i = 0; i < nranks; i++) {
@@ -577,20 +588,35 @@ static void test_timeout(void) {
   const int before = g_failures, devs[2] = {0, 0};
   World w;
   world_init(&w, 2, devs, 4096);
-  for (int coll = 0; coll < 2; coll++) {
+  for (int coll = 0; coll < 4; coll++) {
     w.seq++;
+    w.ll_max = coll >= 2 ? kLLCap : 0; /* plain kernels, then LL */
     fc_oneshot_args_t a = world_args(&w, 0);
     a.timeout_cycles = 2000000; /* ~1 ms at 1.98 GHz */
     *w.r[0].error = 0;
     CK(cudaMemset(w.r[0].send, 0x5a, 4096));
     CK(cudaDeviceSynchronize()); /* the memset ran on the legacy stream */
     const double t0 = now_s();
-    if (coll) CK(fc_kernel_oneshot_allgather(&a, w.r[0].send, w.r[0].recv, 4000, w.r[0].stream));
+    if (coll & 1) CK(fc_kernel_oneshot_allgather(&a, w.r[0].send, w.r[0].recv, 4000, w.r[0].stream));
     else CK(fc_kernel_oneshot_allreduce(&a, w.r[0].send, w.r[0].recv, 1000, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, w.r[0].stream));
     CK(cudaStreamSynchronize(w.r[0].stream));
     const double dt = now_s() - t0;
     if (*(volatile int *)w.r[0].error != 1) fail("timeout: error not set");
     if (dt > 2.0) fail("timeout: took %.3f s", dt);
+    const char *name = (coll & 1) ? "allgather" : "allreduce";
+    if (coll >= 2) {
+      /* LL: the lines of 8 data bytes and two flags reached the peer's LL area, slot 0. */
+      uint32_t lines[4000 / 8 * 4];
+      const int par = (int)(w.seq & 1);
+      CK(cudaMemcpy(lines, w.r[1].ll + (size_t)(par * 2 + 0) * 2 * kLLCap, sizeof lines, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i += 2)
+        if (lines[i + 1] != (uint32_t)w.seq || lines[i] != 0x5a5a5a5au) {
+          fail("timeout: LL line %zu not posted to the peer", i / 4);
+          break;
+        }
+      printf("  timeout LL %s returned after %.2f ms\n", name, dt * 1e3);
+      continue;
+    }
     uint64_t flags[2 * 2 * FC_ONESHOT_BLOCKS];
     char data[4000];
     CK(cudaMemcpy(flags, w.r[1].flags, sizeof flags, cudaMemcpyDeviceToHost));
@@ -602,7 +628,7 @@ static void test_timeout(void) {
     CK(cudaMemcpy(data, w.r[1].stage + (size_t)(par * 2 + 0) * w.slot, sizeof data, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < sizeof data; i++)
       if ((unsigned char)data[i] != 0x5a) { fail("timeout: data not posted to the peer"); break; }
-    printf("  timeout %s returned after %.2f ms\n", coll ? "allgather" : "allreduce", dt * 1e3);
+    printf("  timeout %s returned after %.2f ms\n", name, dt * 1e3);
   }
   if (fc_kernel_oneshot_allreduce(NULL, w.r[0].send, w.r[0].recv, 0, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0) != 0)
     fail("oneshot count 0 must launch nothing and succeed");
@@ -658,8 +684,9 @@ static void bench_reduce(void) {
 static void bench_oneshot(int nranks, const int *devs, const char *where) {
   World w;
   world_init(&w, nranks, devs, 256 << 10);
-  const size_t sizes[] = {8 << 10, 256 << 10};
-  for (size_t s = 0; s < 2; s++) {
+  const size_t sizes[] = {8, 8 << 10, 64 << 10, 8, 8 << 10, 64 << 10, 256 << 10};
+  for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+    w.ll_max = s < 3 ? 0 : kLLCap; /* plain kernels, then LL */
     const int iters = 1000;
     double t0 = 0;
     for (int it = -10; it < iters; it++) {
@@ -668,13 +695,13 @@ static void bench_oneshot(int nranks, const int *devs, const char *where) {
       for (int i = 0; i < nranks; i++) {
         const fc_oneshot_args_t a = world_args(&w, i);
         CK(cudaSetDevice(w.r[i].dev));
-        CK(fc_kernel_oneshot_allreduce(&a, w.r[i].send, w.r[i].recv, sizes[s] / 4, FLEXCOLL_FLOAT32, FLEXCOLL_SUM,
+        CK(fc_kernel_oneshot_allreduce(&a, w.r[i].send, w.r[i].recv, (sizes[s] + 3) / 4, FLEXCOLL_FLOAT32, FLEXCOLL_SUM,
                                        w.r[i].stream));
       }
     }
     world_sync(&w, "bench");
-    printf("  time: one-shot allreduce %zu KiB, %d ranks on %s: %.1f us per call\n", sizes[s] >> 10, nranks, where,
-           (now_s() - t0) / iters * 1e6);
+    printf("  time: one-shot allreduce %zu B (%s), %d ranks on %s: %.2f us per call\n", sizes[s],
+           sizes[s] <= w.ll_max ? "LL" : "plain", nranks, where, (now_s() - t0) / iters * 1e6);
   }
   world_free(&w);
 }
@@ -706,7 +733,8 @@ static void run_oneshot_tests(int ngpu) {
   char where[64];
   if (ng >= 2) {
     for (int i = 0; i < 2; i++) devs[i] = i;
-    test_oneshot(2, devs, "2 GPUs");
+    test_oneshot(2, devs, "2 GPUs", 0);
+    test_oneshot(2, devs, "2 GPUs", kLLCap);
     test_oneshot_pipelined(2, devs, "2 GPUs");
   } else {
     printf("  fewer than 2 GPUs with peer access: 2-GPU one-shot test skipped\n");
@@ -717,7 +745,8 @@ static void run_oneshot_tests(int ngpu) {
     const int n = rank_counts[k];
     for (int i = 0; i < n; i++) devs[i] = i % ng;
     snprintf(where, sizeof where, "%d GPU%s", ng < n ? ng : n, (ng < n ? ng : n) > 1 ? "s" : "");
-    test_oneshot(n, devs, where);
+    test_oneshot(n, devs, where, 0);
+    test_oneshot(n, devs, where, kLLCap);
     if (n > 2) test_oneshot_pipelined(n, devs, where);
   }
   for (int i = 0; i < 2; i++) devs[i] = i % ng;

@@ -325,6 +325,9 @@ flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_ar
   int n = comm->nranks;
   size_t es = fc_dtype_size(dtype);
   *done = 0;
+  /* The exchange's driver calls need the device's context current, also in a thread (a group's
+   * worker) where the runtime has not made it so yet. */
+  cudaSetDevice(g->device);
   /* Only the buffers the peers touch: allreduce both, reduce_scatter sendbuf (pulled), allgather
    * and broadcast recvbuf (pushed into). */
   const void *share_send = NULL, *share_recv = NULL;

@@ -27,7 +27,7 @@
  *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
  *              6 ring/ce, FLEXCOLL_GPU_SLOTS=2              } failure points at it; 1000003
  *              7 tree/ce, FLEXCOLL_CHUNK_SIZE=65536         } elements only
- *              8 direct    FLEXCOLL_DIRECT=2, DIRECT_MIN_BYTES=1, DIRECT_RS_BCAST_MIN_BYTES=1,
+ *              8 direct    FLEXCOLL_DIRECT=2, DIRECT_MIN_BYTES=1, DIRECT_RS_MIN_BYTES=1,
  *                          ONESHOT_MAX_BYTES=0: allreduce, allgather, reduce_scatter and
  *                          broadcast of every size copied straight between the ranks' buffers,
  *                          their addresses exchanged at each call (lib/gpu/direct.c); counts as
@@ -178,7 +178,7 @@ typedef struct {
 } variant_t;
 
 #define ENV_COMMON                                                                                        \
-  "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", "FLEXCOLL_DIRECT_RS_BCAST_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES", \
+  "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES", \
       "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES"
 static const char *const env_sm[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_ce[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
@@ -200,12 +200,12 @@ static const char *const env_ce_chunks[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCO
 static const char *const env_direct[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
                                          "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE",
                                          "FLEXCOLL_DIRECT=2", "FLEXCOLL_DIRECT_MIN_BYTES=1",
-                                         "FLEXCOLL_DIRECT_RS_BCAST_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
+                                         "FLEXCOLL_DIRECT_RS_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
                                          "FLEXCOLL_DIRECT_PIECES", NULL};
 static const char *const env_window[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
                                          "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE",
                                          "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES=1",
-                                         "FLEXCOLL_DIRECT_RS_BCAST_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
+                                         "FLEXCOLL_DIRECT_RS_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
                                          "FLEXCOLL_DIRECT_PIECES", NULL};
 
 static const variant_t variants[] = {

@@ -11,8 +11,8 @@
  * FLEXCOLL_ALGO=ring|tree forces it where the collective has that algorithm. */
 fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem);
 /* Whether a device collective of `bytes` (the largest buffer) goes direct (lib/gpu/direct.c):
- * allreduce and allgather from FLEXCOLL_DIRECT_MIN_BYTES up (what the one-shot path leaves them),
- * reduce_scatter and broadcast from FLEXCOLL_DIRECT_RS_BCAST_MIN_BYTES, unless
+ * allreduce, allgather and broadcast from FLEXCOLL_DIRECT_MIN_BYTES up (what the one-shot path
+ * leaves them), reduce_scatter from FLEXCOLL_DIRECT_RS_MIN_BYTES, unless
  * FLEXCOLL_DIRECT=0 or FLEXCOLL_ALGO forces an algorithm. */
 int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks);
 /* Whether direct mode may exchange buffer addresses at a call (FLEXCOLL_DIRECT=2) for buffers

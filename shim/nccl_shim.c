@@ -312,15 +312,35 @@ ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle) {
   return ncclSuccess;
 }
 
+/* Windows.  NCCL_WIN_COLL_SYMMETRIC promises what flexcoll's windows need (every rank's buffers
+ * at the same offsets of equal windows): those become flexcoll windows, registered collectively
+ * like NCCL's.  A default window promises nothing about offsets: it stays a hint, as
+ * ncclCommRegister's buffers. */
+static char window_hint;
+
 ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win, int winFlags) {
-  (void)comm, (void)buff, (void)size, (void)winFlags;
-  if (win) *win = NULL;
-  return unsupported("ncclCommWindowRegister", "no symmetric memory windows");
+  const char *fn = "ncclCommWindowRegister";
+  if (!comm) return shim_fail(ncclInvalidArgument, "%s: comm is NULL", fn);
+  if (!win) return shim_fail(ncclInvalidArgument, "%s: win is NULL", fn);
+  *win = NULL;
+  if (winFlags & ~NCCL_WIN_COLL_SYMMETRIC) return shim_fail(ncclInvalidArgument, "%s: unknown winFlags 0x%x", fn, winFlags);
+  if (!(winFlags & NCCL_WIN_COLL_SYMMETRIC)) {
+    if (!buff || !size) return shim_fail(ncclInvalidArgument, "%s: buff is NULL or size is 0", fn);
+    *win = (ncclWindow_t)(void *)&window_hint;
+    return ncclSuccess;
+  }
+  flexcoll_window_t w = NULL;
+  ncclResult_t res = fwd_call(flexcoll_window_register(fc_comm(comm), buff, size, &w));
+  *win = (ncclWindow_t)(void *)w;
+  return res;
 }
 
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {
-  (void)comm, (void)win;
-  return unsupported("ncclCommWindowDeregister", "no symmetric memory windows");
+  const char *fn = "ncclCommWindowDeregister";
+  if (!comm) return shim_fail(ncclInvalidArgument, "%s: comm is NULL", fn);
+  if (!win) return shim_fail(ncclInvalidArgument, "%s: win is NULL", fn);
+  if ((void *)win == (void *)&window_hint) return ncclSuccess;
+  return fwd_call(flexcoll_window_deregister(fc_comm(comm), (flexcoll_window_t)(void *)win));
 }
 
 ncclResult_t ncclDevCommCreate(ncclComm_t comm, const ncclDevCommRequirements_t *reqs, ncclDevComm_t *outDevComm) {

@@ -12,10 +12,12 @@
  *     collective queued on them in the same group; ncclCommInitAll(comms, 2, NULL);
  *     ncclCommInitRankScalable; ncclCommAbort;
  *   - the calls flexcoll cannot do return ncclInvalidUsage with a message in ncclGetLastError,
- *     bad arguments return ncclInvalidArgument, the no-op calls succeed.
+ *     bad arguments return ncclInvalidArgument, the no-op calls succeed (a default window is a
+ *     hint; a symmetric one on host memory is refused).
  * GPU part (a child process, only with 2 GPUs or more; printed as skipped otherwise): the same
  * collectives on device memory over ncclCommInitAll(comms, 2, NULL), from one thread in a group
- * and from one thread per GPU; ncclMemAlloc / ncclMemFree.
+ * and from one thread per GPU; ncclMemAlloc / ncclMemFree; symmetric windows
+ * (ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC, in a group) holding a 16 MB AllReduce.
  * The parent never initialises CUDA: it counts the GPUs in a forked child.
  *
  * Exit status 0: pass, 1: fail.  FC_TEST_SEED=0x... reproduces a run (the seed is printed).
@@ -636,9 +638,15 @@ static void check_unsupported(ncclComm_t comm) {
   CHECK(newcomm == NULL, "ncclCommShrink left a communicator");
   NCCL_FAILS(ncclInvalidUsage, ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm));
   NCCL_FAILS(ncclInvalidUsage, ncclRedOpDestroy((ncclRedOp_t)ncclNumOps, comm));
-  NCCL_FAILS(ncclInvalidUsage, ncclCommWindowRegister(comm, buf, sizeof buf, &win, NCCL_WIN_DEFAULT));
+  /* A default window is a hint; a symmetric one needs device memory (this is a host communicator). */
+  NCCL_OK(ncclCommWindowRegister(comm, buf, sizeof buf, &win, NCCL_WIN_DEFAULT));
+  CHECK(win != NULL, "ncclCommWindowRegister gave no window");
+  NCCL_OK(ncclCommWindowDeregister(comm, win));
+  win = (ncclWindow_t)&op;
+  NCCL_FAILS(ncclInvalidUsage, ncclCommWindowRegister(comm, buf, sizeof buf, &win, NCCL_WIN_COLL_SYMMETRIC));
   CHECK(win == NULL, "ncclCommWindowRegister left a window");
-  NCCL_FAILS(ncclInvalidUsage, ncclCommWindowDeregister(comm, win));
+  NCCL_FAILS(ncclInvalidArgument, ncclCommWindowRegister(comm, buf, sizeof buf, &win, 0x80));
+  NCCL_FAILS(ncclInvalidArgument, ncclCommWindowDeregister(comm, NULL));
   NCCL_FAILS(ncclInvalidUsage, ncclDevCommCreate(comm, NULL, NULL));
   NCCL_FAILS(ncclInvalidUsage, ncclDevCommDestroy(comm, NULL));
   NCCL_FAILS(ncclInvalidUsage, ncclGroupSimulateEnd(&info));
@@ -710,6 +718,51 @@ static void host_part(void) {
   if (init_threads(&s, 1)) run_suite(&s), destroy_all(&s);
 }
 
+/* Symmetric windows (ncclMemAlloc + ncclCommWindowRegister, collective: a group from one thread),
+ * then a large AllReduce at the same offset of each window (flexcoll's direct path), checked. */
+static void gpu_window(world_t *w) {
+  const size_t bytes = 64 << 20, count = 4 << 20, off = 4096; /* 16 MB of floats, past one-shot */
+  void *buf[2] = {NULL, NULL};
+  ncclWindow_t win[2] = {NULL, NULL};
+  for (int r = 0; r < 2; r++) {
+    cudaSetDevice(r);
+    NCCL_OK(ncclMemAlloc(&buf[r], bytes));
+  }
+  if (!buf[0] || !buf[1]) return;
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommWindowRegister(w->comms[r], buf[r], bytes, &win[r], NCCL_WIN_COLL_SYMMETRIC));
+  NCCL_OK(ncclGroupEnd());
+  CHECK(win[0] && win[1], "ncclCommWindowRegister gave no window");
+  float *host = malloc(count * sizeof *host);
+  for (int r = 0; r < 2 && host; r++) {
+    for (size_t i = 0; i < count; i++) host[i] = (float)(r + 1) * (float)(i % 1000);
+    cudaSetDevice(r);
+    CHECK(cudaMemcpy((char *)buf[r] + off, host, count * sizeof *host, cudaMemcpyHostToDevice) == cudaSuccess, "upload");
+  }
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; r++)
+    NCCL_OK(ncclAllReduce((char *)buf[r] + off, (char *)buf[r] + off + (32 << 20), count, ncclFloat, ncclSum, w->comms[r],
+                          w->streams[r]));
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 2 && host; r++) {
+    cudaSetDevice(r);
+    CHECK(cudaStreamSynchronize(w->streams[r]) == cudaSuccess, "stream");
+    CHECK(cudaMemcpy(host, (char *)buf[r] + off + (32 << 20), count * sizeof *host, cudaMemcpyDeviceToHost) == cudaSuccess,
+          "download");
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) bad += host[i] != 3.0f * (float)(i % 1000);
+    CHECK(bad == 0, "AllReduce in symmetric windows: rank %d has %zu wrong elements", r, bad);
+  }
+  free(host);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) NCCL_OK(ncclCommWindowDeregister(w->comms[r], win[r]));
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 2; r++) {
+    cudaSetDevice(r);
+    NCCL_OK(ncclMemFree(buf[r]));
+  }
+}
+
 static void gpu_part(void) {
   world_t w = {.nranks = 2, .gpu = 1, .label = "GPU, ncclCommInitAll"};
   NCCL_OK(ncclCommInitAll(w.comms, 2, NULL));
@@ -731,6 +784,7 @@ static void gpu_part(void) {
             (dev = attr.device) == 1,
         "ncclMemAlloc gave %p on device %d", p, dev);
   NCCL_OK(ncclMemFree(p));
+  gpu_window(&w);
   destroy_in_turn(&w);
   for (int r = 0; r < 2; r++) cudaSetDevice(r), cudaStreamDestroy(w.streams[r]);
 }

@@ -21,9 +21,10 @@
  *                          every collective (out of place)
  *              2 tree/sm   tree, sm, ONESHOT_MAX_BYTES=0 (reduce_scatter: ring only, skipped)
  *              3 tree/ce   tree, ce, ONESHOT_MAX_BYTES=0
- *              4 default   nothing forced: the one-shot kernel (8 MiB) for small allreduce and
- *                          allgather, auto engine; counts at and just above the one-shot limit;
- *                          buffers misaligned by one element on every other call
+ *              4 default   nothing forced: the one-shot kernels (LL up to 64 KiB per rank, plain
+ *                          up to 8 MiB) for allreduce, allgather, reduce_scatter and broadcast,
+ *                          auto engine; counts at and just above the one-shot limit; buffers
+ *                          misaligned by one element on every other call
  *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
  *              6 ring/ce, FLEXCOLL_GPU_SLOTS=2              } failure points at it; 1000003
  *              7 tree/ce, FLEXCOLL_CHUNK_SIZE=65536         } elements only
@@ -792,7 +793,7 @@ static int matrix_body(ctx_t *c) {
       progress(c, coll_names[coll], calls, t0, e0);
     }
     /* around the default one-shot limit (8 MiB of one rank's data) */
-    if (v->edge && (coll == C_ALLREDUCE || coll == C_ALLGATHER)) {
+    if (v->edge && coll != C_REDUCE) {
       static const struct {
         flexcoll_datatype_t dt;
         flexcoll_op_t op;
@@ -803,8 +804,10 @@ static int matrix_body(ctx_t *c) {
       e0 = r->errors;
       for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++)
         for (int plus = 0; plus < 2; plus++) {
-          /* The limit is on the result: all n blocks of an allgather. */
-          const size_t edge_count = ONESHOT_DEFAULT / fc_dtype_size(edge[k].dt) / (coll == C_ALLGATHER ? (size_t)n : 1);
+          /* The limit is on the largest buffer: all n blocks of an allgather's result, of a
+           * reduce_scatter's input. */
+          const size_t per = coll == C_ALLGATHER || coll == C_REDUCE_SCATTER ? (size_t)n : 1;
+          const size_t edge_count = ONESHOT_DEFAULT / fc_dtype_size(edge[k].dt) / per;
           for (int ip = 0; ip < 2; ip++) {
             spec_t s = {.coll = coll, .dtype = edge[k].dt, .op = edge[k].op,
                         .count = edge_count + (size_t)plus, .inplace = ip};
@@ -815,7 +818,7 @@ static int matrix_body(ctx_t *c) {
         }
       calls += ecalls;
       char what[96];
-      snprintf(what, sizeof what, "%s at the one-shot limit (8 MiB of result, and one element more)", coll_names[coll]);
+      snprintf(what, sizeof what, "%s at the one-shot limit (8 MiB, and one element more)", coll_names[coll]);
       progress(c, what, ecalls, t0, e0);
     }
     /* 1000003 elements: 7 dtypes, the reducing collectives cycling through the ops */

@@ -1,6 +1,7 @@
 /* exec.c — device-memory collectives, stream-ordered.
  *
- * Small allreduce/allgather: one one-shot kernel per rank (lib/kernels/oneshot.cu).
+ * Small allreduce, allgather, reduce_scatter and broadcast (up to the one-shot limit on the
+ * largest buffer): one one-shot kernel per rank (lib/kernels/oneshot.cu).
  * Everything else runs the algorithm's schedule (lib/algos) on two side streams joined to the
  * caller's stream by events: a send stream moves slices into the peer's staging slots (copy
  * engine or SM stores over NVLink) and raises the peer's `ready` counter with a stream memory
@@ -168,10 +169,20 @@ static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, 
   /* One-shot kernels of a communicator must run one after another (their staging parity relies
    * on it), also when the caller alternates streams. */
   if (g->oneshot_seq > 1 && g->oneshot_stream != stream) CUDA_TRY(x->comm, cudaStreamWaitEvent(stream, g->ev_oneshot, 0));
-  if (args->coll == FC_COLL_ALLREDUCE)
-    CUDA_TRY(x->comm, fc_kernel_oneshot_allreduce(&a, send, recv, args->count, x->dtype, x->op, stream));
-  else
-    CUDA_TRY(x->comm, fc_kernel_oneshot_allgather(&a, send, recv, args->count * x->esize, stream));
+  switch (args->coll) {
+    case FC_COLL_ALLREDUCE:
+      CUDA_TRY(x->comm, fc_kernel_oneshot_allreduce(&a, send, recv, args->count, x->dtype, x->op, stream));
+      break;
+    case FC_COLL_ALLGATHER:
+      CUDA_TRY(x->comm, fc_kernel_oneshot_allgather(&a, send, recv, args->count * x->esize, stream));
+      break;
+    case FC_COLL_REDUCE_SCATTER:
+      CUDA_TRY(x->comm, fc_kernel_oneshot_reduce_scatter(&a, send, recv, args->count, x->dtype, x->op, stream));
+      break;
+    default:
+      CUDA_TRY(x->comm, fc_kernel_oneshot_broadcast(&a, send, recv, args->count * x->esize, args->root, stream));
+      break;
+  }
   CUDA_TRY(x->comm, cudaEventRecord(g->ev_oneshot, stream));
   g->oneshot_stream = stream;
   return FLEXCOLL_SUCCESS;
@@ -282,7 +293,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
     /* nothing moves */
-  } else if ((args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER) && largest * x.esize <= g->oneshot_slot &&
+  } else if (args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL && largest * x.esize <= g->oneshot_slot &&
              args->nranks <= FC_ONESHOT_MAX_RANKS) {
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */

@@ -68,6 +68,13 @@ int fc_kernel_oneshot_allreduce(const fc_oneshot_args_t *args, const void *sendb
 /* recvbuf[q*bytes ...] = rank q's sendbuf (bytes <= slot_bytes). */
 int fc_kernel_oneshot_allgather(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t bytes,
                                 flexcoll_stream_t stream);
+/* recvbuf = op over ranks of their sendbuf[rank*recvcount ...] (recvcount * dtype size <= slot_bytes);
+ * each rank sends a peer only the peer's chunk. */
+int fc_kernel_oneshot_reduce_scatter(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t recvcount,
+                                     flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream);
+/* recvbuf = root's sendbuf (bytes <= slot_bytes; sendbuf is read on the root only). */
+int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t bytes, int root,
+                                flexcoll_stream_t stream);
 
 #ifdef __cplusplus
 }

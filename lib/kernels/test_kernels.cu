@@ -5,7 +5,7 @@
  *        lib/kernels/oneshot.cu /tmp/hreduce.o -o /tmp/test_kernels
  *
  * Checks fc_kernel_reduce/divide bit for bit against the host executor (lib/host/reduce.c) for
- * every datatype and op, fc_kernel_copy, the one-shot allreduce/allgather (ranks spread over
+ * every datatype and op, fc_kernel_copy, the one-shot allreduce/allgather/reduce_scatter/broadcast (ranks spread over
  * the GPUs present, several ranks per GPU where needed) and the one-shot timeout.  Exit 0: all
  * passed; 1: a failure; 77: no GPU (skipped).
  *
@@ -363,14 +363,25 @@ __global__ void spin_kernel(unsigned long long ns) {
 }
 
 /* Launch one collective on every rank: reversed order and a late rank now and then. */
+enum { K_ALLREDUCE, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST };
 struct Launch {
-  int allgather;
+  int kind; /* K_* */
   const char *send[FC_ONESHOT_MAX_RANKS];
   char *recv[FC_ONESHOT_MAX_RANKS];
-  size_t count; /* elements (allreduce) or bytes (allgather) */
+  size_t count; /* elements (allreduce; reduce_scatter: of one chunk) or bytes (allgather, broadcast) */
   flexcoll_datatype_t dt;
   flexcoll_op_t op;
+  int root; /* broadcast */
 };
+
+static void launch_rank(const fc_oneshot_args_t *a, const Launch *l, int i, cudaStream_t s) {
+  switch (l->kind) {
+    case K_ALLGATHER: CK(fc_kernel_oneshot_allgather(a, l->send[i], l->recv[i], l->count, s)); break;
+    case K_REDUCE_SCATTER: CK(fc_kernel_oneshot_reduce_scatter(a, l->send[i], l->recv[i], l->count, l->dt, l->op, s)); break;
+    case K_BROADCAST: CK(fc_kernel_oneshot_broadcast(a, l->send[i], l->recv[i], l->count, l->root, s)); break;
+    default: CK(fc_kernel_oneshot_allreduce(a, l->send[i], l->recv[i], l->count, l->dt, l->op, s)); break;
+  }
+}
 
 static void world_launch(World *w, const Launch *l) {
   /* The uploads and memsets went through the legacy default stream, which the ranks'
@@ -386,8 +397,7 @@ static void world_launch(World *w, const Launch *l) {
     const fc_oneshot_args_t a = world_args(w, i);
     CK(cudaSetDevice(w->r[i].dev));
     if (i == late) spin_kernel<<<1, 1, 0, w->r[i].stream>>>(200000);
-    if (l->allgather) CK(fc_kernel_oneshot_allgather(&a, l->send[i], l->recv[i], l->count, w->r[i].stream));
-    else CK(fc_kernel_oneshot_allreduce(&a, l->send[i], l->recv[i], l->count, l->dt, l->op, w->r[i].stream));
+    launch_rank(&a, l, i, w->r[i].stream);
   }
 }
 
@@ -405,7 +415,7 @@ static int world_sync(World *w, const char *what) {
 static void oneshot_allreduce_case(World *w, flexcoll_datatype_t dt, flexcoll_op_t op, size_t count, size_t off,
                                    int inplace, char *S, char *E, char *G) {
   const size_t es = fc_dtype_size(dt), n = count * es;
-  Launch l = {0, {0}, {0}, count, dt, op};
+  Launch l = {K_ALLREDUCE, {0}, {0}, count, dt, op, 0};
   for (int i = 0; i < w->nranks; i++) {
     fill_random(S + i * w->slot, count, dt);
     CK(cudaSetDevice(w->r[i].dev));
@@ -434,7 +444,7 @@ static void oneshot_allreduce_case(World *w, flexcoll_datatype_t dt, flexcoll_op
 
 /* Allgather of bytes at byte offset off (inplace: send = recv + rank * bytes). */
 static void oneshot_allgather_case(World *w, size_t bytes, size_t off, int inplace, char *S, char *G) {
-  Launch l = {1, {0}, {0}, bytes, FLEXCOLL_UINT8, FLEXCOLL_SUM};
+  Launch l = {K_ALLGATHER, {0}, {0}, bytes, FLEXCOLL_UINT8, FLEXCOLL_SUM, 0};
   fill_random(S, (size_t)w->nranks * bytes, FLEXCOLL_UINT8);
   for (int i = 0; i < w->nranks; i++) {
     CK(cudaSetDevice(w->r[i].dev));
@@ -456,14 +466,68 @@ static void oneshot_allgather_case(World *w, size_t bytes, size_t off, int inpla
   }
 }
 
-/* Every datatype and op at several sizes up to a full slot, interleaved with allgathers on
- * the same staging area and seq counter. */
+/* Reduce_scatter of count elements per chunk at byte offset off (inplace: recv = send + rank's chunk). */
+static void oneshot_rs_case(World *w, flexcoll_datatype_t dt, flexcoll_op_t op, size_t count, size_t off, int inplace,
+                            char *S, char *E, char *G) {
+  const size_t es = fc_dtype_size(dt), n = count * es, total = (size_t)w->nranks * n;
+  Launch l = {K_REDUCE_SCATTER, {0}, {0}, count, dt, op, 0};
+  for (int i = 0; i < w->nranks; i++) {
+    fill_random(S + (size_t)i * total, (size_t)w->nranks * count, dt);
+    CK(cudaSetDevice(w->r[i].dev));
+    l.send[i] = w->r[i].recv + off; /* the larger buffer holds all chunks */
+    l.recv[i] = inplace ? w->r[i].recv + off + (size_t)i * n : w->r[i].send + off;
+    CK(cudaMemcpy(w->r[i].recv + off, S + (size_t)i * total, total, cudaMemcpyHostToDevice));
+    if (!inplace) CK(cudaMemset(w->r[i].send, 0xa5, n + 64));
+  }
+  world_launch(w, &l);
+  char what[160];
+  snprintf(what, sizeof what, "oneshot reduce_scatter %d ranks %s %s count %zu off %zu%s seq %llu", w->nranks,
+           fc_dtype_name(dt), fc_op_name(op), count, off, inplace ? " in place" : "", (unsigned long long)w->seq);
+  if (!world_sync(w, what)) return;
+  for (int i = 0; i < w->nranks; i++) {
+    memcpy(E, S + (size_t)i * n, n); /* chunk i of every rank, in rank order as the kernel */
+    for (int q = 1; q < w->nranks; q++) fc_host_reduce(E, E, S + (size_t)q * total + (size_t)i * n, count, dt, op);
+    if (op == FLEXCOLL_AVG) fc_host_divide(E, count, dt, w->nranks);
+    CK(cudaSetDevice(w->r[i].dev));
+    CK(cudaMemcpy(G, l.recv[i], n, cudaMemcpyDeviceToHost));
+    if (!check_same(what, E, G, count, dt, nan_loose(dt, op != FLEXCOLL_MAX && op != FLEXCOLL_MIN))) return;
+    if (!inplace) check_guard(what, w->r[i].send, l.recv[i], n, n + 64);
+  }
+}
+
+/* Broadcast of bytes from root at byte offset off (inplace: send = recv; non-roots pass NULL
+ * as sendbuf when out of place). */
+static void oneshot_bcast_case(World *w, size_t bytes, size_t off, int inplace, int root, char *S, char *G) {
+  Launch l = {K_BROADCAST, {0}, {0}, bytes, FLEXCOLL_UINT8, FLEXCOLL_SUM, root};
+  fill_random(S, bytes, FLEXCOLL_UINT8);
+  for (int i = 0; i < w->nranks; i++) {
+    CK(cudaSetDevice(w->r[i].dev));
+    l.recv[i] = w->r[i].recv + off;
+    l.send[i] = inplace ? l.recv[i] : i == root ? w->r[i].send + off : nullptr;
+    CK(cudaMemset(w->r[i].recv, 0xa5, bytes + 64));
+    if (i == root) CK(cudaMemcpy((char *)l.send[i], S, bytes, cudaMemcpyHostToDevice));
+  }
+  world_launch(w, &l);
+  char what[128];
+  snprintf(what, sizeof what, "oneshot broadcast %d ranks %zu bytes root %d off %zu%s seq %llu", w->nranks, bytes, root,
+           off, inplace ? " in place" : "", (unsigned long long)w->seq);
+  if (!world_sync(w, what)) return;
+  for (int i = 0; i < w->nranks; i++) {
+    CK(cudaSetDevice(w->r[i].dev));
+    CK(cudaMemcpy(G, l.recv[i], bytes, cudaMemcpyDeviceToHost));
+    if (!check_same(what, S, G, bytes, FLEXCOLL_UINT8, 0)) return;
+    check_guard(what, w->r[i].recv, l.recv[i], bytes, bytes + 64);
+  }
+}
+
+/* Every datatype and op at several sizes up to a full slot, interleaved with allgathers,
+ * reduce_scatters and broadcasts on the same staging area and seq counter. */
 static void test_oneshot(int nranks, const int *devs, const char *where, size_t ll_max) {
   const size_t slot = 256 << 10;
   World w;
   world_init(&w, nranks, devs, slot);
   w.ll_max = ll_max; /* LL for the sizes up to it, plain kernels above: both on one seq counter */
-  char *S = (char *)malloc((size_t)nranks * slot), *E = (char *)malloc(slot), *G = (char *)malloc((size_t)nranks * slot);
+  char *S = (char *)malloc((size_t)nranks * nranks * slot), *E = (char *)malloc(slot), *G = (char *)malloc((size_t)nranks * slot);
   const int before = g_failures;
   for (int dt = 0; dt < NDT; dt++) {
     const size_t es = fc_dtype_size((flexcoll_datatype_t)dt);
@@ -476,8 +540,16 @@ static void test_oneshot(int nranks, const int *devs, const char *where, size_t 
     const size_t bytes[] = {1, 3, 16, 100, 1000 + (size_t)dt, 65536 + 7, slot};
     for (size_t k = 0; k < sizeof bytes / sizeof bytes[0]; k++)
       oneshot_allgather_case(&w, bytes[k], (size_t)(k * 3 % 17), (int)(k == 4 || k == 6), S, G);
+    /* reduce_scatter chunks: all n chunks must fit the recv buffer (n slots) */
+    const size_t chunks[] = {1, 7, 1000, 4097, slot / es};
+    for (size_t k = 0; k < sizeof chunks / sizeof chunks[0]; k++)
+      oneshot_rs_case(&w, (flexcoll_datatype_t)dt, (flexcoll_op_t)(k % NOP), chunks[k], (k & 1) ? es : 0, (int)(k == 2 || k == 4),
+                      S, E, G);
+    for (size_t k = 0; k < sizeof bytes / sizeof bytes[0]; k++)
+      oneshot_bcast_case(&w, bytes[k], (size_t)(k * 5 % 17), (int)(k == 1 || k == 5), (int)((k + (size_t)dt) % (size_t)nranks),
+                         S, G);
   }
-  printf("%s one-shot allreduce/allgather, %d ranks on %s, LL up to %zu bytes (%llu calls)\n",
+  printf("%s one-shot allreduce/allgather/reduce_scatter/broadcast, %d ranks on %s, LL up to %zu bytes (%llu calls)\n",
          g_failures == before ? "PASS" : "FAIL", nranks, where, ll_max, (unsigned long long)w.seq);
   free(S), free(E), free(G);
   world_free(&w);
@@ -496,8 +568,8 @@ struct Pipe {
 static void pipe_plan(Pipe *p, World *w) {
   for (int k = 0; k < p->ncalls; k++) {
     Launch *l = &p->plan[k];
-    l->allgather = k % 3 == 2;
-    l->dt = l->allgather ? FLEXCOLL_UINT8 : (flexcoll_datatype_t)(k % NDT);
+    l->kind = k % 3 == 2 ? K_ALLGATHER : K_ALLREDUCE;
+    l->dt = l->kind == K_ALLGATHER ? FLEXCOLL_UINT8 : (flexcoll_datatype_t)(k % NDT);
     l->op = (flexcoll_op_t)((k / 3) % NOP);
     const size_t es = fc_dtype_size(l->dt);
     l->count = 1 + (size_t)(rnd() % (p->slot / es));
@@ -517,21 +589,21 @@ static void pipe_verify(Pipe *p, World *w, char *E, char *G) {
     const Launch *l = &p->plan[k];
     const size_t es = fc_dtype_size(l->dt), n = l->count * es;
     const char *h = p->hsend + (size_t)k * p->nranks * p->slot;
-    if (l->allgather)
+    if (l->kind == K_ALLGATHER)
       for (int i = 0; i < p->nranks; i++) memcpy(E + i * n, h + i * p->slot, n);
     else {
       memcpy(E, h, n);
       for (int i = 1; i < p->nranks; i++) fc_host_reduce(E, E, h + i * p->slot, l->count, l->dt, l->op);
       if (l->op == FLEXCOLL_AVG) fc_host_divide(E, l->count, l->dt, p->nranks);
     }
-    const size_t total = l->allgather ? n * p->nranks : n;
+    const size_t total = l->kind == K_ALLGATHER ? n * p->nranks : n;
     char what[128];
-    snprintf(what, sizeof what, "pipelined call %d (%s %s %s count %zu)", k, l->allgather ? "allgather" : "allreduce",
+    snprintf(what, sizeof what, "pipelined call %d (%s %s %s count %zu)", k, l->kind == K_ALLGATHER ? "allgather" : "allreduce",
              fc_dtype_name(l->dt), fc_op_name(l->op), l->count);
     for (int i = 0; i < p->nranks; i++) {
       CK(cudaSetDevice(w->r[i].dev));
       CK(cudaMemcpy(G, l->recv[i], total, cudaMemcpyDeviceToHost));
-      const int loose = !l->allgather && nan_loose(l->dt, l->op != FLEXCOLL_MAX && l->op != FLEXCOLL_MIN);
+      const int loose = l->kind != K_ALLGATHER && nan_loose(l->dt, l->op != FLEXCOLL_MAX && l->op != FLEXCOLL_MIN);
       if (!check_same(what, E, G, total / es, l->dt, loose)) return;
     }
   }
@@ -565,8 +637,7 @@ static void test_oneshot_pipelined(int nranks, const int *devs, const char *wher
         const Launch *l = &p.plan[k];
         CK(cudaSetDevice(devs[i]));
         if ((rnd() & 3) == 0) spin_kernel<<<1, 1, 0, w.r[i].stream>>>(rnd() % 50000);
-        if (l->allgather) CK(fc_kernel_oneshot_allgather(&a, l->send[i], l->recv[i], l->count, w.r[i].stream));
-        else CK(fc_kernel_oneshot_allreduce(&a, l->send[i], l->recv[i], l->count, l->dt, l->op, w.r[i].stream));
+        launch_rank(&a, l, i, w.r[i].stream);
       }
     }
     if (world_sync(&w, "pipelined")) pipe_verify(&p, &w, E, G);

@@ -329,10 +329,9 @@ ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, nc
     *win = (ncclWindow_t)(void *)&window_hint;
     return ncclSuccess;
   }
-  flexcoll_window_t w = NULL;
-  ncclResult_t res = fwd_call(flexcoll_window_register(fc_comm(comm), buff, size, &w));
-  *win = (ncclWindow_t)(void *)w;
-  return res;
+  /* Straight into the caller's handle: inside a group flexcoll sets it at the group's end. */
+  _Static_assert(sizeof(ncclWindow_t) == sizeof(flexcoll_window_t), "window handles are pointers");
+  return fwd_call(flexcoll_window_register(fc_comm(comm), buff, size, (flexcoll_window_t *)(void *)win));
 }
 
 ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win) {

@@ -2,7 +2,7 @@
  *
  *   gcc -c -O2 -std=gnu11 -Iinclude -Ilib lib/host/reduce.c -o /tmp/hreduce.o
  *   nvcc -O2 -arch=sm_90 -Iinclude -Ilib lib/kernels/test_kernels.cu lib/kernels/reduce.cu \
- *        lib/kernels/oneshot.cu /tmp/hreduce.o -o /tmp/test_kernels
+ *        lib/kernels/oneshot.cu lib/kernels/oneshot_rs.cu /tmp/hreduce.o -o /tmp/test_kernels
  *
  * Checks fc_kernel_reduce/divide bit for bit against the host executor (lib/host/reduce.c) for
  * every datatype and op, fc_kernel_copy, the one-shot allreduce/allgather/reduce_scatter/broadcast (ranks spread over

@@ -37,12 +37,10 @@ int fc_kernels_preload_oneshot(void);
 /* One-shot collectives for small messages: one kernel per rank, no host involvement.
  * Every rank owns a staging area that all peers can write (peer-mapped device memory):
  * 2 parities × nranks slots of slot_bytes, plus flags: 2 parities × nranks × FC_ONESHOT_BLOCKS
- * uint64 words (the first of each [parity][rank] is used; zeroed before the first call).  Rank r
- * writes its input into slot r of every peer's staging area (parity seq&1), the blocks of the
- * grid (see FC_ONESHOT_BLOCK_BYTES) each a part; the last block sets flag [parity][r] = seq in
- * every peer's flags after a system fence; every block then waits (bounded by timeout_cycles of
- * clock64) for its own flags [parity][q] == seq and reduces in rank order 0..n-1 (so every
- * rank gets bitwise the same result).
+ * uint64 words.  Rank r writes its input into slot r of every peer's staging area (parity seq&1),
+ * block b of the grid (see FC_ONESHOT_BLOCK_BYTES) then sets flag [parity][r][b] = seq in that peer's flags after a system
+ * fence; it then waits (bounded by timeout_cycles of clock64) for all its own flags [parity][q][b]
+ * == seq and reduces in rank order 0..n-1 (so every rank gets bitwise the same result).
  * On timeout the kernel stores 1 into *error (host-mapped) and returns. */
 /* Blocks of the grid: one per 32 KiB of message, at least 1, at most FC_ONESHOT_BLOCKS (the
  * flags are sized for that many).  Every rank computes the same grid from the same size. */

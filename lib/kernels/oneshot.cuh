@@ -3,11 +3,11 @@
  *
  * Protocol, per block b of FC_ONESHOT_BLOCKS (every rank splits the message identically):
  *  1. post: copy this rank's bytes [lo, hi) of sendbuf into slot `rank` (parity seq&1) of every
- *     peer's staging area; the last block to finish (a counter) fences at system scope and
- *     stores seq into flag [parity][rank] of every peer with a release store (fc_post_flags).
- *  2. wait: thread 0 polls this rank's own flags [parity][q] with acquire loads until each
- *     equals seq, bounded by timeout_cycles of clock64; on timeout it stores 1 to *error and
- *     the whole block returns.
+ *     peer's staging area; __syncthreads; thread 0 fences at system scope and stores seq into
+ *     flag [parity][rank][b] of every peer with a release store.
+ *  2. wait: thread 0 polls this rank's own flags [parity][q][b] until each equals seq, bounded
+ *     by timeout_cycles of clock64; on timeout it stores 1 to *error and the whole block
+ *     returns.  After the flags a system fence orders the slot reads after them.
  *  3. combine: allreduce reduces [lo, hi) over ranks 0..n-1 in that order (own values from
  *     sendbuf, the others from the local slots) so every rank computes bitwise the same
  *     result; allgather copies each rank's [lo, hi) to recvbuf.
@@ -37,10 +37,9 @@ constexpr unsigned FC_OS_THREADS = 512;
 __device__ __forceinline__ size_t fc_slot_off(const fc_oneshot_args_t &a, int par, int q) {
   return ((size_t)par * (size_t)a.nranks + (size_t)q) * a.slot_bytes;
 }
-/* Word index of flag [par][q] (the flags area keeps FC_ONESHOT_BLOCKS words per entry; the
- * first is used). */
-__device__ __forceinline__ size_t fc_flag_idx(const fc_oneshot_args_t &a, int par, int q) {
-  return ((size_t)par * (size_t)a.nranks + (size_t)q) * FC_ONESHOT_BLOCKS;
+/* Word index of flag [par][q][b]. */
+__device__ __forceinline__ size_t fc_flag_idx(const fc_oneshot_args_t &a, int par, int q, int b) {
+  return ((size_t)par * (size_t)a.nranks + (size_t)q) * FC_ONESHOT_BLOCKS + (size_t)b;
 }
 
 /* Block b's bytes [lo, hi): 16-byte granules split evenly, so bounds are element aligned and
@@ -56,11 +55,9 @@ __device__ __forceinline__ void fc_block_range(size_t bytes, size_t *lo, size_t 
 __device__ __forceinline__ void fc_st_release_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-/* Acquire at system scope: the loads after it see what the peer wrote before its release.
- * (No system-wide fence: that is the release side's cost.) */
-__device__ __forceinline__ uint64_t fc_ld_acquire_sys(const uint64_t *p) {
+__device__ __forceinline__ uint64_t fc_ld_volatile(const uint64_t *p) {
   uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -94,26 +91,16 @@ __device__ __forceinline__ void fc_fanout(const fc_oneshot_args_t &a, size_t dst
   }
 }
 
-/* The grid's flag to every peer, once every block's data stores are issued.  Each block counts
- * itself in (a GPU-scope fence orders its stores, CTA-ordered by the barrier, before its count);
- * the last one fences once at system scope and stores seq into flag [parity][rank] of every
- * peer with a release store.  By cumulativity a peer that acquires the flag sees every block's
- * data.  One system-scope fence per kernel instead of one per block: those fences were seen
- * to serialise (about 1 us per block, 64 us per call at 64 blocks, in some runs).  The counter
- * is our own entry [parity][rank], which no peer writes; the last block resets it for the next
- * kernel of that parity (which runs after this one). */
+/* This block's flag to every peer, once its data stores are issued.  All threads' data stores
+ * precede thread 0's fence (bar.sync orders them at block scope, the system-scope fence and
+ * release store are cumulative), so a peer that sees the flag sees the data. */
 __device__ __forceinline__ void fc_post_flags(const fc_oneshot_args_t &a, int par) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned long long *arrived = (unsigned long long *)(fc_pick(a.flags, a.rank) + fc_flag_idx(a, par, a.rank));
-    __threadfence();
-    if (atomicAdd(arrived, 1ull) == (unsigned long long)gridDim.x - 1) {
-      *arrived = 0;
-      __threadfence_system();
+    __threadfence_system();
 #pragma unroll
-      for (int p = 0; p < FC_ONESHOT_MAX_RANKS; p++)
-        if (p < a.nranks && p != a.rank) fc_st_release_sys(a.flags[p] + fc_flag_idx(a, par, a.rank), a.seq);
-    }
+    for (int p = 0; p < FC_ONESHOT_MAX_RANKS; p++)
+      if (p < a.nranks && p != a.rank) fc_st_release_sys(a.flags[p] + fc_flag_idx(a, par, a.rank, blockIdx.x), a.seq);
   }
 }
 
@@ -140,7 +127,7 @@ __device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, con
 __device__ __forceinline__ bool fc_poll(const uint64_t *flag, uint64_t seq, long long start, uint64_t timeout_cycles,
                                         const int *error) {
   unsigned spins = 0, ns = 32;
-  while (fc_ld_acquire_sys(flag) != seq) {
+  while (fc_ld_volatile(flag) != seq) {
     if ((uint64_t)(clock64() - start) > timeout_cycles) return false;
     if (++spins > 64) {
       if (error && *(const volatile int *)error == 2) return false;
@@ -159,14 +146,12 @@ __device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par) {
     const uint64_t *mine = fc_pick(a.flags, a.rank);
     int ok = 1;
     for (int q = 0; q < a.nranks && ok; q++)
-      if (q != a.rank) ok = fc_poll(mine + fc_flag_idx(a, par, q), a.seq, start, a.timeout_cycles, a.error);
-    /* A timeout says so (pushed out to the host); an abort (2) is left as it is.  The flags
-     * were read with acquire loads: the block's slot reads after the barrier below see the
-     * peers' data. */
-    if (!ok && a.error && *(volatile int *)a.error != 2) {
-      *(volatile int *)a.error = 1;
-      __threadfence_system();
-    }
+      if (q != a.rank) ok = fc_poll(mine + fc_flag_idx(a, par, q, blockIdx.x), a.seq, start, a.timeout_cycles, a.error);
+    /* A timeout says so; an abort (2) is left as it is. */
+    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    /* Acquire side: the block's slot reads (after the barrier below) come after the flags
+     * were seen; on timeout it pushes the error word out to the host. */
+    __threadfence_system();
     ok_shared = ok;
   }
   __syncthreads();

@@ -692,8 +692,10 @@ static void test_timeout(void) {
     char data[4000];
     CK(cudaMemcpy(flags, w.r[1].flags, sizeof flags, cudaMemcpyDeviceToHost));
     const int par = (int)(w.seq & 1);
-    /* One flag per (parity, sender), posted once every block has posted its data. */
-    if (flags[(par * 2 + 0) * FC_ONESHOT_BLOCKS] != w.seq) fail("timeout: the flag was not posted to the peer");
+    /* Both calls move at most 4000 bytes: a grid of one block (kernels.h), so one flag. */
+    const int nblocks = (int)((4000 + FC_ONESHOT_BLOCK_BYTES - 1) / FC_ONESHOT_BLOCK_BYTES);
+    for (int b = 0; b < nblocks; b++)
+      if (flags[(par * 2 + 0) * FC_ONESHOT_BLOCKS + b] != w.seq) { fail("timeout: flag %d not posted to the peer", b); break; }
     CK(cudaMemcpy(data, w.r[1].stage + (size_t)(par * 2 + 0) * w.slot, sizeof data, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < sizeof data; i++)
       if ((unsigned char)data[i] != 0x5a) { fail("timeout: data not posted to the peer"); break; }

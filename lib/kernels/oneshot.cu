@@ -35,27 +35,13 @@ __global__ void __launch_bounds__(FC_OS_THREADS)
   const uint32_t flag = (uint32_t)a.seq;
   const long long start = clock64();
   char *local = fc_pick(a.ll, a.rank);
-  const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
   const size_t units = (bytes + 15) / 16;
   for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
     vec own;
     own.raw = fc_load16(send, 16 * u, bytes);
     fc_ll_post(a, par, u, own.raw, flag);
-    /* Rank order 0..n-1, as the plain kernel: every rank gets bitwise the same result. */
-    vec acc = own;
-#pragma unroll
-    for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
-      if (q >= a.nranks) break;
-      vec v = own;
-      if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, local, par, q, u), flag, start, &v.raw)) {
-        fc_ll_timed_out(a);
-        return;
-      }
-      acc = q == 0 ? v : fc_vec_apply<V, Op>(acc, v);
-    }
-    if (AVG)
-#pragma unroll
-      for (int j = 0; j < vec::N; j++) acc.e[j] = fc_avg<V, D>(acc.e[j], dn);
+    vec acc;
+    if (!fc_ll_reduce_unit<V, D, Op, AVG>(a, local, par, u, flag, start, own, &acc)) return;
     fc_store16(recv, 16 * u, bytes, acc.raw);
   }
 }

@@ -290,6 +290,32 @@ __device__ __forceinline__ void fc_store16(char *buf, size_t off, size_t n, uint
   for (int i = 0; i < 16 && off + i < n; i++) buf[off + i] = (char)c[i];
 }
 
+/* Unit u of a reduction in rank order 0..n-1 (as the plain kernels: every rank gets bitwise the
+ * same result): ours is `own`, each peer's comes from its LL lines in our area `local`; AVG
+ * divides at the end.  False after a timeout or abort (reported through *error). */
+template <typename V, typename D, class Op, bool AVG>
+__device__ __forceinline__ bool fc_ll_reduce_unit(const fc_oneshot_args_t &a, const char *local, int par, size_t u,
+                                                  uint32_t flag, long long start, fc_vec<V> own, fc_vec<V> *out) {
+  fc_vec<V> acc = own;
+#pragma unroll
+  for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
+    if (q >= a.nranks) break;
+    fc_vec<V> v = own;
+    if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, (char *)local, par, q, u), flag, start, &v.raw)) {
+      fc_ll_timed_out(a);
+      return false;
+    }
+    acc = q == 0 ? v : fc_vec_apply<V, Op>(acc, v);
+  }
+  if (AVG) {
+    const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
+#pragma unroll
+    for (int j = 0; j < fc_vec<V>::N; j++) acc.e[j] = fc_avg<V, D>(acc.e[j], dn);
+  }
+  *out = acc;
+  return true;
+}
+
 /* Post our 16 bytes of unit u to every peer. */
 __device__ __forceinline__ void fc_ll_post(const fc_oneshot_args_t &a, int par, size_t u, uint4 v, uint32_t flag) {
 #pragma unroll

@@ -83,7 +83,7 @@ typedef struct {
 } direct_t;
 
 /* Write value into flag `field` of ours at every peer, from stream s. */
-static flexcoll_result_t signal(direct_t *d, cudaStream_t s, size_t field, uint32_t value) {
+static flexcoll_result_t post_flag(direct_t *d, cudaStream_t s, size_t field, uint32_t value) {
   struct fc_gpu *g = d->g;
   int me = d->comm->rank, n = d->comm->nranks;
   for (int q = 0; q < n; q++)
@@ -106,15 +106,15 @@ static flexcoll_result_t wait_all(direct_t *d, cudaStream_t s, size_t field, uin
  * wait for theirs.  The desc write lands first (each stream write is preceded by a memory
  * barrier), so once a peer's arrive is seen its desc is this call's. */
 static flexcoll_result_t arrive(direct_t *d, cudaStream_t s) {
-  FC_CHECK(signal(d, s, offsetof(fc_pair_flags_t, desc), d->desc));
-  FC_CHECK(signal(d, s, offsetof(fc_pair_flags_t, arrive), d->seq));
+  FC_CHECK(post_flag(d, s, offsetof(fc_pair_flags_t, desc), d->desc));
+  FC_CHECK(post_flag(d, s, offsetof(fc_pair_flags_t, arrive), d->seq));
   FC_CHECK(wait_all(d, s, offsetof(fc_pair_flags_t, arrive), d->seq, CU_STREAM_WAIT_VALUE_GEQ));
   return wait_all(d, s, offsetof(fc_pair_flags_t, desc), d->desc, CU_STREAM_WAIT_VALUE_EQ);
 }
 
 /* done: our copies (everything before on s) are complete; wait until the peers' are. */
 static flexcoll_result_t finish(direct_t *d, cudaStream_t s) {
-  FC_CHECK(signal(d, s, offsetof(fc_pair_flags_t, done), d->seq));
+  FC_CHECK(post_flag(d, s, offsetof(fc_pair_flags_t, done), d->seq));
   return wait_all(d, s, offsetof(fc_pair_flags_t, done), d->seq, CU_STREAM_WAIT_VALUE_GEQ);
 }
 

@@ -108,7 +108,8 @@ flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, cons
 static const char *const shared_settings[] = {"FLEXCOLL_ALGO",           "FLEXCOLL_CHUNK_SIZE",  "FLEXCOLL_SLICE_SIZE",
                                               "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",   "FLEXCOLL_ONESHOT_MAX_BYTES",
                                               "FLEXCOLL_DIRECT",         "FLEXCOLL_DIRECT_MIN_BYTES",
-                                              "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES"};
+                                              "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES",
+                                              "FLEXCOLL_ONESHOT_BLOCKS"};
 #define FC_NSETTINGS (sizeof shared_settings / sizeof shared_settings[0])
 #define FC_SETTING_LEN 48
 

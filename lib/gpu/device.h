@@ -82,6 +82,7 @@ struct fc_gpu {
   /* Layout of every staging area (identical on all ranks). */
   size_t oneshot_off, oneshot_slot, oneshot_flags_off;
   size_t ll_off, ll_max;   /* the one-shot kernels' LL area, and their LL limit per rank (0: off) */
+  unsigned oneshot_blocks; /* grid cap of the plain one-shot kernels */
   size_t pair_flags_off;   /* nranks fc_pair_flags_t: [q] written by peer q */
   size_t slots_off, slice_bytes;
   int nslots;              /* per peer */

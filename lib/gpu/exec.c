@@ -161,6 +161,7 @@ static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, 
   fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .seq = ++g->oneshot_seq,
                          .slot_bytes = g->oneshot_slot, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
   a.ll_max = g->ll_max;
+  a.max_blocks = g->oneshot_blocks;
   for (int p = 0; p < args->nranks; p++) {
     a.stage[p] = g->peers[p].stage + g->oneshot_off;
     a.flags[p] = (uint64_t *)(g->peers[p].stage + g->oneshot_flags_off);

@@ -26,6 +26,8 @@ FC_PARAM_INT(gpu_slots, "GPU_SLOTS", 8)
 FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", -1)
 /* One-shot messages up to this many bytes per rank take the LL kernels (oneshot.cu). */
 FC_PARAM_INT(ll_max, "LL_MAX_BYTES", 64 << 10)
+/* Most blocks of a plain one-shot grid (1..FC_ONESHOT_BLOCKS). */
+FC_PARAM_INT(oneshot_blocks, "ONESHOT_BLOCKS", FC_ONESHOT_BLOCKS)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \
@@ -107,6 +109,8 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   if (ll < 0) ll = 0;
   if ((size_t)ll > g->oneshot_slot) ll = (int64_t)g->oneshot_slot;
   g->ll_max = (size_t)ll / 16 * 16;
+  int64_t blocks = fc_param_oneshot_blocks();
+  g->oneshot_blocks = blocks < 1 ? 1u : blocks > FC_ONESHOT_BLOCKS ? (unsigned)FC_ONESHOT_BLOCKS : (unsigned)blocks;
   g->ll_off = g->oneshot_flags_off + ((2 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);
   g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
   g->slots_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);

@@ -43,7 +43,8 @@ int fc_kernels_preload_oneshot(void);
  * == seq and reduces in rank order 0..n-1 (so every rank gets bitwise the same result).
  * On timeout the kernel stores 1 into *error (host-mapped) and returns. */
 /* Blocks of the grid: one per 32 KiB of message, at least 1, at most FC_ONESHOT_BLOCKS (the
- * flags are sized for that many).  Every rank computes the same grid from the same size. */
+ * flags are sized for that many) or max_blocks.  Every rank computes the same grid from the same
+ * size and cap. */
 #define FC_ONESHOT_BLOCKS 64
 #define FC_ONESHOT_BLOCK_BYTES (32u << 10)
 typedef struct {
@@ -54,6 +55,7 @@ typedef struct {
   uint64_t *flags[FC_ONESHOT_MAX_RANKS];        /* flags[p]: rank p's flags as seen from here */
   uint64_t timeout_cycles;
   int *error;                                   /* host-mapped */
+  unsigned max_blocks;                          /* grid cap of the plain kernels; 0: FC_ONESHOT_BLOCKS */
   /* LL variant (oneshot.cu): messages of up to ll_max bytes per rank (a multiple of 16; 0: never)
    * go as 16-byte lines of 8 data bytes and two copies of (uint32_t)seq, polled by the readers,
    * into ll[p]: rank p's LL area as seen from here, 2 parities x nranks slots of 2 * ll_max

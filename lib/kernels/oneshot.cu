@@ -93,10 +93,10 @@ struct fc_oneshot_launch {
     }
     if (avg && args->nranks > 1)
       fc_oneshot_allreduce_kernel<V, D, Op, true>
-          <<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+          <<<fc_oneshot_grid(args, bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
     else
       fc_oneshot_allreduce_kernel<V, D, Op, false>
-          <<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+          <<<fc_oneshot_grid(args, bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
     return (int)cudaGetLastError();
   }
 };
@@ -123,7 +123,7 @@ extern "C" int fc_kernel_oneshot_allgather(const fc_oneshot_args_t *args, const 
                                                                                         (char *)recvbuf, bytes);
     return (int)cudaGetLastError();
   }
-  fc_oneshot_allgather_kernel<<<fc_oneshot_grid(bytes), FC_OS_THREADS, 0, (cudaStream_t)stream>>>(
+  fc_oneshot_allgather_kernel<<<fc_oneshot_grid(args, bytes), FC_OS_THREADS, 0, (cudaStream_t)stream>>>(
       *args, (const char *)sendbuf, (char *)recvbuf, bytes);
   return (int)cudaGetLastError();
 }

@@ -342,9 +342,10 @@ inline bool fc_use_ll(const fc_oneshot_args_t *a, size_t bytes) {
 }
 
 /* The grid for a message of `bytes` (see kernels.h). */
-inline unsigned fc_oneshot_grid(size_t bytes) {
+inline unsigned fc_oneshot_grid(const fc_oneshot_args_t *a, size_t bytes) {
+  const size_t cap = a->max_blocks >= 1 && a->max_blocks <= FC_ONESHOT_BLOCKS ? a->max_blocks : FC_ONESHOT_BLOCKS;
   const size_t b = (bytes + FC_ONESHOT_BLOCK_BYTES - 1) / FC_ONESHOT_BLOCK_BYTES;
-  return b < 1 ? 1u : b > FC_ONESHOT_BLOCKS ? (unsigned)FC_ONESHOT_BLOCKS : (unsigned)b;
+  return b < 1 ? 1u : b > cap ? (unsigned)cap : (unsigned)b;
 }
 
 /* What both collectives need of the arguments; the kernels rely on these without checking. */

@@ -121,16 +121,31 @@ __device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, con
   fc_post_flags(a, par);
 }
 
-/* Thread 0 polls one flag until it equals seq; false once clock64 has run past the deadline,
- * or once the host has aborted the communicator (*error == 2, see fc_gpu_comm_abort).
+/* The abort word (*error, host memory mapped into the GPU, written by fc_gpu_comm_abort) is
+ * read at most once per FC_ABORT_CHECK_CYCLES (~0.5 ms) of a wait, never in the first one:
+ * each read is a round trip over PCIe, and when every block's poll read it on each spin the
+ * reads queued behind one another (~1 us per block and call, a whole measurement at a time,
+ * while the two ranks ran a few microseconds out of step).  An abort may wait that long. */
+constexpr long long FC_ABORT_CHECK_CYCLES = 1ll << 20;
+
+/* True once a wait begun at `start` must give up: clock64 has run past the deadline, or the
+ * host has aborted the communicator (*error == 2).  *last_abort_check starts at start. */
+__device__ __forceinline__ bool fc_wait_expired(const fc_oneshot_args_t &a, long long start, long long *last_abort_check) {
+  const long long now = clock64();
+  if ((uint64_t)(now - start) > a.timeout_cycles) return true;
+  if (now - *last_abort_check < FC_ABORT_CHECK_CYCLES) return false;
+  *last_abort_check = now;
+  return a.error && *(const volatile int *)a.error == 2;
+}
+
+/* Thread 0 polls one flag until it equals seq; false once the wait expired (fc_wait_expired).
  * Tight polling first (latency), then __nanosleep with doubling backoff up to 256 ns. */
-__device__ __forceinline__ bool fc_poll(const uint64_t *flag, uint64_t seq, long long start, uint64_t timeout_cycles,
-                                        const int *error) {
+__device__ __forceinline__ bool fc_poll(const fc_oneshot_args_t &a, const uint64_t *flag, long long start,
+                                        long long *last_abort_check) {
   unsigned spins = 0, ns = 32;
-  while (fc_ld_volatile(flag) != seq) {
-    if ((uint64_t)(clock64() - start) > timeout_cycles) return false;
+  while (fc_ld_volatile(flag) != a.seq) {
+    if (fc_wait_expired(a, start, last_abort_check)) return false;
     if (++spins > 64) {
-      if (error && *(const volatile int *)error == 2) return false;
       __nanosleep(ns);
       if (ns < 256) ns *= 2;
     }
@@ -143,10 +158,11 @@ __device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
     const long long start = clock64();
+    long long last_abort_check = start;
     const uint64_t *mine = fc_pick(a.flags, a.rank);
     int ok = 1;
     for (int q = 0; q < a.nranks && ok; q++)
-      if (q != a.rank) ok = fc_poll(mine + fc_flag_idx(a, par, q, blockIdx.x), a.seq, start, a.timeout_cycles, a.error);
+      if (q != a.rank) ok = fc_poll(a, mine + fc_flag_idx(a, par, q, blockIdx.x), start, &last_abort_check);
     /* A timeout says so; an abort (2) is left as it is. */
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
     /* Acquire side: the block's slot reads (after the barrier below) come after the flags
@@ -249,17 +265,17 @@ __device__ __forceinline__ uint4 *fc_ll_lines(const fc_oneshot_args_t &a, char *
   return (uint4 *)area + ((size_t)par * (size_t)a.nranks + (size_t)sender) * slot_lines + 2 * u;
 }
 
-/* Wait for both lines to carry flag and return their 16 data bytes; false once clock64 has run
- * past the deadline or the host has aborted (*error == 2). */
+/* Wait for both lines to carry flag and return their 16 data bytes; false once the wait
+ * expired (fc_wait_expired). */
 __device__ __forceinline__ bool fc_ll_read(const fc_oneshot_args_t &a, const uint4 *lines, uint32_t flag, long long start,
                                            uint4 *out) {
   uint4 l0 = fc_ll_load(lines), l1 = fc_ll_load(lines + 1);
   unsigned spins = 0;
+  long long last_abort_check = start;
   while (l0.y != flag || l0.w != flag || l1.y != flag || l1.w != flag) {
     if (++spins > 256) {
       spins = 0;
-      if ((uint64_t)(clock64() - start) > a.timeout_cycles) return false;
-      if (a.error && *(const volatile int *)a.error == 2) return false;
+      if (fc_wait_expired(a, start, &last_abort_check)) return false;
     }
     if (l0.y != flag || l0.w != flag) l0 = fc_ll_load(lines);
     if (l1.y != flag || l1.w != flag) l1 = fc_ll_load(lines + 1);

@@ -804,9 +804,9 @@ static int matrix_body(ctx_t *c) {
       e0 = r->errors;
       for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++)
         for (int plus = 0; plus < 2; plus++) {
-          /* The limit is on the largest buffer: all n blocks of an allgather's result, of a
-           * reduce_scatter's input. */
-          const size_t per = coll == C_ALLGATHER || coll == C_REDUCE_SCATTER ? (size_t)n : 1;
+          /* The limit is on the larger buffer (all n blocks of an allgather's result), but on
+           * a reduce_scatter's output (lib/gpu/exec.c, oneshot_bytes). */
+          const size_t per = coll == C_ALLGATHER ? (size_t)n : 1;
           const size_t edge_count = ONESHOT_DEFAULT / fc_dtype_size(edge[k].dt) / per;
           for (int ip = 0; ip < 2; ip++) {
             spec_t s = {.coll = coll, .dtype = edge[k].dt, .op = edge[k].op,

@@ -189,6 +189,13 @@ static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, 
   return FLEXCOLL_SUCCESS;
 }
 
+/* Elements of a collective that one rank writes into a peer's one-shot slot, which
+ * FLEXCOLL_ONESHOT_MAX_BYTES bounds: the larger buffer, except for reduce_scatter, whose
+ * kernel sends each peer only that peer's chunk (so it stays one-shot up to n times further). */
+static size_t oneshot_bytes(const fc_algo_args_t *args, size_t largest) {
+  return args->coll == FC_COLL_REDUCE_SCATTER ? args->count : largest;
+}
+
 /* Peers without peer access: run the host algorithm on copies (correct, not fast, blocking). */
 static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
                                           cudaStream_t stream) {
@@ -294,7 +301,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
     /* nothing moves */
-  } else if (args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL && largest * x.esize <= g->oneshot_slot &&
+  } else if (args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL && oneshot_bytes(args, largest) * x.esize <= g->oneshot_slot &&
              args->nranks <= FC_ONESHOT_MAX_RANKS) {
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */

@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
   setting("FLEXCOLL_LL_MAX_BYTES", "65536", "one-shot messages up to this size per rank use the LL protocol");
   setting("FLEXCOLL_DIRECT", "1", "direct mode: 0 never, 1 symmetric windows, 2 also other buffers (host exchange)");
   setting("FLEXCOLL_DIRECT_MIN_BYTES", "1048576", "direct allreduce/allgather/broadcast from this size");
-  setting("FLEXCOLL_DIRECT_RS_MIN_BYTES", "67108864", "direct reduce_scatter from this size");
+  setting("FLEXCOLL_DIRECT_RS_MIN_BYTES", "33554432", "direct reduce_scatter from this size");
   setting("FLEXCOLL_DIRECT_PIECES", "2", "pieces per rank's chunk in direct allreduce/reduce_scatter");
   setting("FLEXCOLL_GPU_SLICE_SIZE", "4194304", "bytes per device pipeline slice");
   setting("FLEXCOLL_GPU_SLOTS", "8", "staging slots per peer");

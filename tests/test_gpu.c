@@ -23,7 +23,8 @@
  *              3 tree/ce   tree, ce, ONESHOT_MAX_BYTES=0
  *              4 default   nothing forced: the one-shot kernels (LL up to 64 KiB per rank, plain
  *                          up to 8 MiB) for allreduce, allgather, reduce_scatter and broadcast,
- *                          auto engine; counts at and just above the one-shot limit; buffers
+ *                          auto engine; counts at and just above the one-shot limit, and of
+ *                          20-40 MB (the pipelined kernels with 2 ranks); buffers
  *                          misaligned by one element on every other call
  *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
  *              6 ring/ce, FLEXCOLL_GPU_SLOTS=2              } failure points at it; 1000003
@@ -180,7 +181,7 @@ typedef struct {
 
 #define ENV_COMMON                                                                                        \
   "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES", "FLEXCOLL_ONESHOT_BLOCKS", \
-      "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES"
+      "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES", "FLEXCOLL_PIPELINE"
 static const char *const env_sm[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_ce[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_default[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES", ENV_COMMON, NULL};
@@ -819,6 +820,24 @@ static int matrix_body(ctx_t *c) {
       calls += ecalls;
       char what[96];
       snprintf(what, sizeof what, "%s at the one-shot limit (8 MiB, and one element more)", coll_names[coll]);
+      progress(c, what, ecalls, t0, e0);
+      /* Past it between 2 ranks: the pipelined kernels (lib/kernels/pipeline.cu), here with more
+       * steps per block than sub-slots (so the senders wait for drained sub-slots) and a tail:
+       * 40 MB buffers (allreduce, broadcast) or blocks (allgather, reduce_scatter) of 20 MB. */
+      t0 = hx_now();
+      ecalls = 0;
+      e0 = r->errors;
+      const size_t long_bytes = coll == C_ALLGATHER || coll == C_REDUCE_SCATTER ? (size_t)20 << 20 : (size_t)40 << 20;
+      for (size_t k = 0; k < 2; k++)
+        for (int ip = 0; ip < 2; ip++) {
+          spec_t s = {.coll = coll, .dtype = edge[k].dt, .op = edge[k].op,
+                      .count = long_bytes / fc_dtype_size(edge[k].dt) + 3, .root = ip % n, .inplace = ip};
+          if (v->misalign && (ecalls & 1)) s.shift = fc_dtype_size(s.dtype);
+          if (run_one(c, &s)) return 1;
+          ecalls++;
+        }
+      calls += ecalls;
+      snprintf(what, sizeof what, "%s of %zu MB (pipelined kernels with 2 ranks)", coll_names[coll], long_bytes >> 20);
       progress(c, what, ecalls, t0, e0);
     }
     /* 1000003 elements: 7 dtypes, the reducing collectives cycling through the ops */

@@ -87,8 +87,10 @@ struct fc_gpu {
   size_t slots_off, slice_bytes;
   int nslots;              /* per peer */
   fc_peer_t *peers;
-  uint64_t oneshot_seq;
-  cudaEvent_t ev_oneshot;      /* after the last one-shot kernel */
+  uint64_t oneshot_seq;        /* one-shot and pipelined calls so far */
+  int pipeline;                /* FLEXCOLL_PIPELINE and a slot big enough: pipelined kernels in use */
+  uint64_t pipe_steps;         /* steps of all pipelined calls so far (their counters' base) */
+  cudaEvent_t ev_oneshot;      /* after the last one-shot or pipelined kernel */
   cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
   char *dev_scratch;       /* schedule scratch in device memory, grown on demand */
   size_t dev_scratch_bytes;

@@ -1,7 +1,9 @@
 /* exec.c — device-memory collectives, stream-ordered.
  *
  * Small allreduce, allgather, reduce_scatter and broadcast (up to the one-shot limit on the
- * largest buffer): one one-shot kernel per rank (lib/kernels/oneshot.cu).
+ * largest buffer): one one-shot kernel per rank (lib/kernels/oneshot.cu).  Larger ones in
+ * symmetric windows: direct mode (direct.c); outside windows between 2 ranks: one pipelined
+ * kernel per rank (lib/kernels/pipeline.cu), through the same staging area.
  * Everything else runs the algorithm's schedule (lib/algos) on two side streams joined to the
  * caller's stream by events: a send stream moves slices into the peer's staging slots (copy
  * engine or SM stores over NVLink) and raises the peer's `ready` counter with a stream memory
@@ -155,21 +157,39 @@ flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaS
   return FLEXCOLL_SUCCESS;
 }
 
-static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
-                                     cudaStream_t stream) {
-  struct fc_gpu *g = x->g;
+/* The arguments of the next one-shot or pipelined kernel (it takes the next seq number). */
+static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *args) {
   fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .seq = ++g->oneshot_seq,
                          .slot_bytes = g->oneshot_slot, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
   a.ll_max = g->ll_max;
   a.max_blocks = g->oneshot_blocks;
+  a.pipe_base = g->pipe_steps;
   for (int p = 0; p < args->nranks; p++) {
     a.stage[p] = g->peers[p].stage + g->oneshot_off;
     a.flags[p] = (uint64_t *)(g->peers[p].stage + g->oneshot_flags_off);
     a.ll[p] = g->peers[p].stage + g->ll_off;
   }
-  /* One-shot kernels of a communicator must run one after another (their staging parity relies
-   * on it), also when the caller alternates streams. */
+  return a;
+}
+
+/* One-shot and pipelined kernels of a communicator must run one after another (the staging
+ * parity relies on it), also when the caller alternates streams: the next one waits for the
+ * last one (before launch), and records itself (after). */
+static flexcoll_result_t kernel_order_before(fc_dexec_t *x, cudaStream_t stream) {
+  struct fc_gpu *g = x->g;
   if (g->oneshot_seq > 1 && g->oneshot_stream != stream) CUDA_TRY(x->comm, cudaStreamWaitEvent(stream, g->ev_oneshot, 0));
+  return FLEXCOLL_SUCCESS;
+}
+static flexcoll_result_t kernel_order_after(fc_dexec_t *x, cudaStream_t stream) {
+  CUDA_TRY(x->comm, cudaEventRecord(x->g->ev_oneshot, stream));
+  x->g->oneshot_stream = stream;
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                     cudaStream_t stream) {
+  fc_oneshot_args_t a = kernel_args(x->g, args);
+  FC_CHECK(kernel_order_before(x, stream));
   switch (args->coll) {
     case FC_COLL_ALLREDUCE:
       CUDA_TRY(x->comm, fc_kernel_oneshot_allreduce(&a, send, recv, args->count, x->dtype, x->op, stream));
@@ -184,9 +204,31 @@ static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, 
       CUDA_TRY(x->comm, fc_kernel_oneshot_broadcast(&a, send, recv, args->count * x->esize, args->root, stream));
       break;
   }
-  CUDA_TRY(x->comm, cudaEventRecord(g->ev_oneshot, stream));
-  g->oneshot_stream = stream;
-  return FLEXCOLL_SUCCESS;
+  return kernel_order_after(x, stream);
+}
+
+/* Whether the pipelined kernels take this call (2 ranks, above the one-shot limit, buffers
+ * that direct mode did not take). */
+static int pipelined(const struct fc_gpu *g, const fc_algo_args_t *args) {
+  return g->pipeline && args->nranks == 2 &&
+         (args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER ||
+          args->coll == FC_COLL_REDUCE_SCATTER || args->coll == FC_COLL_BROADCAST);
+}
+
+static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                       cudaStream_t stream) {
+  struct fc_gpu *g = x->g;
+  const fc_pipe_coll_t coll = args->coll == FC_COLL_ALLREDUCE        ? FC_PIPE_ALLREDUCE
+                              : args->coll == FC_COLL_ALLGATHER      ? FC_PIPE_ALLGATHER
+                              : args->coll == FC_COLL_REDUCE_SCATTER ? FC_PIPE_REDUCE_SCATTER
+                                                                     : FC_PIPE_BROADCAST;
+  /* count: the whole buffer (allreduce, broadcast), one rank's block (allgather, reduce_scatter). */
+  const size_t bytes = args->count * x->esize;
+  fc_oneshot_args_t a = kernel_args(g, args);
+  FC_CHECK(kernel_order_before(x, stream));
+  CUDA_TRY(x->comm, fc_kernel_pipe_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream));
+  g->pipe_steps += fc_pipe_steps(bytes, g->oneshot_slot);
+  return kernel_order_after(x, stream);
 }
 
 /* Elements of a collective that one rank writes into a peer's one-shot slot, which
@@ -316,6 +358,12 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
       /* Once the peers count on the call, a failure leaves them waiting: the communicator is done. */
       if (res != FLEXCOLL_SUCCESS && done) fc_comm_set_async_error(comm, res);
       if (res != FLEXCOLL_SUCCESS || done) goto tracked;
+    }
+    if (pipelined(g, args)) {
+      res = run_pipelined(&x, args, sendbuf, recvbuf, user);
+      /* As the one-shot kernels: the peers wait for this one, and it bounds its own waits. */
+      if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
+      goto out;
     }
     fc_schedule_t *s = &comm->schedule;
     FC_CHECK_GOTO(fc_algo_build(s, args), res, out);

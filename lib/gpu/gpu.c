@@ -28,6 +28,8 @@ FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", -1)
 FC_PARAM_INT(ll_max, "LL_MAX_BYTES", 64 << 10)
 /* Most blocks of a plain one-shot grid (1..FC_ONESHOT_BLOCKS). */
 FC_PARAM_INT(oneshot_blocks, "ONESHOT_BLOCKS", FC_ONESHOT_BLOCKS)
+/* Pipelined kernels for 2 ranks above the one-shot limit, on buffers outside windows (0: off). */
+FC_PARAM_INT(pipeline, "PIPELINE", 1)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \
@@ -111,7 +113,10 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   g->ll_max = (size_t)ll / 16 * 16;
   int64_t blocks = fc_param_oneshot_blocks();
   g->oneshot_blocks = blocks < 1 ? 1u : blocks > FC_ONESHOT_BLOCKS ? (unsigned)FC_ONESHOT_BLOCKS : (unsigned)blocks;
-  g->ll_off = g->oneshot_flags_off + ((2 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);
+  /* Flags: 2 parities x nranks x blocks for the one-shot kernels, then as many counters for
+   * the pipelined ones (ready and ack per sender and block, kernels.h). */
+  g->pipeline = nranks == 2 && fc_param_pipeline() != 0 && fc_pipe_step_bytes(g->oneshot_slot) >= FC_PIPE_MIN_STEP_BYTES;
+  g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);
   g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
   g->slots_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
   g->slice_bytes = ((size_t)fc_param_gpu_slice_size() + align - 1) / align * align;
@@ -169,6 +174,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
    * wait on peers (a deadlock in the middle of a collective): load them all now. */
   int e = fc_kernels_preload_reduce();
   if (!e) e = fc_kernels_preload_oneshot();
+  if (!e) e = fc_kernels_preload_pipeline();
   if (e) return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "loading the kernels failed: %s", cudaGetErrorString((cudaError_t)e));
   return FLEXCOLL_SUCCESS;
 }

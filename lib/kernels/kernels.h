@@ -62,6 +62,8 @@ typedef struct {
    * bytes, zeroed before the first call. */
   size_t ll_max;
   char *ll[FC_ONESHOT_MAX_RANKS];
+  /* Pipelined kernels: the steps of all earlier pipelined calls on the communicator. */
+  uint64_t pipe_base;
 } fc_oneshot_args_t;
 
 /* recvbuf = op over ranks of sendbuf (count * dtype size <= slot_bytes); AVG divides at the end. */
@@ -77,6 +79,37 @@ int fc_kernel_oneshot_reduce_scatter(const fc_oneshot_args_t *args, const void *
 /* recvbuf = root's sendbuf (bytes <= slot_bytes; sendbuf is read on the root only). */
 int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t bytes, int root,
                                 flexcoll_stream_t stream);
+
+/* Pipelined collectives (pipeline.cu) for 2 ranks, above the one-shot limit, on buffers the
+ * peer cannot address: the one-shot grid, staging area and flags (both parity slots of a rank
+ * shared out among the blocks as FC_PIPE_SUBSLOTS sub-slots each of fc_pipe_step_bytes), and
+ * after the one-shot flags 2 x nranks x FC_ONESHOT_BLOCKS more uint64 counters (zeroed before
+ * the first call).  A call uses fc_pipe_steps steps after args->pipe_base; the caller adds
+ * them to pipe_base for the next call.  Each call also takes a seq, like a one-shot call. */
+#define FC_PIPE_SUBSLOTS 4
+#define FC_PIPE_MIN_STEP_BYTES 4096
+#ifdef __CUDACC__
+#define FC_HOST_DEVICE __host__ __device__
+#else
+#define FC_HOST_DEVICE
+#endif
+/* Bytes per step of one block (a multiple of 16; below FC_PIPE_MIN_STEP_BYTES: unusable). */
+static inline FC_HOST_DEVICE size_t fc_pipe_step_bytes(size_t slot_bytes) {
+  return slot_bytes / (FC_ONESHOT_BLOCKS * (FC_PIPE_SUBSLOTS / 2)) / 16 * 16;
+}
+/* Steps of a call that moves `bytes` (every block takes as many, some of them empty). */
+static inline FC_HOST_DEVICE size_t fc_pipe_steps(size_t bytes, size_t slot_bytes) {
+  const size_t per_block = ((bytes + 15) / 16 + FC_ONESHOT_BLOCKS - 1) / FC_ONESHOT_BLOCKS * 16;
+  const size_t step = fc_pipe_step_bytes(slot_bytes);
+  return step ? (per_block + step - 1) / step : 0;
+}
+typedef enum { FC_PIPE_ALLREDUCE, FC_PIPE_ALLGATHER, FC_PIPE_REDUCE_SCATTER, FC_PIPE_BROADCAST } fc_pipe_coll_t;
+/* `bytes`: allreduce and broadcast the buffer, allgather the send buffer, reduce_scatter the
+ * receive buffer; dtype and op matter to the reducing two only. */
+int fc_kernel_pipe_collective(const fc_oneshot_args_t *args, fc_pipe_coll_t coll, const void *sendbuf, void *recvbuf,
+                              size_t bytes, flexcoll_datatype_t dtype, flexcoll_op_t op, int root,
+                              flexcoll_stream_t stream);
+int fc_kernels_preload_pipeline(void);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,7 @@
  *  1. post: copy this rank's bytes [lo, hi) of sendbuf into slot `rank` (parity seq&1) of every
  *     peer's staging area; __syncthreads; thread 0 fences at system scope and stores seq into
  *     flag [parity][rank][b] of every peer with a release store.
- *  2. wait: thread 0 polls this rank's own flags [parity][q][b] until each equals seq, bounded
+ *  2. wait: thread 0 polls this rank's own flags [parity][q][b] until each reaches seq, bounded
  *     by timeout_cycles of clock64; on timeout it stores 1 to *error and the whole block
  *     returns.  After the flags a system fence orders the slot reads after them.
  *  3. combine: allreduce reduces [lo, hi) over ranks 0..n-1 in that order (own values from
@@ -138,12 +138,14 @@ __device__ __forceinline__ bool fc_wait_expired(const fc_oneshot_args_t &a, long
   return a.error && *(const volatile int *)a.error == 2;
 }
 
-/* Thread 0 polls one flag until it equals seq; false once the wait expired (fc_wait_expired).
- * Tight polling first (latency), then __nanosleep with doubling backoff up to 256 ns. */
-__device__ __forceinline__ bool fc_poll(const fc_oneshot_args_t &a, const uint64_t *flag, long long start,
-                                        long long *last_abort_check) {
+/* Thread 0 polls one flag until it reaches target (flags only grow: a one-shot flag holds the
+ * seq of an earlier call until this one's arrives); false once the wait expired
+ * (fc_wait_expired).  Tight polling first (latency), then __nanosleep with doubling backoff up
+ * to 256 ns. */
+__device__ __forceinline__ bool fc_poll(const fc_oneshot_args_t &a, const uint64_t *flag, uint64_t target,
+                                        long long start, long long *last_abort_check) {
   unsigned spins = 0, ns = 32;
-  while (fc_ld_volatile(flag) != a.seq) {
+  while (fc_ld_volatile(flag) < target) {
     if (fc_wait_expired(a, start, last_abort_check)) return false;
     if (++spins > 64) {
       __nanosleep(ns);
@@ -162,7 +164,7 @@ __device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par) {
     const uint64_t *mine = fc_pick(a.flags, a.rank);
     int ok = 1;
     for (int q = 0; q < a.nranks && ok; q++)
-      if (q != a.rank) ok = fc_poll(a, mine + fc_flag_idx(a, par, q, blockIdx.x), start, &last_abort_check);
+      if (q != a.rank) ok = fc_poll(a, mine + fc_flag_idx(a, par, q, blockIdx.x), a.seq, start, &last_abort_check);
     /* A timeout says so; an abort (2) is left as it is. */
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
     /* Acquire side: the block's slot reads (after the barrier below) come after the flags

@@ -304,7 +304,8 @@ struct World {
   Rank r[FC_ONESHOT_MAX_RANKS];
 };
 
-static size_t flags_bytes(int nranks) { return 2 * (size_t)nranks * FC_ONESHOT_BLOCKS * sizeof(uint64_t); }
+/* The one-shot flags and the pipelined kernels' counters after them (kernels.h). */
+static size_t flags_bytes(int nranks) { return 4 * (size_t)nranks * FC_ONESHOT_BLOCKS * sizeof(uint64_t); }
 
 /* nranks ranks, rank i on device devs[i]; send/recv with 64 bytes of slack for offsets. */
 static void world_init(World *w, int nranks, const int *devs, size_t slot) {
@@ -711,6 +712,44 @@ static void test_timeout(void) {
   world_free(&w);
 }
 
+/* The pipelined kernels: a rank whose peer never arrives times out in its first wait (error
+ * set, the kernel returns); calls they cannot take are refused. */
+static void test_pipe_timeout(void) {
+  const int before = g_failures, devs[2] = {0, 0};
+  const size_t slot = (size_t)FC_ONESHOT_BLOCKS * (FC_PIPE_SUBSLOTS / 2) * FC_PIPE_MIN_STEP_BYTES;
+  World w;
+  world_init(&w, 2, devs, slot);
+  for (int coll = 0; coll < 4; coll++) {
+    w.seq++;
+    fc_oneshot_args_t a = world_args(&w, 0);
+    a.timeout_cycles = 2000000; /* ~1 ms at 1.98 GHz */
+    *w.r[0].error = 0;
+    const double t0 = now_s();
+    CK(fc_kernel_pipe_collective(&a, (fc_pipe_coll_t)coll, w.r[0].send, w.r[0].recv, slot / 2, FLEXCOLL_FLOAT32,
+                                 FLEXCOLL_SUM, 0, w.r[0].stream));
+    CK(cudaStreamSynchronize(w.r[0].stream));
+    const double dt = now_s() - t0;
+    if (*(volatile int *)w.r[0].error != 1) fail("pipelined %d: error not set", coll);
+    if (dt > 2.0) fail("pipelined %d: took %.3f s", coll, dt);
+  }
+  fc_oneshot_args_t a = world_args(&w, 0);
+  a.slot_bytes = slot - 4096; /* steps below FC_PIPE_MIN_STEP_BYTES */
+  if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
+                                w.r[0].stream) != cudaErrorInvalidValue)
+    fail("pipelined: a slot too small for its steps accepted");
+  a = world_args(&w, 0);
+  a.nranks = 1;
+  if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLGATHER, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
+                                w.r[0].stream) != cudaErrorInvalidValue)
+    fail("pipelined: 1 rank accepted");
+  a = world_args(&w, 0);
+  if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, 4098, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
+                                w.r[0].stream) != cudaErrorInvalidValue)
+    fail("pipelined: bytes not a multiple of the element accepted");
+  printf("%s pipelined timeout (error set, kernel returns) and argument checks\n", g_failures == before ? "PASS" : "FAIL");
+  world_free(&w);
+}
+
 /* ---------------------------------------------------------------- timings (information only) */
 
 static double time_events(cudaEvent_t e0, cudaEvent_t e1) {
@@ -850,6 +889,7 @@ int main(void) {
   CK(cudaFree(db.d));
   free(A), free(B), free(E), free(G);
   test_timeout();
+  test_pipe_timeout();
   run_oneshot_tests(ngpu);
   bench_reduce();
   if (g_failures) {

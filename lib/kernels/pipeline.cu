@@ -1,0 +1,281 @@
+/* pipeline.cu — pipelined allreduce, allgather, reduce_scatter and broadcast between 2 ranks for
+ * messages above the one-shot limit whose buffers the peer cannot address (no windows): SM
+ * stores into the peer's staging area, fused with the reduction or copy at the receiver, in
+ * steps, so that the link stays busy while earlier steps are consumed (kernels.h has the
+ * interface; the one-shot protocol it builds on is in oneshot.cuh).
+ *
+ * Per block b (both ranks split the message alike, fc_block_range) and step k of its part:
+ *  - push: wait until the peer has drained sub-slot k % FC_PIPE_SUBSLOTS from step k - SUBSLOTS
+ *    (its `ack` counter for us), copy step k of our data into that sub-slot of our region of the
+ *    peer's staging area, then raise the peer's `ready` counter for us to base + k + 1;
+ *  - consume: wait until our `ready` counter from the peer reaches base + k + 1, reduce (or copy)
+ *    the sub-slot into place, then raise the peer's `ack` counter to base + k + 1.
+ * Step k + 1 is pushed before step k is consumed.  Counters only grow over the communicator's
+ * life (base: the steps of all earlier pipelined calls), so a wait is "at least", and stale
+ * values from earlier calls never satisfy it.
+ *
+ * Sharing the staging area with the one-shot kernels (see the parity argument in oneshot.cuh):
+ * a pipelined call first posts and waits for the one-shot flags of its seq, carrying no data,
+ * so it writes nothing before every peer's previous kernel has finished; and it ends only once
+ * the peer has drained everything it sent, so the next kernel, of either kind, may write any
+ * slot of ours at once. */
+#include "kernels/oneshot.cuh"
+
+namespace {
+
+/* Flags after the one-shot ones: counter [kind][sender][block] (kind 0: ready, 1: ack). */
+__device__ __forceinline__ uint64_t *fc_pipe_flag(const fc_oneshot_args_t &a, uint64_t *flags, int kind, int sender) {
+  return flags + ((size_t)(2 + kind) * (size_t)a.nranks + (size_t)sender) * FC_ONESHOT_BLOCKS + blockIdx.x;
+}
+
+/* Sub-slot j of this block in `sender`'s region of a staging area: the sub-slots alternate
+ * between the sender's two parity slots. */
+__device__ __forceinline__ char *fc_pipe_subslot(const fc_oneshot_args_t &a, char *area, int sender, unsigned j,
+                                                 size_t step) {
+  return area + fc_slot_off(a, (int)(j & 1), sender) +
+         ((size_t)blockIdx.x * (FC_PIPE_SUBSLOTS / 2) + (size_t)(j >> 1)) * step;
+}
+
+__device__ __forceinline__ void fc_fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+/* Thread 0 waits until *flag >= target (fc_poll), then an acquire fence; the block's later
+ * accesses come after it.  False in every thread after a timeout or abort (*error set). */
+__device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const uint64_t *flag, uint64_t target) {
+  __shared__ int ok_shared;
+  if (threadIdx.x == 0) {
+    const long long start = clock64();
+    long long last_abort_check = start;
+    const int ok = fc_poll(a, flag, target, start, &last_abort_check);
+    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    fc_fence_acq_rel_sys();
+    ok_shared = ok;
+  }
+  __syncthreads();
+  return ok_shared != 0;
+}
+
+/* Every thread's accesses so far, then thread 0 stores v to a peer's counter (release). */
+__device__ __forceinline__ void fc_pipe_signal(uint64_t *flag, uint64_t v) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fc_fence_acq_rel_sys();
+    fc_st_release_sys(flag, v);
+  }
+}
+
+/* n bytes src -> dst by the block: when both are 16-byte aligned, four 16-byte loads per thread
+ * before their stores (the stores may go over NVLink: more of them in flight), else
+ * fc_block_copy. */
+__device__ __forceinline__ void fc_pipe_copy_bytes(char *dst, const char *src, size_t n) {
+  if ((((uintptr_t)dst | (uintptr_t)src) & 15u) != 0) {
+    fc_block_copy(dst, src, n);
+    return;
+  }
+  const size_t nvec = n / 16, stride = blockDim.x;
+  size_t i = threadIdx.x;
+  for (; i + 3 * stride < nvec; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[j] = __ldcg((const uint4 *)src + i + j * stride);
+#pragma unroll
+    for (int j = 0; j < 4; j++) ((uint4 *)dst)[i + j * stride] = v[j];
+  }
+  for (; i < nvec; i += stride) ((uint4 *)dst)[i] = __ldcg((const uint4 *)src + i);
+  for (size_t b = nvec * 16 + threadIdx.x; b < n; b += stride) dst[b] = src[b];
+}
+
+/* What a rank does in a pipelined call. */
+struct fc_pipe_io {
+  const char *push; /* our data for the peer, [lo, hi) of it per block; NULL: we send nothing */
+  bool receive;     /* whether the peer pushes to us */
+  const char *own;  /* reduce: our operand; copy: a local source for own_out (NULL: none) */
+  char *own_out;    /* copy: where own goes */
+  char *out;        /* where the received data (reduced with own, or copied) goes */
+  size_t bytes;     /* of the message that is split into blocks and steps */
+};
+
+/* Consumers of one step: n bytes at offset off of the message, the peer's in `slot`. */
+template <typename V, typename D, class Op, bool AVG> struct fc_pipe_reduce {
+  /* out = rank 0's operand op rank 1's (both ranks get bitwise the same), AVG halved. */
+  __device__ __forceinline__ void operator()(const fc_oneshot_args_t &a, const fc_pipe_io &io, const char *slot,
+                                             size_t off, size_t n) const {
+    typedef fc_vec<V> vec;
+    const char *own = io.own + off;
+    char *out = io.out + off;
+    const bool own_first = a.rank == 0;
+    const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
+    const size_t vend = (((uintptr_t)own | (uintptr_t)out) & 15u) == 0 ? n & ~(size_t)15 : 0;
+    /* Two vectors per thread and round: all four loads before the arithmetic. */
+    const size_t stride = 16 * (size_t)blockDim.x;
+    size_t i = 16 * (size_t)threadIdx.x;
+    for (; i < vend; i += 2 * stride) {
+      const bool two = i + stride < vend;
+      const vec x0 = fc_vec_ld_cg<V>(own + i), y0 = fc_vec_ld_cg<V>(slot + i);
+      vec x1 = x0, y1 = y0;
+      if (two) x1 = fc_vec_ld_cg<V>(own + i + stride), y1 = fc_vec_ld_cg<V>(slot + i + stride);
+      *(uint4 *)(out + i) = combine(x0, y0, own_first, dn).raw;
+      if (two) *(uint4 *)(out + i + stride) = combine(x1, y1, own_first, dn).raw;
+    }
+    for (size_t i = vend + sizeof(V) * threadIdx.x; i < n; i += sizeof(V) * blockDim.x) {
+      const V x = fc_ld_cg<V>(own + i), y = fc_ld_cg<V>(slot + i);
+      V acc = own_first ? Op::apply(x, y) : Op::apply(y, x);
+      if (AVG) acc = fc_avg<V, D>(acc, dn);
+      *(V *)(out + i) = acc;
+    }
+  }
+  static __device__ __forceinline__ fc_vec<V> combine(const fc_vec<V> &own, const fc_vec<V> &peer, bool own_first,
+                                                      typename fc_divisor<D>::type dn) {
+    fc_vec<V> acc = own_first ? fc_vec_apply<V, Op>(own, peer) : fc_vec_apply<V, Op>(peer, own);
+    if (AVG)
+#pragma unroll
+      for (int j = 0; j < fc_vec<V>::N; j++) acc.e[j] = fc_avg<V, D>(acc.e[j], dn);
+    return acc;
+  }
+  static constexpr bool copies_own = false;
+};
+struct fc_pipe_copy {
+  __device__ __forceinline__ void operator()(const fc_oneshot_args_t &, const fc_pipe_io &io, const char *slot,
+                                             size_t off, size_t n) const {
+    fc_pipe_copy_bytes(io.out + off, slot, n);
+  }
+  static constexpr bool copies_own = true;
+};
+
+template <class Consume>
+__device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_pipe_io &io, const Consume &consume) {
+  const int par = (int)(a.seq & 1), peer = 1 - a.rank;
+  /* The peer's kernel of this call has started: its earlier ones are done with our data. */
+  fc_post_flags(a, par);
+  if (!fc_wait(a, par)) return;
+  size_t lo, hi;
+  fc_block_range(io.bytes, &lo, &hi);
+  const size_t step = fc_pipe_step_bytes(a.slot_bytes);
+  const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes);
+  uint64_t *mine = fc_pick(a.flags, a.rank), *theirs = fc_pick(a.flags, peer);
+  char *local = fc_pick(a.stage, a.rank), *remote = fc_pick(a.stage, peer);
+  const uint64_t base = a.pipe_base;
+  /* Bytes [*o, *o + *n) of the message in step k of this block. */
+  auto span = [&](size_t k, size_t *o, size_t *n) {
+    const size_t s = lo + k * step < hi ? lo + k * step : hi, e = s + step < hi ? s + step : hi;
+    *o = s;
+    *n = e - s;
+  };
+  auto push = [&](size_t k) -> bool {
+    if (!io.push) return true;
+    if (k >= FC_PIPE_SUBSLOTS && !fc_pipe_wait(a, fc_pipe_flag(a, mine, 1, peer), base + k - FC_PIPE_SUBSLOTS + 1))
+      return false;
+    size_t o, n;
+    span(k, &o, &n);
+    fc_pipe_copy_bytes(fc_pipe_subslot(a, remote, a.rank, (unsigned)(k % FC_PIPE_SUBSLOTS), step), io.push + o, n);
+    fc_pipe_signal(fc_pipe_flag(a, theirs, 0, a.rank), base + k + 1);
+    return true;
+  };
+  if (nsteps && !push(0)) return;
+  for (size_t k = 0; k < nsteps; k++) {
+    if (k + 1 < nsteps && !push(k + 1)) return;
+    size_t o, n;
+    span(k, &o, &n);
+    if (Consume::copies_own && io.own && io.own != io.own_out) fc_pipe_copy_bytes(io.own_out + o, io.own + o, n);
+    if (!io.receive) continue;
+    if (!fc_pipe_wait(a, fc_pipe_flag(a, mine, 0, peer), base + k + 1)) return;
+    consume(a, io, fc_pipe_subslot(a, local, peer, (unsigned)(k % FC_PIPE_SUBSLOTS), step), o, n);
+    fc_pipe_signal(fc_pipe_flag(a, theirs, 1, a.rank), base + k + 1);
+  }
+  /* Everything we sent has been drained (see the top of the file). */
+  if (io.push) fc_pipe_wait(a, fc_pipe_flag(a, mine, 1, peer), base + nsteps);
+}
+
+template <typename V, typename D, class Op, bool AVG>
+__global__ void __launch_bounds__(FC_OS_THREADS) fc_pipe_reduce_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
+  fc_pipe_run(a, io, fc_pipe_reduce<V, D, Op, AVG>());
+}
+
+__global__ void __launch_bounds__(FC_OS_THREADS) fc_pipe_copy_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
+  fc_pipe_run(a, io, fc_pipe_copy());
+}
+
+struct fc_pipe_reduce_launch {
+  const fc_oneshot_args_t *args;
+  fc_pipe_io io;
+  bool avg;
+  cudaStream_t stream;
+  template <typename V, typename D, class Op> int run() {
+    if ((((uintptr_t)io.push | (uintptr_t)io.own | (uintptr_t)io.out) & (sizeof(V) - 1)) || io.bytes % sizeof(V))
+      return (int)cudaErrorInvalidValue;
+    if (avg)
+      fc_pipe_reduce_kernel<V, D, Op, true><<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, stream>>>(*args, io);
+    else
+      fc_pipe_reduce_kernel<V, D, Op, false><<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, stream>>>(*args, io);
+    return (int)cudaGetLastError();
+  }
+};
+
+struct fc_pipe_preload {
+  template <typename V, typename D, class Op> int run() {
+    cudaFuncAttributes a;
+    int e = (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, true>);
+    return e ? e : (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, false>);
+  }
+};
+
+/* What the kernels assume of the arguments (the one-shot ones, 2 ranks, room for the steps). */
+bool fc_pipe_args_ok(const fc_oneshot_args_t *a) {
+  return fc_args_ok(a, 0) && a->nranks == 2 && fc_pipe_step_bytes(a->slot_bytes) >= FC_PIPE_MIN_STEP_BYTES;
+}
+
+}  // namespace
+
+extern "C" int fc_kernel_pipe_collective(const fc_oneshot_args_t *args, fc_pipe_coll_t coll, const void *sendbuf,
+                                         void *recvbuf, size_t bytes, flexcoll_datatype_t dtype, flexcoll_op_t op,
+                                         int root, flexcoll_stream_t stream) {
+  const bool reduces = coll == FC_PIPE_ALLREDUCE || coll == FC_PIPE_REDUCE_SCATTER;
+  if (reduces && ((unsigned)dtype >= FLEXCOLL_NUM_DATATYPES || (unsigned)op >= FLEXCOLL_NUM_OPS))
+    return (int)cudaErrorInvalidValue;
+  if (bytes == 0) return (int)cudaSuccess;
+  if (!fc_pipe_args_ok(args) || root < 0 || root > 1) return (int)cudaErrorInvalidValue;
+  const int me = args->rank, peer = 1 - me;
+  const char *send = (const char *)sendbuf;
+  char *recv = (char *)recvbuf;
+  cudaStream_t s = (cudaStream_t)stream;
+  fc_pipe_io io = {send, true, send, nullptr, recv, bytes};
+  switch (coll) {
+    case FC_PIPE_ALLREDUCE:
+      break;
+    case FC_PIPE_REDUCE_SCATTER: /* the peer's chunk to the peer, ours reduced into recv */
+      io.push = send + (size_t)peer * bytes;
+      io.own = send + (size_t)me * bytes;
+      break;
+    case FC_PIPE_ALLGATHER:      /* ours to the peer and into our block of recv; theirs into theirs */
+      io.own_out = recv + (size_t)me * bytes;
+      io.out = recv + (size_t)peer * bytes;
+      break;
+    case FC_PIPE_BROADCAST:      /* the root pushes (and copies its own); the other receives */
+      if (me == root) {
+        io.receive = false;
+        io.own_out = recv;
+      } else {
+        io.push = nullptr;
+        io.own = nullptr;
+      }
+      break;
+    default:
+      return (int)cudaErrorInvalidValue;
+  }
+  if (!reduces) {
+    fc_pipe_copy_kernel<<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, s>>>(*args, io);
+    return (int)cudaGetLastError();
+  }
+  fc_pipe_reduce_launch l = {args, io, op == FLEXCOLL_AVG, s};
+  return fc_dispatch(dtype, op, l);
+}
+
+extern "C" int fc_kernels_preload_pipeline(void) {
+  fc_pipe_preload p;
+  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
+    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
+      int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, p);
+      if (e) return e;
+    }
+  cudaFuncAttributes a;
+  return (int)cudaFuncGetAttributes(&a, fc_pipe_copy_kernel);
+}

@@ -36,10 +36,8 @@ __device__ __forceinline__ char *fc_pipe_subslot(const fc_oneshot_args_t &a, cha
          ((size_t)blockIdx.x * (FC_PIPE_SUBSLOTS / 2) + (size_t)(j >> 1)) * step;
 }
 
-__device__ __forceinline__ void fc_fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-
-/* Thread 0 waits until *flag >= target (fc_poll), then an acquire fence; the block's later
- * accesses come after it.  False in every thread after a timeout or abort (*error set). */
+/* Thread 0 waits until *flag >= target (fc_poll), then a system fence (the acquire side, as
+ * fc_wait); the block's later accesses come after it.  False in every thread after a timeout or abort (*error set). */
 __device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const uint64_t *flag, uint64_t target) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
@@ -47,18 +45,19 @@ __device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const u
     long long last_abort_check = start;
     const int ok = fc_poll(a, flag, target, start, &last_abort_check);
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
-    fc_fence_acq_rel_sys();
+    __threadfence_system();
     ok_shared = ok;
   }
   __syncthreads();
   return ok_shared != 0;
 }
 
-/* Every thread's accesses so far, then thread 0 stores v to a peer's counter (release). */
+/* Every thread's accesses so far, then thread 0 stores v to a peer's counter (as
+ * fc_post_flags: barrier, system fence, release store). */
 __device__ __forceinline__ void fc_pipe_signal(uint64_t *flag, uint64_t v) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    fc_fence_acq_rel_sys();
+    __threadfence_system();
     fc_st_release_sys(flag, v);
   }
 }

@@ -109,7 +109,8 @@ static const char *const shared_settings[] = {"FLEXCOLL_ALGO",           "FLEXCO
                                               "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",   "FLEXCOLL_ONESHOT_MAX_BYTES",
                                               "FLEXCOLL_DIRECT",         "FLEXCOLL_DIRECT_MIN_BYTES",
                                               "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES",
-                                              "FLEXCOLL_ONESHOT_BLOCKS", "FLEXCOLL_PIPELINE"};
+                                              "FLEXCOLL_ONESHOT_BLOCKS", "FLEXCOLL_PIPELINE",
+                                              "FLEXCOLL_PIPELINE_BLOCKS", "FLEXCOLL_PIPELINE_SUBSLOTS"};
 #define FC_NSETTINGS (sizeof shared_settings / sizeof shared_settings[0])
 #define FC_SETTING_LEN 48
 

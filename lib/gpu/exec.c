@@ -164,6 +164,9 @@ static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *arg
   a.ll_max = g->ll_max;
   a.max_blocks = g->oneshot_blocks;
   a.pipe_base = g->pipe_steps;
+  a.pipe_blocks = g->pipe_blocks;
+  a.pipe_threads = g->pipe_threads;
+  a.pipe_subslots = g->pipe_subslots;
   for (int p = 0; p < args->nranks; p++) {
     a.stage[p] = g->peers[p].stage + g->oneshot_off;
     a.flags[p] = (uint64_t *)(g->peers[p].stage + g->oneshot_flags_off);
@@ -227,7 +230,7 @@ static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args
   fc_oneshot_args_t a = kernel_args(g, args);
   FC_CHECK(kernel_order_before(x, stream));
   CUDA_TRY(x->comm, fc_kernel_pipe_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream));
-  g->pipe_steps += fc_pipe_steps(bytes, g->oneshot_slot);
+  g->pipe_steps += fc_pipe_steps(bytes, g->oneshot_slot, g->pipe_blocks, g->pipe_subslots);
   return kernel_order_after(x, stream);
 }
 

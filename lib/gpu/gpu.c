@@ -26,10 +26,15 @@ FC_PARAM_INT(gpu_slots, "GPU_SLOTS", 8)
 FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", -1)
 /* One-shot messages up to this many bytes per rank take the LL kernels (oneshot.cu). */
 FC_PARAM_INT(ll_max, "LL_MAX_BYTES", 64 << 10)
-/* Most blocks of a plain one-shot grid (1..FC_ONESHOT_BLOCKS). */
+/* Most blocks of a plain one-shot grid (1..FC_MAX_BLOCKS). */
 FC_PARAM_INT(oneshot_blocks, "ONESHOT_BLOCKS", FC_ONESHOT_BLOCKS)
 /* Pipelined kernels for 2 ranks above the one-shot limit, on buffers outside windows (0: off). */
 FC_PARAM_INT(pipeline, "PIPELINE", 1)
+/* Their grid, threads per block and sub-slots per block (kernels.h): SM stores reach the
+ * link's rate only with most SMs storing (baselines: 132 blocks x 1024 threads). */
+FC_PARAM_INT(pipeline_blocks, "PIPELINE_BLOCKS", FC_MAX_BLOCKS)
+FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 1024)
+FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 4)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \
@@ -112,11 +117,16 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   if ((size_t)ll > g->oneshot_slot) ll = (int64_t)g->oneshot_slot;
   g->ll_max = (size_t)ll / 16 * 16;
   int64_t blocks = fc_param_oneshot_blocks();
-  g->oneshot_blocks = blocks < 1 ? 1u : blocks > FC_ONESHOT_BLOCKS ? (unsigned)FC_ONESHOT_BLOCKS : (unsigned)blocks;
+  g->oneshot_blocks = blocks < 1 ? 1u : blocks > FC_MAX_BLOCKS ? (unsigned)FC_MAX_BLOCKS : (unsigned)blocks;
   /* Flags: 2 parities x nranks x blocks for the one-shot kernels, then as many counters for
    * the pipelined ones (ready and ack per sender and block, kernels.h). */
-  g->pipeline = nranks == 2 && fc_param_pipeline() != 0 && fc_pipe_step_bytes(g->oneshot_slot) >= FC_PIPE_MIN_STEP_BYTES;
-  g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_ONESHOT_BLOCKS * 8 + align - 1) / align * align);
+  int64_t pb = fc_param_pipeline_blocks();
+  g->pipe_blocks = pb < 1 ? 1u : pb > FC_MAX_BLOCKS ? (unsigned)FC_MAX_BLOCKS : (unsigned)pb;
+  g->pipe_threads = fc_param_pipeline_threads() <= 512 ? 512u : 1024u;
+  g->pipe_subslots = fc_param_pipeline_subslots() <= 2 ? 2u : 4u;
+  g->pipeline = nranks == 2 && fc_param_pipeline() != 0 &&
+                fc_pipe_step_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
+  g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_MAX_BLOCKS * 8 + align - 1) / align * align);
   g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
   g->slots_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
   g->slice_bytes = ((size_t)fc_param_gpu_slice_size() + align - 1) / align * align;

@@ -36,7 +36,7 @@ int fc_kernels_preload_oneshot(void);
 
 /* One-shot collectives for small messages: one kernel per rank, no host involvement.
  * Every rank owns a staging area that all peers can write (peer-mapped device memory):
- * 2 parities × nranks slots of slot_bytes, plus flags: 2 parities × nranks × FC_ONESHOT_BLOCKS
+ * 2 parities × nranks slots of slot_bytes, plus flags: 2 parities × nranks × FC_MAX_BLOCKS
  * uint64 words.  Rank r writes its input into slot r of every peer's staging area (parity seq&1),
  * block b of the grid (see FC_ONESHOT_BLOCK_BYTES) then sets flag [parity][r][b] = seq in that peer's flags after a system
  * fence; it then waits (bounded by timeout_cycles of clock64) for all its own flags [parity][q][b]
@@ -47,6 +47,8 @@ int fc_kernels_preload_oneshot(void);
  * size and cap. */
 #define FC_ONESHOT_BLOCKS 64
 #define FC_ONESHOT_BLOCK_BYTES (32u << 10)
+/* The most blocks of any grid here (max_blocks, pipe_blocks): the flag arrays' stride. */
+#define FC_MAX_BLOCKS 128
 typedef struct {
   int rank, nranks;
   uint64_t seq;                                 /* >= 1, increasing per call on a communicator */
@@ -55,15 +57,17 @@ typedef struct {
   uint64_t *flags[FC_ONESHOT_MAX_RANKS];        /* flags[p]: rank p's flags as seen from here */
   uint64_t timeout_cycles;
   int *error;                                   /* host-mapped */
-  unsigned max_blocks;                          /* grid cap of the plain kernels; 0: FC_ONESHOT_BLOCKS */
+  unsigned max_blocks;                          /* grid cap of the plain kernels (<= FC_MAX_BLOCKS); 0: FC_ONESHOT_BLOCKS */
   /* LL variant (oneshot.cu): messages of up to ll_max bytes per rank (a multiple of 16; 0: never)
    * go as 16-byte lines of 8 data bytes and two copies of (uint32_t)seq, polled by the readers,
    * into ll[p]: rank p's LL area as seen from here, 2 parities x nranks slots of 2 * ll_max
    * bytes, zeroed before the first call. */
   size_t ll_max;
   char *ll[FC_ONESHOT_MAX_RANKS];
-  /* Pipelined kernels: the steps of all earlier pipelined calls on the communicator. */
+  /* Pipelined kernels: the steps of all earlier pipelined calls on the communicator; the grid
+   * (1..FC_MAX_BLOCKS), threads per block (512 or 1024) and sub-slots per block (2 or 4). */
   uint64_t pipe_base;
+  unsigned pipe_blocks, pipe_threads, pipe_subslots;
 } fc_oneshot_args_t;
 
 /* recvbuf = op over ranks of sendbuf (count * dtype size <= slot_bytes); AVG divides at the end. */
@@ -81,12 +85,11 @@ int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const void *sendb
                                 flexcoll_stream_t stream);
 
 /* Pipelined collectives (pipeline.cu) for 2 ranks, above the one-shot limit, on buffers the
- * peer cannot address: the one-shot grid, staging area and flags (both parity slots of a rank
- * shared out among the blocks as FC_PIPE_SUBSLOTS sub-slots each of fc_pipe_step_bytes), and
- * after the one-shot flags 2 x nranks x FC_ONESHOT_BLOCKS more uint64 counters (zeroed before
- * the first call).  A call uses fc_pipe_steps steps after args->pipe_base; the caller adds
- * them to pipe_base for the next call.  Each call also takes a seq, like a one-shot call. */
-#define FC_PIPE_SUBSLOTS 4
+ * peer cannot address: the one-shot staging area and flags (both parity slots of a rank shared
+ * out among pipe_blocks blocks as pipe_subslots sub-slots each of fc_pipe_step_bytes), and
+ * after the one-shot flags 2 x nranks x FC_MAX_BLOCKS more uint64 counters (zeroed before the
+ * first call).  A call uses fc_pipe_steps steps after args->pipe_base; the caller adds them to
+ * pipe_base for the next call.  Each call also takes a seq, like a one-shot call. */
 #define FC_PIPE_MIN_STEP_BYTES 4096
 #ifdef __CUDACC__
 #define FC_HOST_DEVICE __host__ __device__
@@ -94,14 +97,15 @@ int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const void *sendb
 #define FC_HOST_DEVICE
 #endif
 /* Bytes per step of one block (a multiple of 16; below FC_PIPE_MIN_STEP_BYTES: unusable). */
-static inline FC_HOST_DEVICE size_t fc_pipe_step_bytes(size_t slot_bytes) {
-  return slot_bytes / (FC_ONESHOT_BLOCKS * (FC_PIPE_SUBSLOTS / 2)) / 16 * 16;
+static inline FC_HOST_DEVICE size_t fc_pipe_step_bytes(size_t slot_bytes, unsigned blocks, unsigned subslots) {
+  return blocks && subslots >= 2 ? slot_bytes / ((size_t)blocks * (subslots / 2)) / 16 * 16 : 0;
 }
 /* Steps of a call that moves `bytes` (every block takes as many, some of them empty). */
-static inline FC_HOST_DEVICE size_t fc_pipe_steps(size_t bytes, size_t slot_bytes) {
-  const size_t per_block = ((bytes + 15) / 16 + FC_ONESHOT_BLOCKS - 1) / FC_ONESHOT_BLOCKS * 16;
-  const size_t step = fc_pipe_step_bytes(slot_bytes);
-  return step ? (per_block + step - 1) / step : 0;
+static inline FC_HOST_DEVICE size_t fc_pipe_steps(size_t bytes, size_t slot_bytes, unsigned blocks, unsigned subslots) {
+  const size_t step = fc_pipe_step_bytes(slot_bytes, blocks, subslots);
+  if (!step) return 0;
+  const size_t per_block = ((bytes + 15) / 16 + blocks - 1) / blocks * 16;
+  return (per_block + step - 1) / step;
 }
 typedef enum { FC_PIPE_ALLREDUCE, FC_PIPE_ALLGATHER, FC_PIPE_REDUCE_SCATTER, FC_PIPE_BROADCAST } fc_pipe_coll_t;
 /* `bytes`: allreduce and broadcast the buffer, allgather the send buffer, reduce_scatter the

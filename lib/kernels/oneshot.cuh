@@ -1,7 +1,7 @@
 /* oneshot.cuh — what the one-shot kernels share (oneshot.cu: allreduce and allgather;
  * oneshot_rs.cu: reduce_scatter and broadcast; kernels.h has the C interface).
  *
- * Protocol, per block b of FC_ONESHOT_BLOCKS (every rank splits the message identically):
+ * Protocol, per block b of the grid (fc_oneshot_grid; every rank splits the message identically):
  *  1. post: copy this rank's bytes [lo, hi) of sendbuf into slot `rank` (parity seq&1) of every
  *     peer's staging area; __syncthreads; thread 0 fences at system scope and stores seq into
  *     flag [parity][rank][b] of every peer with a release store.
@@ -39,7 +39,7 @@ __device__ __forceinline__ size_t fc_slot_off(const fc_oneshot_args_t &a, int pa
 }
 /* Word index of flag [par][q][b]. */
 __device__ __forceinline__ size_t fc_flag_idx(const fc_oneshot_args_t &a, int par, int q, int b) {
-  return ((size_t)par * (size_t)a.nranks + (size_t)q) * FC_ONESHOT_BLOCKS + (size_t)b;
+  return ((size_t)par * (size_t)a.nranks + (size_t)q) * FC_MAX_BLOCKS + (size_t)b;
 }
 
 /* Block b's bytes [lo, hi): 16-byte granules split evenly, so bounds are element aligned and
@@ -361,7 +361,7 @@ inline bool fc_use_ll(const fc_oneshot_args_t *a, size_t bytes) {
 
 /* The grid for a message of `bytes` (see kernels.h). */
 inline unsigned fc_oneshot_grid(const fc_oneshot_args_t *a, size_t bytes) {
-  const size_t cap = a->max_blocks >= 1 && a->max_blocks <= FC_ONESHOT_BLOCKS ? a->max_blocks : FC_ONESHOT_BLOCKS;
+  const size_t cap = a->max_blocks >= 1 && a->max_blocks <= FC_MAX_BLOCKS ? a->max_blocks : FC_ONESHOT_BLOCKS;
   const size_t b = (bytes + FC_ONESHOT_BLOCK_BYTES - 1) / FC_ONESHOT_BLOCK_BYTES;
   return b < 1 ? 1u : b > cap ? (unsigned)cap : (unsigned)b;
 }

@@ -4,8 +4,9 @@
  * steps, so that the link stays busy while earlier steps are consumed (kernels.h has the
  * interface; the one-shot protocol it builds on is in oneshot.cuh).
  *
- * Per block b (both ranks split the message alike, fc_block_range) and step k of its part:
- *  - push: wait until the peer has drained sub-slot k % FC_PIPE_SUBSLOTS from step k - SUBSLOTS
+ * Per block b (both ranks split the message alike, fc_block_range) and step k of its part, with
+ * S = pipe_subslots sub-slots per block:
+ *  - push: wait until the peer has drained sub-slot k % S from step k - S
  *    (its `ack` counter for us), copy step k of our data into that sub-slot of our region of the
  *    peer's staging area, then raise the peer's `ready` counter for us to base + k + 1;
  *  - consume: wait until our `ready` counter from the peer reaches base + k + 1, reduce (or copy)
@@ -25,7 +26,7 @@ namespace {
 
 /* Flags after the one-shot ones: counter [kind][sender][block] (kind 0: ready, 1: ack). */
 __device__ __forceinline__ uint64_t *fc_pipe_flag(const fc_oneshot_args_t &a, uint64_t *flags, int kind, int sender) {
-  return flags + ((size_t)(2 + kind) * (size_t)a.nranks + (size_t)sender) * FC_ONESHOT_BLOCKS + blockIdx.x;
+  return flags + ((size_t)(2 + kind) * (size_t)a.nranks + (size_t)sender) * FC_MAX_BLOCKS + blockIdx.x;
 }
 
 /* Sub-slot j of this block in `sender`'s region of a staging area: the sub-slots alternate
@@ -33,7 +34,7 @@ __device__ __forceinline__ uint64_t *fc_pipe_flag(const fc_oneshot_args_t &a, ui
 __device__ __forceinline__ char *fc_pipe_subslot(const fc_oneshot_args_t &a, char *area, int sender, unsigned j,
                                                  size_t step) {
   return area + fc_slot_off(a, (int)(j & 1), sender) +
-         ((size_t)blockIdx.x * (FC_PIPE_SUBSLOTS / 2) + (size_t)(j >> 1)) * step;
+         ((size_t)blockIdx.x * (a.pipe_subslots / 2) + (size_t)(j >> 1)) * step;
 }
 
 /* Thread 0 waits until *flag >= target (fc_poll), then a system fence (the acquire side, as
@@ -148,8 +149,9 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
   if (!fc_wait(a, par)) return;
   size_t lo, hi;
   fc_block_range(io.bytes, &lo, &hi);
-  const size_t step = fc_pipe_step_bytes(a.slot_bytes);
-  const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes);
+  const unsigned subslots = a.pipe_subslots;
+  const size_t step = fc_pipe_step_bytes(a.slot_bytes, gridDim.x, subslots);
+  const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, subslots);
   uint64_t *mine = fc_pick(a.flags, a.rank), *theirs = fc_pick(a.flags, peer);
   char *local = fc_pick(a.stage, a.rank), *remote = fc_pick(a.stage, peer);
   const uint64_t base = a.pipe_base;
@@ -161,11 +163,10 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
   };
   auto push = [&](size_t k) -> bool {
     if (!io.push) return true;
-    if (k >= FC_PIPE_SUBSLOTS && !fc_pipe_wait(a, fc_pipe_flag(a, mine, 1, peer), base + k - FC_PIPE_SUBSLOTS + 1))
-      return false;
+    if (k >= subslots && !fc_pipe_wait(a, fc_pipe_flag(a, mine, 1, peer), base + k - subslots + 1)) return false;
     size_t o, n;
     span(k, &o, &n);
-    fc_pipe_copy_bytes(fc_pipe_subslot(a, remote, a.rank, (unsigned)(k % FC_PIPE_SUBSLOTS), step), io.push + o, n);
+    fc_pipe_copy_bytes(fc_pipe_subslot(a, remote, a.rank, (unsigned)(k % subslots), step), io.push + o, n);
     fc_pipe_signal(fc_pipe_flag(a, theirs, 0, a.rank), base + k + 1);
     return true;
   };
@@ -177,19 +178,21 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
     if (Consume::copies_own && io.own && io.own != io.own_out) fc_pipe_copy_bytes(io.own_out + o, io.own + o, n);
     if (!io.receive) continue;
     if (!fc_pipe_wait(a, fc_pipe_flag(a, mine, 0, peer), base + k + 1)) return;
-    consume(a, io, fc_pipe_subslot(a, local, peer, (unsigned)(k % FC_PIPE_SUBSLOTS), step), o, n);
+    consume(a, io, fc_pipe_subslot(a, local, peer, (unsigned)(k % subslots), step), o, n);
     fc_pipe_signal(fc_pipe_flag(a, theirs, 1, a.rank), base + k + 1);
   }
   /* Everything we sent has been drained (see the top of the file). */
   if (io.push) fc_pipe_wait(a, fc_pipe_flag(a, mine, 1, peer), base + nsteps);
 }
 
-template <typename V, typename D, class Op, bool AVG>
-__global__ void __launch_bounds__(FC_OS_THREADS) fc_pipe_reduce_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
+/* THREADS: 512 or 1024 per block (pipe_threads); the grid is pipe_blocks. */
+template <typename V, typename D, class Op, bool AVG, unsigned THREADS>
+__global__ void __launch_bounds__(THREADS) fc_pipe_reduce_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
   fc_pipe_run(a, io, fc_pipe_reduce<V, D, Op, AVG>());
 }
 
-__global__ void __launch_bounds__(FC_OS_THREADS) fc_pipe_copy_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
+template <unsigned THREADS>
+__global__ void __launch_bounds__(THREADS) fc_pipe_copy_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
   fc_pipe_run(a, io, fc_pipe_copy());
 }
 
@@ -201,10 +204,14 @@ struct fc_pipe_reduce_launch {
   template <typename V, typename D, class Op> int run() {
     if ((((uintptr_t)io.push | (uintptr_t)io.own | (uintptr_t)io.out) & (sizeof(V) - 1)) || io.bytes % sizeof(V))
       return (int)cudaErrorInvalidValue;
-    if (avg)
-      fc_pipe_reduce_kernel<V, D, Op, true><<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, stream>>>(*args, io);
-    else
-      fc_pipe_reduce_kernel<V, D, Op, false><<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, stream>>>(*args, io);
+    const unsigned g = args->pipe_blocks;
+    if (args->pipe_threads == 1024) {
+      if (avg) fc_pipe_reduce_kernel<V, D, Op, true, 1024><<<g, 1024, 0, stream>>>(*args, io);
+      else fc_pipe_reduce_kernel<V, D, Op, false, 1024><<<g, 1024, 0, stream>>>(*args, io);
+    } else {
+      if (avg) fc_pipe_reduce_kernel<V, D, Op, true, 512><<<g, 512, 0, stream>>>(*args, io);
+      else fc_pipe_reduce_kernel<V, D, Op, false, 512><<<g, 512, 0, stream>>>(*args, io);
+    }
     return (int)cudaGetLastError();
   }
 };
@@ -212,14 +219,19 @@ struct fc_pipe_reduce_launch {
 struct fc_pipe_preload {
   template <typename V, typename D, class Op> int run() {
     cudaFuncAttributes a;
-    int e = (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, true>);
-    return e ? e : (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, false>);
+    int e = (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, true, 512>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, false, 512>);
+    if (!e) e = (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, true, 1024>);
+    return e ? e : (int)cudaFuncGetAttributes(&a, fc_pipe_reduce_kernel<V, D, Op, false, 1024>);
   }
 };
 
-/* What the kernels assume of the arguments (the one-shot ones, 2 ranks, room for the steps). */
+/* What the kernels assume of the arguments (the one-shot ones, 2 ranks, their shape, room for
+ * the steps). */
 bool fc_pipe_args_ok(const fc_oneshot_args_t *a) {
-  return fc_args_ok(a, 0) && a->nranks == 2 && fc_pipe_step_bytes(a->slot_bytes) >= FC_PIPE_MIN_STEP_BYTES;
+  return fc_args_ok(a, 0) && a->nranks == 2 && a->pipe_blocks >= 1 && a->pipe_blocks <= FC_MAX_BLOCKS &&
+         (a->pipe_threads == 512 || a->pipe_threads == 1024) && (a->pipe_subslots == 2 || a->pipe_subslots == 4) &&
+         fc_pipe_step_bytes(a->slot_bytes, a->pipe_blocks, a->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
 }
 
 }  // namespace
@@ -261,7 +273,8 @@ extern "C" int fc_kernel_pipe_collective(const fc_oneshot_args_t *args, fc_pipe_
       return (int)cudaErrorInvalidValue;
   }
   if (!reduces) {
-    fc_pipe_copy_kernel<<<FC_ONESHOT_BLOCKS, FC_OS_THREADS, 0, s>>>(*args, io);
+    if (args->pipe_threads == 1024) fc_pipe_copy_kernel<1024><<<args->pipe_blocks, 1024, 0, s>>>(*args, io);
+    else fc_pipe_copy_kernel<512><<<args->pipe_blocks, 512, 0, s>>>(*args, io);
     return (int)cudaGetLastError();
   }
   fc_pipe_reduce_launch l = {args, io, op == FLEXCOLL_AVG, s};
@@ -276,5 +289,6 @@ extern "C" int fc_kernels_preload_pipeline(void) {
       if (e) return e;
     }
   cudaFuncAttributes a;
-  return (int)cudaFuncGetAttributes(&a, fc_pipe_copy_kernel);
+  int e = (int)cudaFuncGetAttributes(&a, fc_pipe_copy_kernel<512>);
+  return e ? e : (int)cudaFuncGetAttributes(&a, fc_pipe_copy_kernel<1024>);
 }

@@ -305,7 +305,7 @@ struct World {
 };
 
 /* The one-shot flags and the pipelined kernels' counters after them (kernels.h). */
-static size_t flags_bytes(int nranks) { return 4 * (size_t)nranks * FC_ONESHOT_BLOCKS * sizeof(uint64_t); }
+static size_t flags_bytes(int nranks) { return 4 * (size_t)nranks * FC_MAX_BLOCKS * sizeof(uint64_t); }
 
 /* nranks ranks, rank i on device devs[i]; send/recv with 64 bytes of slack for offsets. */
 static void world_init(World *w, int nranks, const int *devs, size_t slot) {
@@ -689,14 +689,14 @@ static void test_timeout(void) {
       printf("  timeout LL %s returned after %.2f ms\n", name, dt * 1e3);
       continue;
     }
-    uint64_t flags[2 * 2 * FC_ONESHOT_BLOCKS];
+    uint64_t flags[2 * 2 * FC_MAX_BLOCKS];
     char data[4000];
     CK(cudaMemcpy(flags, w.r[1].flags, sizeof flags, cudaMemcpyDeviceToHost));
     const int par = (int)(w.seq & 1);
     /* Both calls move at most 4000 bytes: a grid of one block (kernels.h), so one flag. */
     const int nblocks = (int)((4000 + FC_ONESHOT_BLOCK_BYTES - 1) / FC_ONESHOT_BLOCK_BYTES);
     for (int b = 0; b < nblocks; b++)
-      if (flags[(par * 2 + 0) * FC_ONESHOT_BLOCKS + b] != w.seq) { fail("timeout: flag %d not posted to the peer", b); break; }
+      if (flags[(par * 2 + 0) * FC_MAX_BLOCKS + b] != w.seq) { fail("timeout: flag %d not posted to the peer", b); break; }
     CK(cudaMemcpy(data, w.r[1].stage + (size_t)(par * 2 + 0) * w.slot, sizeof data, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < sizeof data; i++)
       if ((unsigned char)data[i] != 0x5a) { fail("timeout: data not posted to the peer"); break; }
@@ -716,12 +716,15 @@ static void test_timeout(void) {
  * set, the kernel returns); calls they cannot take are refused. */
 static void test_pipe_timeout(void) {
   const int before = g_failures, devs[2] = {0, 0};
-  const size_t slot = (size_t)FC_ONESHOT_BLOCKS * (FC_PIPE_SUBSLOTS / 2) * FC_PIPE_MIN_STEP_BYTES;
+  const size_t slot = (size_t)FC_MAX_BLOCKS * (4 / 2) * FC_PIPE_MIN_STEP_BYTES;
   World w;
   world_init(&w, 2, devs, slot);
+  /* Every collective, both block sizes, both sub-slot counts. */
+  const unsigned threads[4] = {1024, 512, 512, 1024}, subslots[4] = {4, 2, 4, 2};
   for (int coll = 0; coll < 4; coll++) {
     w.seq++;
     fc_oneshot_args_t a = world_args(&w, 0);
+    a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = threads[coll], a.pipe_subslots = subslots[coll];
     a.timeout_cycles = 2000000; /* ~1 ms at 1.98 GHz */
     *w.r[0].error = 0;
     const double t0 = now_s();
@@ -733,16 +736,17 @@ static void test_pipe_timeout(void) {
     if (dt > 2.0) fail("pipelined %d: took %.3f s", coll, dt);
   }
   fc_oneshot_args_t a = world_args(&w, 0);
+  a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = 1024, a.pipe_subslots = 4;
   a.slot_bytes = slot - 4096; /* steps below FC_PIPE_MIN_STEP_BYTES */
   if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
                                 w.r[0].stream) != cudaErrorInvalidValue)
     fail("pipelined: a slot too small for its steps accepted");
-  a = world_args(&w, 0);
+  a.slot_bytes = slot;
   a.nranks = 1;
   if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLGATHER, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
                                 w.r[0].stream) != cudaErrorInvalidValue)
     fail("pipelined: 1 rank accepted");
-  a = world_args(&w, 0);
+  a.nranks = 2;
   if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, 4098, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
                                 w.r[0].stream) != cudaErrorInvalidValue)
     fail("pipelined: bytes not a multiple of the element accepted");

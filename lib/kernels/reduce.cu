@@ -20,15 +20,15 @@ namespace {
  * FC_UNROLL vectors per iteration, all loads issued before the stores, for memory-level
  * parallelism. */
 constexpr unsigned FC_THREADS = 512;
-constexpr unsigned FC_MAX_BLOCKS = 132 * 4;
+constexpr unsigned FC_REDUCE_MAX_BLOCKS = 132 * 4;
 constexpr unsigned FC_UNROLL = 4;
 
 /* Enough blocks for `items` units of work at FC_UNROLL per thread, at least 1, at most
- * FC_MAX_BLOCKS. */
+ * FC_REDUCE_MAX_BLOCKS. */
 unsigned fc_grid(size_t items) {
   const size_t per_block = (size_t)FC_THREADS * FC_UNROLL;
   const size_t blocks = (items + per_block - 1) / per_block;
-  return blocks < 1 ? 1u : blocks > FC_MAX_BLOCKS ? FC_MAX_BLOCKS : (unsigned)blocks;
+  return blocks < 1 ? 1u : blocks > FC_REDUCE_MAX_BLOCKS ? FC_REDUCE_MAX_BLOCKS : (unsigned)blocks;
 }
 
 /* How a buffer of `count` elements of `esize` bytes splits: `head` scalar elements, then

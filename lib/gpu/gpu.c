@@ -30,11 +30,13 @@ FC_PARAM_INT(ll_max, "LL_MAX_BYTES", 64 << 10)
 FC_PARAM_INT(oneshot_blocks, "ONESHOT_BLOCKS", FC_ONESHOT_BLOCKS)
 /* Pipelined kernels for 2 ranks above the one-shot limit, on buffers outside windows (0: off). */
 FC_PARAM_INT(pipeline, "PIPELINE", 1)
-/* Their grid, threads per block and sub-slots per block (kernels.h): SM stores reach the
- * link's rate only with most SMs storing (baselines: 132 blocks x 1024 threads). */
+/* Their grid, threads per block and sub-slots per block (kernels.h).  Measured (2x H200,
+ * allreduce 256 MB, busbw): 64x512 with 4 sub-slots 205 GB/s, 128x512 / 128x1024 with 4
+ * 210 / 211, with 2 sub-slots (twice the bytes per step) 267 / 275: the per-step flag round
+ * trips and fences cost more than a deeper pipeline gains. */
 FC_PARAM_INT(pipeline_blocks, "PIPELINE_BLOCKS", FC_MAX_BLOCKS)
 FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 1024)
-FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 4)
+FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 2)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \

@@ -38,7 +38,8 @@ __device__ __forceinline__ char *fc_pipe_subslot(const fc_oneshot_args_t &a, cha
 }
 
 /* Thread 0 waits until *flag >= target (fc_poll), then a system fence (the acquire side, as
- * fc_wait); the block's later accesses come after it.  False in every thread after a timeout or abort (*error set). */
+ * fc_wait); the block's later accesses come after it.  False in every thread after a timeout
+ * or abort (*error set). */
 __device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const uint64_t *flag, uint64_t target) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {

@@ -145,13 +145,9 @@ struct fc_oneshot_preload {
 
 extern "C" int fc_kernels_preload_oneshot(void) {
   fc_oneshot_preload p;
-  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
-    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
-      int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, p);
-      if (e) return e;
-    }
+  int e = fc_dispatch_all(p);
   cudaFuncAttributes a;
-  int e = fc_preload_oneshot_rs_bcast();
+  if (!e) e = fc_preload_oneshot_rs_bcast();
   if (!e) e = (int)cudaFuncGetAttributes(&a, fc_oneshot_allgather_kernel);
   if (!e) e = (int)cudaFuncGetAttributes(&a, fc_ll_allgather_kernel);
   return e;

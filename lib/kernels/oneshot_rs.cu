@@ -156,12 +156,8 @@ extern "C" int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const 
 
 int fc_preload_oneshot_rs_bcast() {
   fc_oneshot_rs_preload p;
-  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
-    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
-      int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, p);
-      if (e) return e;
-    }
+  int e = fc_dispatch_all(p);
   cudaFuncAttributes a;
-  int e = (int)cudaFuncGetAttributes(&a, fc_oneshot_broadcast_kernel);
+  if (!e) e = (int)cudaFuncGetAttributes(&a, fc_oneshot_broadcast_kernel);
   return e ? e : (int)cudaFuncGetAttributes(&a, fc_ll_broadcast_kernel);
 }

@@ -177,4 +177,14 @@ template <class F> static int fc_dispatch(flexcoll_datatype_t dtype, flexcoll_op
   }
 }
 
+/* f.run for every (datatype, op) pair; the first error, or 0 (the kernels' preloading). */
+template <class F> static int fc_dispatch_all(F &f) {
+  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
+    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
+      const int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, f);
+      if (e) return e;
+    }
+  return 0;
+}
+
 #endif /* FC_KERNELS_OPS_CUH */

@@ -284,12 +284,8 @@ extern "C" int fc_kernel_pipe_collective(const fc_oneshot_args_t *args, fc_pipe_
 
 extern "C" int fc_kernels_preload_pipeline(void) {
   fc_pipe_preload p;
-  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
-    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
-      int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, p);
-      if (e) return e;
-    }
+  int e = fc_dispatch_all(p);
   cudaFuncAttributes a;
-  int e = (int)cudaFuncGetAttributes(&a, fc_pipe_copy_kernel<512>);
+  if (!e) e = (int)cudaFuncGetAttributes(&a, fc_pipe_copy_kernel<512>);
   return e ? e : (int)cudaFuncGetAttributes(&a, fc_pipe_copy_kernel<1024>);
 }

@@ -247,13 +247,9 @@ struct fc_reduce_preload {
 
 extern "C" int fc_kernels_preload_reduce(void) {
   fc_reduce_preload p;
-  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
-    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
-      int e = fc_dispatch((flexcoll_datatype_t)dt, (flexcoll_op_t)op, p);
-      if (e) return e;
-    }
+  int e = fc_dispatch_all(p);
   cudaFuncAttributes a;
-  int e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<uint4>);
+  if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<uint4>);
   if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<uint2>);
   if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<unsigned int>);
   if (!e) e = (int)cudaFuncGetAttributes(&a, fc_copy_kernel<unsigned short>);

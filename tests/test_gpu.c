@@ -181,7 +181,8 @@ typedef struct {
 
 #define ENV_COMMON                                                                                        \
   "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES", "FLEXCOLL_ONESHOT_BLOCKS", \
-      "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES", "FLEXCOLL_PIPELINE"
+      "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES", "FLEXCOLL_PIPELINE", "FLEXCOLL_PIPELINE_BLOCKS", \
+      "FLEXCOLL_PIPELINE_THREADS", "FLEXCOLL_PIPELINE_SUBSLOTS"
 static const char *const env_sm[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_ce[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
 static const char *const env_default[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES", ENV_COMMON, NULL};
@@ -828,16 +829,20 @@ static int matrix_body(ctx_t *c) {
       ecalls = 0;
       e0 = r->errors;
       const size_t long_bytes = coll == C_ALLGATHER || coll == C_REDUCE_SCATTER ? (size_t)20 << 20 : (size_t)40 << 20;
+      /* Each dtype in and out of place, aligned and misaligned (the vector and element paths),
+       * the root alternating. */
       for (size_t k = 0; k < 2; k++)
-        for (int ip = 0; ip < 2; ip++) {
-          spec_t s = {.coll = coll, .dtype = edge[k].dt, .op = edge[k].op,
-                      .count = long_bytes / fc_dtype_size(edge[k].dt) + 3, .root = ip % n, .inplace = ip};
-          if (v->misalign && (ecalls & 1)) s.shift = fc_dtype_size(s.dtype);
-          if (run_one(c, &s)) return 1;
-          ecalls++;
-        }
+        for (int ip = 0; ip < 2; ip++)
+          for (int mis = 0; mis < (v->misalign ? 2 : 1); mis++) {
+            spec_t s = {.coll = coll, .dtype = edge[k].dt, .op = edge[k].op,
+                        .count = long_bytes / fc_dtype_size(edge[k].dt) + 3, .root = (ip + mis) % n, .inplace = ip};
+            if (mis) s.shift = fc_dtype_size(s.dtype);
+            if (run_one(c, &s)) return 1;
+            ecalls++;
+          }
       calls += ecalls;
-      snprintf(what, sizeof what, "%s of %zu MB (pipelined kernels with 2 ranks)", coll_names[coll], long_bytes >> 20);
+      snprintf(what, sizeof what, "%s of %zu MB%s", coll_names[coll], long_bytes >> 20,
+               n == 2 ? " (the pipelined kernels)" : "");
       progress(c, what, ecalls, t0, e0);
     }
     /* 1000003 elements: 7 dtypes, the reducing collectives cycling through the ops */

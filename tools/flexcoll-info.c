@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
   setting("FLEXCOLL_ONESHOT_BLOCKS", "64", "most thread blocks of a plain one-shot kernel (1-128)");
   setting("FLEXCOLL_PIPELINE", "1", "2 ranks, above the one-shot limit, outside windows: pipelined kernels (0: staged)");
   setting("FLEXCOLL_PIPELINE_BLOCKS", "128", "thread blocks of a pipelined kernel (1-128)");
-  setting("FLEXCOLL_PIPELINE_THREADS", "1024", "threads per block of a pipelined kernel (512|1024)");
+  setting("FLEXCOLL_PIPELINE_THREADS", "512", "threads per block of a pipelined kernel (512|1024)");
   setting("FLEXCOLL_PIPELINE_SUBSLOTS", "2", "staging sub-slots per block of a pipelined kernel (2|4)");
   setting("FLEXCOLL_LL_MAX_BYTES", "65536", "one-shot messages up to this size per rank use the LL protocol");
   setting("FLEXCOLL_DIRECT", "1", "direct mode: 0 never, 1 symmetric windows, 2 also other buffers (host exchange)");

@@ -62,6 +62,7 @@ typedef struct {
   char *stage;             /* the peer's staging area (or ours), mapped here */
   int ipc_opened;          /* stage came from cudaIpcOpenMemHandle */
   int same_process;        /* the peer's pointers are valid here as they are */
+  int same_device;         /* the peer runs on our GPU (its kernels compete with ours for SMs) */
   /* Chunks sent to / received from this peer so far.  64 bits, so that the slot index
    * (chunk % nslots) never jumps; the flags in device memory carry the low 32 bits, which the
    * stream waits compare wrap-aware. */

@@ -33,9 +33,11 @@ FC_PARAM_INT(pipeline, "PIPELINE", 1)
 /* Their grid, threads per block and sub-slots per block (kernels.h).  Measured (2x H200,
  * allreduce 256 MB, busbw): 64x512 with 4 sub-slots 205 GB/s, 128x512 / 128x1024 with 4
  * 210 / 211, with 2 sub-slots (twice the bytes per step) 267 / 275: the per-step flag round
- * trips and fences cost more than a deeper pipeline gains. */
+ * trips and fences cost more than a deeper pipeline gains.  512 threads, not 1024: two such
+ * grids (two communicators at once) still fit on the GPU together, two blocks per SM; a block
+ * that cannot be resident would leave its peer block spinning until the timeout. */
 FC_PARAM_INT(pipeline_blocks, "PIPELINE_BLOCKS", FC_MAX_BLOCKS)
-FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 1024)
+FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 512)
 FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 2)
 
 #define CUDA_CHECK(comm, call)                                                                        \
@@ -200,6 +202,7 @@ static flexcoll_result_t map_peer(struct flexcoll_comm *comm, struct fc_gpu *g, 
     return FLEXCOLL_SUCCESS; /* not visible here: no peer access */
   }
   int can = 0;
+  peer->same_device = local_dev == g->device;
   if (local_dev != g->device) {
     cudaDeviceCanAccessPeer(&can, g->device, local_dev);
     if (!can) return FLEXCOLL_SUCCESS;
@@ -242,6 +245,9 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
     res = map_peer(comm, g, me, &all[q], &g->peers[q]);
     if (!g->peers[q].stage) g->p2p = 0;
   }
+  /* A pipelined kernel's blocks wait for the peer's and fill most SMs: two ranks on one GPU
+   * could not both be resident (each rank sees the same, so both decide alike). */
+  if (res == FLEXCOLL_SUCCESS && g->pipeline && comm->nranks == 2 && g->peers[1 - comm->rank].same_device) g->pipeline = 0;
   if (res == FLEXCOLL_SUCCESS)
     FC_INFO(FC_SUB_GPU, "rank %d: GPU %d (%s), %s, staging %zu MB", comm->rank, g->device, me->pci_bus_id,
             g->p2p ? "peer access to every rank" : "some peers without peer access: device collectives go through host memory",

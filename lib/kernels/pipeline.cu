@@ -82,7 +82,7 @@ __device__ __forceinline__ void fc_pipe_copy_bytes(char *dst, const char *src, s
     for (int j = 0; j < 4; j++) ((uint4 *)dst)[i + j * stride] = v[j];
   }
   for (; i < nvec; i += stride) ((uint4 *)dst)[i] = __ldcg((const uint4 *)src + i);
-  for (size_t b = nvec * 16 + threadIdx.x; b < n; b += stride) dst[b] = src[b];
+  for (size_t b = nvec * 16 + threadIdx.x; b < n; b += stride) dst[b] = (char)fc_ld_cg<unsigned char>(src + b);
 }
 
 /* What a rank does in a pipelined call. */

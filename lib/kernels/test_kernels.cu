@@ -712,8 +712,9 @@ static void test_timeout(void) {
   world_free(&w);
 }
 
-/* The pipelined kernels: a rank whose peer never arrives times out in its first wait (error
- * set, the kernel returns); calls they cannot take are refused. */
+/* The pipelined kernels: a rank whose peer never arrives times out in its first wait, one
+ * whose peer stops sending in a later one (error set, the kernel returns); calls they cannot
+ * take are refused. */
 static void test_pipe_timeout(void) {
   const int before = g_failures, devs[2] = {0, 0};
   const size_t slot = (size_t)FC_MAX_BLOCKS * (4 / 2) * FC_PIPE_MIN_STEP_BYTES;
@@ -734,6 +735,28 @@ static void test_pipe_timeout(void) {
     const double dt = now_s() - t0;
     if (*(volatile int *)w.r[0].error != 1) fail("pipelined %d: error not set", coll);
     if (dt > 2.0) fail("pipelined %d: took %.3f s", coll, dt);
+  }
+  /* The peer arrives but moves a smaller message (2 blocks, steps of slot / 4: 1 step against
+   * our 2): we time out waiting for its step 1 (a ready counter, past the opening handshake);
+   * it finishes, since we drain its one step. */
+  {
+    w.seq++;
+    fc_oneshot_args_t a0 = world_args(&w, 0), a1 = world_args(&w, 1);
+    a0.pipe_blocks = a1.pipe_blocks = 2, a0.pipe_threads = a1.pipe_threads = 512;
+    a0.pipe_subslots = a1.pipe_subslots = 4;
+    a0.timeout_cycles = 200000000; /* ~0.1 s: rank 1 surely starts within it */
+    *w.r[0].error = 0, *w.r[1].error = 0;
+    const double t0 = now_s();
+    CK(fc_kernel_pipe_collective(&a0, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, slot, FLEXCOLL_FLOAT32, FLEXCOLL_SUM,
+                                 0, w.r[0].stream));
+    CK(fc_kernel_pipe_collective(&a1, FC_PIPE_ALLREDUCE, w.r[1].send, w.r[1].recv, slot / 4, FLEXCOLL_FLOAT32,
+                                 FLEXCOLL_SUM, 0, w.r[1].stream));
+    CK(cudaStreamSynchronize(w.r[0].stream));
+    CK(cudaStreamSynchronize(w.r[1].stream));
+    const double dt = now_s() - t0;
+    if (*(volatile int *)w.r[0].error != 1) fail("pipelined, peer short of steps: error not set");
+    if (*(volatile int *)w.r[1].error != 0) fail("pipelined, the shorter peer: error set");
+    if (dt > 2.0) fail("pipelined, peer short of steps: took %.3f s", dt);
   }
   fc_oneshot_args_t a = world_args(&w, 0);
   a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = 1024, a.pipe_subslots = 4;

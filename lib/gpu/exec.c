@@ -346,8 +346,8 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
     /* nothing moves */
-  } else if (args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL && oneshot_bytes(args, largest) * x.esize <= g->oneshot_slot &&
-             args->nranks <= FC_ONESHOT_MAX_RANKS) {
+  } else if (args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL &&
+             oneshot_bytes(args, largest) * x.esize <= g->oneshot_slot && args->nranks <= FC_ONESHOT_MAX_RANKS) {
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */
     if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);

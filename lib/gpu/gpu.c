@@ -124,10 +124,16 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   g->oneshot_blocks = blocks < 1 ? 1u : blocks > FC_MAX_BLOCKS ? (unsigned)FC_MAX_BLOCKS : (unsigned)blocks;
   /* Flags: 2 parities x nranks x blocks for the one-shot kernels, then as many counters for
    * the pipelined ones (ready and ack per sender and block, kernels.h). */
-  int64_t pb = fc_param_pipeline_blocks();
+  int64_t pb = fc_param_pipeline_blocks(), pt = fc_param_pipeline_threads(), ps = fc_param_pipeline_subslots();
+  if (pb < 1 || pb > FC_MAX_BLOCKS)
+    FC_WARN("FLEXCOLL_PIPELINE_BLOCKS=%lld is not 1..%d; clamped", (long long)pb, FC_MAX_BLOCKS);
+  if (pt != 512 && pt != 1024)
+    FC_WARN("FLEXCOLL_PIPELINE_THREADS=%lld is not 512 or 1024; using %d", (long long)pt, pt <= 512 ? 512 : 1024);
+  if (ps != 2 && ps != 4)
+    FC_WARN("FLEXCOLL_PIPELINE_SUBSLOTS=%lld is not 2 or 4; using %d", (long long)ps, ps <= 2 ? 2 : 4);
   g->pipe_blocks = pb < 1 ? 1u : pb > FC_MAX_BLOCKS ? (unsigned)FC_MAX_BLOCKS : (unsigned)pb;
-  g->pipe_threads = fc_param_pipeline_threads() <= 512 ? 512u : 1024u;
-  g->pipe_subslots = fc_param_pipeline_subslots() <= 2 ? 2u : 4u;
+  g->pipe_threads = pt <= 512 ? 512u : 1024u;
+  g->pipe_subslots = ps <= 2 ? 2u : 4u;
   g->pipeline = nranks == 2 && fc_param_pipeline() != 0 &&
                 fc_pipe_step_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
   g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_MAX_BLOCKS * 8 + align - 1) / align * align);

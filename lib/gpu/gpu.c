@@ -135,7 +135,7 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   g->pipe_threads = pt <= 512 ? 512u : 1024u;
   g->pipe_subslots = ps <= 2 ? 2u : 4u;
   g->pipeline = nranks == 2 && fc_param_pipeline() != 0 &&
-                fc_pipe_step_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
+                fc_pipe_room_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
   g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_MAX_BLOCKS * 8 + align - 1) / align * align);
   g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
   g->slots_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);

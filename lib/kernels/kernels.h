@@ -85,27 +85,51 @@ int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const void *sendb
                                 flexcoll_stream_t stream);
 
 /* Pipelined collectives (pipeline.cu) for 2 ranks, above the one-shot limit, on buffers the
- * peer cannot address: the one-shot staging area and flags (both parity slots of a rank shared
- * out among pipe_blocks blocks as pipe_subslots sub-slots each of fc_pipe_step_bytes), and
- * after the one-shot flags 2 x nranks x FC_MAX_BLOCKS more uint64 counters (zeroed before the
- * first call).  A call uses fc_pipe_steps steps after args->pipe_base; the caller adds them to
- * pipe_base for the next call.  Each call also takes a seq, like a one-shot call. */
+ * peer cannot address: the one-shot staging area (all 2 x 2 slots of it: only the peer writes
+ * into ours) shared out among pipe_blocks blocks as pipe_subslots sub-slots each of
+ * fc_pipe_step_bytes, the one-shot flags, and after them 2 x nranks x FC_MAX_BLOCKS more uint64
+ * counters (zeroed before the first call).  A call uses fc_pipe_steps steps after
+ * args->pipe_base; the caller adds them to pipe_base for the next call.  Each call also takes a
+ * seq, like a one-shot call. */
 #define FC_PIPE_MIN_STEP_BYTES 4096
+/* A block's share is cut into FC_PIPE_MIN_STEPS steps, but none below FC_PIPE_STEP_FLOOR_BYTES
+ * (fewer steps then) and none above the room.  One step does not pipeline (a step's push
+ * overlaps only the previous step's reduction); every step costs a flag round trip behind a
+ * system fence that waits for the step's stores to land.  Measured on 2 x H200 (allreduce, no
+ * windows, 1024 threads): 4 steps of 256 KiB beat 8 of 128 KiB at 128-512 MB (1.11-1.14x
+ * NCCL against 1.03-1.09x); at 16 MB 4 steps of 32 KiB lost to 1 of 128 KiB (0.93 against
+ * 0.99x), and allgather 8 MB per rank, 4 steps of 16 KiB, to 1 of 64 KiB (0.86 against 1.21x). */
+#define FC_PIPE_MIN_STEPS 4
+#define FC_PIPE_STEP_FLOOR_BYTES (64u << 10)
 #ifdef __CUDACC__
 #define FC_HOST_DEVICE __host__ __device__
 #else
 #define FC_HOST_DEVICE
 #endif
-/* Bytes per step of one block (a multiple of 16; below FC_PIPE_MIN_STEP_BYTES: unusable). */
-static inline FC_HOST_DEVICE size_t fc_pipe_step_bytes(size_t slot_bytes, unsigned blocks, unsigned subslots) {
-  return blocks && subslots >= 2 ? slot_bytes / ((size_t)blocks * (subslots / 2)) / 16 * 16 : 0;
+/* The largest step the staging area has room for (a multiple of 16; below
+ * FC_PIPE_MIN_STEP_BYTES: unusable). */
+static inline FC_HOST_DEVICE size_t fc_pipe_room_bytes(size_t slot_bytes, unsigned blocks, unsigned subslots) {
+  return blocks && subslots ? 4 * slot_bytes / ((size_t)blocks * subslots) / 16 * 16 : 0;
 }
-/* Steps of a call that moves `bytes` (every block takes as many, some of them empty). */
+/* One block's share of a `bytes` message (fc_block_range in oneshot.cuh splits it alike). */
+static inline FC_HOST_DEVICE size_t fc_pipe_block_share(size_t bytes, unsigned blocks) {
+  return blocks ? ((bytes + 15) / 16 + blocks - 1) / blocks * 16 : 0;
+}
+/* Bytes per step of a call that moves `bytes` (a multiple of 16; 0: unusable): the block's
+ * share over FC_PIPE_MIN_STEPS, within [FC_PIPE_STEP_FLOOR_BYTES, room].  Every rank computes
+ * the same from the same size. */
+static inline FC_HOST_DEVICE size_t fc_pipe_step_bytes(size_t bytes, size_t slot_bytes, unsigned blocks,
+                                                       unsigned subslots) {
+  const size_t room = fc_pipe_room_bytes(slot_bytes, blocks, subslots);
+  if (room < FC_PIPE_MIN_STEP_BYTES) return 0;
+  size_t want = (fc_pipe_block_share(bytes, blocks) / FC_PIPE_MIN_STEPS + 15) / 16 * 16;
+  if (want < FC_PIPE_STEP_FLOOR_BYTES) want = FC_PIPE_STEP_FLOOR_BYTES;
+  return want < room ? want : room;
+}
+/* Steps of such a call (every block takes as many, some of them empty). */
 static inline FC_HOST_DEVICE size_t fc_pipe_steps(size_t bytes, size_t slot_bytes, unsigned blocks, unsigned subslots) {
-  const size_t step = fc_pipe_step_bytes(slot_bytes, blocks, subslots);
-  if (!step) return 0;
-  const size_t per_block = ((bytes + 15) / 16 + blocks - 1) / blocks * 16;
-  return (per_block + step - 1) / step;
+  const size_t step = fc_pipe_step_bytes(bytes, slot_bytes, blocks, subslots);
+  return step ? (fc_pipe_block_share(bytes, blocks) + step - 1) / step : 0;
 }
 typedef enum { FC_PIPE_ALLREDUCE, FC_PIPE_ALLGATHER, FC_PIPE_REDUCE_SCATTER, FC_PIPE_BROADCAST } fc_pipe_coll_t;
 /* `bytes`: allreduce and broadcast the buffer, allgather the send buffer, reduce_scatter the

@@ -223,18 +223,21 @@ __device__ __forceinline__ void fc_combine(const fc_oneshot_args_t &a, int par, 
 }
 
 
-/* n bytes src -> dst by the block, in the widest unit both are aligned to (L2 loads). */
-template <typename U> __device__ __forceinline__ void fc_block_copy_units(char *dst, const char *src, size_t n) {
+/* n bytes src -> dst by threads tid of nthreads (the block, or part of it), in the widest unit
+ * both are aligned to (L2 loads). */
+template <typename U>
+__device__ __forceinline__ void fc_block_copy_units(char *dst, const char *src, size_t n, unsigned tid, unsigned nthreads) {
   const size_t nunits = n / sizeof(U);
-  for (size_t i = threadIdx.x; i < nunits; i += blockDim.x) ((U *)dst)[i] = fc_ld_cg<U>(src + i * sizeof(U));
-  for (size_t i = nunits * sizeof(U) + threadIdx.x; i < n; i += blockDim.x) dst[i] = (char)fc_ld_cg<unsigned char>(src + i);
+  for (size_t i = tid; i < nunits; i += nthreads) ((U *)dst)[i] = fc_ld_cg<U>(src + i * sizeof(U));
+  for (size_t i = nunits * sizeof(U) + tid; i < n; i += nthreads) dst[i] = (char)fc_ld_cg<unsigned char>(src + i);
 }
-__device__ __forceinline__ void fc_block_copy(char *dst, const char *src, size_t n) {
+__device__ __forceinline__ void fc_block_copy(char *dst, const char *src, size_t n, unsigned tid = threadIdx.x,
+                                              unsigned nthreads = blockDim.x) {
   const uintptr_t al = (uintptr_t)dst | (uintptr_t)src;
-  if ((al & 15u) == 0) fc_block_copy_units<uint4>(dst, src, n);
-  else if ((al & 7u) == 0) fc_block_copy_units<uint2>(dst, src, n);
-  else if ((al & 3u) == 0) fc_block_copy_units<unsigned int>(dst, src, n);
-  else fc_block_copy_units<unsigned char>(dst, src, n);
+  if ((al & 15u) == 0) fc_block_copy_units<uint4>(dst, src, n, tid, nthreads);
+  else if ((al & 7u) == 0) fc_block_copy_units<uint2>(dst, src, n, tid, nthreads);
+  else if ((al & 3u) == 0) fc_block_copy_units<unsigned int>(dst, src, n, tid, nthreads);
+  else fc_block_copy_units<unsigned char>(dst, src, n, tid, nthreads);
 }
 
 /* ---- LL (low-latency) variant, for messages up to a.ll_max bytes per rank ----

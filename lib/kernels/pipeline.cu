@@ -11,9 +11,14 @@
  *    peer's staging area, then raise the peer's `ready` counter for us to base + k + 1;
  *  - consume: wait until our `ready` counter from the peer reaches base + k + 1, reduce (or copy)
  *    the sub-slot into place, then raise the peer's `ack` counter to base + k + 1.
- * Step k + 1 is pushed before step k is consumed.  Counters only grow over the communicator's
- * life (base: the steps of all earlier pipelined calls), so a wait is "at least", and stale
- * values from earlier calls never satisfy it.
+ * When a rank pushes and also has work at its end (a received step, or its own data to copy into
+ * place: every case but a broadcast's in-place root and its other rank), each block is two
+ * teams: the first half of its warps pushes and the second half does the rest, each at its own
+ * pace with its own named barrier, so the link stays busy while the block reduces (one team
+ * doing both in turn left the link idle for the reduction's share of every step).  Otherwise
+ * the whole block is one team.  Counters only grow over the
+ * communicator's life (base: the steps of all earlier pipelined calls), so a wait is "at least",
+ * and stale values from earlier calls never satisfy it.
  *
  * Sharing the staging area with the one-shot kernels (see the parity argument in oneshot.cuh):
  * a pipelined call first posts and waits for the one-shot flags of its seq, carrying no data,
@@ -29,51 +34,70 @@ __device__ __forceinline__ uint64_t *fc_pipe_flag(const fc_oneshot_args_t &a, ui
   return flags + ((size_t)(2 + kind) * (size_t)a.nranks + (size_t)sender) * FC_MAX_BLOCKS + blockIdx.x;
 }
 
-/* Sub-slot j of this block in `sender`'s region of a staging area: the sub-slots alternate
- * between the sender's two parity slots. */
-__device__ __forceinline__ char *fc_pipe_subslot(const fc_oneshot_args_t &a, char *area, int sender, unsigned j,
-                                                 size_t step) {
-  return area + fc_slot_off(a, (int)(j & 1), sender) +
-         ((size_t)blockIdx.x * (a.pipe_subslots / 2) + (size_t)(j >> 1)) * step;
+/* Sub-slot j of this block in a staging area: the area's slots taken as one run of
+ * gridDim.x x pipe_subslots steps (only the peer writes into it: fc_pipe_room_bytes). */
+__device__ __forceinline__ char *fc_pipe_subslot(char *area, unsigned j, size_t step) {
+  return area + ((size_t)j * gridDim.x + blockIdx.x) * step;
 }
 
-/* Thread 0 waits until *flag >= target (fc_poll), then a system fence (the acquire side, as
- * fc_wait); the block's later accesses come after it.  False in every thread after a timeout
- * or abort (*error set). */
-__device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const uint64_t *flag, uint64_t target) {
-  __shared__ int ok_shared;
-  if (threadIdx.x == 0) {
+/* The threads of a block that work together: tid of n, synchronised by named barrier `bar`
+ * (0: the whole block, __syncthreads). */
+struct fc_pipe_team {
+  unsigned tid, n, bar;
+  __device__ __forceinline__ void sync() const {
+    /* Constant barrier ids: with a register id ptxas reserves all 16 of them. */
+    if (bar == 0) __syncthreads();
+    else if (bar == 1) asm volatile("bar.sync 1, %0;" ::"r"(n) : "memory");
+    else asm volatile("bar.sync 2, %0;" ::"r"(n) : "memory");
+  }
+};
+
+/* The team's first thread waits until *gate >= gate_target (a shared-memory counter of the
+ * block's other team; gate NULL: none) and then until *flag >= target (fc_poll), then a system
+ * fence (the acquire side, as fc_wait); the team's later accesses come after it.  False in
+ * every thread of the team after a timeout or abort (*error set). */
+__device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const fc_pipe_team &t, const uint64_t *flag,
+                                             uint64_t target, unsigned *gate = nullptr,
+                                             unsigned gate_target = 0) {
+  __shared__ int ok_shared[3]; /* per barrier id */
+  if (t.tid == 0) {
     const long long start = clock64();
     long long last_abort_check = start;
-    const int ok = fc_poll(a, flag, target, start, &last_abort_check);
+    int ok = 1;
+    while (gate && atomicOr(gate, 0u) < gate_target)
+      if (fc_wait_expired(a, start, &last_abort_check)) {
+        ok = 0;
+        break;
+      }
+    if (ok) ok = fc_poll(a, flag, target, start, &last_abort_check);
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
     __threadfence_system();
-    ok_shared = ok;
+    ok_shared[t.bar] = ok;
   }
-  __syncthreads();
-  return ok_shared != 0;
+  t.sync();
+  return ok_shared[t.bar] != 0;
 }
 
-/* Every thread's accesses so far, then thread 0 stores v to a peer's counter (as
+/* Every access of the team so far, then its first thread stores v to a peer's counter (as
  * fc_post_flags: barrier, system fence, release store). */
-__device__ __forceinline__ void fc_pipe_signal(uint64_t *flag, uint64_t v) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
+__device__ __forceinline__ void fc_pipe_signal(const fc_pipe_team &t, uint64_t *flag, uint64_t v) {
+  t.sync();
+  if (t.tid == 0) {
     __threadfence_system();
     fc_st_release_sys(flag, v);
   }
 }
 
-/* n bytes src -> dst by the block: when both are 16-byte aligned, four 16-byte loads per thread
+/* n bytes src -> dst by the team: when both are 16-byte aligned, four 16-byte loads per thread
  * before their stores (the stores may go over NVLink: more of them in flight), else
  * fc_block_copy. */
-__device__ __forceinline__ void fc_pipe_copy_bytes(char *dst, const char *src, size_t n) {
+__device__ __forceinline__ void fc_pipe_copy_bytes(const fc_pipe_team &t, char *dst, const char *src, size_t n) {
   if ((((uintptr_t)dst | (uintptr_t)src) & 15u) != 0) {
-    fc_block_copy(dst, src, n);
+    fc_block_copy(dst, src, n, t.tid, t.n);
     return;
   }
-  const size_t nvec = n / 16, stride = blockDim.x;
-  size_t i = threadIdx.x;
+  const size_t nvec = n / 16, stride = t.n;
+  size_t i = t.tid;
   for (; i + 3 * stride < nvec; i += 4 * stride) {
     uint4 v[4];
 #pragma unroll
@@ -82,7 +106,7 @@ __device__ __forceinline__ void fc_pipe_copy_bytes(char *dst, const char *src, s
     for (int j = 0; j < 4; j++) ((uint4 *)dst)[i + j * stride] = v[j];
   }
   for (; i < nvec; i += stride) ((uint4 *)dst)[i] = __ldcg((const uint4 *)src + i);
-  for (size_t b = nvec * 16 + threadIdx.x; b < n; b += stride) dst[b] = (char)fc_ld_cg<unsigned char>(src + b);
+  for (size_t b = nvec * 16 + t.tid; b < n; b += stride) dst[b] = (char)fc_ld_cg<unsigned char>(src + b);
 }
 
 /* What a rank does in a pipelined call. */
@@ -98,8 +122,8 @@ struct fc_pipe_io {
 /* Consumers of one step: n bytes at offset off of the message, the peer's in `slot`. */
 template <typename V, typename D, class Op, bool AVG> struct fc_pipe_reduce {
   /* out = rank 0's operand op rank 1's (both ranks get bitwise the same), AVG halved. */
-  __device__ __forceinline__ void operator()(const fc_oneshot_args_t &a, const fc_pipe_io &io, const char *slot,
-                                             size_t off, size_t n) const {
+  __device__ __forceinline__ void operator()(const fc_oneshot_args_t &a, const fc_pipe_team &t, const fc_pipe_io &io,
+                                             const char *slot, size_t off, size_t n) const {
     typedef fc_vec<V> vec;
     const char *own = io.own + off;
     char *out = io.out + off;
@@ -107,8 +131,8 @@ template <typename V, typename D, class Op, bool AVG> struct fc_pipe_reduce {
     const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
     const size_t vend = (((uintptr_t)own | (uintptr_t)out) & 15u) == 0 ? n & ~(size_t)15 : 0;
     /* Two vectors per thread and round: all four loads before the arithmetic. */
-    const size_t stride = 16 * (size_t)blockDim.x;
-    size_t i = 16 * (size_t)threadIdx.x;
+    const size_t stride = 16 * (size_t)t.n;
+    size_t i = 16 * (size_t)t.tid;
     for (; i < vend; i += 2 * stride) {
       const bool two = i + stride < vend;
       const vec x0 = fc_vec_ld_cg<V>(own + i), y0 = fc_vec_ld_cg<V>(slot + i);
@@ -117,7 +141,7 @@ template <typename V, typename D, class Op, bool AVG> struct fc_pipe_reduce {
       *(uint4 *)(out + i) = combine(x0, y0, own_first, dn).raw;
       if (two) *(uint4 *)(out + i + stride) = combine(x1, y1, own_first, dn).raw;
     }
-    for (size_t i = vend + sizeof(V) * threadIdx.x; i < n; i += sizeof(V) * blockDim.x) {
+    for (size_t i = vend + sizeof(V) * t.tid; i < n; i += sizeof(V) * t.n) {
       const V x = fc_ld_cg<V>(own + i), y = fc_ld_cg<V>(slot + i);
       V acc = own_first ? Op::apply(x, y) : Op::apply(y, x);
       if (AVG) acc = fc_avg<V, D>(acc, dn);
@@ -135,9 +159,9 @@ template <typename V, typename D, class Op, bool AVG> struct fc_pipe_reduce {
   static constexpr bool copies_own = false;
 };
 struct fc_pipe_copy {
-  __device__ __forceinline__ void operator()(const fc_oneshot_args_t &, const fc_pipe_io &io, const char *slot,
-                                             size_t off, size_t n) const {
-    fc_pipe_copy_bytes(io.out + off, slot, n);
+  __device__ __forceinline__ void operator()(const fc_oneshot_args_t &, const fc_pipe_team &t, const fc_pipe_io &io,
+                                             const char *slot, size_t off, size_t n) const {
+    fc_pipe_copy_bytes(t, io.out + off, slot, n);
   }
   static constexpr bool copies_own = true;
 };
@@ -145,13 +169,15 @@ struct fc_pipe_copy {
 template <class Consume>
 __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_pipe_io &io, const Consume &consume) {
   const int par = (int)(a.seq & 1), peer = 1 - a.rank;
+  __shared__ unsigned pushed_steps;
+  if (threadIdx.x == 0) pushed_steps = 0;
   /* The peer's kernel of this call has started: its earlier ones are done with our data. */
   fc_post_flags(a, par);
   if (!fc_wait(a, par)) return;
   size_t lo, hi;
   fc_block_range(io.bytes, &lo, &hi);
   const unsigned subslots = a.pipe_subslots;
-  const size_t step = fc_pipe_step_bytes(a.slot_bytes, gridDim.x, subslots);
+  const size_t step = fc_pipe_step_bytes(io.bytes, a.slot_bytes, gridDim.x, subslots);
   const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, subslots);
   uint64_t *mine = fc_pick(a.flags, a.rank), *theirs = fc_pick(a.flags, peer);
   char *local = fc_pick(a.stage, a.rank), *remote = fc_pick(a.stage, peer);
@@ -162,28 +188,43 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
     *o = s;
     *n = e - s;
   };
-  auto push = [&](size_t k) -> bool {
-    if (!io.push) return true;
-    if (k >= subslots && !fc_pipe_wait(a, fc_pipe_flag(a, mine, 1, peer), base + k - subslots + 1)) return false;
-    size_t o, n;
-    span(k, &o, &n);
-    fc_pipe_copy_bytes(fc_pipe_subslot(a, remote, a.rank, (unsigned)(k % subslots), step), io.push + o, n);
-    fc_pipe_signal(fc_pipe_flag(a, theirs, 0, a.rank), base + k + 1);
-    return true;
-  };
-  if (nsteps && !push(0)) return;
+  /* Two teams (first and second half of the warps) when we push and also receive or copy our
+   * own data into place (a broadcast's root out of place), else one. */
+  const bool copies_own = Consume::copies_own && io.own && io.own != io.own_out;
+  const bool split = io.push && (io.receive || copies_own);
+  /* In place (allreduce with sendbuf == recvbuf), the consumers must not write step k before
+   * the pushers have read it: they wait for the pushers' count of steps sent (this call's, in
+   * shared memory, zeroed before the handshake's barriers). */
+  const bool gated = split && io.out < io.push + io.bytes && io.push < io.out + io.bytes;
+  unsigned *gate = gated ? &pushed_steps : nullptr;
+  const unsigned half = blockDim.x / 2;
+  const bool pusher = split ? threadIdx.x < half : io.push != nullptr, consumer = !split || !pusher;
+  const fc_pipe_team team = !split ? fc_pipe_team{threadIdx.x, blockDim.x, 0}
+                            : pusher ? fc_pipe_team{threadIdx.x, half, 1}
+                                     : fc_pipe_team{threadIdx.x - half, half, 2};
   for (size_t k = 0; k < nsteps; k++) {
-    if (k + 1 < nsteps && !push(k + 1)) return;
     size_t o, n;
     span(k, &o, &n);
-    if (Consume::copies_own && io.own && io.own != io.own_out) fc_pipe_copy_bytes(io.own_out + o, io.own + o, n);
+    if (pusher) {
+      if (k >= subslots && !fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), base + k - subslots + 1)) return;
+      fc_pipe_copy_bytes(team, fc_pipe_subslot(remote, (unsigned)(k % subslots), step), io.push + o, n);
+      fc_pipe_signal(team, fc_pipe_flag(a, theirs, 0, a.rank), base + k + 1);
+      if (gated && team.tid == 0) {
+        /* The team's loads of step k are done (the barrier in the signal).  Atomics, not
+         * volatile accesses: the teams share no barrier, and racecheck counts those as races. */
+        __threadfence_block();
+        atomicExch(&pushed_steps, (unsigned)k + 1);
+      }
+    }
+    if (!consumer) continue;
+    if (copies_own) fc_pipe_copy_bytes(team, io.own_out + o, io.own + o, n);
     if (!io.receive) continue;
-    if (!fc_pipe_wait(a, fc_pipe_flag(a, mine, 0, peer), base + k + 1)) return;
-    consume(a, io, fc_pipe_subslot(a, local, peer, (unsigned)(k % subslots), step), o, n);
-    fc_pipe_signal(fc_pipe_flag(a, theirs, 1, a.rank), base + k + 1);
+    if (!fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 0, peer), base + k + 1, gate, (unsigned)k + 1)) return;
+    consume(a, team, io, fc_pipe_subslot(local, (unsigned)(k % subslots), step), o, n);
+    fc_pipe_signal(team, fc_pipe_flag(a, theirs, 1, a.rank), base + k + 1);
   }
   /* Everything we sent has been drained (see the top of the file). */
-  if (io.push) fc_pipe_wait(a, fc_pipe_flag(a, mine, 1, peer), base + nsteps);
+  if (pusher) fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), base + nsteps);
 }
 
 /* THREADS: 512 or 1024 per block (pipe_threads); the grid is pipe_blocks. */
@@ -232,7 +273,7 @@ struct fc_pipe_preload {
 bool fc_pipe_args_ok(const fc_oneshot_args_t *a) {
   return fc_args_ok(a, 0) && a->nranks == 2 && a->pipe_blocks >= 1 && a->pipe_blocks <= FC_MAX_BLOCKS &&
          (a->pipe_threads == 512 || a->pipe_threads == 1024) && (a->pipe_subslots == 2 || a->pipe_subslots == 4) &&
-         fc_pipe_step_bytes(a->slot_bytes, a->pipe_blocks, a->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
+         fc_pipe_room_bytes(a->slot_bytes, a->pipe_blocks, a->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
 }
 
 }  // namespace

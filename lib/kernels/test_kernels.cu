@@ -736,9 +736,9 @@ static void test_pipe_timeout(void) {
     if (*(volatile int *)w.r[0].error != 1) fail("pipelined %d: error not set", coll);
     if (dt > 2.0) fail("pipelined %d: took %.3f s", coll, dt);
   }
-  /* The peer arrives but moves a smaller message (2 blocks, steps of slot / 4: 1 step against
-   * our 2): we time out waiting for its step 1 (a ready counter, past the opening handshake);
-   * it finishes, since we drain its one step. */
+  /* The peer arrives but moves a smaller message (2 blocks: 8 KiB is one step per block,
+   * against our FC_PIPE_MIN_STEPS of 128 KiB): we time out waiting for its step 1 (a ready
+   * counter, past the opening handshake); it finishes, since we drain its one step. */
   {
     w.seq++;
     fc_oneshot_args_t a0 = world_args(&w, 0), a1 = world_args(&w, 1);
@@ -749,8 +749,8 @@ static void test_pipe_timeout(void) {
     const double t0 = now_s();
     CK(fc_kernel_pipe_collective(&a0, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, slot, FLEXCOLL_FLOAT32, FLEXCOLL_SUM,
                                  0, w.r[0].stream));
-    CK(fc_kernel_pipe_collective(&a1, FC_PIPE_ALLREDUCE, w.r[1].send, w.r[1].recv, slot / 4, FLEXCOLL_FLOAT32,
-                                 FLEXCOLL_SUM, 0, w.r[1].stream));
+    CK(fc_kernel_pipe_collective(&a1, FC_PIPE_ALLREDUCE, w.r[1].send, w.r[1].recv, 2 * FC_PIPE_MIN_STEP_BYTES,
+                                 FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0, w.r[1].stream));
     CK(cudaStreamSynchronize(w.r[0].stream));
     CK(cudaStreamSynchronize(w.r[1].stream));
     const double dt = now_s() - t0;
@@ -760,7 +760,7 @@ static void test_pipe_timeout(void) {
   }
   fc_oneshot_args_t a = world_args(&w, 0);
   a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = 1024, a.pipe_subslots = 4;
-  a.slot_bytes = slot - 4096; /* steps below FC_PIPE_MIN_STEP_BYTES */
+  a.slot_bytes = (size_t)FC_MAX_BLOCKS * FC_PIPE_MIN_STEP_BYTES - 16; /* room below FC_PIPE_MIN_STEP_BYTES */
   if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
                                 w.r[0].stream) != cudaErrorInvalidValue)
     fail("pipelined: a slot too small for its steps accepted");

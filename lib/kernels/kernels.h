@@ -96,9 +96,10 @@ int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const void *sendb
  * (fewer steps then) and none above the room.  One step does not pipeline (a step's push
  * overlaps only the previous step's reduction); every step costs a flag round trip behind a
  * system fence that waits for the step's stores to land.  Measured on 2 x H200 (allreduce, no
- * windows, 1024 threads): 4 steps of 256 KiB beat 8 of 128 KiB at 128-512 MB (1.11-1.14x
- * NCCL against 1.03-1.09x); at 16 MB 4 steps of 32 KiB lost to 1 of 128 KiB (0.93 against
- * 0.99x), and allgather 8 MB per rank, 4 steps of 16 KiB, to 1 of 64 KiB (0.86 against 1.21x). */
+ * windows, 1024 threads, NCCL in the same run): steps of 128 KiB beat 64 KiB at 128-512 MB
+ * (1.11-1.14x NCCL against 1.03-1.09x); at 16 MB 4 steps of 32 KiB lost to 2 of 64 KiB (0.93
+ * against 0.99-1.01x), and allgather of 8 MB per rank, 4 steps of 16 KiB, to 1 of 64 KiB (0.86
+ * against 1.21x). */
 #define FC_PIPE_MIN_STEPS 4
 #define FC_PIPE_STEP_FLOOR_BYTES (64u << 10)
 #ifdef __CUDACC__

@@ -39,6 +39,18 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u) 
   ucp_config_t *config;
   ucs_status_t st = ucp_config_read(NULL, NULL, &config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
+  /* With peer-failure handling (TCP, see connect_peers), UCX 1.13's TCP transport may complete a
+   * zero-copy send twice when its peer dies during it, and the survivor aborts on an assertion
+   * (`uct_iface.h:884 comp->count > 0` in uct_tcp_iface_progress): tests/test_failure's rank
+   * killed mid-transfer, 4 in 57 runs.  Without zero-copy sends: 0 in 75, at about half the host
+   * bandwidth from 1 MB (docs/PERFORMANCE.md).  A UCX_ZCOPY_THRESH of the user's is kept. */
+  if (fc_param_ucx_peer_failure() != 0 && !getenv("UCX_ZCOPY_THRESH")) {
+    st = ucp_config_modify(config, "ZCOPY_THRESH", "inf");
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return ucx_fail(comm, "ucp_config_modify(ZCOPY_THRESH)", st);
+    }
+  }
   ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
                          .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};
   st = ucp_init(&params, config, &u->context);

@@ -92,6 +92,7 @@ struct fc_gpu {
   int pipeline;                /* FLEXCOLL_PIPELINE and a slot big enough: pipelined kernels in use */
   uint64_t pipe_steps;         /* steps of all pipelined calls so far (their counters' base) */
   unsigned pipe_blocks, pipe_threads, pipe_subslots; /* their shape (kernels.h) */
+  unsigned pipe_push_threads;
   cudaEvent_t ev_oneshot;      /* after the last one-shot or pipelined kernel */
   cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
   char *dev_scratch;       /* schedule scratch in device memory, grown on demand */

@@ -167,6 +167,7 @@ static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *arg
   a.pipe_blocks = g->pipe_blocks;
   a.pipe_threads = g->pipe_threads;
   a.pipe_subslots = g->pipe_subslots;
+  a.pipe_push_threads = g->pipe_push_threads;
   for (int p = 0; p < args->nranks; p++) {
     a.stage[p] = g->peers[p].stage + g->oneshot_off;
     a.flags[p] = (uint64_t *)(g->peers[p].stage + g->oneshot_flags_off);

@@ -41,6 +41,7 @@ FC_PARAM_INT(pipeline, "PIPELINE", 1)
 FC_PARAM_INT(pipeline_blocks, "PIPELINE_BLOCKS", FC_MAX_BLOCKS)
 FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 512)
 FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 2)
+FC_PARAM_INT(pipeline_push_threads, "PIPELINE_PUSH_THREADS", 0)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \
@@ -136,6 +137,13 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   g->pipe_blocks = pb < 1 ? 1u : pb > FC_MAX_BLOCKS ? (unsigned)FC_MAX_BLOCKS : (unsigned)pb;
   g->pipe_threads = pt <= 512 ? 512u : 1024u;
   g->pipe_subslots = ps <= 2 ? 2u : 4u;
+  int64_t pp = fc_param_pipeline_push_threads();
+  if (pp != 0 && (pp % 32 != 0 || pp < 32 || pp > (int64_t)g->pipe_threads - 32)) {
+    FC_WARN("FLEXCOLL_PIPELINE_PUSH_THREADS=%lld is not a multiple of 32 in 32..%u; using a quarter of the block",
+            (long long)pp, g->pipe_threads - 32);
+    pp = 0;
+  }
+  g->pipe_push_threads = pp ? (unsigned)pp : g->pipe_threads / 4;
   g->pipeline = nranks == 2 && fc_param_pipeline() != 0 &&
                 fc_pipe_room_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
   g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_MAX_BLOCKS * 8 + align - 1) / align * align);

@@ -68,6 +68,9 @@ typedef struct {
    * (1..FC_MAX_BLOCKS), threads per block (512 or 1024) and sub-slots per block (2 or 4). */
   uint64_t pipe_base;
   unsigned pipe_blocks, pipe_threads, pipe_subslots;
+  /* Threads of a block in the pushing team when a block is two teams (a multiple of 32, at
+   * least 32 fewer than pipe_threads). */
+  unsigned pipe_push_threads;
 } fc_oneshot_args_t;
 
 /* recvbuf = op over ranks of sendbuf (count * dtype size <= slot_bytes); AVG divides at the end. */

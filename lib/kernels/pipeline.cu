@@ -197,11 +197,11 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
    * shared memory, zeroed before the handshake's barriers). */
   const bool gated = split && io.out < io.push + io.bytes && io.push < io.out + io.bytes;
   unsigned *gate = gated ? &pushed_steps : nullptr;
-  const unsigned half = blockDim.x / 2;
-  const bool pusher = split ? threadIdx.x < half : io.push != nullptr, consumer = !split || !pusher;
+  const unsigned npush = a.pipe_push_threads;
+  const bool pusher = split ? threadIdx.x < npush : io.push != nullptr, consumer = !split || !pusher;
   const fc_pipe_team team = !split ? fc_pipe_team{threadIdx.x, blockDim.x, 0}
-                            : pusher ? fc_pipe_team{threadIdx.x, half, 1}
-                                     : fc_pipe_team{threadIdx.x - half, half, 2};
+                            : pusher ? fc_pipe_team{threadIdx.x, npush, 1}
+                                     : fc_pipe_team{threadIdx.x - npush, blockDim.x - npush, 2};
   for (size_t k = 0; k < nsteps; k++) {
     size_t o, n;
     span(k, &o, &n);
@@ -273,6 +273,7 @@ struct fc_pipe_preload {
 bool fc_pipe_args_ok(const fc_oneshot_args_t *a) {
   return fc_args_ok(a, 0) && a->nranks == 2 && a->pipe_blocks >= 1 && a->pipe_blocks <= FC_MAX_BLOCKS &&
          (a->pipe_threads == 512 || a->pipe_threads == 1024) && (a->pipe_subslots == 2 || a->pipe_subslots == 4) &&
+         a->pipe_push_threads % 32 == 0 && a->pipe_push_threads >= 32 && a->pipe_push_threads <= a->pipe_threads - 32 &&
          fc_pipe_room_bytes(a->slot_bytes, a->pipe_blocks, a->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
 }
 

@@ -720,12 +720,13 @@ static void test_pipe_timeout(void) {
   const size_t slot = (size_t)FC_MAX_BLOCKS * (4 / 2) * FC_PIPE_MIN_STEP_BYTES;
   World w;
   world_init(&w, 2, devs, slot);
-  /* Every collective, both block sizes, both sub-slot counts. */
-  const unsigned threads[4] = {1024, 512, 512, 1024}, subslots[4] = {4, 2, 4, 2};
+  /* Every collective, both block sizes, both sub-slot counts, teams of halves and uneven. */
+  const unsigned threads[4] = {1024, 512, 512, 1024}, subslots[4] = {4, 2, 4, 2}, push[4] = {512, 192, 256, 384};
   for (int coll = 0; coll < 4; coll++) {
     w.seq++;
     fc_oneshot_args_t a = world_args(&w, 0);
     a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = threads[coll], a.pipe_subslots = subslots[coll];
+    a.pipe_push_threads = push[coll];
     a.timeout_cycles = 2000000; /* ~1 ms at 1.98 GHz */
     *w.r[0].error = 0;
     const double t0 = now_s();
@@ -744,6 +745,7 @@ static void test_pipe_timeout(void) {
     fc_oneshot_args_t a0 = world_args(&w, 0), a1 = world_args(&w, 1);
     a0.pipe_blocks = a1.pipe_blocks = 2, a0.pipe_threads = a1.pipe_threads = 512;
     a0.pipe_subslots = a1.pipe_subslots = 4;
+    a0.pipe_push_threads = 256, a1.pipe_push_threads = 128;
     a0.timeout_cycles = 200000000; /* ~0.1 s: rank 1 surely starts within it */
     *w.r[0].error = 0, *w.r[1].error = 0;
     const double t0 = now_s();
@@ -759,12 +761,20 @@ static void test_pipe_timeout(void) {
     if (dt > 2.0) fail("pipelined, peer short of steps: took %.3f s", dt);
   }
   fc_oneshot_args_t a = world_args(&w, 0);
-  a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = 1024, a.pipe_subslots = 4;
+  a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = 1024, a.pipe_subslots = 4, a.pipe_push_threads = 512;
   a.slot_bytes = (size_t)FC_MAX_BLOCKS * FC_PIPE_MIN_STEP_BYTES - 16; /* room below FC_PIPE_MIN_STEP_BYTES */
   if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
                                 w.r[0].stream) != cudaErrorInvalidValue)
     fail("pipelined: a slot too small for its steps accepted");
   a.slot_bytes = slot;
+  const unsigned bad_push[3] = {0, 1000, 1024};
+  for (int i = 0; i < 3; i++) {
+    a.pipe_push_threads = bad_push[i];
+    if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM,
+                                  0, w.r[0].stream) != cudaErrorInvalidValue)
+      fail("pipelined: %u pushing threads of 1024 accepted", bad_push[i]);
+  }
+  a.pipe_push_threads = 512;
   a.nranks = 1;
   if (fc_kernel_pipe_collective(&a, FC_PIPE_ALLGATHER, w.r[0].send, w.r[0].recv, 4096, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0,
                                 w.r[0].stream) != cudaErrorInvalidValue)

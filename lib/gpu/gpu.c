@@ -30,14 +30,15 @@ FC_PARAM_INT(ll_max, "LL_MAX_BYTES", 64 << 10)
 FC_PARAM_INT(oneshot_blocks, "ONESHOT_BLOCKS", FC_ONESHOT_BLOCKS)
 /* Pipelined kernels for 2 ranks above the one-shot limit, on buffers outside windows (0: off). */
 FC_PARAM_INT(pipeline, "PIPELINE", 1)
-/* Their grid, threads per block and sub-slots per block (kernels.h; half the threads push,
- * half reduce).  Measured (2x H200, allreduce without windows, busbw against NCCL in the same
- * run, docs/PERFORMANCE.md): 128x1024x2 1.07-1.14x from 32 MB, 128x512x2 0.94-1.03x; 4
- * sub-slots (half the bytes per step) lose a fifth.  512 threads by default all the same: two
- * such grids (two communicators at once) still fit on the GPU together, two blocks per SM, and
- * leave room to compute kernels overlapping the collective; a block that cannot be resident
- * would leave its peer block spinning until the timeout.  1024 suits a GPU that runs one
- * communicator's collectives alone. */
+/* Their grid, threads per block, sub-slots per block and pushing threads per block (kernels.h;
+ * 0: a quarter of the block pushes, the rest reduces).  Measured (2x H200, allreduce without
+ * windows, busbw at 512 MB, NCCL 314-316 in the same runs, docs/PERFORMANCE.md): 128x512 with
+ * 256 / 192 / 128 pushing threads 302 / 344 / 350, with 320 / 384 / 448 271 / 286 / 186 (the
+ * reduction, three memory streams per step, needs more threads than the stores over NVLink);
+ * 128x1024 with 512 / 256 349 / 352; 4 sub-slots (half the bytes per step) lose a fifth.  512
+ * threads: two such grids (two communicators at once) still fit on the GPU together, two
+ * blocks per SM, and leave room to compute kernels overlapping the collective; a block that
+ * cannot be resident would leave its peer block spinning until the timeout. */
 FC_PARAM_INT(pipeline_blocks, "PIPELINE_BLOCKS", FC_MAX_BLOCKS)
 FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 512)
 FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 2)

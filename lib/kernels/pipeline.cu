@@ -13,9 +13,11 @@
  *    the sub-slot into place, then raise the peer's `ack` counter to base + k + 1.
  * When a rank pushes and also has work at its end (a received step, or its own data to copy into
  * place: every case but a broadcast's in-place root and its other rank), each block is two
- * teams: the first half of its warps pushes and the second half does the rest, each at its own
- * pace with its own named barrier, so the link stays busy while the block reduces (one team
- * doing both in turn left the link idle for the reduction's share of every step).  Otherwise
+ * teams: its first pipe_push_threads threads (a quarter by default) push and the others do the
+ * rest, each team at its own pace with its own named barrier, so the link stays busy while the
+ * block reduces (one team doing both in turn left the link idle for the reduction's share of
+ * every step; the reduction reads two streams and writes one, and with half the block it was
+ * the slower team).  Otherwise
  * the whole block is one team.  Counters only grow over the
  * communicator's life (base: the steps of all earlier pipelined calls), so a wait is "at least",
  * and stale values from earlier calls never satisfy it.
@@ -188,7 +190,7 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
     *o = s;
     *n = e - s;
   };
-  /* Two teams (first and second half of the warps) when we push and also receive or copy our
+  /* Two teams (the first pipe_push_threads threads and the others) when we push and also receive or copy our
    * own data into place (a broadcast's root out of place), else one. */
   const bool copies_own = Consume::copies_own && io.own && io.own != io.own_out;
   const bool split = io.push && (io.receive || copies_own);

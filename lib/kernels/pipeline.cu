@@ -17,8 +17,7 @@
  * rest, each team at its own pace with its own named barrier, so the link stays busy while the
  * block reduces (one team doing both in turn left the link idle for the reduction's share of
  * every step; the reduction reads two streams and writes one, and with half the block it was
- * the slower team).  Otherwise
- * the whole block is one team.  Counters only grow over the
+ * the slower team).  Otherwise the whole block is one team.  Counters only grow over the
  * communicator's life (base: the steps of all earlier pipelined calls), so a wait is "at least",
  * and stale values from earlier calls never satisfy it.
  *
@@ -190,8 +189,8 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
     *o = s;
     *n = e - s;
   };
-  /* Two teams (the first pipe_push_threads threads and the others) when we push and also receive or copy our
-   * own data into place (a broadcast's root out of place), else one. */
+  /* Two teams (the first pipe_push_threads threads and the others) when we push and also
+   * receive or copy our own data into place (a broadcast's root out of place), else one. */
   const bool copies_own = Consume::copies_own && io.own && io.own != io.own_out;
   const bool split = io.push && (io.receive || copies_own);
   /* In place (allreduce with sendbuf == recvbuf), the consumers must not write step k before

@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
   setting("FLEXCOLL_PIPELINE_BLOCKS", "128", "thread blocks of a pipelined kernel (1-128)");
   setting("FLEXCOLL_PIPELINE_THREADS", "512", "threads per block of a pipelined kernel (512|1024)");
   setting("FLEXCOLL_PIPELINE_SUBSLOTS", "2", "staging sub-slots per block of a pipelined kernel (2|4)");
+  setting("FLEXCOLL_PIPELINE_PUSH_THREADS", "0", "threads per block that push, the rest reduce (0: a quarter)");
   setting("FLEXCOLL_LL_MAX_BYTES", "65536", "one-shot messages up to this size per rank use the LL protocol");
   setting("FLEXCOLL_DIRECT", "1", "direct mode: 0 never, 1 symmetric windows, 2 also other buffers (host exchange)");
   setting("FLEXCOLL_DIRECT_MIN_BYTES", "1048576", "direct allreduce/allgather/broadcast from this size");

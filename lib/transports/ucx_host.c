@@ -168,7 +168,8 @@ void fc_ucx_close(struct flexcoll_comm *comm, int force) {
   fc_ucx_t *u = comm->ucx;
   if (!u) return;
   if (u->eps && u->worker) {
-    if (!force) flush_worker(u, comm->timeout_ms < 5000 ? comm->timeout_ms : 5000);
+    /* At most 5 s, less with a shorter timeout (<= 0: none, so 5 s). */
+    if (!force) flush_worker(u, comm->timeout_ms > 0 && comm->timeout_ms < 5000 ? comm->timeout_ms : 5000);
     close_endpoints(u);
   }
   free(u->eps);

@@ -175,10 +175,25 @@ static flexcoll_result_t check_not_failed(flexcoll_comm_t comm, const char *fn) 
                   flexcoll_get_error_string((flexcoll_result_t)err));
 }
 
+/* The graph rule (docs/ARCHITECTURE.md): today's device paths keep their per-call
+ * synchronisation counters on the host and bake them into kernel arguments and stream-memory
+ * operations, so a captured call would replay with stale values and give wrong results without
+ * an error; a host-memory call runs at once and would not be in the graph at all.  Until the
+ * engine keeps that state on the device, a call on a capturing stream is refused before
+ * anything is enqueued (the capture stays valid and the communicator usable). */
+static flexcoll_result_t check_not_capturing(flexcoll_comm_t comm, flexcoll_stream_t stream, const char *fn) {
+  if (!fc_gpu_stream_capturing(stream)) return FLEXCOLL_SUCCESS;
+  return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                  "%s: stream is being captured into a CUDA graph; flexcoll cannot replay this call from a graph yet "
+                  "(its synchronisation state lives on the host), so it is refused instead of replaying wrong results",
+                  fn);
+}
+
 flexcoll_result_t fc_call_run(const fc_call_t *c) {
   flexcoll_comm_t comm = c->comm;
   FC_CHECK(fc_comm_check(comm, fc_coll_name(c->coll)));
   FC_CHECK(check_not_failed(comm, fc_coll_name(c->coll)));
+  FC_CHECK(check_not_capturing(comm, c->stream, fc_coll_name(c->coll)));
   fc_log_set_rank(comm->rank);
   /* Nothing moves, on any path and on every rank alike (the count is the same everywhere). */
   if (c->count == 0) return FLEXCOLL_SUCCESS;
@@ -207,6 +222,7 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
   flexcoll_comm_t comm = calls[0].comm;
   FC_CHECK(fc_comm_check(comm, "flexcoll_send/recv"));
   FC_CHECK(check_not_failed(comm, "flexcoll_send/recv"));
+  for (int i = 0; i < n; i++) FC_CHECK(check_not_capturing(comm, calls[i].stream, "flexcoll_send/recv"));
   fc_log_set_rank(comm->rank);
   fc_p2p_op_t ops[FC_P2P_MAX_OPS];
   void *bufs[FC_P2P_MAX_OPS];
@@ -223,6 +239,8 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
 
 static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
   FC_CHECK(check_call(c, fn));
+  /* Refused here too, so that a group never queues a call its end would have to refuse. */
+  FC_CHECK(check_not_capturing(c->comm, c->stream, fn));
   if (fc_group_active()) return fc_group_enqueue_call(c);
   return c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
 }

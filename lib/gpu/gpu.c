@@ -71,6 +71,21 @@ int fc_gpu_current_device(void) {
   return d;
 }
 
+int fc_gpu_stream_capturing(flexcoll_stream_t stream) {
+  if (!stream) return 0;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
+  if (e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureUnsupported) {
+    cudaGetLastError();
+    return 1;
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* not a stream of this context: the enqueue reports it */
+    return 0;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 fc_mem_t fc_mem_type(const void *ptr, int *device) {
   struct cudaPointerAttributes attr;
   *device = -1;
@@ -447,6 +462,7 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
 #else
 int fc_gpu_count(void) { return 0; }
 int fc_gpu_current_device(void) { return FLEXCOLL_CONFIG_UNDEF; }
+int fc_gpu_stream_capturing(flexcoll_stream_t stream) { (void)stream; return 0; }
 fc_mem_t fc_mem_type(const void *ptr, int *device) { (void)ptr; *device = -1; return FC_MEM_HOST; }
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   comm->cuda_device = -1;

@@ -21,4 +21,56 @@ int fc_tuner_direct_exchange(void);
 /* Pipeline chunk in elements for a message of count elements of esize bytes. */
 size_t fc_tuner_chunk_count(size_t count, size_t esize);
 
+/* ---- link cost model (cost.c) -------------------------------------------------------------------
+ * One model per link and direction: moving b bytes takes t(b) = alpha_us + b / beta (beta in bytes
+ * per microsecond).  Stage 1 fits it from a short calibration at communicator creation (cached on
+ * disk, keyed by the topology); stage 2 folds the finish times measured in large collectives into
+ * beta, smoothed, so that shares follow a link that slows down and come back when it recovers.
+ * Pure C, no I/O except the cache functions: every rank that feeds the same numbers gets the same
+ * model bit for bit (the balancer's shares must agree across ranks). */
+#define FC_MAX_LINKS 8
+
+typedef struct {
+  double alpha_us;     /* fixed cost of one transfer (latency, launch, proxy hop) */
+  double beta;         /* bytes per microsecond (= MB/s); <= 0: the link carries nothing */
+  double min_bytes;    /* smallest share worth its alpha (a share below it goes elsewhere) */
+  int port;            /* links with the same port >= 0 share one bandwidth (a NIC and host staging
+                          behind the same PCIe switch); -1: independent */
+} fc_link_model_t;
+
+/* Predicted microseconds for bytes on m (alpha + bytes/beta; infinity when beta <= 0). */
+double fc_cost_predict(const fc_link_model_t *m, double bytes);
+/* Least-squares fit of alpha and beta from n >= 2 samples (bytes[i], us[i]); alpha is clamped at 0
+ * and beta must come out positive, else FLEXCOLL_INVALID_ARGUMENT and m untouched. */
+flexcoll_result_t fc_cost_fit(fc_link_model_t *m, const double *bytes, const double *us, int n);
+/* Stage 2: fold one measured transfer (bytes in us) into m with weight w in (0, 1]: beta moves
+ * toward bytes / (us - alpha) by w (alpha is kept; a measurement at or under alpha is ignored). */
+void fc_cost_update(fc_link_model_t *m, double bytes, double us, double w);
+
+/* The calibration cache: one text file per key (the topology: hosts, devices, links) under dir;
+ * load fails with FLEXCOLL_SYSTEM_ERROR when missing or malformed, never with partial models. */
+flexcoll_result_t fc_cost_cache_save(const char *dir, const char *key, const fc_link_model_t *models, int nlinks);
+flexcoll_result_t fc_cost_cache_load(const char *dir, const char *key, fc_link_model_t *models, int nlinks);
+/* The default cache directory: FLEXCOLL_CACHE_DIR, else $XDG_CACHE_HOME/flexcoll, else
+ * $HOME/.cache/flexcoll; NULL when none can be named. */
+const char *fc_cost_cache_dir(void);
+
+/* ---- balancer (balance.c) ----------------------------------------------------------------------
+ * Split `bytes` over n links so that their predicted finish times are equal: find T with
+ * sum_i max(0, T - alpha_i) * beta_i = bytes, drop links whose share falls under min_bytes (or
+ * under `align`), and repeat.  Links sharing a port share its bandwidth (their betas are scaled so
+ * that their sum is the port's largest beta, among the links that carry a share).  Shares are multiples of `align` bytes (the element
+ * size or more) except that the remainder goes to the fastest link, sum to bytes exactly, and are a
+ * pure function of the inputs (every rank computes the same split).  A link with enabled[i] == 0
+ * or beta <= 0 gets 0 (enabled may be NULL: all); when no link is usable, FLEXCOLL_INVALID_ARGUMENT.
+ * bytes 0 gives all-zero shares.  The predicted finish time goes to *finish_us when not NULL. */
+flexcoll_result_t fc_balance(const fc_link_model_t *models, const int *enabled, int n, size_t bytes, size_t align,
+                             size_t *shares, double *finish_us);
+
+/* ---- chunker (balance.c) -----------------------------------------------------------------------
+ * A link's share cut into pipelined slices: slices of `slice` bytes (a multiple of align), the last
+ * one shorter.  fc_chunk_count returns how many; fc_chunk_get the offset and length of slice k. */
+size_t fc_chunk_count(size_t share, size_t slice);
+void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len);
+
 #endif

@@ -1,0 +1,532 @@
+/* test_balance.c — the link cost model, the balancer and the chunker (lib/sched/cost.c, balance.c).
+ * What the device path relies on: shares make every carrying link finish together, a link that
+ * cannot pay for itself carries nothing, the shares add up to the message exactly and every rank
+ * computes the same ones, the slices cover each share once; the model follows a link that slows
+ * down and comes back, and a cached model comes back bit for bit or not at all. */
+#define _GNU_SOURCE
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "sched/sched.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+/* xorshift64*: the same numbers on every run and machine (rand() is the C library's choice). */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double uniform(double lo, double hi) {
+  rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
+  const uint64_t r = rng_state * 2685821657736338717ull;
+  return lo + (hi - lo) * (double)(r >> 11) / 9007199254740992.0;
+}
+
+static fc_link_model_t model(double alpha, double beta, double min_bytes, int port) {
+  return (fc_link_model_t){.alpha_us = alpha, .beta = beta, .min_bytes = min_bytes, .port = port};
+}
+
+/* The betas the balancer works with: a port's links share what its best one carries.  Written
+ * here from the definition rather than taken from balance.c. */
+static void port_betas(const fc_link_model_t *m, const size_t *shares, int n, double *eff) {
+  for (int i = 0; i < n; i++) {
+    double max = 0, sum = 0;
+    for (int j = 0; j < n; j++)
+      if (j == i || (m[i].port >= 0 && m[j].port == m[i].port && shares[j]))
+        sum += m[j].beta, max = fmax(max, m[j].beta);
+    eff[i] = m[i].beta * max / sum;
+  }
+}
+
+/* Every property of a split that holds whatever the models: exact sum, align multiples except
+ * the remainder's link, equal finish times among carrying links (within the rounding: each link
+ * loses under one align unit, the remainder's link gains under n), and no idle link that could
+ * have finished an align unit before the others.  Returns the common finish time. */
+static double check_split(const fc_link_model_t *m, int n, size_t bytes, size_t align, const size_t *shares) {
+  double eff[FC_MAX_LINKS], tmin = INFINITY, tmax = 0, unit = 0;
+  port_betas(m, shares, n, eff);
+  size_t sum = 0;
+  int odd = 0;
+  for (int i = 0; i < n; i++) {
+    sum += shares[i];
+    odd += shares[i] % align != 0;
+    if (!shares[i]) continue;
+    const double t = m[i].alpha_us + (double)shares[i] / eff[i];
+    tmin = fmin(tmin, t), tmax = fmax(tmax, t);
+    unit = fmax(unit, (double)align / eff[i]);
+  }
+  ck_assert_uint_eq(sum, bytes);
+  ck_assert_int_le(odd, 1);
+  const double tol = (n + 1) * unit + 1e-9 * tmax;
+  ck_assert_msg(tmax - tmin <= tol, "finish times %.6f..%.6f us differ by more than %.6f", tmin, tmax, tol);
+  for (int i = 0; i < n; i++)
+    if (!shares[i] && m[i].beta > 0)
+      ck_assert_msg(m[i].alpha_us + (double)align / m[i].beta >= tmin - tol, "link %d idles but would help", i);
+  return tmax;
+}
+
+START_TEST(test_random_links_finish_together) {
+  const size_t aligns[] = {1, 4, 16, 256, 4096};
+  for (int n = 2; n <= FC_MAX_LINKS; n++)
+    for (int trial = 0; trial < 200; trial++) {
+      fc_link_model_t m[FC_MAX_LINKS];
+      for (int i = 0; i < n; i++) m[i] = model(uniform(0, 30), uniform(1000, 400000), 0, -1);
+      const size_t bytes = (size_t)uniform(1 << 20, 1 << 30), align = aligns[trial % 5];
+      size_t shares[FC_MAX_LINKS];
+      double finish;
+      ck_assert_int_eq(fc_balance(m, NULL, n, bytes, align, shares, &finish), FLEXCOLL_SUCCESS);
+      const double t = check_split(m, n, bytes, align, shares);
+      ck_assert_double_eq_tol(finish, t, 1e-9 * t);
+      /* the remainder goes to the largest beta among the carrying links */
+      for (int i = 0; i < n; i++)
+        if (shares[i] % align)
+          for (int j = 0; j < n; j++) ck_assert(!shares[j] || m[j].beta <= m[i].beta);
+    }
+}
+END_TEST
+
+START_TEST(test_unusable_links_get_nothing) {
+  fc_link_model_t m[5] = {model(5, 0, 0, -1), model(5, 100000, 0, -1), model(5, -3, 0, -1), model(5, NAN, 0, -1),
+                          model(5, 200000, 0, -1)};
+  size_t shares[5];
+  ck_assert_int_eq(fc_balance(m, NULL, 5, 64 * MiB, 16, shares, NULL), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[0] + shares[2] + shares[3], 0);
+  ck_assert_uint_gt(shares[1], 0);
+  ck_assert_uint_gt(shares[4], shares[1]);
+  const int enabled[5] = {1, 1, 1, 1, 0};
+  ck_assert_int_eq(fc_balance(m, enabled, 5, 64 * MiB, 16, shares, NULL), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[1], 64 * MiB);
+  const int none[5] = {1, 0, 1, 1, 0};
+  memset(shares, 0xff, sizeof shares);
+  ck_assert_int_eq(fc_balance(m, none, 5, 64 * MiB, 16, shares, NULL), FLEXCOLL_INVALID_ARGUMENT);
+  /* nothing to move: zeros, even with no link able to move it */
+  double finish = -1;
+  ck_assert_int_eq(fc_balance(m, none, 5, 0, 16, shares, &finish), FLEXCOLL_SUCCESS);
+  for (int i = 0; i < 5; i++) ck_assert_uint_eq(shares[i], 0);
+  ck_assert(finish == 0);
+  ck_assert_int_eq(fc_balance(m, NULL, FC_MAX_LINKS + 1, MiB, 16, shares, NULL), FLEXCOLL_INVALID_ARGUMENT);
+}
+END_TEST
+
+START_TEST(test_small_messages_take_the_fastest_link) {
+  /* NVLink-like (slow start, fast) and a NIC-like link with less latency */
+  fc_link_model_t m[3] = {model(5, 360000, 256 * KiB, -1), model(2, 45000, 256 * KiB, -1), model(9, 45000, 0, -1)};
+  size_t shares[3];
+  double finish;
+  ck_assert_int_eq(fc_balance(m, NULL, 3, 1000, 16, shares, &finish), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[1], 1000); /* 2.02 us against 5.003 */
+  ck_assert_double_eq_tol(finish, 2 + 1000.0 / 45000, 1e-12);
+  /* 1 MiB: the NIC-like links would get less than their min_bytes (or less than nothing: alpha 9
+   * is past the common finish time); NVLink alone, which now beats the NIC */
+  ck_assert_int_eq(fc_balance(m, NULL, 3, MiB, 16, shares, &finish), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[0], MiB);
+  ck_assert_double_eq_tol(finish, fc_cost_predict(&m[0], MiB), 1e-12);
+  /* under one align unit: one link whatever min_bytes says */
+  fc_link_model_t same[2] = {model(1, 1000, 0, -1), model(1, 1000, 0, -1)};
+  ck_assert_int_eq(fc_balance(same, NULL, 2, 15, 16, shares, NULL), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[0], 15); /* ties: the lowest index */
+  ck_assert_uint_eq(shares[1], 0);
+  /* large enough: both */
+  ck_assert_int_eq(fc_balance(m, NULL, 3, 512 * MiB, 16, shares, NULL), FLEXCOLL_SUCCESS);
+  ck_assert(shares[0] && shares[1] && shares[2]);
+}
+END_TEST
+
+START_TEST(test_huge_messages) {
+  fc_link_model_t m[4] = {model(5, 360000, 0, -1), model(15, 45000, 0, 3), model(10, 45000, 0, 3), model(3, 12000, 0, -1)};
+  const size_t sizes[] = {(size_t)1 << 32, ((size_t)1 << 40) - 1, (size_t)1 << 40, ((size_t)1 << 40) + 3,
+                          (size_t)1 << 50};
+  for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+    size_t shares[4];
+    ck_assert_int_eq(fc_balance(m, NULL, 4, sizes[k], 64, shares, NULL), FLEXCOLL_SUCCESS);
+    check_split(m, 4, sizes[k], 64, shares);
+  }
+  /* past 2^53 the doubles are not exact: the sum still is, and no share exceeds the message */
+  size_t shares[4], sum = 0;
+  ck_assert_int_eq(fc_balance(m, NULL, 4, SIZE_MAX, 64, shares, NULL), FLEXCOLL_SUCCESS);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_uint_le(shares[i], SIZE_MAX - sum);
+    sum += shares[i];
+  }
+  ck_assert_uint_eq(sum, SIZE_MAX);
+}
+END_TEST
+
+START_TEST(test_same_inputs_same_split) {
+  for (int trial = 0; trial < 500; trial++) {
+    const int n = 1 + trial % FC_MAX_LINKS;
+    fc_link_model_t m[FC_MAX_LINKS], copy[FC_MAX_LINKS];
+    int enabled[FC_MAX_LINKS];
+    for (int i = 0; i < n; i++) {
+      m[i] = model(uniform(0, 20), uniform(0, 1) < 0.1 ? 0 : uniform(100, 400000), uniform(0, 1 << 20),
+                  (int)floor(uniform(-1, 3)));
+      enabled[i] = uniform(0, 1) < 0.9;
+    }
+    enabled[0] = 1, m[0].beta = 1000;
+    memcpy(copy, m, sizeof m);
+    const size_t bytes = (size_t)uniform(0, 1ull << 34), align = (size_t)1 << (int)uniform(0, 8);
+    size_t a[FC_MAX_LINKS], b[FC_MAX_LINKS];
+    double fa, fb;
+    ck_assert_int_eq(fc_balance(m, enabled, n, bytes, align, a, &fa), FLEXCOLL_SUCCESS);
+    ck_assert_int_eq(fc_balance(copy, enabled, n, bytes, align, b, &fb), FLEXCOLL_SUCCESS);
+    ck_assert_mem_eq(a, b, n * sizeof *a);
+    ck_assert_mem_eq(&fa, &fb, sizeof fa);
+    size_t sum = 0;
+    for (int i = 0; i < n; i++) sum += a[i];
+    ck_assert_uint_eq(sum, bytes);
+  }
+}
+END_TEST
+
+/* The slices of one share walked in order: 0 when they tile it (no gap, no overlap, full slices
+ * but the last), else the index of the first bad one plus 1.  Plain tests, not ck_assert: Check
+ * reports every assertion to its parent, too slow for millions of slices. */
+static size_t walk_slices(size_t share, size_t slice, size_t count) {
+  size_t end = 0, off, len;
+  for (size_t k = 0; k < count; k++) {
+    fc_chunk_get(share, slice, k, &off, &len);
+    const int full = slice == 0 || len == slice || (k + 1 == count && len < slice);
+    if (off != end || len == 0 || !full) return k + 1;
+    end = off + len;
+  }
+  if (end != share) return count + 1;
+  fc_chunk_get(share, slice, count, &off, &len); /* past the end: empty, at the end */
+  return off == share && len == 0 ? 0 : count + 2;
+}
+
+START_TEST(test_chunks_cover_each_share_once) {
+  const size_t shares[] = {0, 1, 15, 16, 17, 4095, 4096, 4097, MiB - 16, MiB, 3 * MiB + 48, ((size_t)1 << 40) + 16};
+  const size_t slices[] = {0, 1, 16, 48, 4096, MiB, 2 * MiB, ((size_t)1 << 40) - 16};
+  for (size_t s = 0; s < sizeof shares / sizeof *shares; s++)
+    for (size_t c = 0; c < sizeof slices / sizeof *slices; c++) {
+      const size_t share = shares[s], slice = slices[c], count = fc_chunk_count(share, slice);
+      ck_assert_uint_eq(count, share == 0 ? 0 : slice == 0 ? 1 : (share + slice - 1) / slice);
+      if (count > ((size_t)1 << 24)) continue; /* 2^40 in 16-byte slices: too long to walk */
+      ck_assert_msg(walk_slices(share, slice, count) == 0, "share %zu in slices of %zu: slice %zu is wrong", share,
+                    slice, walk_slices(share, slice, count) - 1);
+    }
+  ck_assert_uint_eq(fc_chunk_count(100, 48), 3);
+  size_t off, len;
+  fc_chunk_get(100, 48, 2, &off, &len);
+  ck_assert(off == 96 && len == 4);
+  ck_assert_uint_eq(fc_chunk_count(SIZE_MAX, (size_t)1 << 20), ((size_t)1 << 44));
+}
+END_TEST
+
+START_TEST(test_links_on_one_port_are_worth_one_port) {
+  /* B and C behind one port, against D: one independent link like the port, and against B and C
+   * independent of each other */
+  const fc_link_model_t shared[3] = {model(5, 100000, 0, -1), model(10, 50000, 0, 0), model(10, 50000, 0, 0)};
+  const fc_link_model_t single[2] = {model(5, 100000, 0, -1), model(10, 50000, 0, -1)};
+  const fc_link_model_t apart[3] = {model(5, 100000, 0, -1), model(10, 50000, 0, -1), model(10, 50000, 0, 1)};
+  size_t s[3], d[2], a[3];
+  double ts, td, ta;
+  ck_assert_int_eq(fc_balance(shared, NULL, 3, 256 * MiB, 16, s, &ts), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_balance(single, NULL, 2, 256 * MiB, 16, d, &td), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_balance(apart, NULL, 3, 256 * MiB, 16, a, &ta), FLEXCOLL_SUCCESS);
+  check_split(shared, 3, 256 * MiB, 16, s);
+  ck_assert_uint_gt(s[1], 0);
+  ck_assert_uint_gt(s[2], 0);
+  ck_assert_uint_le(s[1] > s[2] ? s[1] - s[2] : s[2] - s[1], 16 * 3);
+  ck_assert_uint_le(s[1] + s[2] > d[1] ? s[1] + s[2] - d[1] : d[1] - s[1] - s[2], 16 * 4);
+  ck_assert_double_eq_tol(ts, td, 0.01);
+  /* independent, the two links would be credited with twice the port */
+  ck_assert_uint_gt(a[1] + a[2], (s[1] + s[2]) * 7 / 5);
+  ck_assert_double_lt(ta, ts);
+  /* a port's links of different speeds: the sum of their betas is the faster one's */
+  const fc_link_model_t mixed[3] = {model(0, 60000, 0, -1), model(0, 30000, 0, 7), model(0, 10000, 0, 7)};
+  ck_assert_int_eq(fc_balance(mixed, NULL, 3, 300 * MiB, 1, s, &ts), FLEXCOLL_SUCCESS);
+  ck_assert_double_eq_tol(ts, 300.0 * MiB / 90000, 1e-6);
+  ck_assert_double_eq_tol((double)s[1] / (double)s[2], 3, 1e-6);
+  /* the port alone: splitting it gains nothing, so the message stays on its faster link */
+  ck_assert_int_eq(fc_balance(mixed + 1, NULL, 2, 300 * MiB, 1, s, &ts), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(s[0], 300 * MiB);
+}
+END_TEST
+
+/* One rank's links to its next hop in a ring of 8 H200-like GPUs: NVLink, PCIe host staging and
+ * the NIC, the last two behind the GPU's PCIe switch (one port per switch, two GPUs per switch). */
+static void ring_links(int rank, fc_link_model_t *m) {
+  m[0] = model(5, 360000 * (1 + 0.01 * rank), 256 * KiB, -1);
+  m[1] = model(15, 45000 * (1 - 0.005 * rank), 256 * KiB, rank / 2);
+  m[2] = model(10, 45000, 256 * KiB, rank / 2);
+}
+
+START_TEST(test_ring_of_8_gpus) {
+  const size_t bytes = 512 * MiB;
+  for (int rank = 0; rank < 8; rank++) {
+    fc_link_model_t m[3], apart[3];
+    size_t s[3], again[3], a[3];
+    double finish;
+    ring_links(rank, m);
+    ck_assert_int_eq(fc_balance(m, NULL, 3, bytes, 16, s, &finish), FLEXCOLL_SUCCESS);
+    const double t = check_split(m, 3, bytes, 16, s);
+    ck_assert(s[0] && s[1] && s[2]);
+    /* the pair carries what one port does: (T - mean alpha) * the port's beta, about 11% */
+    const double port = 45000, eff1 = m[1].beta * port / (m[1].beta + port), eff2 = port * port / (m[1].beta + port);
+    const double expect = (t - m[1].alpha_us) * eff1 + (t - m[2].alpha_us) * eff2;
+    ck_assert_double_le(fabs((double)(s[1] + s[2]) - expect), 16 * 4);
+    const double frac = (double)(s[1] + s[2]) / (double)bytes;
+    ck_assert_msg(frac > 0.09 && frac < 0.12, "rank %d: the port carries %.4f of the bytes", rank, frac);
+    /* against the NVLink alone: the split is faster by about the port's share */
+    ck_assert_double_lt(finish, fc_cost_predict(&m[0], (double)bytes) * 0.92);
+    /* if the NIC had a port of its own, the pair would take about twice as much */
+    ring_links(rank, apart);
+    apart[2].port = -1;
+    ck_assert_int_eq(fc_balance(apart, NULL, 3, bytes, 16, a, NULL), FLEXCOLL_SUCCESS);
+    ck_assert_double_gt((double)(a[1] + a[2]), 1.7 * (double)(s[1] + s[2]));
+    /* the receiving rank computes the sender's split from the same models: the same split */
+    ring_links(rank, m);
+    ck_assert_int_eq(fc_balance(m, NULL, 3, bytes, 16, again, NULL), FLEXCOLL_SUCCESS);
+    ck_assert_mem_eq(s, again, sizeof s);
+  }
+}
+END_TEST
+
+START_TEST(test_fit_recovers_the_model) {
+  double b[12], us[12];
+  for (int i = 0; i < 12; i++) b[i] = (double)((size_t)1024 << (2 * i)) / 4, us[i] = 7.5 + b[i] / 25000;
+  fc_link_model_t m = model(-1, -1, 4096, 2);
+  ck_assert_int_eq(fc_cost_fit(&m, b, us, 12), FLEXCOLL_SUCCESS);
+  ck_assert_double_eq_tol(m.alpha_us, 7.5, 1e-6);
+  ck_assert_double_eq_tol(m.beta, 25000, 25000 * 1e-9);
+  ck_assert(m.min_bytes == 4096 && m.port == 2); /* not the fit's to change */
+  /* a few tenths of a microsecond of timer noise */
+  for (int i = 0; i < 12; i++) us[i] = 7.5 + b[i] / 25000 + uniform(-0.3, 0.3);
+  ck_assert_int_eq(fc_cost_fit(&m, b, us, 12), FLEXCOLL_SUCCESS);
+  ck_assert_double_eq_tol(m.alpha_us, 7.5, 0.5);
+  ck_assert_double_eq_tol(m.beta, 25000, 25000 * 1e-3);
+  /* a latency too small to see comes out 0, not negative */
+  for (int i = 0; i < 12; i++) us[i] = b[i] / 25000 - 2;
+  ck_assert_int_eq(fc_cost_fit(&m, b, us, 12), FLEXCOLL_SUCCESS);
+  ck_assert(m.alpha_us == 0);
+  /* refused, m untouched */
+  const fc_link_model_t before = m;
+  const double flat_b[3] = {4096, 4096, 4096}, down[3] = {30, 20, 10}, flat_us[3] = {5, 5, 5};
+  const double nan_us[3] = {1, NAN, 3}, up_b[3] = {1, 2, 3};
+  ck_assert_int_eq(fc_cost_fit(&m, b, us, 1), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_fit(&m, flat_b, down, 3), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_fit(&m, up_b, down, 3), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_fit(&m, up_b, flat_us, 3), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_fit(&m, up_b, nan_us, 3), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_mem_eq(&m, &before, sizeof m);
+  ck_assert(isinf(fc_cost_predict(&(fc_link_model_t){.beta = 0}, 1)));
+}
+END_TEST
+
+START_TEST(test_update_follows_a_slow_link_and_its_recovery) {
+  fc_link_model_t m[2] = {model(5, 360000, 0, -1), model(10, 45000, 0, -1)};
+  const double bytes = 64.0 * MiB;
+  size_t before[2], slow[2], after[2];
+  ck_assert_int_eq(fc_balance(m, NULL, 2, 512 * MiB, 16, before, NULL), FLEXCOLL_SUCCESS);
+  /* another process copies over PCIe: the link runs at 20000 B/us */
+  double prev = m[1].beta;
+  for (int k = 0; k < 50; k++) {
+    fc_cost_update(&m[1], bytes, 10 + bytes / 20000, 0.2);
+    ck_assert_double_lt(m[1].beta, prev);
+    prev = m[1].beta;
+  }
+  ck_assert_double_eq_tol(m[1].beta, 20000, 20000 * 0.01);
+  ck_assert_int_eq(fc_balance(m, NULL, 2, 512 * MiB, 16, slow, NULL), FLEXCOLL_SUCCESS);
+  ck_assert_uint_lt(slow[1], before[1] / 2 + before[1] / 10);
+  /* it stops: back to 45000 */
+  for (int k = 0; k < 50; k++) {
+    fc_cost_update(&m[1], bytes, 10 + bytes / 45000, 0.2);
+    ck_assert_double_gt(m[1].beta, prev);
+    prev = m[1].beta;
+  }
+  ck_assert_double_eq_tol(m[1].beta, 45000, 45000 * 0.01);
+  ck_assert_int_eq(fc_balance(m, NULL, 2, 512 * MiB, 16, after, NULL), FLEXCOLL_SUCCESS);
+  ck_assert_uint_le(after[1] > before[1] ? after[1] - before[1] : before[1] - after[1], before[1] / 100);
+  /* ignored: a time at or under alpha, a weight outside (0, 1], numbers that are not */
+  const fc_link_model_t keep = m[1];
+  fc_cost_update(&m[1], bytes, 10, 0.5);
+  fc_cost_update(&m[1], bytes, 3, 0.5);
+  fc_cost_update(&m[1], bytes, 2000, 0);
+  fc_cost_update(&m[1], bytes, 2000, 1.5);
+  fc_cost_update(&m[1], bytes, 2000, NAN);
+  fc_cost_update(&m[1], NAN, 2000, 0.5);
+  fc_cost_update(&m[1], bytes, NAN, 0.5);
+  ck_assert_mem_eq(&m[1], &keep, sizeof keep);
+  fc_cost_update(&m[1], bytes, 10 + bytes / 30000, 1); /* weight 1: the measurement itself */
+  ck_assert_double_eq_tol(m[1].beta, 30000, 1e-6);
+}
+END_TEST
+
+/* A fresh directory under /tmp for one test (Check forks each test: no clean-up is shared). */
+static void temp_dir(char *dir, size_t size) {
+  snprintf(dir, size, "/tmp/flexcoll-test-balance.XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void remove_tree(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+static const fc_link_model_t odd_models[6] = {
+    {.alpha_us = 1.0 / 3, .beta = 360000.12345678901, .min_bytes = 262144, .port = -1},
+    {.alpha_us = 0, .beta = 0, .min_bytes = 0, .port = 0},
+    {.alpha_us = 4.9406564584124654e-324, .beta = 1e300, .min_bytes = 1e-300, .port = 12},
+    {.alpha_us = -0.0, .beta = 2.2250738585072014e-308, .min_bytes = 0.1, .port = 2147483647},
+    {.alpha_us = 15.000000000000002, .beta = 44999.999999999993, .min_bytes = 65536, .port = 3},
+    {.alpha_us = 1e-7, .beta = 0.5, .min_bytes = 1, .port = 3},
+};
+
+START_TEST(test_cache_round_trip) {
+  char root[64], dir[128];
+  temp_dir(root, sizeof root);
+  snprintf(dir, sizeof dir, "%s/a/b/c", root); /* created on save, mkdir -p */
+  const char *key = "host-0:8xH200 nvlink/pcie,rdma port=3 100%";
+  ck_assert_int_eq(fc_cost_cache_save(dir, key, odd_models, 6), FLEXCOLL_SUCCESS);
+  struct stat st;
+  ck_assert_int_eq(stat(dir, &st), 0);
+  ck_assert_int_eq(st.st_mode & 0777, 0700);
+  fc_link_model_t back[6];
+  memset(back, 0x5a, sizeof back);
+  ck_assert_int_eq(fc_cost_cache_load(dir, key, back, 6), FLEXCOLL_SUCCESS);
+  ck_assert_mem_eq(back, odd_models, sizeof back); /* the bits, -0.0 and subnormals included */
+  /* saved again over the first (the rename replaces it); nothing else is left in the directory */
+  ck_assert_int_eq(fc_cost_cache_save(dir, key, odd_models + 1, 5), FLEXCOLL_SUCCESS);
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq 1", dir);
+  ck_assert_int_eq(system(cmd), 0);
+  ck_assert_int_eq(fc_cost_cache_load(dir, key, back, 5), FLEXCOLL_SUCCESS);
+  ck_assert_mem_eq(back, odd_models + 1, 5 * sizeof *back);
+  /* another key, another count: refused, not someone else's models */
+  memcpy(back, odd_models, sizeof back);
+  ck_assert_int_eq(fc_cost_cache_load(dir, "host-0:8xH200 nvlink/pcie,rdma port=3 100_", back, 5),
+                   FLEXCOLL_SYSTEM_ERROR);
+  ck_assert_int_eq(fc_cost_cache_load(dir, key, back, 6), FLEXCOLL_SYSTEM_ERROR);
+  ck_assert_int_eq(fc_cost_cache_load(dir, "never-saved", back, 5), FLEXCOLL_SYSTEM_ERROR);
+  ck_assert_mem_eq(back, odd_models, sizeof back);
+  /* what load would refuse is not saved */
+  fc_link_model_t bad[2] = {odd_models[0], model(NAN, 1, 0, -1)};
+  ck_assert_int_eq(fc_cost_cache_save(dir, "bad", bad, 2), FLEXCOLL_INVALID_ARGUMENT);
+  bad[1] = model(1, -1, 0, -1);
+  ck_assert_int_eq(fc_cost_cache_save(dir, "bad", bad, 2), FLEXCOLL_INVALID_ARGUMENT);
+  /* a long key: a file name within the limit, still its own */
+  char longkey[1200];
+  memset(longkey, 'k', sizeof longkey - 1), longkey[sizeof longkey - 1] = '\0';
+  ck_assert_int_eq(fc_cost_cache_save(dir, longkey, odd_models, 2), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_cost_cache_load(dir, longkey, back, 2), FLEXCOLL_SUCCESS);
+  longkey[5] = 'x';
+  ck_assert_int_eq(fc_cost_cache_load(dir, longkey, back, 2), FLEXCOLL_SYSTEM_ERROR);
+  remove_tree(root);
+}
+END_TEST
+
+static void write_file(const char *path, const char *text, size_t len) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(text, 1, len, f), len);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+START_TEST(test_cache_refuses_bad_files) {
+  char dir[64], path[128];
+  temp_dir(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/topo1.links", dir);
+  ck_assert_int_eq(fc_cost_cache_save(dir, "topo1", odd_models, 3), FLEXCOLL_SUCCESS);
+  char good[1024];
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  const size_t len = fread(good, 1, sizeof good, f);
+  fclose(f);
+  fc_link_model_t out[3], sentinel[3];
+  memset(sentinel, 0xa5, sizeof sentinel);
+  /* every truncation of a good file */
+  for (size_t cut = 0; cut < len; cut++) {
+    write_file(path, good, cut);
+    memcpy(out, sentinel, sizeof out);
+    ck_assert_int_eq(fc_cost_cache_load(dir, "topo1", out, 3), FLEXCOLL_SYSTEM_ERROR);
+    ck_assert_mem_eq(out, sentinel, sizeof out);
+  }
+  const char *bad[] = {
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\nend\n",                        /* a line short */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\n",                   /* no end */
+      "flexcoll-links 2 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\n",              /* version */
+      "flexcoll-links 1 3 topo2\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\n",              /* key */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\nnan 2 3 -1\n1 2 3 -1\nend\n",            /* NaN */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 inf 3 -1\n1 2 3 -1\nend\n",            /* inf */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 -2 3 -1\n1 2 3 -1\nend\n",             /* negative beta */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1 9\n1 2 3 -1\nend\n",            /* extra field */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 x\n1 2 3 -1\nend\n",               /* not a port */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -7\n1 2 3 -1\nend\n",              /* port < -1 */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\nmore\n",        /* trailing */
+      "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 99999999999\nend\n",     /* port range */
+      "something else entirely\n",
+  };
+  for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+    write_file(path, bad[k], strlen(bad[k]));
+    memcpy(out, sentinel, sizeof out);
+    ck_assert_msg(fc_cost_cache_load(dir, "topo1", out, 3) == FLEXCOLL_SYSTEM_ERROR, "bad file %zu loaded", k);
+    ck_assert_mem_eq(out, sentinel, sizeof out);
+  }
+  /* and the same layout, well formed, loads: the refusals above are for the faults alone */
+  const char *ok = "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\n";
+  write_file(path, ok, strlen(ok));
+  ck_assert_int_eq(fc_cost_cache_load(dir, "topo1", out, 3), FLEXCOLL_SUCCESS);
+  ck_assert(out[2].alpha_us == 1 && out[2].beta == 2 && out[2].min_bytes == 3 && out[2].port == -1);
+  remove_tree(dir);
+}
+END_TEST
+
+/* fc_cost_cache_dir() in a child with this environment (NULL: unset): 0 when it gives expect. */
+static int dir_in_child(const char *flexcoll, const char *xdg, const char *home, const char *expect) {
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    const char *names[3] = {"FLEXCOLL_CACHE_DIR", "XDG_CACHE_HOME", "HOME"}, *values[3] = {flexcoll, xdg, home};
+    for (int i = 0; i < 3; i++) values[i] ? setenv(names[i], values[i], 1) : unsetenv(names[i]);
+    const char *dir = fc_cost_cache_dir();
+    const int same = expect ? dir && !strcmp(dir, expect) : !dir;
+    setenv("FLEXCOLL_CACHE_DIR", "/changed", 1); /* read once: a later change is not seen */
+    _exit(same && fc_cost_cache_dir() == dir ? 0 : 1);
+  }
+  int status;
+  ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 2;
+}
+
+START_TEST(test_cache_dir) {
+  ck_assert_int_eq(dir_in_child("/scratch/fc", "/xdg", "/home/u", "/scratch/fc"), 0);
+  ck_assert_int_eq(dir_in_child(NULL, "/xdg", "/home/u", "/xdg/flexcoll"), 0);
+  ck_assert_int_eq(dir_in_child("", "/xdg", "/home/u", "/xdg/flexcoll"), 0);
+  ck_assert_int_eq(dir_in_child(NULL, NULL, "/home/u", "/home/u/.cache/flexcoll"), 0);
+  ck_assert_int_eq(dir_in_child(NULL, "relative", "/home/u", "/home/u/.cache/flexcoll"), 0);
+  ck_assert_int_eq(dir_in_child(NULL, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("balance");
+  TCase *tc = tcase_create("balance");
+  tcase_add_test(tc, test_random_links_finish_together);
+  tcase_add_test(tc, test_unusable_links_get_nothing);
+  tcase_add_test(tc, test_small_messages_take_the_fastest_link);
+  tcase_add_test(tc, test_huge_messages);
+  tcase_add_test(tc, test_same_inputs_same_split);
+  tcase_add_test(tc, test_chunks_cover_each_share_once);
+  tcase_add_test(tc, test_links_on_one_port_are_worth_one_port);
+  tcase_add_test(tc, test_ring_of_8_gpus);
+  suite_add_tcase(s, tc);
+  TCase *tm = tcase_create("model");
+  tcase_add_test(tm, test_fit_recovers_the_model);
+  tcase_add_test(tm, test_update_follows_a_slow_link_and_its_recovery);
+  tcase_add_test(tm, test_cache_round_trip);
+  tcase_add_test(tm, test_cache_refuses_bad_files);
+  tcase_add_test(tm, test_cache_dir);
+  suite_add_tcase(s, tm);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_ENV);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

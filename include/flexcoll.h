@@ -114,6 +114,18 @@ flexcoll_result_t flexcoll_comm_user_rank(flexcoll_comm_t comm, int *rank);
 /* CUDA device of comm, -1 on host-only communicators. */
 flexcoll_result_t flexcoll_comm_cu_device(flexcoll_comm_t comm, int *device);
 
+/* One link from this rank to one peer, and what it carried (flexcoll_comm_get_link_stats). */
+typedef struct {
+  char name[16];              /* "nvlink", "pcie", "rdma", "shm", "tcp" */
+  int peer;                   /* rank at the other end */
+  unsigned long long bytes;   /* bytes this rank sent over the link since creation */
+  double busy_us;             /* time the link was busy with them */
+  double share;               /* fraction of the last large collective's bytes it carried */
+} flexcoll_link_stats_t;
+/* Up to max_links entries (one per link and peer) into stats; *nlinks = how many there are. */
+flexcoll_result_t flexcoll_comm_get_link_stats(flexcoll_comm_t comm, flexcoll_link_stats_t *stats, int max_links,
+                                               int *nlinks);
+
 /* recvbuf[i] = op over all ranks of sendbuf[i], i < count. */
 flexcoll_result_t flexcoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                      flexcoll_op_t op, flexcoll_comm_t comm, flexcoll_stream_t stream);

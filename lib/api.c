@@ -1,6 +1,7 @@
 /* api.c — the public entry points: argument checks, the group queue, dispatch by memory type. */
 #define _GNU_SOURCE
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -336,4 +337,33 @@ flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_wind
   fc_call_t c = {.comm = comm, .kind = FC_CALL_WINDOW_DEREGISTER, .window = window};
   if (fc_group_active()) return fc_group_enqueue_call(&c);
   return fc_window_call_run(&c);
+}
+
+/* ---- link statistics ----------------------------------------------------------------------- */
+
+flexcoll_result_t flexcoll_comm_get_link_stats(flexcoll_comm_t comm, flexcoll_link_stats_t *stats, int max_links,
+                                               int *nlinks) {
+  const char *fn = "flexcoll_comm_get_link_stats";
+  FC_CHECK(fc_comm_check(comm, fn));
+  if (!nlinks) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: nlinks is NULL", fn);
+  if (max_links < 0) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: max_links %d is negative", fn, max_links);
+  if (max_links > 0 && !stats) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: stats is NULL but max_links is %d", fn, max_links);
+  const fc_links_t *l = comm->links;
+  int n = 0;
+  for (int i = 0; l && i < l->n; i++)
+    for (int q = 0; q < comm->nranks; q++) {
+      if (q == comm->rank) continue;
+      if (n < max_links) {
+        flexcoll_link_stats_t *s = &stats[n];
+        memset(s, 0, sizeof *s);
+        snprintf(s->name, sizeof s->name, "%s", l->link[i].ops->name);
+        s->peer = q;
+        s->bytes = l->link[i].stats[q].bytes;
+        s->busy_us = l->link[i].stats[q].busy_us;
+        s->share = l->link[i].stats[q].share;
+      }
+      n++;
+    }
+  *nlinks = n;
+  return FLEXCOLL_SUCCESS;
 }

@@ -14,6 +14,7 @@
 #include "gpu/gpu.h"
 #include "group.h"
 #include "param.h"
+#include "sched/sched.h"
 #include "transports/transports.h"
 
 FC_PARAM_INT(timeout_ms, "TIMEOUT_MS", 300000)
@@ -110,7 +111,8 @@ static const char *const shared_settings[] = {"FLEXCOLL_ALGO",           "FLEXCO
                                               "FLEXCOLL_DIRECT",         "FLEXCOLL_DIRECT_MIN_BYTES",
                                               "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES",
                                               "FLEXCOLL_ONESHOT_BLOCKS", "FLEXCOLL_PIPELINE",
-                                              "FLEXCOLL_PIPELINE_BLOCKS", "FLEXCOLL_PIPELINE_SUBSLOTS"};
+                                              "FLEXCOLL_PIPELINE_BLOCKS", "FLEXCOLL_PIPELINE_SUBSLOTS",
+                                              "FLEXCOLL_LINKS",          "FLEXCOLL_LINK_SHARES"};
 #define FC_NSETTINGS (sizeof shared_settings / sizeof shared_settings[0])
 #define FC_SETTING_LEN 48
 
@@ -144,7 +146,7 @@ flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   c->p2p_sent = calloc((size_t)c->nranks * 2, sizeof *c->p2p_sent);
   if (!c->p2p_sent) { res = fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto fail; }
   c->p2p_received = c->p2p_sent + c->nranks;
-  FC_CHECK_GOTO(fc_ucx_init(c), res, fail);
+  FC_CHECK_GOTO(fc_links_open(c), res, fail);
   FC_CHECK_GOTO(fc_gpu_comm_init(c), res, fail);
   atomic_store(&c->state, FC_COMM_READY);
   FC_INFO(FC_SUB_INIT, "comm %p rank %d/%d ready (cuda device %d, timeout %d ms)", (void *)c, c->rank, c->nranks,
@@ -165,7 +167,7 @@ fail:
 
 static void comm_free(flexcoll_comm_t c, int force) {
   fc_gpu_comm_fini(c);
-  fc_ucx_close(c, force);
+  fc_links_close(c, force);
   if (c->bootstrap) fc_bootstrap_close(c->bootstrap);
   fc_schedule_free(&c->schedule);
   free(c->scratch);

@@ -21,7 +21,7 @@ typedef enum {
 } fc_comm_state_t;
 
 struct fc_bootstrap;
-struct fc_ucx;
+struct fc_links;
 struct fc_gpu;
 
 struct flexcoll_comm {
@@ -36,7 +36,7 @@ struct flexcoll_comm {
   char last_error[FC_ERROR_MSG_LEN];
 
   struct fc_bootstrap *bootstrap;
-  struct fc_ucx *ucx;   /* host transport */
+  struct fc_links *links; /* every usable link and its cost model (lib/sched/links.c) */
   struct fc_gpu *gpu;   /* device-memory state, NULL on host-only communicators */
 
   uint32_t coll_seq;    /* collectives issued, the same sequence on every rank */

@@ -21,7 +21,7 @@ static _Thread_local int log_rank = -1;
 
 static const struct { const char *name; int bit; } subsys_names[] = {
     {"INIT", FC_SUB_INIT}, {"BOOT", FC_SUB_BOOT}, {"COLL", FC_SUB_COLL}, {"NET", FC_SUB_NET},
-    {"ENV", FC_SUB_ENV},   {"TUNE", FC_SUB_TUNE}, {"GPU", FC_SUB_GPU},   {"ALL", FC_SUB_ALL}};
+    {"ENV", FC_SUB_ENV},   {"TUNE", FC_SUB_TUNE}, {"GPU", FC_SUB_GPU},   {"SCHED", FC_SUB_SCHED}, {"ALL", FC_SUB_ALL}};
 
 static int parse_subsys(const char *s) {
   int exclude = (s[0] == '^');

@@ -16,6 +16,7 @@ enum {
   FC_SUB_ENV = 1 << 4,
   FC_SUB_TUNE = 1 << 5,
   FC_SUB_GPU = 1 << 6,
+  FC_SUB_SCHED = 1 << 7, /* link models, calibration and shares */
   FC_SUB_ALL = ~0
 };
 

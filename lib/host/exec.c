@@ -1,8 +1,12 @@
 /* exec.c — runs an algorithm schedule on host buffers.
  *
- * Each round posts all its transfers at once, cut into slices (FLEXCOLL_SLICE_SIZE) so that the
- * reduction of one slice overlaps the arrival of the next; the round ends when every slice is
- * done.  Messages are matched by tag (see make_tag), so matching never depends on arrival order. */
+ * Each round posts all its transfers at once.  A transfer is split over the communicator's links
+ * by the shares the scheduler computes from the shared cost models (lib/sched: the sender and the
+ * receiver compute the same split from the same byte count), and each link's part is cut into
+ * slices (FLEXCOLL_SLICE_SIZE) so that the reduction of one slice overlaps the arrival of the
+ * next; the round ends when every slice is done.  Which link carried an element never changes
+ * how it is reduced: results are bitwise the same whatever the split.  Messages are matched by
+ * tag (see make_tag) within each link, so matching never depends on arrival order. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -15,20 +19,32 @@
 #include "error.h"
 #include "host.h"
 #include "param.h"
+#include "sched/sched.h"
 #include "transports/transports.h"
 
 FC_PARAM_INT(slice_size, "SLICE_SIZE", 1 << 20)
 
 #define FC_MAX_SLICES 0xffff
+/* Link shares are whole multiples of this (a multiple of every element size). */
+#define FC_SHARE_ALIGN 4096
 
 typedef struct {
-  fc_ucx_req_t req;
+  fc_link_req_t req;
   const fc_step_t *step; /* RECV_REDUCE slices reduce when they land */
   char *tmp;             /* where a RECV_REDUCE slice lands */
   size_t first, count;   /* elements of the step this slice covers */
   int pending;
   int is_recv;
+  int link;              /* index into comm->links */
+  size_t part;           /* index into fc_exec_t.parts */
 } fc_slice_t;
+
+/* One link's part of one transfer: timed from post to its last slice (stage 2, statistics). */
+typedef struct {
+  int link, peer, is_send;
+  size_t bytes, left;
+  double t_post;
+} fc_part_t;
 
 typedef struct {
   struct flexcoll_comm *comm;
@@ -42,6 +58,8 @@ typedef struct {
   int *send_msgs, *recv_msgs; /* per peer: messages so far in this collective */
   fc_slice_t *slices;
   size_t nslices, cap_slices;
+  fc_part_t *parts;
+  size_t nparts, cap_parts;
 } fc_exec_t;
 
 /* Tag: sender (16 bits) | kind (1: point-to-point) | number (31 bits) | slice (16 bits).
@@ -53,9 +71,25 @@ static uint64_t make_tag(int sender, int p2p, uint32_t number, size_t slice) {
          (uint64_t)(slice & 0xffff);
 }
 
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
 static char *ref(fc_exec_t *x, int buf, size_t off) {
   char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
   return base + off * x->esize;
+}
+
+static flexcoll_result_t reserve_parts(fc_exec_t *x, size_t n) {
+  if (x->nparts + n <= x->cap_parts) return FLEXCOLL_SUCCESS;
+  size_t cap = (x->nparts + n) * 2;
+  fc_part_t *p = realloc(x->parts, cap * sizeof *p);
+  if (!p) return fc_error(x->comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for transfer parts");
+  x->parts = p;
+  x->cap_parts = cap;
+  return FLEXCOLL_SUCCESS;
 }
 
 static size_t slice_elems(fc_exec_t *x, size_t count) {
@@ -76,11 +110,50 @@ static flexcoll_result_t reserve_slices(fc_exec_t *x, size_t n) {
   return FLEXCOLL_SUCCESS;
 }
 
-/* Post every slice of one transfer step; RECV_REDUCE slices land in tmp at *tmp_off. */
+/* Post the slices of link's part [first, first + count) of a transfer step (elements). */
+static flexcoll_result_t post_part(fc_exec_t *x, const fc_step_t *st, int link, size_t first, size_t count,
+                                   uint32_t number, size_t *tmp_off) {
+  int peer = st->peer, is_send = st->kind == FC_STEP_SEND;
+  fc_link_t *l = &x->comm->links->link[link];
+  size_t per = slice_elems(x, count);
+  size_t n = count ? (count + per - 1) / per : 1; /* an empty message still matches its peer */
+  FC_CHECK(reserve_slices(x, n));
+  FC_CHECK(reserve_parts(x, 1));
+  fc_part_t *part = &x->parts[x->nparts];
+  *part = (fc_part_t){.link = link, .peer = peer, .is_send = is_send, .bytes = count * x->esize, .left = n,
+                      .t_post = now_us()};
+  for (size_t i = 0; i < n; i++) {
+    fc_slice_t *s = &x->slices[x->nslices++];
+    memset(s, 0, sizeof *s);
+    s->first = first + i * per;
+    s->count = count - i * per < per ? count - i * per : per;
+    s->pending = 1;
+    s->is_recv = !is_send;
+    s->link = link;
+    s->part = x->nparts;
+    uint64_t tag = make_tag(is_send ? x->comm->rank : peer, x->p2p, number, i);
+    char *base = ref(x, st->buf, st->off + s->first);
+    size_t bytes = s->count * x->esize;
+    if (is_send) {
+      FC_CHECK(l->ops->isend(x->comm, l, peer, base, bytes, tag, &s->req));
+    } else if (st->kind == FC_STEP_RECV) {
+      FC_CHECK(l->ops->irecv(x->comm, l, peer, base, bytes, tag, &s->req));
+    } else {
+      s->step = st;
+      s->tmp = (char *)x->comm->landing + *tmp_off;
+      *tmp_off += bytes;
+      FC_CHECK(l->ops->irecv(x->comm, l, peer, s->tmp, bytes, tag, &s->req));
+    }
+  }
+  x->nparts++;
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Post one transfer step: its bytes split over the links, each link's part in slices;
+ * RECV_REDUCE slices land in the landing area at *tmp_off. */
 static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tmp_off) {
   int peer = st->peer;
   int is_send = st->kind == FC_STEP_SEND;
-  int sender = is_send ? x->comm->rank : peer;
   uint32_t number;
   if (x->p2p) {
     number = is_send ? x->comm->p2p_sent[peer]++ : x->comm->p2p_received[peer]++;
@@ -88,35 +161,24 @@ static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tm
     int msg = is_send ? x->send_msgs[peer]++ : x->recv_msgs[peer]++;
     number = ((x->seq & 0x7fff) << 16) | ((uint32_t)msg & 0xffff);
   }
-  size_t per = slice_elems(x, st->count);
-  size_t n = st->count ? (st->count + per - 1) / per : 1; /* an empty message still matches its peer */
-  FC_CHECK(reserve_slices(x, n));
-  for (size_t i = 0; i < n; i++) {
-    fc_slice_t *s = &x->slices[x->nslices++];
-    memset(s, 0, sizeof *s);
-    s->first = i * per;
-    s->count = st->count - s->first < per ? st->count - s->first : per;
-    s->pending = 1;
-    s->is_recv = !is_send;
-    uint64_t tag = make_tag(sender, x->p2p, number, i);
-    char *base = ref(x, st->buf, st->off + s->first);
-    size_t bytes = s->count * x->esize;
-    if (is_send) {
-      FC_CHECK(fc_ucx_isend(x->comm, peer, base, bytes, tag, &s->req));
-    } else if (st->kind == FC_STEP_RECV) {
-      FC_CHECK(fc_ucx_irecv(x->comm, peer, base, bytes, tag, &s->req));
-    } else {
-      s->step = st;
-      s->tmp = (char *)x->comm->landing + *tmp_off;
-      *tmp_off += bytes;
-      FC_CHECK(fc_ucx_irecv(x->comm, peer, s->tmp, bytes, tag, &s->req));
-    }
+  fc_links_t *links = x->comm->links;
+  size_t shares[FC_MAX_LINKS];
+  FC_CHECK(fc_links_split(links, st->count * x->esize, FC_SHARE_ALIGN, shares));
+  size_t first = 0;
+  for (int i = 0; i < links->n; i++) {
+    size_t count = shares[i] / x->esize;
+    /* An empty step still sends one empty message, on the first link. */
+    if (count || (i == 0 && st->count == 0)) FC_CHECK(post_part(x, st, i, first, count, number, tmp_off));
+    first += count;
   }
   return FLEXCOLL_SUCCESS;
 }
 
 static void finish_slice(fc_exec_t *x, fc_slice_t *s) {
   s->pending = 0;
+  fc_part_t *p = &x->parts[s->part];
+  if (--p->left == 0 && p->is_send)
+    fc_links_record(x->comm->links, x->comm->nranks, p->link, p->peer, p->bytes, now_us() - p->t_post);
   if (!s->step) return;
   const fc_step_t *st = s->step;
   fc_host_reduce(ref(x, st->buf, st->off + s->first), ref(x, st->src_buf, st->src_off + s->first), s->tmp,
@@ -158,13 +220,15 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
     /* Ranks often outnumber cores (threads of one process, CI machines): after a short spin, give
      * the core to the peer we are waiting for. */
     if (++idle > 64) sched_yield();
-    int polled = fc_ucx_progress(x->comm), completed = 0;
+    fc_links_t *links = x->comm->links;
+    int polled = 0, completed = 0;
+    for (int i = 0; i < links->n; i++) polled |= links->link[i].ops->progress(&links->link[i]);
     for (size_t i = 0; i < x->nslices; i++) {
       fc_slice_t *s = &x->slices[i];
       if (!s->pending) continue;
       int done;
-      if (s->is_recv) FC_CHECK(fc_ucx_test_recv(x->comm, &s->req, s->count * x->esize, &done));
-      else FC_CHECK(fc_ucx_test(x->comm, &s->req, &done));
+      fc_link_t *l = &links->link[s->link];
+      FC_CHECK(l->ops->test(x->comm, l, &s->req, s->is_recv ? s->count * x->esize : SIZE_MAX, &done));
       if (done) { finish_slice(x, s); left--; completed = 1; }
     }
     if (polled || completed) idle = 0;
@@ -178,8 +242,12 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
 
 static void cancel_slices(fc_exec_t *x) {
   for (size_t i = 0; i < x->nslices; i++)
-    if (x->slices[i].pending) fc_ucx_cancel(x->comm, &x->slices[i].req);
+    if (x->slices[i].pending) {
+      fc_link_t *l = &x->comm->links->link[x->slices[i].link];
+      l->ops->cancel(l, &x->slices[i].req);
+    }
   x->nslices = 0;
+  x->nparts = 0;
 }
 
 static flexcoll_result_t grow(struct flexcoll_comm *comm, char **p, size_t *have, size_t need) {
@@ -199,6 +267,7 @@ static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) 
   FC_CHECK(grow(c, (char **)&c->landing, &c->landing_bytes, tmp_need));
   size_t tmp_off = 0;
   x->nslices = 0;
+  x->nparts = 0;
   for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
     const fc_step_t *st = &s->steps[i];
     if (st->kind == FC_STEP_COPY) {
@@ -231,6 +300,7 @@ static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
     fc_host_divide(ref(x, s->result_buf, s->result_off), s->result_count, x->dtype, comm->nranks);
   free(x->send_msgs);
   free(x->slices);
+  free(x->parts);
   return res;
 }
 
@@ -240,7 +310,10 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   fc_exec_t x = {.comm = comm, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .seq = comm->coll_seq++};
   x.bufs[FC_BUF_SEND] = (char *)sendbuf;
   x.bufs[FC_BUF_RECV] = recvbuf;
-  return execute(&x, &comm->schedule);
+  FC_CHECK(execute(&x, &comm->schedule));
+  size_t bytes = fc_coll_send_count(args->coll, args->count, comm->nranks) * x.esize;
+  size_t recv_bytes = fc_coll_recv_count(args->coll, args->count, comm->nranks) * x.esize;
+  return fc_links_after_collective(comm, bytes > recv_bytes ? bytes : recv_bytes);
 }
 
 flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs) {

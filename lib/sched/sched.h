@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include "algos/algos.h"
 #include "gpu/gpu.h"
+#include "transports/transports.h"
 
 /* The algorithm for coll moving `bytes` (the largest buffer of the call) among nranks ranks.
  * FLEXCOLL_ALGO=ring|tree forces it where the collective has that algorithm. */
@@ -72,5 +73,47 @@ flexcoll_result_t fc_balance(const fc_link_model_t *models, const int *enabled, 
  * one shorter.  fc_chunk_count returns how many; fc_chunk_get the offset and length of slice k. */
 size_t fc_chunk_count(size_t share, size_t slice);
 void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len);
+
+/* ---- the links of a communicator (links.c) ---------------------------------------------------
+ * Every usable link of FLEXCOLL_LINKS with its cost model.  The models are the same on every rank
+ * (calibrated together, averaged, and updated only from numbers all ranks exchanged), so that the
+ * sender and the receiver of a transfer cut it the same way without a message. */
+struct flexcoll_comm;
+
+typedef struct fc_links {
+  int n;
+  fc_link_t link[FC_MAX_LINKS];
+  fc_link_model_t model[FC_MAX_LINKS];      /* in force, identical on every rank */
+  double fixed[FC_MAX_LINKS];               /* FLEXCOLL_LINK_SHARES fractions; used when fixed_set */
+  int fixed_set;
+  /* Stage 2: what this rank measured since the last exchange, per link: parts sent, their bytes
+   * and microseconds from post to completion. */
+  double meas_parts[FC_MAX_LINKS], meas_bytes[FC_MAX_LINKS], meas_us[FC_MAX_LINKS];
+  double throttle[FC_MAX_LINKS]; /* tests: measured times are multiplied by it (0: 1) */
+  int idle[FC_MAX_LINKS];   /* exchanges in a row without a share */
+  int probe[FC_MAX_LINKS];  /* this window gives the link a small probe share */
+  uint32_t large_calls;   /* large host collectives so far: the same count on every rank */
+  unsigned long long *call_bytes; /* [link * nranks + peer]: bytes of the current collective */
+} fc_links_t;
+
+/* Open every link FLEXCOLL_LINKS names (default: every host link) that works on every rank, and
+ * seed the models (from the calibration cache, else a short calibration; only with 2 links or
+ * more).  Fails when no link is left, naming why each was dropped. */
+flexcoll_result_t fc_links_open(struct flexcoll_comm *comm);
+void fc_links_close(struct flexcoll_comm *comm, int force);
+/* Cut a transfer of bytes into per-link shares (multiples of align but the fastest link's). */
+flexcoll_result_t fc_links_split(const fc_links_t *l, size_t bytes, size_t align, size_t *shares);
+/* A part of `bytes` to peer finished on link i after us microseconds. */
+void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us);
+/* Stage 2's update of l's models from the measurements of all ranks since the last one (per link:
+ * parts, their bytes and microseconds, summed): a measured link moves toward what it showed; one
+ * that stayed idle a few exchanges gets a probe share in the next window.  Pure (no I/O). */
+void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us);
+/* Tests: make link `name` look `factor` times slower to stage 2 (its measured times are scaled);
+ * every rank of comm must do the same. */
+void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);
+/* After a host collective that moved `bytes` per rank (the same on every rank): per-peer shares
+ * for the statistics, and every few large ones stage 2 (an exchange over the bootstrap). */
+flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t bytes);
 
 #endif

@@ -1,9 +1,17 @@
-/* transports.h — how bytes move between ranks.
+/* transports.h — the links between ranks: one table of functions per transport, and the set of
+ * links a communicator keeps.
  *
- * The host transport (ucx_host.c) carries host-memory collectives between processes and hosts
- * through UCX (shared memory, TCP, RDMA — whatever UCX finds) and between threads of one process
- * on the same code path.  It offers tagged, nonblocking point-to-point messages; the executors
- * decide what to send.  Every wait is the caller's: requests are tested, never blocked on. */
+ * A link moves bytes between this rank and its peers; it never chooses what to send (the
+ * scheduler in lib/sched splits each transfer over the links, the executors post the parts).
+ * Every usable link of the list FLEXCOLL_LINKS is kept (NCCL keeps the first), so that a transfer
+ * can run over several at once.  Host memory has two today, both through UCX and each its own UCP
+ * context and worker restricted to one kind of transport: `shm` (shared memory) and `tcp`.  The
+ * device links (nvlink, pcie, rdma) take the same table as the engine moves onto it
+ * (docs/ARCHITECTURE.md, "The FlexLink engine").
+ *
+ * Messages are tagged, nonblocking, point to point; every wait is the caller's (requests are
+ * tested, never blocked on).  Tags only need to be unique per link: every link has its own
+ * matching. */
 #ifndef FC_TRANSPORTS_H
 #define FC_TRANSPORTS_H
 
@@ -13,26 +21,47 @@
 #include "flexcoll.h"
 
 struct flexcoll_comm;
-typedef struct fc_ucx fc_ucx_t;
-typedef void *fc_ucx_req_t; /* NULL: completed at post time */
+typedef struct fc_link fc_link_t;
+typedef void *fc_link_req_t; /* NULL: completed at post time */
 
-/* Create the UCX context and worker of comm, exchange worker addresses through the bootstrap and
- * connect to every peer. */
-flexcoll_result_t fc_ucx_init(struct flexcoll_comm *comm);
-/* Close endpoints (flushing unless force) and free everything. */
-void fc_ucx_close(struct flexcoll_comm *comm, int force);
+typedef struct {
+  const char *name; /* as FLEXCOLL_LINKS and flexcoll_link_stats_t spell it */
+  /* Open the link from this rank to every peer.  Collective: every rank calls it for the same
+   * links in the same order.  *usable = 0 (and a reason in why) when the link cannot exist here
+   * on this rank, which is not an error: the caller then closes it on every rank. */
+  flexcoll_result_t (*open)(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len);
+  /* Close (flushing unless force) and free the link's state; never waits on a peer. */
+  void (*close)(struct flexcoll_comm *comm, fc_link_t *link, int force);
+  flexcoll_result_t (*isend)(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
+                             uint64_t tag, fc_link_req_t *req);
+  flexcoll_result_t (*irecv)(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
+                             uint64_t tag, fc_link_req_t *req);
+  /* Drive the link; nonzero when something happened. */
+  int (*progress)(fc_link_t *link);
+  /* *done = 1 once *req completed (then released, *req = NULL).  expect: the exact length a
+   * receive must bring (else FLEXCOLL_INVALID_USAGE); SIZE_MAX for sends. */
+  flexcoll_result_t (*test)(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect, int *done);
+  /* Cancel and release a request nobody will wait for (abort, error paths). */
+  void (*cancel)(fc_link_t *link, fc_link_req_t *req);
+} fc_link_ops_t;
 
-flexcoll_result_t fc_ucx_isend(struct flexcoll_comm *comm, int peer, const void *buf, size_t bytes, uint64_t tag,
-                               fc_ucx_req_t *req);
-flexcoll_result_t fc_ucx_irecv(struct flexcoll_comm *comm, int peer, void *buf, size_t bytes, uint64_t tag,
-                               fc_ucx_req_t *req);
-/* Drive the worker; returns nonzero when something happened. */
-int fc_ucx_progress(struct flexcoll_comm *comm);
-/* *done = 1 once *req has completed (the request is then released and *req set to NULL). */
-flexcoll_result_t fc_ucx_test(struct flexcoll_comm *comm, fc_ucx_req_t *req, int *done);
-/* fc_ucx_test for a receive that must bring exactly `expect` bytes (else FLEXCOLL_INVALID_USAGE). */
-flexcoll_result_t fc_ucx_test_recv(struct flexcoll_comm *comm, fc_ucx_req_t *req, size_t expect, int *done);
-/* Cancel and release a request that will not be waited for (abort, error paths). */
-void fc_ucx_cancel(struct flexcoll_comm *comm, fc_ucx_req_t *req);
+/* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */
+typedef struct {
+  unsigned long long bytes;
+  double busy_us;
+  double share; /* fraction of the last large collective's bytes to this peer */
+} fc_link_peer_stats_t;
+
+struct fc_link {
+  const fc_link_ops_t *ops;
+  void *state;                  /* the transport's */
+  fc_link_peer_stats_t *stats;  /* per peer */
+};
+
+/* The transports this build knows, in the order FLEXCOLL_LINKS lists them by default. */
+extern const fc_link_ops_t fc_link_shm, fc_link_tcp;
+
+/* Whether name is a link FLEXCOLL_LINKS may name (host or device, built here or not). */
+int fc_link_name_known(const char *name);
 
 #endif

@@ -1,6 +1,7 @@
-/* ucx_host.c — the host transport over UCX tagged messages.
- * One UCP context and worker per communicator: communicators never share progress or tags, and
- * ranks that are threads of one process use the same code as processes. */
+/* ucx_host.c — the host links over UCX tagged messages: `shm` (UCX shared memory) and `tcp`.
+ * One UCP context and worker per link and communicator, restricted to the link's transports:
+ * communicators and links never share progress or tags, and ranks that are threads of one
+ * process use the same code as processes. */
 #define _GNU_SOURCE
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,19 @@
 
 FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
 
-struct fc_ucx {
+typedef struct {
   ucp_context_h context;
   ucp_worker_h worker;
   ucp_ep_h *eps;
   int nranks;
-};
+} fc_ucx_t;
+
+/* Each link's UCX transports: they replace UCX_TLS for the link's context (FLEXCOLL_LINKS chooses links). */
+typedef struct {
+  const char *name;
+  const char *tls;
+} ucx_link_kind_t;
+static const ucx_link_kind_t kind_shm = {"shm", "sm,self"}, kind_tcp = {"tcp", "tcp,self"};
 
 /* An endpoint broke.  A peer that finished its part and destroyed its communicator looks the
  * same as one that died, so this is no error by itself: a transfer that still needed the peer
@@ -35,10 +43,15 @@ static flexcoll_result_t ucx_fail(struct flexcoll_comm *comm, const char *what, 
   return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "UCX %s failed: %s", what, ucs_status_string(st));
 }
 
-static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u) {
+static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, const char *tls) {
   ucp_config_t *config;
   ucs_status_t st = ucp_config_read(NULL, NULL, &config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
+  st = ucp_config_modify(config, "TLS", tls);
+  if (st != UCS_OK) {
+    ucp_config_release(config);
+    return ucx_fail(comm, "ucp_config_modify(TLS)", st);
+  }
   /* With peer-failure handling (TCP, see connect_peers), UCX 1.13's TCP transport may complete a
    * zero-copy send twice when its peer dies during it, and the survivor aborts on an assertion
    * (`uct_iface.h:884 comp->count > 0` in uct_tcp_iface_progress): tests/test_failure's rank
@@ -65,19 +78,29 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u) 
   return FLEXCOLL_SUCCESS;
 }
 
-/* Worker addresses differ in length: all-gather the lengths, then the padded addresses. */
-static flexcoll_result_t exchange_addresses(struct flexcoll_comm *comm, fc_ucx_t *u, char **all, size_t *stride) {
-  ucp_address_t *addr;
-  size_t len;
-  ucs_status_t st = ucp_worker_get_address(u->worker, &addr, &len);
-  if (st != UCS_OK) return ucx_fail(comm, "ucp_worker_get_address", st);
+/* Worker addresses differ in length: all-gather the lengths, then the padded addresses.  A rank
+ * without a worker (the link does not exist there) sends length 0, and *missing tells every rank
+ * the lowest such rank (-1: none). */
+static flexcoll_result_t exchange_addresses(struct flexcoll_comm *comm, fc_ucx_t *u, char **all, size_t *stride,
+                                            int *missing) {
+  ucp_address_t *addr = NULL;
+  size_t len = 0;
+  if (u->worker) {
+    ucs_status_t st = ucp_worker_get_address(u->worker, &addr, &len);
+    if (st != UCS_OK) return ucx_fail(comm, "ucp_worker_get_address", st);
+  }
   uint64_t *lens = calloc((size_t)comm->nranks, sizeof *lens);
   flexcoll_result_t res = FLEXCOLL_SYSTEM_ERROR;
   if (!lens) goto out;
   lens[comm->rank] = len;
   FC_CHECK_GOTO(fc_bootstrap_allgather(comm->bootstrap, lens, sizeof *lens), res, out);
   size_t max = 0;
-  for (int r = 0; r < comm->nranks; r++) max = lens[r] > max ? lens[r] : max;
+  *missing = -1;
+  for (int r = comm->nranks - 1; r >= 0; r--) {
+    max = lens[r] > max ? lens[r] : max;
+    if (lens[r] == 0) *missing = r;
+  }
+  if (*missing >= 0) { res = FLEXCOLL_SUCCESS; goto out; }
   *stride = max;
   *all = calloc((size_t)comm->nranks, max);
   if (!*all) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for UCX addresses"); goto out; }
@@ -85,11 +108,14 @@ static flexcoll_result_t exchange_addresses(struct flexcoll_comm *comm, fc_ucx_t
   FC_CHECK_GOTO(fc_bootstrap_allgather(comm->bootstrap, *all, max), res, out);
 out:
   free(lens);
-  ucp_worker_release_address(u->worker, addr);
+  if (addr) ucp_worker_release_address(u->worker, addr);
   return res;
 }
 
-static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const char *addrs, size_t stride) {
+/* Endpoints to every peer; *usable = 0 (why filled) when UCX finds no transport of this link to
+ * some peer, e.g. shared memory with peer-failure handling in UCX 1.13. */
+static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const char *addrs, size_t stride,
+                                       int *usable, char *why, size_t len) {
   /* With peer-failure handling, a peer that dies makes transfers fail instead of aborting this
    * process (UCX's shared-memory copies, CMA, treat a vanished peer as fatal otherwise); but
    * UCX 1.13 then keeps to transports that can report it, TCP, 2-3x slower than shared memory.
@@ -104,23 +130,49 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, 
       ep.err_handler = (ucp_err_handler_t){.cb = ep_closed_cb, .arg = comm};
     }
     ucs_status_t st = ucp_ep_create(u->worker, &ep, &u->eps[r]);
+    if (st == UCS_ERR_UNREACHABLE) {
+      u->eps[r] = NULL;
+      *usable = 0;
+      snprintf(why, len, "UCX reaches rank %d through none of its transports%s", r,
+               safe ? " that can report a dead peer (FLEXCOLL_UCX_PEER_FAILURE=0 lifts that)" : "");
+      return FLEXCOLL_SUCCESS;
+    }
     if (st != UCS_OK) return ucx_fail(comm, "ucp_ep_create", st);
   }
   return FLEXCOLL_SUCCESS;
 }
 
-flexcoll_result_t fc_ucx_init(struct flexcoll_comm *comm) {
+static void ucx_free(fc_ucx_t *u);
+
+/* Collective even where this rank has no worker: the address exchange and the barrier are the
+ * other ranks' too. */
+static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, const ucx_link_kind_t *kind, int *usable,
+                                  char *why, size_t len) {
   fc_ucx_t *u = calloc(1, sizeof *u);
   if (!u) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  comm->ucx = u;
+  link->state = u;
   u->nranks = comm->nranks;
   u->eps = calloc((size_t)comm->nranks, sizeof *u->eps);
   if (!u->eps) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  FC_CHECK(create_worker(comm, u));
+  *usable = 1;
+  if (create_worker(comm, u, kind->tls) != FLEXCOLL_SUCCESS) {
+    snprintf(why, len, "%s", fc_thread_last_error());
+    *usable = 0;
+    ucx_free(u);
+    u = calloc(1, sizeof *u); /* an empty state that still takes part in the exchange */
+    link->state = u;
+    if (!u) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+    u->nranks = comm->nranks;
+  }
   char *addrs = NULL;
   size_t stride = 0;
-  flexcoll_result_t res = exchange_addresses(comm, u, &addrs, &stride);
-  if (res == FLEXCOLL_SUCCESS) res = connect_peers(comm, u, addrs, stride);
+  int missing = -1;
+  flexcoll_result_t res = exchange_addresses(comm, u, &addrs, &stride, &missing);
+  if (res == FLEXCOLL_SUCCESS && missing >= 0 && *usable) {
+    *usable = 0;
+    snprintf(why, len, "not available on rank %d", missing);
+  }
+  if (res == FLEXCOLL_SUCCESS && *usable) res = connect_peers(comm, u, addrs, stride, usable, why, len);
   free(addrs);
   /* Wire-up messages flow on first use; a barrier keeps a fast rank from closing early. */
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
@@ -164,22 +216,26 @@ static void close_endpoints(fc_ucx_t *u) {
   }
 }
 
-void fc_ucx_close(struct flexcoll_comm *comm, int force) {
-  fc_ucx_t *u = comm->ucx;
+static void ucx_free(fc_ucx_t *u) {
+  free(u->eps);
+  if (u->worker) ucp_worker_destroy(u->worker);
+  if (u->context) ucp_cleanup(u->context);
+  free(u);
+}
+
+static void ucx_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
+  fc_ucx_t *u = link->state;
   if (!u) return;
   if (u->eps && u->worker) {
     /* At most 5 s, less with a shorter timeout (<= 0: none, so 5 s). */
     if (!force) flush_worker(u, comm->timeout_ms > 0 && comm->timeout_ms < 5000 ? comm->timeout_ms : 5000);
     close_endpoints(u);
   }
-  free(u->eps);
-  if (u->worker) ucp_worker_destroy(u->worker);
-  if (u->context) ucp_cleanup(u->context);
-  free(u);
-  comm->ucx = NULL;
+  ucx_free(u);
+  link->state = NULL;
 }
 
-static flexcoll_result_t post_result(struct flexcoll_comm *comm, ucs_status_ptr_t p, fc_ucx_req_t *req,
+static flexcoll_result_t post_result(struct flexcoll_comm *comm, ucs_status_ptr_t p, fc_link_req_t *req,
                                      const char *what) {
   if (p == NULL) { *req = NULL; return FLEXCOLL_SUCCESS; }
   if (UCS_PTR_IS_ERR(p)) {
@@ -192,24 +248,26 @@ static flexcoll_result_t post_result(struct flexcoll_comm *comm, ucs_status_ptr_
   return FLEXCOLL_SUCCESS;
 }
 
-flexcoll_result_t fc_ucx_isend(struct flexcoll_comm *comm, int peer, const void *buf, size_t bytes, uint64_t tag,
-                               fc_ucx_req_t *req) {
+static flexcoll_result_t ucx_isend(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
+                                   uint64_t tag, fc_link_req_t *req) {
+  fc_ucx_t *u = link->state;
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
-  return post_result(comm, ucp_tag_send_nbx(comm->ucx->eps[peer], buf, bytes, tag, &p), req, "send");
+  return post_result(comm, ucp_tag_send_nbx(u->eps[peer], buf, bytes, tag, &p), req, "send");
 }
 
-flexcoll_result_t fc_ucx_irecv(struct flexcoll_comm *comm, int peer, void *buf, size_t bytes, uint64_t tag,
-                               fc_ucx_req_t *req) {
+static flexcoll_result_t ucx_irecv(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
+                                   uint64_t tag, fc_link_req_t *req) {
   (void)peer; /* the tag names the sender */
+  fc_ucx_t *u = link->state;
   /* Always a request, so that fc_ucx_test_recv can check the length that arrived. */
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
                            .datatype = ucp_dt_make_contig(1)};
-  return post_result(comm, ucp_tag_recv_nbx(comm->ucx->worker, buf, bytes, tag, UINT64_MAX, &p), req, "recv");
+  return post_result(comm, ucp_tag_recv_nbx(u->worker, buf, bytes, tag, UINT64_MAX, &p), req, "recv");
 }
 
-int fc_ucx_progress(struct flexcoll_comm *comm) { return (int)ucp_worker_progress(comm->ucx->worker); }
+static int ucx_progress(fc_link_t *link) { return (int)ucp_worker_progress(((fc_ucx_t *)link->state)->worker); }
 
-flexcoll_result_t fc_ucx_test(struct flexcoll_comm *comm, fc_ucx_req_t *req, int *done) {
+static flexcoll_result_t test_done(struct flexcoll_comm *comm, fc_link_req_t *req, int *done) {
   *done = 1;
   if (*req == NULL) return FLEXCOLL_SUCCESS;
   ucs_status_t st = ucp_request_check_status(*req);
@@ -224,9 +282,12 @@ flexcoll_result_t fc_ucx_test(struct flexcoll_comm *comm, fc_ucx_req_t *req, int
   return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "transfer failed: %s", ucs_status_string(st));
 }
 
-flexcoll_result_t fc_ucx_test_recv(struct flexcoll_comm *comm, fc_ucx_req_t *req, size_t expect, int *done) {
+static flexcoll_result_t ucx_test(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
+                                  int *done) {
+  (void)link;
   *done = 1;
   if (*req == NULL) return FLEXCOLL_SUCCESS;
+  if (expect == SIZE_MAX) return test_done(comm, req, done);
   ucp_tag_recv_info_t info;
   ucs_status_t st = ucp_tag_recv_request_test(*req, &info);
   if (st == UCS_INPROGRESS) { *done = 0; return FLEXCOLL_SUCCESS; }
@@ -237,12 +298,22 @@ flexcoll_result_t fc_ucx_test_recv(struct flexcoll_comm *comm, fc_ucx_req_t *req
                     "a peer sent %zu bytes where this rank expects %zu: the ranks called different collectives or counts",
                     info.length, expect);
   }
-  return fc_ucx_test(comm, req, done);
+  return test_done(comm, req, done);
 }
 
-void fc_ucx_cancel(struct flexcoll_comm *comm, fc_ucx_req_t *req) {
+static void ucx_cancel(fc_link_t *link, fc_link_req_t *req) {
   if (*req == NULL) return;
-  if (ucp_request_check_status(*req) == UCS_INPROGRESS) ucp_request_cancel(comm->ucx->worker, *req);
+  if (ucp_request_check_status(*req) == UCS_INPROGRESS) ucp_request_cancel(((fc_ucx_t *)link->state)->worker, *req);
   ucp_request_free(*req);
   *req = NULL;
 }
+
+static flexcoll_result_t shm_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
+  return ucx_open(comm, link, &kind_shm, usable, why, len);
+}
+static flexcoll_result_t tcp_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
+  return ucx_open(comm, link, &kind_tcp, usable, why, len);
+}
+
+const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel};
+const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel};

@@ -1,0 +1,424 @@
+/* links.c — a communicator's links and their shared cost models.
+ *
+ * Open: every link FLEXCOLL_LINKS names is opened on every rank (collective), and kept only where
+ * it works on all ranks.  Stage 1: with two links or more, the models come from the calibration
+ * cache when every rank has it, else from a short calibration (a ring exchange per link and
+ * size), averaged over the ranks so that all ranks hold the same numbers.  Stage 2: the executors
+ * record per-link part times; every FC_STAGE2_EVERY large collectives the ranks exchange them over
+ * the bootstrap and apply the same update, so the split follows a link that slows down and comes
+ * back when it recovers, on every rank alike. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "error.h"
+#include "log.h"
+#include "param.h"
+#include "sched.h"
+
+/* Host collectives from this size (bytes per rank) feed stage 2. */
+#define FC_STAGE2_MIN_BYTES (1u << 20)
+/* How many large collectives between two exchanges of measurements. */
+#define FC_STAGE2_EVERY 4
+/* Weight of one exchange's measurements in a link's model. */
+#define FC_STAGE2_WEIGHT 0.5
+/* A link left without a share for this many exchanges gets a small probe share (1/FC_PROBE_PART
+ * of each transfer) for the next window, so that it is measured again: a calibration that
+ * underrated it, or a slow spell that has passed, cannot keep it idle for good, and a link that
+ * is still slow costs little. */
+#define FC_STAGE2_PROBE_AFTER 4
+#define FC_PROBE_PART 256
+
+static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp};
+#define FC_NREGISTRY ((int)(sizeof registry / sizeof registry[0]))
+/* Device links take the table as the engine moves onto it; they may be named already. */
+static const char *const device_links[] = {"nvlink", "pcie", "rdma"};
+
+int fc_link_name_known(const char *name) {
+  for (int i = 0; i < FC_NREGISTRY; i++)
+    if (!strcmp(registry[i]->name, name)) return 1;
+  for (size_t i = 0; i < sizeof device_links / sizeof device_links[0]; i++)
+    if (!strcmp(device_links[i], name)) return 1;
+  return 0;
+}
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* FLEXCOLL_LINKS as a mask over the registry; an unknown name is refused. */
+static flexcoll_result_t wanted_links(struct flexcoll_comm *comm, int *mask) {
+  const char *s = fc_param_str("FLEXCOLL_LINKS", NULL);
+  *mask = 0;
+  if (!s) {
+    *mask = (1 << FC_NREGISTRY) - 1;
+    return FLEXCOLL_SUCCESS;
+  }
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+    if (!fc_link_name_known(tok))
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
+                      "FLEXCOLL_LINKS=%s: \"%s\" is not a link (nvlink, pcie, rdma, shm, tcp)", s, tok);
+    for (int i = 0; i < FC_NREGISTRY; i++)
+      if (!strcmp(registry[i]->name, tok)) *mask |= 1 << i;
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+/* FLEXCOLL_LINK_SHARES=name:fraction,...: fixed shares instead of the balancer (tests, studies). */
+static flexcoll_result_t fixed_shares(struct flexcoll_comm *comm, fc_links_t *l) {
+  const char *s = fc_param_str("FLEXCOLL_LINK_SHARES", NULL);
+  if (!s) return FLEXCOLL_SUCCESS;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  double sum = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+    char *colon = strchr(tok, ':'), *end = NULL;
+    double f = colon ? strtod(colon + 1, &end) : NAN;
+    if (!colon || end == colon + 1 || *end || !(f >= 0 && f <= 1))
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_LINK_SHARES=%s: \"%s\" is not name:fraction in [0, 1]", s,
+                      tok);
+    *colon = 0;
+    int found = 0;
+    for (int i = 0; i < l->n; i++)
+      if (!strcmp(l->link[i].ops->name, tok)) { l->fixed[i] = f; found = 1; }
+    if (!found)
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_LINK_SHARES=%s: \"%s\" is not an open link here", s, tok);
+    sum += f;
+  }
+  if (!(sum > 0)) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_LINK_SHARES=%s: the fractions sum to 0", s);
+  for (int i = 0; i < l->n; i++) l->fixed[i] /= sum;
+  l->fixed_set = 1;
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Open registry entry r; keep it when every rank could.  Collective. */
+static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int r, char *dropped, size_t dlen) {
+  fc_link_t *link = &l->link[l->n];
+  memset(link, 0, sizeof *link);
+  link->ops = registry[r];
+  int usable = 0;
+  char why[200] = "";
+  FC_CHECK(link->ops->open(comm, link, &usable, why, sizeof why));
+  int *all = calloc((size_t)comm->nranks, sizeof *all);
+  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  all[comm->rank] = usable;
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
+  int everywhere = 1;
+  for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS; q++)
+    if (!all[q] && everywhere) {
+      everywhere = 0;
+      if (usable) snprintf(why, sizeof why, "unusable on rank %d", q);
+    }
+  free(all);
+  if (res == FLEXCOLL_SUCCESS && everywhere) link->stats = calloc((size_t)comm->nranks, sizeof *link->stats);
+  if (res != FLEXCOLL_SUCCESS || !everywhere || !link->stats) {
+    link->ops->close(comm, link, 1);
+    free(link->stats);
+    if (res == FLEXCOLL_SUCCESS && everywhere) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+    if (res == FLEXCOLL_SUCCESS) {
+      FC_INFO(FC_SUB_SCHED, "link %s left out: %s", registry[r]->name, why);
+      size_t used = strlen(dropped);
+      snprintf(dropped + used, dlen - used, "%s%s: %s", used ? "; " : "", registry[r]->name, why);
+    }
+    return res;
+  }
+  l->n++;
+  return FLEXCOLL_SUCCESS;
+}
+
+/* ---- stage 1: calibration --------------------------------------------------------------------- */
+
+/* Microseconds of one ring exchange of `bytes` on link i: send to the next rank, receive from
+ * the previous one.  Tags above every collective's and point-to-point message number. */
+static flexcoll_result_t ring_exchange(struct flexcoll_comm *comm, fc_link_t *link, char *sbuf, char *rbuf, size_t bytes,
+                                       int k, double *us) {
+  int next = (comm->rank + 1) % comm->nranks, prev = (comm->rank + comm->nranks - 1) % comm->nranks;
+  uint64_t tag_out = ((uint64_t)(uint16_t)comm->rank << 48) | (1ull << 47) | (0x7fffffffull << 16) | (uint64_t)k;
+  uint64_t tag_in = ((uint64_t)(uint16_t)prev << 48) | (1ull << 47) | (0x7fffffffull << 16) | (uint64_t)k;
+  fc_link_req_t sreq = NULL, rreq = NULL;
+  double t0 = now_us();
+  FC_CHECK(link->ops->irecv(comm, link, prev, rbuf, bytes, tag_in, &rreq));
+  FC_CHECK(link->ops->isend(comm, link, next, sbuf, bytes, tag_out, &sreq));
+  int sdone = 0, rdone = 0;
+  for (unsigned spins = 0; !sdone || !rdone; spins++) {
+    /* Ranks may outnumber cores: give the peer we wait for a chance to run. */
+    if (!link->ops->progress(link) && spins > 64) sched_yield();
+    if (!sdone) FC_CHECK(link->ops->test(comm, link, &sreq, SIZE_MAX, &sdone));
+    if (!rdone) FC_CHECK(link->ops->test(comm, link, &rreq, bytes, &rdone));
+    if (now_us() - t0 > (double)comm->timeout_ms * 1e3) {
+      link->ops->cancel(link, &sreq);
+      link->ops->cancel(link, &rreq);
+      return fc_error(comm, FLEXCOLL_TIMEOUT, "link %s calibration: no answer from rank %d", link->ops->name, prev);
+    }
+  }
+  *us = now_us() - t0;
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Fit each link's model from ring exchanges of a few sizes (best of a few tries each). */
+static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l) {
+  /* Two sizes, the best of a few tries each: the fixed cost from the small one, the bandwidth from
+   * the difference (a busy host adds noise that more sizes in a least-squares fit spread into both). */
+  static const size_t sizes[] = {8 << 10, 2 << 20};
+  enum { NSIZES = sizeof sizes / sizeof sizes[0], TRIES = 5 };
+  char *sbuf = malloc(sizes[NSIZES - 1]), *rbuf = malloc(sizes[NSIZES - 1]);
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (!sbuf || !rbuf) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for link calibration");
+  else memset(sbuf, 0x5a, sizes[NSIZES - 1]);
+  int k = 0;
+  for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
+    double x[NSIZES], y[NSIZES], warm;
+    /* The first message of a link sets up its connection: not part of the model. */
+    res = ring_exchange(comm, &l->link[i], sbuf, rbuf, 1, k++, &warm);
+    for (int s = 0; s < NSIZES && res == FLEXCOLL_SUCCESS; s++) {
+      x[s] = (double)sizes[s];
+      y[s] = INFINITY;
+      for (int t = 0; t < TRIES && res == FLEXCOLL_SUCCESS; t++) {
+        double us = INFINITY;
+        res = ring_exchange(comm, &l->link[i], sbuf, rbuf, sizes[s], k++, &us);
+        if (res == FLEXCOLL_SUCCESS && us < y[s]) y[s] = us;
+      }
+    }
+    if (res != FLEXCOLL_SUCCESS) break;
+    l->model[i] = (fc_link_model_t){.port = -1};
+    if (fc_cost_fit(&l->model[i], x, y, NSIZES) != FLEXCOLL_SUCCESS) /* noise: fall back to the largest size */
+      l->model[i] = (fc_link_model_t){.alpha_us = 0, .beta = x[NSIZES - 1] / y[NSIZES - 1], .port = -1};
+  }
+  free(sbuf);
+  free(rbuf);
+  return res;
+}
+
+/* The cache key: the ranks' hosts, the rank count and the links, the same on every rank. */
+static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t *l, char *key, size_t len) {
+  uint64_t *h = calloc((size_t)comm->nranks, sizeof *h);
+  if (!h) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  uint64_t mine = 1469598103934665603ULL;
+  for (const char *p = host; *p; p++) mine = (mine ^ (unsigned char)*p) * 1099511628211ULL;
+  h[comm->rank] = mine;
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, h, sizeof *h);
+  uint64_t all = 1469598103934665603ULL;
+  for (int q = 0; q < comm->nranks; q++) all = (all ^ h[q]) * 1099511628211ULL;
+  free(h);
+  int used = snprintf(key, len, "host-n%d-%016llx", comm->nranks, (unsigned long long)all);
+  for (int i = 0; i < l->n && used > 0 && (size_t)used < len; i++)
+    used += snprintf(key + used, len - (size_t)used, "-%s", l->link[i].ops->name);
+  return res;
+}
+
+/* All ranks end with the mean of everyone's models (bitwise the same everywhere). */
+static flexcoll_result_t average_models(struct flexcoll_comm *comm, fc_links_t *l) {
+  size_t per = (size_t)l->n * 2;
+  double *all = calloc((size_t)comm->nranks * per, sizeof *all);
+  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  for (int i = 0; i < l->n; i++) {
+    all[(size_t)comm->rank * per + 2 * (size_t)i] = l->model[i].alpha_us;
+    all[(size_t)comm->rank * per + 2 * (size_t)i + 1] = l->model[i].beta;
+  }
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per * sizeof *all);
+  for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
+    double a = 0, b = 0;
+    for (int q = 0; q < comm->nranks; q++) {
+      a += all[(size_t)q * per + 2 * (size_t)i];
+      b += all[(size_t)q * per + 2 * (size_t)i + 1];
+    }
+    l->model[i].alpha_us = a / comm->nranks;
+    l->model[i].beta = b / comm->nranks;
+    l->model[i].port = -1;
+    /* A share is worth sending when it takes at least its fixed cost again. */
+    l->model[i].min_bytes = l->model[i].alpha_us * l->model[i].beta;
+    FC_INFO(FC_SUB_SCHED, "link %s: alpha %.2f us, beta %.1f MB/s", l->link[i].ops->name, l->model[i].alpha_us,
+            l->model[i].beta);
+  }
+  free(all);
+  return res;
+}
+
+static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) {
+  char key[256];
+  FC_CHECK(cache_key(comm, l, key, sizeof key));
+  const char *dir = fc_cost_cache_dir();
+  double t0 = now_us();
+  int have = dir && fc_cost_cache_load(dir, key, l->model, l->n) == FLEXCOLL_SUCCESS;
+  int all_have = have;
+  int *flags = calloc((size_t)comm->nranks, sizeof *flags);
+  if (!flags) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  flags[comm->rank] = have;
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, flags, sizeof *flags);
+  for (int q = 0; q < comm->nranks; q++) all_have &= flags[q];
+  free(flags);
+  if (res == FLEXCOLL_SUCCESS && !all_have) res = calibrate(comm, l);
+  if (res == FLEXCOLL_SUCCESS) res = average_models(comm, l);
+  if (res != FLEXCOLL_SUCCESS) return res;
+  FC_INFO(FC_SUB_SCHED, "link models %s in %.1f ms (key %s)", all_have ? "from the cache" : "calibrated",
+          (now_us() - t0) / 1e3, key);
+  if (!all_have && dir && fc_cost_cache_save(dir, key, l->model, l->n) != FLEXCOLL_SUCCESS)
+    FC_INFO(FC_SUB_SCHED, "link models not cached in %s: %s", dir, fc_thread_last_error());
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
+  fc_links_t *l = calloc(1, sizeof *l);
+  if (!l) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  comm->links = l;
+  int mask;
+  FC_CHECK(wanted_links(comm, &mask));
+  char dropped[512] = "";
+  for (int r = 0; r < FC_NREGISTRY; r++)
+    if (mask & (1 << r)) FC_CHECK(open_one(comm, l, r, dropped, sizeof dropped));
+  if (l->n == 0)
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "no host link works on every rank (FLEXCOLL_LINKS=%s)%s%s",
+                    fc_param_str("FLEXCOLL_LINKS", "shm,tcp"), *dropped ? ": " : "", dropped);
+  l->call_bytes = calloc((size_t)l->n * (size_t)comm->nranks, sizeof *l->call_bytes);
+  if (!l->call_bytes) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  for (int i = 0; i < l->n; i++) l->model[i] = (fc_link_model_t){.beta = 1, .port = -1};
+  if (l->n > 1) FC_CHECK(seed_models(comm, l));
+  FC_CHECK(fixed_shares(comm, l));
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_links_close(struct flexcoll_comm *comm, int force) {
+  fc_links_t *l = comm->links;
+  if (!l) return;
+  for (int i = 0; i < l->n; i++) {
+    l->link[i].ops->close(comm, &l->link[i], force);
+    free(l->link[i].stats);
+  }
+  free(l->call_bytes);
+  free(l);
+  comm->links = NULL;
+}
+
+/* ---- the split and stage 2 --------------------------------------------------------------------- */
+
+flexcoll_result_t fc_links_split(const fc_links_t *l, size_t bytes, size_t align, size_t *shares) {
+  if (l->n == 1) {
+    shares[0] = bytes;
+    return FLEXCOLL_SUCCESS;
+  }
+  if (!l->fixed_set) {
+    FC_CHECK(fc_balance(l->model, NULL, l->n, bytes, align, shares, NULL));
+    /* Probe shares come out of the largest share. */
+    size_t give = bytes / FC_PROBE_PART / align * align;
+    for (int i = 0; i < l->n && give; i++) {
+      if (!l->probe[i] || shares[i]) continue;
+      int most = 0;
+      for (int j = 1; j < l->n; j++)
+        if (shares[j] > shares[most]) most = j;
+      if (shares[most] < 2 * give) continue;
+      shares[most] -= give;
+      shares[i] = give;
+    }
+    return FLEXCOLL_SUCCESS;
+  }
+  /* Fixed fractions, rounded down to align; what is left goes to the largest fraction's link. */
+  size_t given = 0;
+  int most = 0;
+  for (int i = 0; i < l->n; i++) {
+    shares[i] = (size_t)((double)bytes * l->fixed[i]) / align * align;
+    given += shares[i];
+    if (l->fixed[i] > l->fixed[most]) most = i;
+  }
+  shares[most] += bytes - given;
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor) {
+  fc_links_t *l = comm->links;
+  for (int i = 0; l && i < l->n; i++)
+    if (!strcmp(l->link[i].ops->name, name)) l->throttle[i] = factor;
+}
+
+void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us) {
+  if (l->throttle[i] > 0) us *= l->throttle[i];
+  fc_link_peer_stats_t *st = &l->link[i].stats[peer];
+  st->bytes += bytes;
+  st->busy_us += us;
+  l->call_bytes[(size_t)i * (size_t)nranks + (size_t)peer] += bytes;
+  l->meas_parts[i] += 1;
+  l->meas_bytes[i] += (double)bytes;
+  l->meas_us[i] += us;
+}
+
+void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us) {
+  for (int i = 0; i < l->n; i++) {
+    fc_link_model_t *m = &l->model[i];
+    l->probe[i] = 0;
+    if (parts[i] > 0) {
+      double part_bytes = bytes[i] / parts[i], part_us = us[i] / parts[i];
+      /* A whole part took less than the fixed cost: the calibration overrated it. */
+      if (part_us <= m->alpha_us) m->alpha_us = part_us / 2;
+      fc_cost_update(m, part_bytes, part_us, FC_STAGE2_WEIGHT);
+      l->idle[i] = 0;
+    } else if (++l->idle[i] >= FC_STAGE2_PROBE_AFTER) {
+      l->probe[i] = 1;
+      l->idle[i] = 0;
+    }
+    m->min_bytes = m->alpha_us * m->beta;
+  }
+}
+
+/* Every rank adds up everyone's measurements and applies the same update. */
+static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t *l) {
+  size_t per = (size_t)l->n * 3;
+  double *all = calloc((size_t)comm->nranks * per, sizeof *all);
+  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  double *mine = all + (size_t)comm->rank * per;
+  for (int i = 0; i < l->n; i++) {
+    mine[3 * i] = l->meas_parts[i];
+    mine[3 * i + 1] = l->meas_bytes[i];
+    mine[3 * i + 2] = l->meas_us[i];
+    l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;
+  }
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per * sizeof *all);
+  if (res == FLEXCOLL_SUCCESS) {
+    double parts[FC_MAX_LINKS] = {0}, bytes[FC_MAX_LINKS] = {0}, us[FC_MAX_LINKS] = {0};
+    for (int q = 0; q < comm->nranks; q++)
+      for (int i = 0; i < l->n; i++) {
+        parts[i] += all[(size_t)q * per + 3 * (size_t)i];
+        bytes[i] += all[(size_t)q * per + 3 * (size_t)i + 1];
+        us[i] += all[(size_t)q * per + 3 * (size_t)i + 2];
+      }
+    fc_links_stage2_update(l, parts, bytes, us);
+    for (int i = 0; i < l->n; i++)
+      FC_INFO(FC_SUB_SCHED, "link %s: stage 2 over %.0f parts: beta %.1f MB/s", l->link[i].ops->name, parts[i],
+              l->model[i].beta);
+  }
+  free(all);
+  return res;
+}
+
+flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t bytes) {
+  fc_links_t *l = comm->links;
+  size_t cells = (size_t)l->n * (size_t)comm->nranks;
+  if (bytes >= FC_STAGE2_MIN_BYTES) {
+    for (int q = 0; q < comm->nranks; q++) {
+      unsigned long long total = 0;
+      for (int i = 0; i < l->n; i++) total += l->call_bytes[(size_t)i * (size_t)comm->nranks + (size_t)q];
+      if (!total) continue;
+      for (int i = 0; i < l->n; i++)
+        l->link[i].stats[q].share = (double)l->call_bytes[(size_t)i * (size_t)comm->nranks + (size_t)q] / (double)total;
+    }
+  }
+  memset(l->call_bytes, 0, cells * sizeof *l->call_bytes);
+  if (l->n < 2 || l->fixed_set || bytes < FC_STAGE2_MIN_BYTES) {
+    if (bytes < FC_STAGE2_MIN_BYTES) return FLEXCOLL_SUCCESS;
+    for (int i = 0; i < l->n; i++) l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;
+    return FLEXCOLL_SUCCESS;
+  }
+  if (++l->large_calls % FC_STAGE2_EVERY) return FLEXCOLL_SUCCESS;
+  return stage2_exchange(comm, l);
+}

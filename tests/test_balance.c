@@ -138,7 +138,8 @@ START_TEST(test_small_messages_take_the_fastest_link) {
 END_TEST
 
 START_TEST(test_huge_messages) {
-  fc_link_model_t m[4] = {model(5, 360000, 0, -1), model(15, 45000, 0, 3), model(10, 45000, 0, 3), model(3, 12000, 0, -1)};
+  fc_link_model_t m[4] = {model(5, 360000, 0, -1), model(15, 45000, 0, 3), model(10, 45000, 0, 3),
+                          model(3, 12000, 0, -1)};
   const size_t sizes[] = {(size_t)1 << 32, ((size_t)1 << 40) - 1, (size_t)1 << 40, ((size_t)1 << 40) + 3,
                           (size_t)1 << 50};
   for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
@@ -461,6 +462,7 @@ START_TEST(test_cache_refuses_bad_files) {
       "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -7\n1 2 3 -1\nend\n",              /* port < -1 */
       "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\nmore\n",        /* trailing */
       "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 99999999999\nend\n",     /* port range */
+      "flexcoll-links 1 3 topo1 x\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\n",           /* header junk */
       "something else entirely\n",
   };
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {

@@ -31,6 +31,15 @@ static fc_link_model_t model(double alpha, double beta, double min_bytes, int po
   return (fc_link_model_t){.alpha_us = alpha, .beta = beta, .min_bytes = min_bytes, .port = port};
 }
 
+/* Bit for bit, field by field (memcmp on the structs would also compare their padding). */
+static int same_models(const fc_link_model_t *a, const fc_link_model_t *b, int n) {
+  for (int i = 0; i < n; i++)
+    if (memcmp(&a[i].alpha_us, &b[i].alpha_us, sizeof(double)) || memcmp(&a[i].beta, &b[i].beta, sizeof(double)) ||
+        memcmp(&a[i].min_bytes, &b[i].min_bytes, sizeof(double)) || a[i].port != b[i].port)
+      return 0;
+  return 1;
+}
+
 /* The betas the balancer works with: a port's links share what its best one carries.  Written
  * here from the definition rather than taken from balance.c. */
 static void port_betas(const fc_link_model_t *m, const size_t *shares, int n, double *eff) {
@@ -138,7 +147,8 @@ START_TEST(test_small_messages_take_the_fastest_link) {
 END_TEST
 
 START_TEST(test_huge_messages) {
-  fc_link_model_t m[4] = {model(5, 360000, 0, -1), model(15, 45000, 0, 3), model(10, 45000, 0, 3), model(3, 12000, 0, -1)};
+  fc_link_model_t m[4] = {model(5, 360000, 0, -1), model(15, 45000, 0, 3), model(10, 45000, 0, 3),
+                          model(3, 12000, 0, -1)};
   const size_t sizes[] = {(size_t)1 << 32, ((size_t)1 << 40) - 1, (size_t)1 << 40, ((size_t)1 << 40) + 3,
                           (size_t)1 << 50};
   for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
@@ -314,7 +324,7 @@ START_TEST(test_fit_recovers_the_model) {
   ck_assert_int_eq(fc_cost_fit(&m, up_b, down, 3), FLEXCOLL_INVALID_ARGUMENT);
   ck_assert_int_eq(fc_cost_fit(&m, up_b, flat_us, 3), FLEXCOLL_INVALID_ARGUMENT);
   ck_assert_int_eq(fc_cost_fit(&m, up_b, nan_us, 3), FLEXCOLL_INVALID_ARGUMENT);
-  ck_assert_mem_eq(&m, &before, sizeof m);
+  ck_assert(same_models(&m, &before, 1));
   ck_assert(isinf(fc_cost_predict(&(fc_link_model_t){.beta = 0}, 1)));
 }
 END_TEST
@@ -352,7 +362,7 @@ START_TEST(test_update_follows_a_slow_link_and_its_recovery) {
   fc_cost_update(&m[1], bytes, 2000, NAN);
   fc_cost_update(&m[1], NAN, 2000, 0.5);
   fc_cost_update(&m[1], bytes, NAN, 0.5);
-  ck_assert_mem_eq(&m[1], &keep, sizeof keep);
+  ck_assert(same_models(&m[1], &keep, 1));
   fc_cost_update(&m[1], bytes, 10 + bytes / 30000, 1); /* weight 1: the measurement itself */
   ck_assert_double_eq_tol(m[1].beta, 30000, 1e-6);
 }
@@ -391,21 +401,21 @@ START_TEST(test_cache_round_trip) {
   fc_link_model_t back[6];
   memset(back, 0x5a, sizeof back);
   ck_assert_int_eq(fc_cost_cache_load(dir, key, back, 6), FLEXCOLL_SUCCESS);
-  ck_assert_mem_eq(back, odd_models, sizeof back); /* the bits, -0.0 and subnormals included */
+  ck_assert(same_models(back, odd_models, 6)); /* the bits, -0.0 and subnormals included */
   /* saved again over the first (the rename replaces it); nothing else is left in the directory */
   ck_assert_int_eq(fc_cost_cache_save(dir, key, odd_models + 1, 5), FLEXCOLL_SUCCESS);
   char cmd[256];
   snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | wc -l) -eq 1", dir);
   ck_assert_int_eq(system(cmd), 0);
   ck_assert_int_eq(fc_cost_cache_load(dir, key, back, 5), FLEXCOLL_SUCCESS);
-  ck_assert_mem_eq(back, odd_models + 1, 5 * sizeof *back);
+  ck_assert(same_models(back, odd_models + 1, 5));
   /* another key, another count: refused, not someone else's models */
   memcpy(back, odd_models, sizeof back);
   ck_assert_int_eq(fc_cost_cache_load(dir, "host-0:8xH200 nvlink/pcie,rdma port=3 100_", back, 5),
                    FLEXCOLL_SYSTEM_ERROR);
   ck_assert_int_eq(fc_cost_cache_load(dir, key, back, 6), FLEXCOLL_SYSTEM_ERROR);
   ck_assert_int_eq(fc_cost_cache_load(dir, "never-saved", back, 5), FLEXCOLL_SYSTEM_ERROR);
-  ck_assert_mem_eq(back, odd_models, sizeof back);
+  ck_assert(same_models(back, odd_models, 6));
   /* what load would refuse is not saved */
   fc_link_model_t bad[2] = {odd_models[0], model(NAN, 1, 0, -1)};
   ck_assert_int_eq(fc_cost_cache_save(dir, "bad", bad, 2), FLEXCOLL_INVALID_ARGUMENT);
@@ -461,6 +471,7 @@ START_TEST(test_cache_refuses_bad_files) {
       "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -7\n1 2 3 -1\nend\n",              /* port < -1 */
       "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\nmore\n",        /* trailing */
       "flexcoll-links 1 3 topo1\n1 2 3 -1\n1 2 3 -1\n1 2 3 99999999999\nend\n",     /* port range */
+      "flexcoll-links 1 3 topo1 x\n1 2 3 -1\n1 2 3 -1\n1 2 3 -1\nend\n",           /* header junk */
       "something else entirely\n",
   };
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {

@@ -217,9 +217,10 @@ static int parse_model(const char *line, fc_link_model_t *m) {
 /* The file's models into out[]; a short description of the first problem otherwise. */
 static const char *read_models(FILE *f, const char *ekey, fc_link_model_t *out, int nlinks) {
   char line[CACHE_LINE_MAX], magic[32], fkey[CACHE_LINE_MAX];
-  int version, count;
+  int version, count, used = 0;
   if (!fgets(line, sizeof line, f) || !strchr(line, '\n')) return "no header line";
-  if (sscanf(line, "%31s %d %d %4095s", magic, &version, &count, fkey) != 4 || strcmp(magic, "flexcoll-links"))
+  if (sscanf(line, "%31s %d %d %4095s%n", magic, &version, &count, fkey, &used) != 4 ||
+      strcmp(magic, "flexcoll-links") || strcmp(line + used, "\n"))
     return "not a link cost file";
   if (version != CACHE_VERSION) return "another format version";
   if (strcmp(fkey, ekey)) return "another key (a different topology with the same file name)";

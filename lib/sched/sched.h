@@ -45,32 +45,45 @@ double fc_cost_predict(const fc_link_model_t *m, double bytes);
  * and beta must come out positive, else FLEXCOLL_INVALID_ARGUMENT and m untouched. */
 flexcoll_result_t fc_cost_fit(fc_link_model_t *m, const double *bytes, const double *us, int n);
 /* Stage 2: fold one measured transfer (bytes in us) into m with weight w in (0, 1]: beta moves
- * toward bytes / (us - alpha) by w (alpha is kept; a measurement at or under alpha is ignored). */
+ * toward bytes / (us - alpha) by w (alpha is kept; a measurement at or under alpha, a weight outside
+ * (0, 1] or a number that is not finite is ignored). */
 void fc_cost_update(fc_link_model_t *m, double bytes, double us, double w);
 
-/* The calibration cache: one text file per key (the topology: hosts, devices, links) under dir;
- * load fails with FLEXCOLL_SYSTEM_ERROR when missing or malformed, never with partial models. */
+/* The calibration cache: one text file per key (the topology: hosts, devices, links) under dir,
+ * <dir>/<key with other than [A-Za-z0-9._-] as '_'>.links; the key itself (at most ~2000 bytes) is
+ * checked on load.  Save creates dir (mode 0700) and replaces the file atomically (temporary file and
+ * rename); it refuses with FLEXCOLL_INVALID_ARGUMENT models that load would refuse (alpha, beta or
+ * min_bytes negative or not finite, port < -1).  Load gives back the saved models bit for bit, or
+ * fails with FLEXCOLL_SYSTEM_ERROR (missing: an INFO line only, as on a first run; malformed, or for
+ * another key or number of links: a warning) leaving models untouched, never partial. */
 flexcoll_result_t fc_cost_cache_save(const char *dir, const char *key, const fc_link_model_t *models, int nlinks);
 flexcoll_result_t fc_cost_cache_load(const char *dir, const char *key, fc_link_model_t *models, int nlinks);
-/* The default cache directory: FLEXCOLL_CACHE_DIR, else $XDG_CACHE_HOME/flexcoll, else
- * $HOME/.cache/flexcoll; NULL when none can be named. */
+/* The default cache directory: FLEXCOLL_CACHE_DIR, else $XDG_CACHE_HOME/flexcoll (when absolute),
+ * else $HOME/.cache/flexcoll; NULL when none can be named.  Read once per process, thread-safe. */
 const char *fc_cost_cache_dir(void);
 
 /* ---- balancer (balance.c) ----------------------------------------------------------------------
- * Split `bytes` over n links so that their predicted finish times are equal: find T with
- * sum_i max(0, T - alpha_i) * beta_i = bytes, drop links whose share falls under min_bytes (or
- * under `align`), and repeat.  Links sharing a port share its bandwidth (their betas are scaled so
- * that their sum is the port's largest beta, among the links that carry a share).  Shares are multiples of `align` bytes (the element
- * size or more) except that the remainder goes to the fastest link, sum to bytes exactly, and are a
- * pure function of the inputs (every rank computes the same split).  A link with enabled[i] == 0
- * or beta <= 0 gets 0 (enabled may be NULL: all); when no link is usable, FLEXCOLL_INVALID_ARGUMENT.
- * bytes 0 gives all-zero shares.  The predicted finish time goes to *finish_us when not NULL. */
+ * Split `bytes` over n <= FC_MAX_LINKS links so that their predicted finish times are equal: find T
+ * with sum_i max(0, T - alpha_i) * beta_i = bytes, drop the link furthest under max(min_bytes,
+ * align) (or at or past T), and repeat.  Links sharing a port share its bandwidth (their betas are
+ * scaled so that their sum is the port's largest beta, among the links that carry a share).  Shares
+ * are multiples of `align` bytes (the element size or more; 0 counts as 1) except that the
+ * remainder goes to the carrying link with the largest (scaled) beta, lowest index on ties; they sum
+ * to bytes exactly, and are a pure function of the inputs (every rank computes the same split).
+ * The whole message goes to the one link that alone finishes first (lowest index on ties; its
+ * min_bytes does not matter) when bytes < align, when one link is left, or when the split would not
+ * finish before it (links that share a port and nothing else, for one).  A link with
+ * enabled[i] == 0 or beta <= 0 (or alpha or beta not finite) gets 0 (enabled may be NULL: all);
+ * when no link is usable, FLEXCOLL_INVALID_ARGUMENT.  bytes 0 gives all-zero shares and success.
+ * The predicted finish time (the latest carrying link's, with scaled betas) goes to *finish_us when
+ * not NULL. */
 flexcoll_result_t fc_balance(const fc_link_model_t *models, const int *enabled, int n, size_t bytes, size_t align,
                              size_t *shares, double *finish_us);
 
 /* ---- chunker (balance.c) -----------------------------------------------------------------------
  * A link's share cut into pipelined slices: slices of `slice` bytes (a multiple of align), the last
- * one shorter.  fc_chunk_count returns how many; fc_chunk_get the offset and length of slice k. */
+ * one shorter; slice 0 means one slice, share 0 none.  fc_chunk_count returns how many; fc_chunk_get
+ * the offset and length of slice k (k past the last: offset share, length 0). */
 size_t fc_chunk_count(size_t share, size_t slice);
 void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len);
 

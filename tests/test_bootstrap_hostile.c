@@ -257,8 +257,9 @@ START_TEST(test_root_bound_to_given_address) {
     fc_bootstrap_root_t *root = NULL;
     ck_assert_int_eq(fc_bootstrap_id_from_address(&id, hp, 1, NULL), FLEXCOLL_SUCCESS);
     ck_assert_int_eq(fc_bootstrap_start_root(&id, hp, &root), FLEXCOLL_SUCCESS);
-    /* All of 127/8 is this host on Linux: on the wildcard, 127.0.0.2 would be accepted too. */
-    ck_assert_msg(try_connect("127.0.0.2", port) == ECONNREFUSED, "%s: the root listens beyond 127.0.0.1", hp);
+    /* All of 127/8 is this host on Linux: on the wildcard, 127.0.0.2 would be accepted too.
+     * (Refused, or unreachable where loopback is 127.0.0.1 alone: either way not accepted.) */
+    ck_assert_msg(try_connect("127.0.0.2", port) != 0, "%s: the root listens beyond 127.0.0.1", hp);
     ck_assert_int_eq(try_connect("127.0.0.1", port), 0);
     rank_t a[1];
     run_ranks(&id, 1, a, NULL, 0);
@@ -275,7 +276,7 @@ START_TEST(test_root_bound_to_given_address) {
   ck_assert_int_eq(fc_bootstrap_id_from_address(&id, hp, 1, NULL), FLEXCOLL_SUCCESS);
   ck_assert_int_eq(fc_bootstrap_start_root(&id, hp, &root), FLEXCOLL_SUCCESS);
   unsetenv("FLEXCOLL_SOCKET_IFNAME");
-  ck_assert_int_eq(try_connect("127.0.0.2", port), ECONNREFUSED);
+  ck_assert_int_ne(try_connect("127.0.0.2", port), 0);
   fc_bootstrap_stop_root(root);
 }
 END_TEST

@@ -203,11 +203,36 @@ static fc_result_t check_reply(const fc_bootstrap_t *b, const unsigned char *m, 
 
 /* The root closed the connection without answering, again and again, until the timeout. */
 static fc_result_t never_answered(const fc_bootstrap_t *b, const char *what, int times) {
+  if (times < 2)
+    return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s closed the connection without answering",
+                    b->rank, b->nranks, what);
   return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
                   "bootstrap rank %d of %d: %s closed the connection %d times without answering: the unique id does "
                   "not match the root's (another communicator's root, or, in launcher mode, ranks that disagree on "
                   "FLEXCOLL_BOOTSTRAP_SECRET or the launcher's job id), or something floods the root with connections",
                   b->rank, b->nranks, what, times);
+}
+
+/* Send the hello and wait for the answer.  *hung_up: the root closed the connection unanswered,
+ * which the caller retries, so no error is recorded for it (a flood would fill the log). */
+static fc_result_t hello_exchange(const fc_bootstrap_t *b, int fd, const unsigned char *hello, size_t hlen,
+                                  unsigned char *reply, size_t rlen, const char *what, int *hung_up) {
+  ssize_t k;
+  *hung_up = 0;
+  do k = send(fd, hello, hlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (k < 0 && errno == EINTR);
+  /* A fresh connection's send buffer takes a hello whole: anything less is a connection gone. */
+  if (k != (ssize_t)hlen) return *hung_up = 1, FLEXCOLL_REMOTE_ERROR;
+  int64_t deadline = deadline_in(b->timeout_ms);
+  for (size_t got = 0; got < rlen;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    FC_CHECK(wait_fds(b, &p, 1, deadline, what));
+    if (!p.revents) continue;
+    k = recv(fd, reply + got, rlen - got, MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && !again(errno))) return *hung_up = 1, FLEXCOLL_REMOTE_ERROR;
+    if (k > 0) got += (size_t)k, deadline = deadline_in(b->timeout_ms);
+  }
+  return FLEXCOLL_SUCCESS;
 }
 
 /* Connect to the root, send this rank's hello, wait until every rank has joined; on success *lfd
@@ -225,21 +250,21 @@ static fc_result_t join_root(const fc_bootstrap_t *b, const struct sockaddr_stor
   put32(hello + FRAME_BYTES + 12, (uint32_t)b->rank);
   put32(hello + FRAME_BYTES + 16, (uint32_t)b->nranks);
   int64_t end = deadline_in(b->timeout_ms), backoff = 10;
-  for (int closed = 0;; closed++) {
-    int fd = -1;
-    FC_CHECK(connect_retry(b, root, rlen, what, end, closed == 0, &fd));
+  for (int closed = 1;; closed++) {
+    int fd = -1, hung_up = 0;
+    FC_CHECK(connect_retry(b, root, rlen, what, end, closed == 1, &fd));
     fc_result_t res = *lfd < 0 ? rank_listen(b, fd, lfd, hello + FRAME_BYTES + 20) : FLEXCOLL_SUCCESS;
-    if (res == FLEXCOLL_SUCCESS) res = xfer(b, fd, hello, sizeof hello, fd, reply, sizeof reply, what);
+    if (res == FLEXCOLL_SUCCESS) res = hello_exchange(b, fd, hello, sizeof hello, reply, sizeof reply, what, &hung_up);
     close(fd);
     if (res == FLEXCOLL_SUCCESS) return check_reply(b, reply, what, next, nlen);
-    /* REMOTE_ERROR here is a connection closed or reset before the answer (or an abort). */
-    if (res != FLEXCOLL_REMOTE_ERROR || aborted(b)) return res;
+    if (!hung_up) return res;
     int64_t left = end - now_ms();
-    if (left <= 0) return closed > 0 ? never_answered(b, what, closed + 1) : res;
-    FC_INFO(FC_SUB_BOOT, "bootstrap rank %d of %d: %s closed the connection before answering; retrying in %d ms",
-            b->rank, b->nranks, what, (int)(backoff < left ? backoff : left));
-    if (nap(b, backoff < left ? backoff : left) != 0) return abort_error(b, what);
-    if (now_ms() >= end) return never_answered(b, what, closed + 1);
+    if (left > 0) {
+      FC_INFO(FC_SUB_BOOT, "bootstrap rank %d of %d: %s closed the connection before answering; retrying in %d ms",
+              b->rank, b->nranks, what, (int)(backoff < left ? backoff : left));
+      if (nap(b, backoff < left ? backoff : left) != 0) return abort_error(b, what);
+    }
+    if (now_ms() >= end) return never_answered(b, what, closed);
     backoff = backoff < 500 ? backoff * 2 : 1000;
   }
 }

@@ -44,8 +44,9 @@ enum {
 #define TAG_BYE 0x46434258u   /* "FCBX" */
 #define FNV64_INIT 0xcbf29ce484222325ULL
 
-/* ST_GAVEUP: the root timed out or was stopped; nranks then carries how many had joined. */
-enum { ST_OK, ST_MAGIC, ST_NRANKS, ST_BADRANK, ST_DUP, ST_GAVEUP };
+/* ST_GAVEUP: the root timed out or was stopped; nranks then carries how many had joined.
+ * ST_UNUSED: was "wrong magic", which is now answered by nothing at all. */
+enum { ST_OK, ST_UNUSED, ST_NRANKS, ST_BADRANK, ST_DUP, ST_GAVEUP };
 
 /* A connection that has not yet proven what it is: read side by side with the others. */
 typedef struct {

@@ -1,6 +1,7 @@
-/* root.c — the root listener: a detached thread that collects one hello per rank, then tells
- * every rank where rank+1 listens (fc_bootstrap_create_root, fc_bootstrap_start_root); and the
- * ids of launcher jobs, computed from MASTER_ADDR:MASTER_PORT (fc_bootstrap_id_from_address). */
+/* root.c — the root listener: a thread that collects one hello per rank, then tells every rank
+ * where rank+1 listens (fc_bootstrap_create_root: detached; fc_bootstrap_start_root: stopped and
+ * joined by fc_bootstrap_stop_root); and the ids of launcher jobs, computed from
+ * MASTER_ADDR:MASTER_PORT and a secret (fc_bootstrap_id_from_address). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif

@@ -51,9 +51,9 @@ flexcoll_result_t fc_bootstrap_id_from_address(flexcoll_unique_id_t *id, const c
 typedef struct fc_bootstrap_root fc_bootstrap_root_t;
 
 /* Start the root listener for an id from fc_bootstrap_id_from_address (rank 0 of a launcher job),
- * with SO_REUSEADDR, on the address FLEXCOLL_SOCKET_IFNAME picks, else on the id's address, else
- * (an address this host cannot bind, or a host name in hostport that maps to loopback here) on
- * every address.  hostport (may be NULL) is the string the id came from.  *root must be passed to
+ * with SO_REUSEADDR, on the id's address; where this host cannot bind it (a NAT address, or a host
+ * name in hostport that maps to loopback here), on FLEXCOLL_SOCKET_IFNAME's address, else on every
+ * address.  hostport (may be NULL) is the string the id came from.  *root must be passed to
  * fc_bootstrap_stop_root once the rendezvous is over or has failed. */
 flexcoll_result_t fc_bootstrap_start_root(const flexcoll_unique_id_t *id, const char *hostport,
                                           fc_bootstrap_root_t **root);

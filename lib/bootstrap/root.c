@@ -392,10 +392,10 @@ static int name_on_loopback(const struct sockaddr_storage *a, const char *hostpo
   return hostport[0] != '[' && inet_pton(AF_INET, host, bin) != 1 && strcmp(host, "localhost") != 0;
 }
 
-/* Where a launcher job's root listens: FLEXCOLL_SOCKET_IFNAME's address when set, else the id's
- * own address, so that a root given 127.0.0.1 cannot be reached from the network.  Every address
- * only where the id's is not one this host can bind (a NAT or proxy address, a name that maps to
- * loopback here), with a log line that says so. */
+/* Where a launcher job's root listens: on the id's own address, which the other ranks connect
+ * to, so that a root given 127.0.0.1 cannot be reached from the network.  Where this host cannot
+ * bind that address (a NAT or proxy address, or a name that maps to loopback here but not on the
+ * other hosts), on FLEXCOLL_SOCKET_IFNAME's address, else on every address, with a log line. */
 static fc_result_t root_bind(const struct sockaddr_storage *idaddr, socklen_t idlen, const char *hostport, int *fd) {
   const char *what = "bootstrap root (is another job using this port?)";
   uint16_t port = idaddr->ss_family == AF_INET ? ((const struct sockaddr_in *)idaddr)->sin_port
@@ -403,21 +403,22 @@ static fc_result_t root_bind(const struct sockaddr_storage *idaddr, socklen_t id
   struct sockaddr_storage a = *idaddr;
   socklen_t len = idlen;
   char buf[96];
+  fc_bs_addr_str(idaddr, idlen, buf, sizeof buf);
+  if (!name_on_loopback(idaddr, hostport)) {
+    fc_result_t res = fc_bs_listen_on(&a, &len, 1, fd, what);
+    if (res == FLEXCOLL_SUCCESS || errno != EADDRNOTAVAIL) return res;
+  }
   if (fc_param_str("FLEXCOLL_SOCKET_IFNAME", NULL)) {
     FC_CHECK(fc_bs_pick_interface(&a, &len));
     set_port(&a, port);
     return fc_bs_listen_on(&a, &len, 1, fd, what);
   }
-  fc_bs_addr_str(idaddr, idlen, buf, sizeof buf);
-  if (name_on_loopback(idaddr, hostport)) {
+  if (name_on_loopback(idaddr, hostport))
     FC_INFO(FC_SUB_BOOT, "bootstrap root: %s is %s on this host, but other hosts reach it elsewhere; listening on every "
             "address (FLEXCOLL_SOCKET_IFNAME or an address in FLEXCOLL_ROOT restricts it)", hostport, buf);
-  } else {
-    fc_result_t res = fc_bs_listen_on(&a, &len, 1, fd, what);
-    if (res == FLEXCOLL_SUCCESS || errno != EADDRNOTAVAIL) return res;
+  else
     FC_WARN("bootstrap root: %s is not an address of this host (NAT? proxy?); listening on every address "
             "(FLEXCOLL_SOCKET_IFNAME restricts it)", buf);
-  }
   memset(&a, 0, sizeof a);
   a.ss_family = idaddr->ss_family;
   set_port(&a, port);

@@ -225,11 +225,13 @@ START_TEST(test_restart_same_port) {
   pthread_t t;
   a[0] = (rank_t){.id = &id, .rank = 0, .nranks = 2, .timeout_ms = TMO_MS};
   ck_assert_int_eq(pthread_create(&t, NULL, rank_thread, &a[0]), 0);
-  sleep_ms(300);
+  sleep_ms(1000); /* it has joined by then, unless the machine is very busy: see below */
   fc_bootstrap_stop_root(root);
   pthread_join(t, NULL);
   ck_assert_msg(a[0].res == FLEXCOLL_REMOTE_ERROR, "result %d: %s", a[0].res, a[0].err);
-  ck_assert_msg(strstr(a[0].err, "gave up the rendezvous with 1 of 2"), "%s", a[0].err);
+  /* Told by the root; or, had its hello not been read yet, refused when it came back. */
+  ck_assert_msg(strstr(a[0].err, "gave up the rendezvous with 1 of 2") || strstr(a[0].err, "no longer listens"), "%s",
+                a[0].err);
   ck_assert_int_lt(a[0].elapsed_ms, TMO_MS / 2);
   fc_bootstrap_stop_root(NULL);
 }

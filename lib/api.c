@@ -44,6 +44,11 @@ flexcoll_result_t fc_check_config(const flexcoll_config_t *config, const char *f
 
 flexcoll_result_t flexcoll_comm_init_rank(flexcoll_comm_t *comm, int nranks, flexcoll_unique_id_t id, int rank,
                                           const flexcoll_config_t *config) {
+  return fc_comm_init_rank(comm, nranks, id, rank, config, NULL);
+}
+
+static flexcoll_result_t init_rank(flexcoll_comm_t *comm, int nranks, const flexcoll_unique_id_t *id, int rank,
+                                   const flexcoll_config_t *config, fc_bootstrap_root_t **root) {
   const char *fn = "flexcoll_comm_init_rank";
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
   *comm = NULL;
@@ -53,7 +58,9 @@ flexcoll_result_t flexcoll_comm_init_rank(flexcoll_comm_t *comm, int nranks, fle
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: rank %d out of range [0, %d)", fn, rank, nranks);
   FC_CHECK(fc_check_config(config, fn));
   flexcoll_comm_t c;
-  FC_CHECK(fc_comm_alloc(&c, nranks, rank, &id, config));
+  FC_CHECK(fc_comm_alloc(&c, nranks, rank, id, config));
+  c->root = *root; /* from here on the communicator stops it */
+  *root = NULL;
   if (fc_group_active()) {
     flexcoll_result_t res = fc_group_enqueue_init(c);
     if (res != FLEXCOLL_SUCCESS) { flexcoll_comm_destroy(c); return res; }
@@ -65,6 +72,13 @@ flexcoll_result_t flexcoll_comm_init_rank(flexcoll_comm_t *comm, int nranks, fle
   if (res != FLEXCOLL_SUCCESS) { flexcoll_comm_destroy(c); return res; }
   *comm = c;
   return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_comm_init_rank(flexcoll_comm_t *comm, int nranks, flexcoll_unique_id_t id, int rank,
+                                    const flexcoll_config_t *config, fc_bootstrap_root_t *root) {
+  flexcoll_result_t res = init_rank(comm, nranks, &id, rank, config, &root);
+  fc_bootstrap_stop_root(root); /* still ours only when refused before a communicator took it */
+  return res;
 }
 
 flexcoll_result_t flexcoll_comm_init_all(flexcoll_comm_t *comms, int ndev, const int *devlist) {

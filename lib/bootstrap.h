@@ -10,6 +10,9 @@
  * non-loopback interface with IPv4, else loopback); FLEXCOLL_BOOTSTRAP_TIMEOUT (seconds, default
  * 120, <= 0: no limit) is how long a root waits for its ranks before giving up.
  *
+ * Every message on the wire is a frame: type, call number, payload length, checked before the
+ * payload is read (lib/bootstrap/net.h).  The root answers only hellos with its magic.
+ *
  * Thread safety: functions on different fc_bootstrap_t objects may run concurrently (many ranks may
  * live as threads of one process).  On one object, fc_bootstrap_peer_lost may run concurrently with
  * allgather/barrier; everything else needs the caller's serialisation.
@@ -38,13 +41,32 @@ typedef struct fc_bootstrap fc_bootstrap_t;
 flexcoll_result_t fc_bootstrap_create_root(flexcoll_unique_id_t *id);
 
 /* An id for a root at a known "host:port" ("[v6addr]:port" for IPv6; launchers: MASTER_ADDR:
- * MASTER_PORT).  The magic is a hash of the string and nranks, so every rank computes the same id
- * without talking.  A malformed or unresolvable string -> FLEXCOLL_INVALID_ARGUMENT. */
-flexcoll_result_t fc_bootstrap_id_from_address(flexcoll_unique_id_t *id, const char *hostport, int nranks);
+ * MASTER_PORT).  The magic is a hash of the string, nranks and secret (NULL or "": none), so every
+ * rank computes the same id without talking; without a secret, anyone who knows host:port and
+ * nranks can compute it too.  A malformed or unresolvable string -> FLEXCOLL_INVALID_ARGUMENT. */
+flexcoll_result_t fc_bootstrap_id_from_address(flexcoll_unique_id_t *id, const char *hostport, int nranks,
+                                               const char *secret);
 
-/* Start the root listener for an id from fc_bootstrap_id_from_address (rank 0 of a launcher job).
- * Listens on every local address at the id's port, with SO_REUSEADDR. */
-flexcoll_result_t fc_bootstrap_start_root(const flexcoll_unique_id_t *id);
+/* A root listener that its starter stops (fc_bootstrap_start_root). */
+typedef struct fc_bootstrap_root fc_bootstrap_root_t;
+
+/* Start the root listener for an id from fc_bootstrap_id_from_address (rank 0 of a launcher job),
+ * with SO_REUSEADDR, on the id's address; where this host cannot bind it (a NAT address, or a host
+ * name in hostport that maps to loopback here), on FLEXCOLL_SOCKET_IFNAME's address, else on every
+ * address.  hostport (may be NULL) is the string the id came from.  *root must be passed to
+ * fc_bootstrap_stop_root once the rendezvous is over or has failed. */
+flexcoll_result_t fc_bootstrap_start_root(const flexcoll_unique_id_t *id, const char *hostport,
+                                          fc_bootstrap_root_t **root);
+
+/* Release everything the root took: it stops serving (ranks that joined are told the rendezvous
+ * failed), closes its listener and its thread is joined, so the port is free on return.  After a
+ * complete rendezvous this only joins.  NULL is fine. */
+void fc_bootstrap_stop_root(fc_bootstrap_root_t *root);
+
+/* The secret that flexcoll_comm_init_from_env mixes into the magic (lib/launch.c):
+ * FLEXCOLL_BOOTSTRAP_SECRET, else the job id of the launcher named (as in its launcher table:
+ * "torchrun", "Open MPI", "PMI", "Slurm"); NULL if none.  *source names the variable used. */
+const char *fc_launch_secret(const char *launcher, const char **source);
 
 /* The 128-byte id: version, marker, magic, IPv4 or IPv6 socket address, checksum, zeros.
  * decode returns FLEXCOLL_INVALID_ARGUMENT for an id that is not well formed. */
@@ -53,9 +75,10 @@ flexcoll_result_t fc_bootstrap_id_encode(flexcoll_unique_id_t *id, uint64_t magi
 flexcoll_result_t fc_bootstrap_id_decode(const flexcoll_unique_id_t *id, uint64_t *magic,
                                          struct sockaddr_storage *addr, socklen_t *len);
 
-/* Rendezvous of rank `rank` of `nranks` (collective): connect to the root (retrying until the
- * timeout), send this rank's listen address, then build the ring (connect to rank+1, accept from
- * rank-1, both checked by magic and rank).  timeout_ms bounds every wait (time without progress);
+/* Rendezvous of rank `rank` of `nranks` (collective): connect to the root and send this rank's
+ * listen address (both retried with backoff until the timeout: the root may not listen yet, or
+ * may close a connection unanswered, under a flood or for a wrong magic), then build the ring
+ * (connect to rank+1, accept from rank-1, both checked by magic and rank).  timeout_ms bounds every wait (time without progress);
  * timeout_ms <= 0 waits forever.  abort_flag (may be NULL) turning nonzero makes any wait return
  * FLEXCOLL_REMOTE_ERROR within about 50 ms.  On failure *bs is NULL. */
 flexcoll_result_t fc_bootstrap_init(fc_bootstrap_t **bs, const flexcoll_unique_id_t *id, int rank, int nranks,

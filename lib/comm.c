@@ -140,8 +140,12 @@ static flexcoll_result_t check_settings_agree(flexcoll_comm_t c) {
 flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   fc_log_set_rank(c->rank);
   flexcoll_result_t res;
-  FC_CHECK_GOTO(fc_bootstrap_init(&c->bootstrap, &c->init_id, c->rank, c->nranks, c->timeout_ms, &c->abort_flag),
-                res, fail);
+  res = fc_bootstrap_init(&c->bootstrap, &c->init_id, c->rank, c->nranks, c->timeout_ms, &c->abort_flag);
+  /* Done with the rendezvous either way: after a success the root has answered everyone and this
+   * only joins it; after a failure the port must be free for a retry when this returns. */
+  fc_bootstrap_stop_root(c->root);
+  c->root = NULL;
+  if (res != FLEXCOLL_SUCCESS) goto fail;
   FC_CHECK_GOTO(check_settings_agree(c), res, fail);
   c->p2p_sent = calloc((size_t)c->nranks * 2, sizeof *c->p2p_sent);
   if (!c->p2p_sent) { res = fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto fail; }
@@ -168,6 +172,7 @@ fail:
 static void comm_free(flexcoll_comm_t c, int force) {
   fc_gpu_comm_fini(c);
   fc_links_close(c, force);
+  fc_bootstrap_stop_root(c->root);
   if (c->bootstrap) fc_bootstrap_close(c->bootstrap);
   fc_schedule_free(&c->schedule);
   free(c->scratch);

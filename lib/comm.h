@@ -21,6 +21,7 @@ typedef enum {
 } fc_comm_state_t;
 
 struct fc_bootstrap;
+struct fc_bootstrap_root;
 struct fc_links;
 struct fc_gpu;
 
@@ -36,6 +37,7 @@ struct flexcoll_comm {
   char last_error[FC_ERROR_MSG_LEN];
 
   struct fc_bootstrap *bootstrap;
+  struct fc_bootstrap_root *root; /* the rendezvous this rank serves (launcher mode, rank 0), until init ends */
   struct fc_links *links; /* every usable link and its cost model (lib/sched/links.c) */
   struct fc_gpu *gpu;   /* device-memory state, NULL on host-only communicators */
 
@@ -60,6 +62,10 @@ flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn);
 flexcoll_result_t fc_comm_init(flexcoll_comm_t comm);
 flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, const flexcoll_unique_id_t *id,
                                 const flexcoll_config_t *config);
+/* flexcoll_comm_init_rank, plus root (may be NULL): a root listener this rank started, which the
+ * communicator stops when its initialisation ends, so that a failed one leaves no listener behind. */
+flexcoll_result_t fc_comm_init_rank(flexcoll_comm_t *comm, int nranks, flexcoll_unique_id_t id, int rank,
+                                    const flexcoll_config_t *config, struct fc_bootstrap_root *root);
 /* Validate a user's config (NULL is fine); fn names the caller in the message. */
 flexcoll_result_t fc_check_config(const flexcoll_config_t *config, const char *fn);
 /* The first error recorded asynchronously wins; returns the stored one. */

@@ -2,7 +2,7 @@
  * Order: FLEXCOLL_RANK/NRANKS/ROOT; torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
  * Open MPI, PMI (MPICH, Intel MPI), Slurm — with the root address from FLEXCOLL_ROOT.
  * Rank 0 serves the rendezvous at the root address; every rank derives the same unique id
- * from that address, so no other channel is needed. */
+ * from that address and the job's secret (fc_launch_secret), so no other channel is needed. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdio.h>
@@ -17,12 +17,35 @@
 
 typedef struct {
   const char *name, *rank_var, *size_var;
+  const char *job_vars[3]; /* the same on every rank of one job, different between jobs; first set wins */
 } fc_launcher_t;
 
+/* Not PMI_ID: it names a process, not the job. */
 static const fc_launcher_t launchers[] = {
-    {"flexcoll", "FLEXCOLL_RANK", "FLEXCOLL_NRANKS"}, {"torchrun", "RANK", "WORLD_SIZE"},
-    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"PMI", "PMI_RANK", "PMI_SIZE"},
-    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS"}};
+    {"flexcoll", "FLEXCOLL_RANK", "FLEXCOLL_NRANKS", {NULL}},
+    {"torchrun", "RANK", "WORLD_SIZE", {"TORCHELASTIC_RUN_ID"}},
+    {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     {"PMIX_NAMESPACE", "OMPI_MCA_orte_ess_jobid", "OMPI_MCA_ess_base_jobid"}},
+    {"PMI", "PMI_RANK", "PMI_SIZE", {"PMIX_NAMESPACE", "PMI_JOBID"}},
+    {"Slurm", "SLURM_PROCID", "SLURM_NTASKS", {"SLURM_JOB_ID"}}};
+
+/* What keeps a stranger who knows host:port and the rank count out of the job.  Job ids are no
+ * secret from other users of the cluster (squeue, ps); they keep out other jobs and the outside. */
+const char *fc_launch_secret(const char *launcher, const char **source) {
+  const char *v = getenv("FLEXCOLL_BOOTSTRAP_SECRET"); /* not fc_param_str: it logs the value */
+  *source = "FLEXCOLL_BOOTSTRAP_SECRET";
+  if (v && *v) return v;
+  for (size_t i = 0; launcher && i < sizeof launchers / sizeof launchers[0]; i++) {
+    if (strcmp(launchers[i].name, launcher) != 0) continue;
+    for (int k = 0; k < 3 && launchers[i].job_vars[k]; k++) {
+      v = getenv(launchers[i].job_vars[k]);
+      *source = launchers[i].job_vars[k];
+      if (v && *v) return v;
+    }
+  }
+  *source = NULL;
+  return NULL;
+}
 
 static int parse_int_env(const char *var, int *out) {
   const char *s = getenv(var);
@@ -69,10 +92,14 @@ flexcoll_result_t flexcoll_comm_init_from_env(flexcoll_comm_t *comm, const flexc
     char addr[256];
     FC_CHECK(root_address(l, addr, sizeof addr));
     flexcoll_unique_id_t id;
-    FC_CHECK(fc_bootstrap_id_from_address(&id, addr, size));
-    FC_INFO(FC_SUB_INIT, "%s launcher: rank %d of %d, root %s", l->name, rank, size, addr);
-    if (rank == 0) FC_CHECK(fc_bootstrap_start_root(&id));
-    return flexcoll_comm_init_rank(comm, size, id, rank, config);
+    const char *source, *secret = fc_launch_secret(l->name, &source);
+    FC_CHECK(fc_bootstrap_id_from_address(&id, addr, size, secret));
+    FC_INFO(FC_SUB_INIT, "%s launcher: rank %d of %d, root %s, secret %s", l->name, rank, size, addr,
+            secret ? source : "none (set FLEXCOLL_BOOTSTRAP_SECRET)");
+    /* The communicator owns the root: a failed initialisation stops it and frees the port. */
+    fc_bootstrap_root_t *root = NULL;
+    if (rank == 0) FC_CHECK(fc_bootstrap_start_root(&id, addr, &root));
+    return fc_comm_init_rank(comm, size, id, rank, config, root);
   }
   return fc_error(NULL, FLEXCOLL_INVALID_USAGE,
                   "%s: no launcher environment found (FLEXCOLL_RANK/FLEXCOLL_NRANKS, RANK/WORLD_SIZE, "

@@ -49,5 +49,9 @@ int main(int argc, char **argv) {
   setting("FLEXCOLL_TIMEOUT_MS", "300000", "longest wait on a peer");
   setting("FLEXCOLL_BOOTSTRAP_TIMEOUT", "120", "seconds a root waits for its ranks");
   setting("FLEXCOLL_SOCKET_IFNAME", "(first up)", "bootstrap interface");
+  /* Its value is never printed. */
+  const char *secret = getenv("FLEXCOLL_BOOTSTRAP_SECRET");
+  printf("  %-28s %-12s %s\n", "FLEXCOLL_BOOTSTRAP_SECRET", secret && *secret ? "(set)" : "(job id)",
+         "mixed into launcher jobs' magic");
   return 0;
 }

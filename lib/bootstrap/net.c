@@ -180,33 +180,68 @@ fc_result_t fc_bs_listen_on(struct sockaddr_storage *addr, socklen_t *len, int r
       getsockname(fd, (struct sockaddr *)addr, &bound) != 0) {
     int e = errno;
     close(fd);
-    return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "%s: cannot listen on %s: %s", what, buf, strerror(e));
+    fc_result_t res = fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "%s: cannot listen on %s: %s", what, buf, strerror(e));
+    errno = e; /* for callers that try elsewhere */
+    return res;
   }
   *len = bound;
   *fd_out = fd;
   return FLEXCOLL_SUCCESS;
 }
 
-/* Take every queued connection.  When the table is full the oldest entry goes, so that a flood
- * of idle connections cannot keep a real peer out. */
-void fc_bs_pend_accept(int lfd, pend_t *v, int *n, int cap, int hello_ms, int64_t *pause_until) {
-  for (;;) {
+/* Where a new connection goes in a full table: see fc_bs_pend_accept.  Each silent candidate is
+ * read once more first, since a real peer's message may have come in since it was accepted. */
+static int pend_victim(pend_table_t *t, int *silent) {
+  int partial = -1;
+  for (int i = 0; i < t->n; i++) {
+    pend_t *p = &t->v[i];
+    int st = p->got < t->want ? fc_bs_pend_read(p, t->want) : 1;
+    *silent = st < 0 ? 2 : p->got == 0; /* 2: it has closed, so dropping it loses nothing */
+    if (*silent) return i;
+    if (st == 0 && partial < 0) partial = i;
+  }
+  return partial;
+}
+
+static void pend_evict(pend_table_t *t, int i, int silent) {
+  if (silent == 2)
+    t->closed++;
+  else if (t->evicted++ == 0)
+    FC_WARN("%s: more than %d connections have not sent a whole hello; dropping the oldest %s ones "
+            "(is something flooding this port?)", t->who, t->cap, silent ? "silent" : "slowest");
+  else
+    FC_TRACE(FC_SUB_BOOT, "%s: dropped a connection to make room (%lu so far)", t->who, t->evicted);
+  close(t->v[i].fd);
+  memmove(t->v + i, t->v + i + 1, (size_t)(t->n - i - 1) * sizeof *t->v);
+  t->n--;
+}
+
+void fc_bs_pend_accept(int lfd, pend_table_t *t) {
+  for (int batch = 0; batch < 2 * t->cap; batch++) {
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       /* Out of descriptors or memory: the connection stays queued and poll would spin on it. */
       if (errno != EAGAIN && errno != EWOULDBLOCK) {
-        FC_INFO(FC_SUB_BOOT, "bootstrap: accept: %s; pausing", strerror(errno));
-        *pause_until = now_ms() + 100;
+        FC_INFO(FC_SUB_BOOT, "%s: accept: %s; pausing", t->who, strerror(errno));
+        t->pause_until = now_ms() + 100;
       }
       return;
     }
-    if (*n == cap) {
-      close(v[0].fd);
-      memmove(v, v + 1, (size_t)(cap - 1) * sizeof *v);
-      (*n)--;
+    pend_t p = {.fd = fd, .deadline = t->hello_ms > 0 ? now_ms() + t->hello_ms : INT64_MAX};
+    if (fc_bs_pend_read(&p, t->want) < 0) { /* connect-and-close: nothing to keep */
+      t->closed++;
+      close(fd);
+      continue;
     }
-    v[(*n)++] = (pend_t){.fd = fd, .deadline = hello_ms > 0 ? now_ms() + hello_ms : INT64_MAX};
+    int silent = 0, i = t->n < t->cap ? -1 : pend_victim(t, &silent);
+    if (t->n == t->cap && i < 0) { /* every entry has a whole message for the caller: no room */
+      FC_INFO(FC_SUB_BOOT, "%s: no room for another connection; closed it", t->who);
+      close(fd);
+      return;
+    }
+    if (i >= 0) pend_evict(t, i, silent);
+    t->v[t->n++] = p;
   }
 }
 

@@ -22,34 +22,50 @@
 
 enum {
   ID_VERSION = 1,
-  PROTO_VERSION = 1,
+  PROTO_VERSION = 2,     /* 2: every message framed */
   ADDR_BYTES = 24,       /* family, 0, port, 16 address bytes, IPv6 scope id */
   ID_CHECKED_BYTES = 36, /* version, "fcb", magic, address; the checksum follows */
   ID_USED_BYTES = 40,
-  HELLO_BYTES = 24 + ADDR_BYTES, /* tag, version, magic, rank, nranks, listen address */
-  REPLY_BYTES = 12 + ADDR_BYTES, /* tag, status, nranks, address of rank+1 */
-  RING_BYTES = 16,               /* tag, magic, rank */
-  AG_HDR_BYTES = 16,             /* tag, call number, bytes */
+  FRAME_BYTES = 16,                       /* type, call number (0 outside all-gathers), payload bytes */
+  HELLO_BYTES = 20 + ADDR_BYTES,          /* version, magic, rank, nranks, listen address */
+  REPLY_BYTES = 8 + ADDR_BYTES,           /* status, nranks (or ranks joined), address of rank+1 */
+  RING_BYTES = 12,                        /* magic, rank */
+  PEND_BYTES = FRAME_BYTES + HELLO_BYTES, /* the longest first message: a root hello */
   ROOT_MAX_PENDING = 128,
   RING_MAX_PENDING = 8,
   HELLO_TIMEOUT_MS = 10000,
   SLICE_MS = 50,
 };
+/* Frame types.  A goodbye is a frame like any other, so that a rank reading data can tell it apart. */
 #define TAG_HELLO 0x46434248u /* "FCBH" */
 #define TAG_REPLY 0x46434252u /* "FCBR" */
 #define TAG_RING 0x4643424cu  /* "FCBL" */
 #define TAG_AG 0x46434241u    /* "FCBA" */
+#define TAG_BYE 0x46434258u   /* "FCBX" */
 #define FNV64_INIT 0xcbf29ce484222325ULL
 
-enum { ST_OK, ST_MAGIC, ST_NRANKS, ST_BADRANK, ST_DUP };
+/* ST_GAVEUP: the root timed out or was stopped; nranks then carries how many had joined.
+ * ST_UNUSED: was "wrong magic", which is now answered by nothing at all. */
+enum { ST_OK, ST_UNUSED, ST_NRANKS, ST_BADRANK, ST_DUP, ST_GAVEUP };
 
 /* A connection that has not yet proven what it is: read side by side with the others. */
 typedef struct {
   int fd;
   size_t got;
   int64_t deadline;
-  unsigned char buf[HELLO_BYTES];
+  unsigned char buf[PEND_BYTES];
 } pend_t;
+
+/* The connections a listener has accepted but not yet identified, oldest first. */
+typedef struct {
+  pend_t *v;
+  int n, cap;
+  size_t want;          /* bytes of a whole first message */
+  int hello_ms;         /* how long one may stay silent; <= 0: no limit */
+  int64_t pause_until;  /* after a resource error, when to accept again */
+  unsigned long evicted, closed; /* pushed out for room; closed before sending anything */
+  const char *who;      /* names the listener in the log */
+} pend_table_t;
 
 /* ---- small helpers ---------------------------------------------------------------------- */
 
@@ -98,12 +114,22 @@ fc_result_t fc_bs_pick_interface(struct sockaddr_storage *addr, socklen_t *len);
  * reuse sets SO_REUSEADDR, what names the listener in errors. */
 fc_result_t fc_bs_listen_on(struct sockaddr_storage *addr, socklen_t *len, int reuse, int *fd_out, const char *what);
 
-/* Accept queued connections into v (n of cap used; full: the oldest goes), each with hello_ms to
- * send its hello (<= 0: no limit); on a resource error *pause_until is when to try again. */
-void fc_bs_pend_accept(int lfd, pend_t *v, int *n, int cap, int hello_ms, int64_t *pause_until);
-/* 1: `want` bytes are in; 0: more to come; -1: closed or failed before a whole hello. */
+/* Accept queued connections (a bounded batch, so that reading the hellos already in is never
+ * starved by a flood) and read what each has sent.  A connection already closed by its peer is
+ * dropped at once; when the table is full the oldest silent one goes, else the oldest part-way
+ * through its message, never one whose whole message is in.  The caller then handles every entry
+ * with got == want. */
+void fc_bs_pend_accept(int lfd, pend_table_t *t);
+/* 1: `want` bytes are in; 0: more to come; -1: closed or failed before a whole message. */
 int fc_bs_pend_read(pend_t *p, size_t want);
 /* Drop the entries whose fd is -1; returns how many are left. */
 int fc_bs_pend_compact(pend_t *v, int n);
+
+/* Frame header at p: type, seq, then len payload bytes. */
+static inline void frame_put(unsigned char *p, uint32_t type, uint32_t seq, uint64_t len) {
+  put32(p, type);
+  put32(p + 4, seq);
+  put64(p + 8, len);
+}
 
 #endif

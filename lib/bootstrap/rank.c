@@ -89,10 +89,11 @@ static int connect_retryable(int e) {
 }
 
 /* Refused or unreachable usually means the peer is not listening yet (processes start at
- * different times), so retry with backoff until the deadline. */
+ * different times), so retry with backoff until the deadline; unless !patient, when a refusal is
+ * final: the peer listened before, so it has gone. */
 static fc_result_t connect_retry(const fc_bootstrap_t *b, const struct sockaddr_storage *addr, socklen_t len,
-                                 const char *what, int *fd_out) {
-  int64_t deadline = deadline_in(b->timeout_ms), backoff = 10;
+                                 const char *what, int64_t deadline, int patient, int *fd_out) {
+  int64_t backoff = 10;
   for (;;) {
     int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), err = 0;
     if (fd < 0) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap: socket: %s", strerror(errno));
@@ -116,6 +117,9 @@ static fc_result_t connect_retry(const fc_bootstrap_t *b, const struct sockaddr_
       return FLEXCOLL_SUCCESS;
     }
     close(fd);
+    if (!patient && err == ECONNREFUSED)
+      return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s no longer listens (it gave up or its "
+                      "process exited)", b->rank, b->nranks, what);
     if (!connect_retryable(err))
       return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap rank %d of %d: %s: connect: %s", b->rank, b->nranks,
                       what, strerror(err));
@@ -126,6 +130,27 @@ static fc_result_t connect_retry(const fc_bootstrap_t *b, const struct sockaddr_
     if (nap(b, backoff < left ? backoff : left) != 0) return abort_error(b, what);
     backoff = backoff < 100 ? backoff * 2 : 100;
   }
+}
+
+/* The frame header h from rank `from` must announce `type` with call number seq and len payload
+ * bytes.  Checked before any payload is read, so that a length from the wire never sizes
+ * anything and a goodbye is never taken for data. */
+static fc_result_t check_frame(const fc_bootstrap_t *b, const unsigned char *h, uint32_t type, uint32_t seq,
+                               uint64_t len, int from, const char *what) {
+  uint32_t t = get32(h), s = get32(h + 4);
+  uint64_t l = get64(h + 8);
+  if (t == type && s == seq && l == len) return FLEXCOLL_SUCCESS;
+  if (t == TAG_BYE)
+    return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s: rank %d left the communicator (it "
+                    "closed its bootstrap: its initialisation failed, or it was destroyed)", b->rank, b->nranks, what,
+                    from);
+  if (t == TAG_AG && type == TAG_AG)
+    return fc_error(NULL, FLEXCOLL_INTERNAL_ERROR,
+                    "bootstrap rank %d of %d: allgather #%u of %llu bytes, but rank %d is in allgather #%u of %llu bytes",
+                    b->rank, b->nranks, seq, (unsigned long long)len, from, s, (unsigned long long)l);
+  return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s: a message of type 0x%08x and %llu bytes "
+                  "where type 0x%08x and %llu bytes belong: not a flexcoll bootstrap peer of this version", b->rank,
+                  b->nranks, what, t, (unsigned long long)l, type, (unsigned long long)len);
 }
 
 /* ---- rank side: rendezvous and ring --------------------------------------------------------- */
@@ -150,20 +175,19 @@ static fc_result_t rank_listen(const fc_bootstrap_t *b, int root_fd, int *lfd, u
 
 static fc_result_t check_reply(const fc_bootstrap_t *b, const unsigned char *m, const char *what,
                                struct sockaddr_storage *next, socklen_t *nlen) {
-  int status = (int)get32(m + 4), other = (int)get32(m + 8);
-  if (get32(m) != TAG_REPLY)
-    return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s sent something that is not a flexcoll reply",
-                    b->rank, b->nranks, what);
+  FC_CHECK(check_frame(b, m, TAG_REPLY, 0, REPLY_BYTES, -1, what));
+  m += FRAME_BYTES;
+  int status = (int)get32(m), other = (int)get32(m + 4);
   switch (status) {
   case ST_OK:
-    if (other == b->nranks && fc_bs_addr_unpack(m + 12, next, nlen) == 0) return FLEXCOLL_SUCCESS;
+    if (other == b->nranks && fc_bs_addr_unpack(m + 8, next, nlen) == 0) return FLEXCOLL_SUCCESS;
     return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s sent a malformed reply", b->rank,
                     b->nranks, what);
-  case ST_MAGIC:
-    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
-                    "unique id does not match the root's: %s serves another communicator%s (this rank has %d ranks)",
-                    what, other > 0 ? (other == b->nranks ? " of as many ranks" : " of another rank count") : "",
-                    b->nranks);
+  case ST_GAVEUP:
+    return fc_error(NULL, FLEXCOLL_REMOTE_ERROR,
+                    "bootstrap rank %d of %d: %s gave up the rendezvous with %d of %d ranks joined "
+                    "(FLEXCOLL_BOOTSTRAP_TIMEOUT ran out, or its process stopped it when its own rank failed)",
+                    b->rank, b->nranks, what, other, b->nranks);
   case ST_NRANKS:
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
                     "ranks disagree on the number of ranks: rank %d was given %d, another rank %d (%s)", b->rank,
@@ -177,76 +201,129 @@ static fc_result_t check_reply(const fc_bootstrap_t *b, const unsigned char *m, 
   }
 }
 
+/* The root closed the connection without answering, again and again, until the timeout. */
+static fc_result_t never_answered(const fc_bootstrap_t *b, const char *what, int times) {
+  if (times < 2)
+    return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s closed the connection without answering",
+                    b->rank, b->nranks, what);
+  return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
+                  "bootstrap rank %d of %d: %s closed the connection %d times without answering: the unique id does "
+                  "not match the root's (another communicator's root, or, in launcher mode, ranks that disagree on "
+                  "FLEXCOLL_BOOTSTRAP_SECRET or the launcher's job id), or something floods the root with connections",
+                  b->rank, b->nranks, what, times);
+}
+
+/* Send the hello and wait for the answer.  *hung_up: the root closed the connection unanswered,
+ * which the caller retries, so no error is recorded for it (a flood would fill the log). */
+static fc_result_t hello_exchange(const fc_bootstrap_t *b, int fd, const unsigned char *hello, size_t hlen,
+                                  unsigned char *reply, size_t rlen, const char *what, int *hung_up) {
+  ssize_t k;
+  *hung_up = 0;
+  do k = send(fd, hello, hlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (k < 0 && errno == EINTR);
+  /* A fresh connection's send buffer takes a hello whole: anything less is a connection gone. */
+  if (k != (ssize_t)hlen) return *hung_up = 1, FLEXCOLL_REMOTE_ERROR;
+  int64_t deadline = deadline_in(b->timeout_ms);
+  for (size_t got = 0; got < rlen;) {
+    struct pollfd p = {fd, POLLIN, 0};
+    FC_CHECK(wait_fds(b, &p, 1, deadline, what));
+    if (!p.revents) continue;
+    k = recv(fd, reply + got, rlen - got, MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && !again(errno))) return *hung_up = 1, FLEXCOLL_REMOTE_ERROR;
+    if (k > 0) got += (size_t)k, deadline = deadline_in(b->timeout_ms);
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
 /* Connect to the root, send this rank's hello, wait until every rank has joined; on success *lfd
- * is this rank's listener and *next the address of rank+1's. */
+ * is this rank's listener and *next the address of rank+1's.  A root closes a connection without
+ * an answer when a flood made it drop the connection before its hello was read, or when it does
+ * not know the magic: connect and hello are retried with backoff until the timeout. */
 static fc_result_t join_root(const fc_bootstrap_t *b, const struct sockaddr_storage *root, socklen_t rlen, int *lfd,
                              struct sockaddr_storage *next, socklen_t *nlen) {
   char as[96], what[128];
   snprintf(what, sizeof what, "the bootstrap root at %s", fc_bs_addr_str(root, rlen, as, sizeof as));
-  int fd = -1;
-  FC_CHECK(connect_retry(b, root, rlen, what, &fd));
-  unsigned char hello[HELLO_BYTES], reply[REPLY_BYTES];
-  put32(hello, TAG_HELLO);
-  put32(hello + 4, PROTO_VERSION);
-  put64(hello + 8, b->magic);
-  put32(hello + 16, (uint32_t)b->rank);
-  put32(hello + 20, (uint32_t)b->nranks);
-  fc_result_t res = rank_listen(b, fd, lfd, hello + 24);
-  if (res == FLEXCOLL_SUCCESS) res = xfer(b, fd, hello, sizeof hello, fd, reply, sizeof reply, what);
-  close(fd);
-  if (res == FLEXCOLL_SUCCESS) res = check_reply(b, reply, what, next, nlen);
-  return res;
+  unsigned char hello[FRAME_BYTES + HELLO_BYTES], reply[FRAME_BYTES + REPLY_BYTES];
+  frame_put(hello, TAG_HELLO, 0, HELLO_BYTES);
+  put32(hello + FRAME_BYTES, PROTO_VERSION);
+  put64(hello + FRAME_BYTES + 4, b->magic);
+  put32(hello + FRAME_BYTES + 12, (uint32_t)b->rank);
+  put32(hello + FRAME_BYTES + 16, (uint32_t)b->nranks);
+  int64_t end = deadline_in(b->timeout_ms), backoff = 10;
+  for (int closed = 1;; closed++) {
+    int fd = -1, hung_up = 0;
+    FC_CHECK(connect_retry(b, root, rlen, what, end, closed == 1, &fd));
+    fc_result_t res = *lfd < 0 ? rank_listen(b, fd, lfd, hello + FRAME_BYTES + 20) : FLEXCOLL_SUCCESS;
+    if (res == FLEXCOLL_SUCCESS) res = hello_exchange(b, fd, hello, sizeof hello, reply, sizeof reply, what, &hung_up);
+    close(fd);
+    if (res == FLEXCOLL_SUCCESS) return check_reply(b, reply, what, next, nlen);
+    if (!hung_up) return res;
+    int64_t left = end - now_ms();
+    if (left > 0) {
+      FC_INFO(FC_SUB_BOOT, "bootstrap rank %d of %d: %s closed the connection before answering; retrying in %d ms",
+              b->rank, b->nranks, what, (int)(backoff < left ? backoff : left));
+      if (nap(b, backoff < left ? backoff : left) != 0) return abort_error(b, what);
+    }
+    if (now_ms() >= end) return never_answered(b, what, closed);
+    backoff = backoff < 500 ? backoff * 2 : 1000;
+  }
 }
 
 static void ring_hello(const fc_bootstrap_t *b, unsigned char *m) {
-  put32(m, TAG_RING);
-  put64(m + 4, b->magic);
-  put32(m + 12, (uint32_t)b->rank);
+  frame_put(m, TAG_RING, 0, RING_BYTES);
+  put64(m + FRAME_BYTES, b->magic);
+  put32(m + FRAME_BYTES + 8, (uint32_t)b->rank);
 }
 
 static int ring_hello_ok(const fc_bootstrap_t *b, const unsigned char *m, int rank) {
-  return get32(m) == TAG_RING && get64(m + 4) == b->magic && get32(m + 12) == (uint32_t)rank;
+  return get32(m) == TAG_RING && get32(m + 4) == 0 && get64(m + 8) == RING_BYTES &&
+         get64(m + FRAME_BYTES) == b->magic && get32(m + FRAME_BYTES + 8) == (uint32_t)rank;
 }
 
 /* Strays (port scanners, an old job's ranks) may connect to the listener too: several
  * connections are read side by side and only a verified hello from rank-1 is kept. */
 static fc_result_t accept_prev(fc_bootstrap_t *b, int lfd, int prev) {
   pend_t pend[RING_MAX_PENDING];
-  int n = 0;
-  int64_t pause_until = 0, deadline = deadline_in(b->timeout_ms);
-  char what[64];
+  char what[64], who[48];
   snprintf(what, sizeof what, "waiting for rank %d to connect", prev);
+  snprintf(who, sizeof who, "bootstrap rank %d listener", b->rank);
+  pend_table_t t = {.v = pend, .cap = RING_MAX_PENDING, .want = FRAME_BYTES + RING_BYTES, .who = who};
+  int64_t deadline = deadline_in(b->timeout_ms);
   fc_result_t res = FLEXCOLL_SUCCESS;
   while (b->prev_fd < 0) {
     struct pollfd p[1 + RING_MAX_PENDING];
-    p[0] = (struct pollfd){now_ms() >= pause_until ? lfd : -1, POLLIN, 0};
-    for (int i = 0; i < n; i++) p[1 + i] = (struct pollfd){pend[i].fd, POLLIN, 0};
-    if ((res = wait_fds(b, p, 1 + n, deadline, what)) != FLEXCOLL_SUCCESS) break;
-    for (int i = 0; i < n && b->prev_fd < 0; i++) {
-      int st = p[1 + i].revents ? fc_bs_pend_read(&pend[i], RING_BYTES) : 0;
-      if (st > 0 && ring_hello_ok(b, pend[i].buf, prev)) {
+    int np = t.n;
+    p[0] = (struct pollfd){now_ms() >= t.pause_until ? lfd : -1, POLLIN, 0};
+    for (int i = 0; i < np; i++) p[1 + i] = (struct pollfd){pend[i].fd, POLLIN, 0};
+    if ((res = wait_fds(b, p, 1 + np, deadline, what)) != FLEXCOLL_SUCCESS) break;
+    for (int i = 0; i < np; i++)
+      if (p[1 + i].revents && fc_bs_pend_read(&pend[i], t.want) < 0) sock_close(&pend[i].fd);
+    t.n = fc_bs_pend_compact(pend, t.n);
+    if (p[0].revents) fc_bs_pend_accept(lfd, &t);
+    for (int i = 0; i < t.n && b->prev_fd < 0; i++) {
+      if (pend[i].got < t.want) continue;
+      if (ring_hello_ok(b, pend[i].buf, prev)) {
         b->prev_fd = pend[i].fd;
         pend[i].fd = -1;
-      } else if (st != 0) {
+      } else {
         FC_INFO(FC_SUB_BOOT, "bootstrap rank %d: dropped a stray connection to its listener", b->rank);
         sock_close(&pend[i].fd);
       }
     }
-    n = fc_bs_pend_compact(pend, n);
-    if (b->prev_fd < 0 && p[0].revents) fc_bs_pend_accept(lfd, pend, &n, RING_MAX_PENDING, 0, &pause_until);
+    t.n = fc_bs_pend_compact(pend, t.n);
   }
-  for (int i = 0; i < n; i++) close(pend[i].fd);
+  for (int i = 0; i < t.n; i++) close(pend[i].fd);
   return res;
 }
 
 static fc_result_t build_ring(fc_bootstrap_t *b, int lfd, const struct sockaddr_storage *next, socklen_t nlen) {
   int nx = (b->rank + 1) % b->nranks, pv = (b->rank + b->nranks - 1) % b->nranks;
-  unsigned char mine[RING_BYTES], theirs[RING_BYTES];
+  unsigned char mine[FRAME_BYTES + RING_BYTES], theirs[FRAME_BYTES + RING_BYTES];
   char as[96], what[128], back[64];
   snprintf(what, sizeof what, "ring connection to rank %d at %s", nx, fc_bs_addr_str(next, nlen, as, sizeof as));
   snprintf(back, sizeof back, "ring connection from rank %d", pv);
   ring_hello(b, mine);
-  FC_CHECK(connect_retry(b, next, nlen, what, &b->next_fd));
+  FC_CHECK(connect_retry(b, next, nlen, what, deadline_in(b->timeout_ms), 1, &b->next_fd));
   /* Send, accept, answer, and only then read rank+1's answer: every rank connects first, so
    * waiting for that answer before accepting would deadlock the whole ring. */
   FC_CHECK(xfer(b, b->next_fd, mine, sizeof mine, -1, NULL, 0, what));
@@ -254,7 +331,9 @@ static fc_result_t build_ring(fc_bootstrap_t *b, int lfd, const struct sockaddr_
   int one = 1;
   setsockopt(b->prev_fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   FC_CHECK(xfer(b, b->prev_fd, mine, sizeof mine, -1, NULL, 0, back));
-  FC_CHECK(xfer(b, -1, NULL, 0, b->next_fd, theirs, sizeof theirs, what));
+  FC_CHECK(xfer(b, -1, NULL, 0, b->next_fd, theirs, FRAME_BYTES, what));
+  FC_CHECK(check_frame(b, theirs, TAG_RING, 0, RING_BYTES, nx, what));
+  FC_CHECK(xfer(b, -1, NULL, 0, b->next_fd, theirs + FRAME_BYTES, RING_BYTES, what));
   if (!ring_hello_ok(b, theirs, nx))
     return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s: the listener is not rank %d of this communicator",
                     b->rank, b->nranks, what, nx);
@@ -287,6 +366,22 @@ flexcoll_result_t fc_bootstrap_init(fc_bootstrap_t **bs, const flexcoll_unique_i
   return FLEXCOLL_SUCCESS;
 }
 
+/* One ring step: bytes from sbuf to rank+1 while bytes from rank-1 land in rbuf, each behind a
+ * frame that is read and checked before the payload.  Small payloads leave with their frame in
+ * one write (the per-call exchanges of direct mode: one round trip, not two). */
+static fc_result_t ring_step(const fc_bootstrap_t *b, uint32_t seq, const char *sbuf, char *rbuf, size_t bytes,
+                             int from, const char *what) {
+  enum { INLINE_MAX = 1024 };
+  unsigned char out[FRAME_BYTES + INLINE_MAX], in[FRAME_BYTES];
+  size_t inl = bytes <= INLINE_MAX ? bytes : 0;
+  frame_put(out, TAG_AG, seq, bytes);
+  if (inl) memcpy(out + FRAME_BYTES, sbuf, inl);
+  FC_CHECK(xfer(b, b->next_fd, out, FRAME_BYTES + inl, b->prev_fd, in, FRAME_BYTES, what));
+  FC_CHECK(check_frame(b, in, TAG_AG, seq, bytes, from, what));
+  if (!bytes) return FLEXCOLL_SUCCESS;
+  return xfer(b, b->next_fd, sbuf + inl, bytes - inl, b->prev_fd, rbuf, bytes, what);
+}
+
 flexcoll_result_t fc_bootstrap_allgather(fc_bootstrap_t *b, void *data, size_t bytes) {
   if (!b || (!data && bytes)) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap allgather: NULL argument");
   int n = b->nranks, pv = (b->rank + n - 1) % n;
@@ -294,35 +389,15 @@ flexcoll_result_t fc_bootstrap_allgather(fc_bootstrap_t *b, void *data, size_t b
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap allgather: %d x %zu bytes overflows", n, bytes);
   uint32_t seq = b->seq++;
   if (n == 1) return FLEXCOLL_SUCCESS;
-  /* Small payloads (the per-call exchanges of direct mode) travel with the header: one round
-   * trip instead of two for the first step. */
-  enum { INLINE_MAX = 1024 };
-  unsigned char mine[AG_HDR_BYTES + INLINE_MAX], theirs[AG_HDR_BYTES + INLINE_MAX];
-  size_t inline_bytes = bytes <= INLINE_MAX ? bytes : 0;
   char what[96];
   char *d = data;
   snprintf(what, sizeof what, "allgather #%u (to rank %d, from rank %d)", seq, (b->rank + 1) % n, pv);
-  put32(mine, TAG_AG);
-  put32(mine + 4, seq);
-  put64(mine + 8, bytes);
-  if (inline_bytes) memcpy(mine + AG_HDR_BYTES, d + (size_t)b->rank * bytes, inline_bytes);
-  /* Compare call number and size before the payload is read: a rank that skipped a call or passed
-   * another size becomes an error here instead of silently shifted data.  Header and inline
-   * payload leave in one write; the header is read and checked first. */
-  FC_CHECK(xfer(b, b->next_fd, mine, AG_HDR_BYTES + inline_bytes, b->prev_fd, theirs, AG_HDR_BYTES, what));
-  if (get32(theirs) != TAG_AG || get32(theirs + 4) != seq || get64(theirs + 8) != bytes)
-    return fc_error(NULL, FLEXCOLL_INTERNAL_ERROR,
-                    "bootstrap rank %d of %d: allgather #%u of %zu bytes, but rank %d is in allgather #%u of %llu bytes",
-                    b->rank, n, seq, bytes, pv, get32(theirs + 4), (unsigned long long)get64(theirs + 8));
-  int first = 0;
-  if (inline_bytes) {
-    FC_CHECK(xfer(b, b->next_fd, NULL, 0, b->prev_fd, theirs + AG_HDR_BYTES, inline_bytes, what));
-    memcpy(d + (size_t)pv * bytes, theirs + AG_HDR_BYTES, inline_bytes);
-    first = 1;
-  }
-  for (int s = first; bytes && s < n - 1; s++) {
+  /* Every step carries call number and size: a rank that skipped a call or passed another size
+   * becomes an error instead of silently shifted data.  Zero bytes: one step, the check alone. */
+  for (int s = 0; s < (bytes ? n - 1 : 1); s++) {
     size_t send_slot = (size_t)((b->rank - s + n) % n), recv_slot = (size_t)((b->rank - s - 1 + n) % n);
-    FC_CHECK(xfer(b, b->next_fd, d + send_slot * bytes, bytes, b->prev_fd, d + recv_slot * bytes, bytes, what));
+    FC_CHECK(ring_step(b, seq, bytes ? d + send_slot * bytes : NULL, bytes ? d + recv_slot * bytes : NULL, bytes, pv,
+                       what));
   }
   return FLEXCOLL_SUCCESS;
 }
@@ -339,13 +414,12 @@ flexcoll_result_t fc_bootstrap_barrier(fc_bootstrap_t *b) {
 }
 
 /* Sent on both ring sockets by a rank that destroys its communicator: a neighbour that finished
- * first and left is not a neighbour that died (its peers may still be completing their part). */
-static const char goodbye[8] = {'f', 'c', '-', 'b', 'y', 'e', '!', '\n'};
-
+ * first and left is not a neighbour that died (its peers may still be completing their part).
+ * A frame like any other, so that a rank still expecting data reports who left. */
 static int said_goodbye(int fd) {
-  char buf[sizeof goodbye];
+  unsigned char buf[FRAME_BYTES];
   ssize_t k = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
-  return k == (ssize_t)sizeof buf && memcmp(buf, goodbye, sizeof buf) == 0;
+  return k == (ssize_t)sizeof buf && get32(buf) == TAG_BYE;
 }
 
 int fc_bootstrap_peer_lost(fc_bootstrap_t *b) {
@@ -368,6 +442,8 @@ int fc_bootstrap_peer_lost(fc_bootstrap_t *b) {
 void fc_bootstrap_close(fc_bootstrap_t *b) {
   if (!b) return;
   if (b->nranks > 1) {
+    unsigned char goodbye[FRAME_BYTES];
+    frame_put(goodbye, TAG_BYE, 0, 0);
     for (int i = 0; i < 2; i++) {
       int fd = i ? b->prev_fd : b->next_fd;
       if (fd >= 0) (void)!send(fd, goodbye, sizeof goodbye, MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -142,8 +142,6 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, 
   return FLEXCOLL_SUCCESS;
 }
 
-static void ucx_free(fc_ucx_t *u);
-
 /* Collective even where this rank has no worker: the address exchange and the barrier are the
  * other ranks' too. */
 static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, const ucx_link_kind_t *kind, int *usable,
@@ -154,16 +152,16 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   u->nranks = comm->nranks;
   u->eps = calloc((size_t)comm->nranks, sizeof *u->eps);
   if (!u->eps) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  *usable = 1;
-  if (create_worker(comm, u, kind->tls) != FLEXCOLL_SUCCESS) {
+  /* Without a worker this rank still takes part in the exchange (address length 0).  UCX's
+   * shared-memory transports cannot report a dead peer (1.13 to 1.22 at least): with
+   * peer-failure handling every endpoint would be refused, after a UCX ERROR line per peer. */
+  *usable = 0;
+  if (kind == &kind_shm && fc_param_ucx_peer_failure() != 0)
+    snprintf(why, len, "UCX shared memory cannot report a dead peer (FLEXCOLL_UCX_PEER_FAILURE=0 enables it)");
+  else if (create_worker(comm, u, kind->tls) != FLEXCOLL_SUCCESS)
     snprintf(why, len, "%s", fc_thread_last_error());
-    *usable = 0;
-    ucx_free(u);
-    u = calloc(1, sizeof *u); /* an empty state that still takes part in the exchange */
-    link->state = u;
-    if (!u) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-    u->nranks = comm->nranks;
-  }
+  else
+    *usable = 1;
   char *addrs = NULL;
   size_t stride = 0;
   int missing = -1;

@@ -887,6 +887,54 @@ START_TEST(test_coll_partial_overlap) {
 }
 END_TEST
 
+/* Under ASan (./configure --enable-sanitizers) a malloc that cannot be satisfied must return NULL,
+ * as it does in production, instead of aborting: test_coll_out_of_memory depends on it. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
+START_TEST(test_coll_out_of_memory) {
+  /* A count that passes every check but whose host scratch cannot be allocated: a 2-rank
+   * allreduce of 2^58 int64 lands 2^60 bytes of received data, more than any address space.  Every
+   * rank fails alike (they need the same sizes) with SYSTEM_ERROR before sending anything, and the
+   * communicator stays usable; it used to be failed for good.  The buffers are small on purpose:
+   * nothing may touch them before the allocation fails. */
+  flexcoll_comm_t c[2];
+  make_pair(c);
+  static int64_t in[2][8], out[2][8];
+  const size_t huge = (size_t)1 << 58;
+  for (int coll = C_ALLREDUCE; coll <= C_REDUCE_SCATTER; coll++) {
+    if (coll == C_ALLGATHER) continue; /* moves data without landing space */
+    size_t count = coll == C_ALLREDUCE ? huge : huge / 2;
+    CTX("%s of %zu int64 on 2 ranks", coll_names[coll], count);
+    EXPECT_OK(flexcoll_group_start());
+    /* In place, as ranges this large overlap whatever two small buffers they start at; rank 1's
+     * reduce_scatter block lies far outside any mapping, which only a write would notice. */
+    for (int k = 0; k < 2; k++) {
+      void *recv = coll == C_ALLREDUCE ? (void *)in[k] : (void *)((uintptr_t)in[k] + (uintptr_t)k * count * 8);
+      EXPECT_OK(call_coll(coll, in[k], recv, count, FLEXCOLL_INT64, FLEXCOLL_SUM, 0, c[k]));
+    }
+    EXPECT_ERR(flexcoll_group_end(), FLEXCOLL_SYSTEM_ERROR, c[0], "out of memory");
+    for (int k = 0; k < 2; k++) {
+      const char *e = flexcoll_get_last_error(c[k]);
+      ck_assert_msg(strstr(e, "out of memory") && strstr(e, "bytes"), "[%s] rank %d: last error \"%s\"", ta_ctx, k, e);
+      flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
+      EXPECT_OK(flexcoll_comm_get_async_error(c[k], &ae));
+      ck_assert_msg(ae == FLEXCOLL_SUCCESS, "[%s] rank %d: async error %d after a refused allocation", ta_ctx, k, ae);
+    }
+    /* The same communicators go on: a normal call succeeds with the right result. */
+    CTX("allreduce after %s out of memory", coll_names[coll]);
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < 8; i++) in[k][i] = 100 * k + i, out[k][i] = -1;
+    EXPECT_OK(flexcoll_group_start());
+    for (int k = 0; k < 2; k++) EXPECT_OK(flexcoll_allreduce(in[k], out[k], 8, FLEXCOLL_INT64, FLEXCOLL_SUM, c[k], NULL));
+    EXPECT_OK(flexcoll_group_end());
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < 8; i++) ck_assert_int_eq(out[k][i], 100 + 2 * i);
+  }
+  destroy_concurrently(c, 2);
+}
+END_TEST
+
 typedef struct {
   int coll;
   size_t count;
@@ -1536,6 +1584,7 @@ static Suite *api_suite(void) {
   tcase_add_test(coll, test_coll_null_buffers_nonroot);
   tcase_add_test(coll, test_coll_count_overflow);
   tcase_add_test(coll, test_coll_partial_overlap);
+  tcase_add_test(coll, test_coll_out_of_memory);
   tcase_add_test(coll, test_single_rank_all_collectives);
   tcase_add_test(coll, test_coll_count_mismatch);
   suite_add_tcase(s, coll);

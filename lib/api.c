@@ -267,11 +267,20 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
 }
 
 static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
-  FC_CHECK(check_call(c, fn));
-  /* Refused here too, so that a group never queues a call its end would have to refuse. */
-  FC_CHECK(check_not_capturing(c->comm, c->stream, fn));
-  if (fc_group_active()) return fc_group_enqueue_call(c);
-  return c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
+  if (fc_group_active()) {
+    /* Only queued: the group's end holds the communicator while the call runs. */
+    FC_CHECK(check_call(c, fn));
+    /* Refused here too, so that a group never queues a call its end would have to refuse. */
+    FC_CHECK(check_not_capturing(c->comm, c->stream, fn));
+    return fc_group_enqueue_call(c);
+  }
+  /* Entered first: the checks read the communicator, which another thread could be using. */
+  FC_CHECK(fc_comm_enter(c->comm, fn));
+  flexcoll_result_t res = check_call(c, fn);
+  if (res == FLEXCOLL_SUCCESS) res = check_not_capturing(c->comm, c->stream, fn);
+  if (res == FLEXCOLL_SUCCESS) res = c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
+  fc_comm_leave(c->comm);
+  return res;
 }
 
 flexcoll_result_t flexcoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
@@ -346,6 +355,14 @@ flexcoll_result_t fc_window_call_run(const fc_call_t *c) {
   return fc_gpu_window_deregister(comm, c->window);
 }
 
+/* Outside a group: the window calls are collective, run on the communicator like a collective. */
+static flexcoll_result_t run_window_call(const fc_call_t *c, const char *fn) {
+  FC_CHECK(fc_comm_enter(c->comm, fn));
+  flexcoll_result_t res = fc_window_call_run(c);
+  fc_comm_leave(c->comm);
+  return res;
+}
+
 flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window) {
   const char *fn = "flexcoll_window_register";
   FC_CHECK(check_window_comm(comm, fn));
@@ -355,7 +372,7 @@ flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size
   if (bytes == 0) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: bytes is 0", fn);
   fc_call_t c = {.recvbuf = buf, .count = bytes, .comm = comm, .kind = FC_CALL_WINDOW_REGISTER, .window_out = window};
   if (fc_group_active()) return fc_group_enqueue_call(&c);
-  return fc_window_call_run(&c);
+  return run_window_call(&c, fn);
 }
 
 flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window) {
@@ -364,5 +381,5 @@ flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_wind
   if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
   fc_call_t c = {.comm = comm, .kind = FC_CALL_WINDOW_DEREGISTER, .window = window};
   if (fc_group_active()) return fc_group_enqueue_call(&c);
-  return fc_window_call_run(&c);
+  return run_window_call(&c, fn);
 }

@@ -2,8 +2,9 @@
  *
  * Every entry point is given bad input (NULL pointers, invalid datatypes and operators, roots and
  * ranks out of range, counts whose byte size overflows, uninitialised configs, damaged or orphaned
- * unique ids, destroyed communicators, unbalanced groups, broken launcher environments) and must
- * return the documented code with a last-error string that names the culprit.  Also: version and
+ * unique ids, destroyed communicators, unbalanced groups, broken launcher environments, send and
+ * receive buffers that overlap other than in place) and must return the documented code with a
+ * last-error string that names the culprit; a count whose scratch cannot be allocated fails alone.  Also: version and
  * error strings, the getters, one-rank communicators for every collective, groups, and real
  * init_from_env runs (flexcoll and torchrun variables) with two forked processes.
  *

@@ -12,7 +12,9 @@
  *
  * Also: flexcoll_comm_abort from another thread releases a collective stuck waiting for a peer
  * that never calls it (ranks as threads of one process, flexcoll_comm_init_all), and an init whose
- * peer never shows up times out.
+ * peer never shows up times out.  And misuse from threads: a call on a communicator that another
+ * thread is inside is refused (FLEXCOLL_INVALID_USAGE), destroy included, while the call in
+ * progress goes on unharmed; after an abort, destroy waits for that call instead.
  *
  * Ranks never call ck_assert (they are not the process Check watches): they record what went wrong
  * in shared memory and exit nonzero; the test process asserts on that.

@@ -4,6 +4,7 @@
  * reduction of one slice overlaps the arrival of the next; the round ends when every slice is
  * done.  Messages are matched by tag (see make_tag), so matching never depends on arrival order. */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
@@ -208,7 +209,9 @@ static flexcoll_result_t prepare(fc_exec_t *x, const fc_schedule_t *s) {
     for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
       const fc_step_t *st = &s->steps[i];
       if (st->kind == FC_STEP_COPY) continue;
-      if (st->kind == FC_STEP_RECV_REDUCE) tmp += st->count * x->esize;
+      /* Saturate: several steps of a huge count would wrap round to a small block. */
+      size_t bytes = st->count * x->esize;
+      if (st->kind == FC_STEP_RECV_REDUCE) tmp = bytes > SIZE_MAX - tmp ? SIZE_MAX : tmp + bytes;
       size_t per = slice_elems(x, st->count);
       n += st->count ? (st->count + per - 1) / per : 1;
     }

@@ -1,5 +1,6 @@
 /* api.c — the public entry points: argument checks, the group queue, dispatch by memory type. */
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,39 @@ flexcoll_result_t flexcoll_comm_init_all(flexcoll_comm_t *comms, int ndev, const
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* The buffers of a collective may coincide only in NCCL's in-place forms: a partial overlap
+ * makes a rank read input it has already overwritten with output, which gives wrong results,
+ * different ones on different ranks, with rc 0.  Pure pointer arithmetic, so device buffers are
+ * checked too.  Only called when this rank uses both buffers (a broadcast's non-root ignores
+ * sendbuf, a reduce's recvbuf). */
+static flexcoll_result_t check_overlap(const fc_call_t *c, size_t send_bytes, size_t recv_bytes, size_t esize,
+                                       const char *fn) {
+  flexcoll_comm_t comm = c->comm;
+  /* uintptr_t: comparing pointers into different objects is undefined in C. */
+  uintptr_t s = (uintptr_t)c->sendbuf, r = (uintptr_t)c->recvbuf;
+  if (!(s < r + recv_bytes && r < s + send_bytes)) return FLEXCOLL_SUCCESS;
+  size_t slot = (size_t)comm->rank * c->count * esize;
+  switch (c->coll) {
+    case FC_COLL_ALLTOALL:
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall cannot run in place)", fn);
+    case FC_COLL_ALLGATHER:
+      if (s == r + slot) return FLEXCOLL_SUCCESS;
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
+                      "%s: sendbuf and recvbuf overlap but sendbuf is not this rank's slot of recvbuf (recvbuf + rank %d "
+                      "x sendcount), the only overlap allowed (in place)", fn, comm->rank);
+    case FC_COLL_REDUCE_SCATTER:
+      if (r == s + slot) return FLEXCOLL_SUCCESS;
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
+                      "%s: sendbuf and recvbuf overlap but recvbuf is not this rank's block of sendbuf (sendbuf + rank %d "
+                      "x recvcount), the only overlap allowed (in place)", fn, comm->rank);
+    default:
+      if (s == r) return FLEXCOLL_SUCCESS;
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
+                      "%s: sendbuf and recvbuf overlap partially (recvbuf - sendbuf = %td bytes); they must be the same "
+                      "pointer (in place) or not overlap", fn, (ptrdiff_t)(r - s));
+  }
+}
+
 static flexcoll_result_t check_call(const fc_call_t *c, const char *fn) {
   flexcoll_comm_t comm = c->comm;
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
@@ -149,12 +183,7 @@ static flexcoll_result_t check_call(const fc_call_t *c, const char *fn) {
   int needs_recv = c->kind == FC_CALL_RECV || (c->kind == FC_CALL_COLL && (c->coll != FC_COLL_REDUCE || is_root));
   if (needs_send && !c->sendbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf is NULL", fn);
   if (needs_recv && !c->recvbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: recvbuf is NULL", fn);
-  if (c->kind == FC_CALL_COLL && c->coll == FC_COLL_ALLTOALL) {
-    const char *s = c->sendbuf, *r = c->recvbuf;
-    size_t bytes = send * esize;
-    if (s < r + bytes && r < s + bytes)
-      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall cannot run in place)", fn);
-  }
+  if (c->kind == FC_CALL_COLL && needs_send && needs_recv) return check_overlap(c, send * esize, recv * esize, esize, fn);
   return FLEXCOLL_SUCCESS;
 }
 
@@ -253,11 +282,20 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
 }
 
 static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
-  FC_CHECK(check_call(c, fn));
-  /* Refused here too, so that a group never queues a call its end would have to refuse. */
-  FC_CHECK(check_not_capturing(c->comm, c->stream, fn));
-  if (fc_group_active()) return fc_group_enqueue_call(c);
-  return c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
+  if (fc_group_active()) {
+    /* Only queued: the group's end holds the communicator while the call runs. */
+    FC_CHECK(check_call(c, fn));
+    /* Refused here too, so that a group never queues a call its end would have to refuse. */
+    FC_CHECK(check_not_capturing(c->comm, c->stream, fn));
+    return fc_group_enqueue_call(c);
+  }
+  /* Entered first: the checks read the communicator, which another thread could be using. */
+  FC_CHECK(fc_comm_enter(c->comm, fn));
+  flexcoll_result_t res = check_call(c, fn);
+  if (res == FLEXCOLL_SUCCESS) res = check_not_capturing(c->comm, c->stream, fn);
+  if (res == FLEXCOLL_SUCCESS) res = c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
+  fc_comm_leave(c->comm);
+  return res;
 }
 
 flexcoll_result_t flexcoll_allreduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
@@ -332,6 +370,14 @@ flexcoll_result_t fc_window_call_run(const fc_call_t *c) {
   return fc_gpu_window_deregister(comm, c->window);
 }
 
+/* Outside a group: the window calls are collective, run on the communicator like a collective. */
+static flexcoll_result_t run_window_call(const fc_call_t *c, const char *fn) {
+  FC_CHECK(fc_comm_enter(c->comm, fn));
+  flexcoll_result_t res = fc_window_call_run(c);
+  fc_comm_leave(c->comm);
+  return res;
+}
+
 flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window) {
   const char *fn = "flexcoll_window_register";
   FC_CHECK(check_window_comm(comm, fn));
@@ -341,7 +387,7 @@ flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size
   if (bytes == 0) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: bytes is 0", fn);
   fc_call_t c = {.recvbuf = buf, .count = bytes, .comm = comm, .kind = FC_CALL_WINDOW_REGISTER, .window_out = window};
   if (fc_group_active()) return fc_group_enqueue_call(&c);
-  return fc_window_call_run(&c);
+  return run_window_call(&c, fn);
 }
 
 flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window) {
@@ -350,7 +396,7 @@ flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_wind
   if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
   fc_call_t c = {.comm = comm, .kind = FC_CALL_WINDOW_DEREGISTER, .window = window};
   if (fc_group_active()) return fc_group_enqueue_call(&c);
-  return fc_window_call_run(&c);
+  return run_window_call(&c, fn);
 }
 
 /* ---- link statistics ----------------------------------------------------------------------- */

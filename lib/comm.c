@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bootstrap.h"
 #include "error.h"
@@ -37,21 +38,74 @@ static int registry_add(flexcoll_comm_t c) {
   return 0;
 }
 
-static int registry_remove(flexcoll_comm_t c) {
-  int found = 0;
+/* Index of c in the registry, registry_len if absent; registry_lock held. */
+static size_t registry_find(flexcoll_comm_t c) {
+  size_t i = 0;
+  while (i < registry_len && registry[i] != c) i++;
+  return i;
+}
+
+int fc_comm_is_live(flexcoll_comm_t c) {
   pthread_mutex_lock(&registry_lock);
-  for (size_t i = 0; i < registry_len; i++)
-    if (registry[i] == c) { registry[i] = registry[--registry_len]; found = 1; break; }
+  int found = registry_find(c) < registry_len;
   pthread_mutex_unlock(&registry_lock);
   return found;
 }
 
-int fc_comm_is_live(flexcoll_comm_t c) {
-  int found = 0;
+/* Liveness and the in-call mark are decided under the registry lock, as destroy's are: a call
+ * racing a destroy either finds comm gone or holds it, and then destroy refuses. */
+flexcoll_result_t fc_comm_enter(flexcoll_comm_t comm, const char *fn) {
+  if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  const char *busy = NULL;
   pthread_mutex_lock(&registry_lock);
-  for (size_t i = 0; i < registry_len && !found; i++) found = registry[i] == c;
+  int live = registry_find(comm) < registry_len;
+  if (live) atomic_compare_exchange_strong(&comm->in_call, &busy, fn);
   pthread_mutex_unlock(&registry_lock);
-  return found;
+  if (!live)
+    return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "%s: comm %p is not a live communicator (destroyed or never created)",
+                    fn, (void *)comm);
+  if (busy)
+    return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                    "%s: communicator is already in use by another thread (inside %s); one thread at a time may drive a "
+                    "communicator", fn, busy);
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_comm_leave(flexcoll_comm_t comm) { atomic_store(&comm->in_call, NULL); }
+
+/* For the calls allowed alongside another thread's (abort, get_async_error): 0 if c is not live. */
+static int registry_pin(flexcoll_comm_t c) {
+  pthread_mutex_lock(&registry_lock);
+  int live = registry_find(c) < registry_len;
+  if (live) atomic_fetch_add(&c->pins, 1);
+  pthread_mutex_unlock(&registry_lock);
+  return live;
+}
+
+static void unpin(flexcoll_comm_t c) { atomic_fetch_sub(&c->pins, 1); }
+
+typedef enum { TAKE_GONE, TAKE_DONE, TAKE_BUSY } take_t;
+
+/* Take c out of the registry for destroy, unless a call is inside it: then *busy names the call
+ * (NULL: only pinned ones) and *waitable says whether it will end soon by itself (pinned calls
+ * do; a call in progress does once c is aborted, since abort makes its waits return). */
+static take_t registry_take(flexcoll_comm_t c, const char **busy, int *waitable, int *timeout_ms) {
+  take_t t = TAKE_GONE;
+  *busy = NULL;
+  pthread_mutex_lock(&registry_lock);
+  size_t i = registry_find(c);
+  if (i < registry_len) {
+    if (atomic_load(&c->pins) == 0 && atomic_compare_exchange_strong(&c->in_call, busy, "flexcoll_comm_destroy")) {
+      registry[i] = registry[--registry_len];
+      t = TAKE_DONE;
+    } else {
+      t = TAKE_BUSY;
+      *waitable = !*busy || atomic_load(&c->state) == FC_COMM_ABORTED;
+      *timeout_ms = c->timeout_ms;
+    }
+  }
+  pthread_mutex_unlock(&registry_lock);
+  return t;
 }
 
 flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn) {
@@ -96,6 +150,8 @@ flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, cons
   atomic_init(&c->state, FC_COMM_PENDING);
   atomic_init(&c->abort_flag, 0);
   atomic_init(&c->async_error, FLEXCOLL_SUCCESS);
+  atomic_init(&c->in_call, NULL);
+  atomic_init(&c->pins, 0);
   pthread_mutex_init(&c->error_lock, NULL);
   fc_schedule_init(&c->schedule);
   if (registry_add(c)) { free(c); return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "out of memory"); }
@@ -157,6 +213,11 @@ flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
           c->cuda_device, c->timeout_ms);
   return FLEXCOLL_SUCCESS;
 fail:
+  fc_comm_fail_init(c, res);
+  return res;
+}
+
+void fc_comm_fail_init(flexcoll_comm_t c, flexcoll_result_t res) {
   /* Keep the message of the failure on the communicator for flexcoll_get_last_error(comm). */
   pthread_mutex_lock(&c->error_lock);
   snprintf(c->last_error, sizeof c->last_error, "%s", fc_thread_last_error());
@@ -166,7 +227,6 @@ fail:
    * instead of waiting out their timeout. */
   if (c->bootstrap) { fc_bootstrap_close(c->bootstrap); c->bootstrap = NULL; }
   atomic_store(&c->state, FC_COMM_FAILED);
-  return res;
 }
 
 static void comm_free(flexcoll_comm_t c, int force) {
@@ -183,14 +243,43 @@ static void comm_free(flexcoll_comm_t c, int force) {
   free(c);
 }
 
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* Freeing comm under a call in another thread crashed that thread (SIGABRT in UCX): refuse
+ * instead, except where the call is about to end anyway (comm aborted, or only abort /
+ * get_async_error inside): wait for it then, so that a watchdog may abort and destroy at once,
+ * as NCCL's ncclCommAbort does (the NCCL shim relies on it). */
+static flexcoll_result_t take_for_destroy(flexcoll_comm_t comm, const char *fn) {
+  double deadline = -1;
+  for (;;) {
+    const char *busy;
+    int waitable = 0, timeout_ms = 0;
+    take_t t = registry_take(comm, &busy, &waitable, &timeout_ms);
+    if (t == TAKE_DONE) return FLEXCOLL_SUCCESS;
+    if (t == TAKE_GONE)
+      return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "%s: comm %p is not a live communicator (destroyed twice?)", fn,
+                      (void *)comm);
+    double now = now_ms();
+    if (deadline < 0) deadline = now + (timeout_ms > 1000 ? timeout_ms : 1000);
+    if (!waitable || now > deadline)
+      return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                      "%s: communicator is in use by another thread (inside %s); destroy it after that call returns "
+                      "(flexcoll_comm_abort makes it return)", fn, busy ? busy : "flexcoll_comm_abort");
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+}
+
 flexcoll_result_t flexcoll_comm_destroy(flexcoll_comm_t comm) {
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_comm_destroy: comm is NULL");
   if (fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING && fc_group_inits(comm))
     return fc_error(comm, FLEXCOLL_INVALID_USAGE,
                     "flexcoll_comm_destroy: comm is queued for initialisation in this thread's group; end the group first");
-  if (!registry_remove(comm))
-    return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "flexcoll_comm_destroy: comm %p is not a live communicator (destroyed twice?)",
-                    (void *)comm);
+  FC_CHECK(take_for_destroy(comm, "flexcoll_comm_destroy"));
   int state = atomic_load(&comm->state);
   /* A communicator that failed or was aborted may have peers gone: do not wait for them. */
   comm_free(comm, state != FC_COMM_READY || atomic_load(&comm->async_error) != FLEXCOLL_SUCCESS);
@@ -199,25 +288,33 @@ flexcoll_result_t flexcoll_comm_destroy(flexcoll_comm_t comm) {
 
 flexcoll_result_t flexcoll_comm_abort(flexcoll_comm_t comm) {
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_comm_abort: comm is NULL");
-  if (!fc_comm_is_live(comm))
+  /* Pinned, not entered: another thread may be inside a collective on comm (the flag makes its
+   * waits return); pinned so that a destroy from a third thread waits for us. */
+  if (!registry_pin(comm))
     return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "flexcoll_comm_abort: comm %p is not a live communicator", (void *)comm);
-  /* Another thread may be inside a collective on comm: the flag makes its waits return. */
   atomic_store(&comm->abort_flag, 1);
   atomic_store(&comm->state, FC_COMM_ABORTED);
   fc_gpu_comm_abort(comm);
+  unpin(comm);
   return FLEXCOLL_SUCCESS;
 }
 
 flexcoll_result_t flexcoll_comm_get_async_error(flexcoll_comm_t comm, flexcoll_result_t *async_error) {
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_comm_get_async_error: comm is NULL");
-  if (!fc_comm_is_live(comm))
+  if (!registry_pin(comm))
     return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "flexcoll_comm_get_async_error: comm %p is not a live communicator",
                     (void *)comm);
-  if (!async_error) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_comm_get_async_error: async_error is NULL");
-  if (atomic_load(&comm->state) == FC_COMM_PENDING) { *async_error = FLEXCOLL_IN_PROGRESS; return FLEXCOLL_SUCCESS; }
-  fc_gpu_poll_async_error(comm);
-  *async_error = (flexcoll_result_t)atomic_load(&comm->async_error);
-  return FLEXCOLL_SUCCESS;
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (!async_error) {
+    res = fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "flexcoll_comm_get_async_error: async_error is NULL");
+  } else if (atomic_load(&comm->state) == FC_COMM_PENDING) {
+    *async_error = FLEXCOLL_IN_PROGRESS;
+  } else {
+    fc_gpu_poll_async_error(comm);
+    *async_error = (flexcoll_result_t)atomic_load(&comm->async_error);
+  }
+  unpin(comm);
+  return res;
 }
 
 const char *flexcoll_get_last_error(flexcoll_comm_t comm) {

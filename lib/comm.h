@@ -35,6 +35,13 @@ struct flexcoll_comm {
   atomic_int async_error;  /* first asynchronous failure, FLEXCOLL_SUCCESS if none */
   pthread_mutex_t error_lock;
   char last_error[FC_ERROR_MSG_LEN];
+  /* One thread at a time drives a communicator (flexcoll(7)): the name of the public call inside
+   * it now, NULL if none (fc_comm_enter/leave).  A second thread's call used to run anyway and
+   * corrupt the first one's state (wrong results, UCX assertions); it is refused instead. */
+  _Atomic(const char *) in_call;
+  /* Calls allowed from any thread at any time (abort, get_async_error) that are inside now:
+   * destroy waits for them rather than free what they are reading. */
+  atomic_int pins;
 
   struct fc_bootstrap *bootstrap;
   struct fc_bootstrap_root *root; /* the rendezvous this rank serves (launcher mode, rank 0), until init ends */
@@ -58,6 +65,15 @@ struct flexcoll_comm {
 int fc_comm_is_live(flexcoll_comm_t comm);
 /* Check that comm is a live, initialised communicator; records the error otherwise. */
 flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn);
+/* Mark comm as driven by the calling thread for the public call fn (a group's end counts as one
+ * call for all its communicators): FLEXCOLL_INVALID_USAGE, naming the call in progress, when
+ * another thread is inside a call on comm; also refuses NULL and dead handles as fc_comm_check
+ * does.  Every success is paired with fc_comm_leave, the caller's last access to comm. */
+flexcoll_result_t fc_comm_enter(flexcoll_comm_t comm, const char *fn);
+void fc_comm_leave(flexcoll_comm_t comm);
+/* Fail a communicator whose queued initialisation will not run (state FAILED, async error res,
+ * the thread's last error kept on it), so that it does not stay pending for ever. */
+void fc_comm_fail_init(flexcoll_comm_t comm, flexcoll_result_t res);
 /* Run the initialisation of a communicator allocated (state PENDING) by fc_comm_alloc. */
 flexcoll_result_t fc_comm_init(flexcoll_comm_t comm);
 flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, const flexcoll_unique_id_t *id,

@@ -163,9 +163,43 @@ static flexcoll_result_t run_phase(int inits) {
  * communicator's in its own thread.  Enqueuing device calls of several communicators inline in
  * queue order (so that every GPU sees them in the same order) hung on the GPU node and was taken
  * back; see docs/ARCHITECTURE.md. */
-static flexcoll_result_t run_group(void) {
+static flexcoll_result_t run_phases(void) {
   FC_CHECK(run_phase(1));
   return run_phase(0);
+}
+
+/* The distinct communicators of the queue, NULL if out of memory. */
+static flexcoll_comm_t *queued_comms(size_t *n) {
+  flexcoll_comm_t *comms = malloc(group_len * sizeof *comms);
+  *n = 0;
+  for (size_t i = 0; comms && i < group_len; i++) {
+    size_t j = 0;
+    while (j < *n && comms[j] != group_ops[i].call.comm) j++;
+    if (j == *n) comms[(*n)++] = group_ops[i].call.comm;
+  }
+  return comms;
+}
+
+/* The end of a group is one call on each of its communicators, held from this thread while
+ * their work runs in the group's own threads (that is no misuse), so another thread's call on
+ * one of them is refused meanwhile.  If one cannot be held, nothing runs: the communicators
+ * whose initialisation was queued fail (else they would stay pending for ever). */
+static flexcoll_result_t run_group(void) {
+  size_t n, held = 0;
+  flexcoll_comm_t *comms = queued_comms(&n);
+  if (!comms) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "out of memory running a group");
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  while (held < n && res == FLEXCOLL_SUCCESS)
+    if ((res = fc_comm_enter(comms[held], "flexcoll_group_end")) == FLEXCOLL_SUCCESS) held++;
+  if (res == FLEXCOLL_SUCCESS) {
+    res = run_phases();
+  } else {
+    for (size_t i = 0; i < held; i++)
+      if (fc_group_inits(comms[i])) fc_comm_fail_init(comms[i], res);
+  }
+  for (size_t i = 0; i < held; i++) fc_comm_leave(comms[i]);
+  free(comms);
+  return res;
 }
 
 flexcoll_result_t flexcoll_group_end(void) {

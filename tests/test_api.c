@@ -2,8 +2,9 @@
  *
  * Every entry point is given bad input (NULL pointers, invalid datatypes and operators, roots and
  * ranks out of range, counts whose byte size overflows, uninitialised configs, damaged or orphaned
- * unique ids, destroyed communicators, unbalanced groups, broken launcher environments) and must
- * return the documented code with a last-error string that names the culprit.  Also: version and
+ * unique ids, destroyed communicators, unbalanced groups, broken launcher environments, send and
+ * receive buffers that overlap other than in place) and must return the documented code with a
+ * last-error string that names the culprit; a count whose scratch cannot be allocated fails alone.  Also: version and
  * error strings, the getters, one-rank communicators for every collective, groups, and real
  * init_from_env runs (flexcoll and torchrun variables) with two forked processes.
  *
@@ -828,6 +829,117 @@ START_TEST(test_coll_count_overflow) {
 }
 END_TEST
 
+START_TEST(test_coll_partial_overlap) {
+  /* Buffers that overlap other than in NCCL's in-place forms used to return SUCCESS with wrong
+   * data (different on each rank): refused now, naming the buffers, before anything moves.  The
+   * in-place forms still run and give the right results, as do overlaps in a buffer the rank
+   * ignores (a broadcast's non-root sendbuf, a reduce's non-root recvbuf). */
+  flexcoll_comm_t c[2];
+  make_pair(c);
+  enum { N = 8 };
+  int32_t buf[2][4 * N];
+  memset(buf, 0, sizeof buf);
+  struct {
+    int coll, rank;
+    ptrdiff_t send_off, recv_off; /* elements into buf[rank] */
+  } bad[] = {
+      {C_ALLREDUCE, 0, 0, 1},      {C_ALLREDUCE, 1, 1, 0},      {C_ALLREDUCE, 0, 0, N - 1},
+      {C_ALLGATHER, 1, 0, 0},      /* slot 0 is rank 0's */
+      {C_ALLGATHER, 0, N, 0},      {C_ALLGATHER, 1, N + 1, 0},  {C_ALLGATHER, 0, 2 * N - 1, 0},
+      {C_REDUCE_SCATTER, 1, 0, 0}, {C_REDUCE_SCATTER, 0, 0, N}, {C_REDUCE_SCATTER, 0, 0, 1},
+      {C_REDUCE_SCATTER, 1, 1, 0}, {C_BROADCAST, 0, 0, 1},      {C_BROADCAST, 0, 3, 0},
+      {C_REDUCE, 0, 0, 1},         {C_REDUCE, 0, 1, 0},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int k = bad[i].rank;
+    CTX("%s on rank %d: sendbuf at %td, recvbuf at %td", coll_names[bad[i].coll], k, bad[i].send_off, bad[i].recv_off);
+    int32_t *s = buf[k] + bad[i].send_off, *r = buf[k] + bad[i].recv_off;
+    EXPECT_ERR(call_coll(bad[i].coll, s, r, N, FLEXCOLL_INT32, FLEXCOLL_SUM, 0, c[k]), FLEXCOLL_INVALID_ARGUMENT, c[k],
+               "sendbuf and recvbuf overlap");
+    /* A count of 0 moves nothing, whatever the pointers. */
+    EXPECT_OK(call_coll(bad[i].coll, s, r, 0, FLEXCOLL_INT32, FLEXCOLL_SUM, 0, c[k]));
+  }
+  /* Nothing was written, and the ranks are still in step: what is allowed runs for real. */
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < 4 * N; i++) ck_assert_int_eq(buf[k][i], 0);
+  int32_t ag[2][2 * N], rs[2][2 * N], ar[2][N], bc[2][N + 1], rd[2][N + 1];
+  for (int k = 0; k < 2; k++) {
+    for (int i = 0; i < 2 * N; i++) ag[k][i] = i / N == k ? 100 * k + i % N : -1, rs[k][i] = 10 * k + i;
+    for (int i = 0; i < N; i++) ar[k][i] = k + i;
+    for (int i = 0; i <= N; i++) bc[k][i] = k == 0 ? 7 * (i - 1) : -1, rd[k][i] = k == 0 ? i : 1000 + i;
+  }
+  CTX("in-place forms");
+  EXPECT_OK(flexcoll_group_start());
+  for (int k = 0; k < 2; k++) {
+    EXPECT_OK(flexcoll_allgather(ag[k] + k * N, ag[k], N, FLEXCOLL_INT32, c[k], NULL));
+    EXPECT_OK(flexcoll_reduce_scatter(rs[k], rs[k] + k * N, N, FLEXCOLL_INT32, FLEXCOLL_SUM, c[k], NULL));
+    EXPECT_OK(flexcoll_allreduce(ar[k], ar[k], N, FLEXCOLL_INT32, FLEXCOLL_SUM, c[k], NULL));
+    /* The root runs in place; rank 1's sendbuf (broadcast) and recvbuf (reduce) are ignored, so
+     * their overlap with the buffer it does use is no error. */
+    EXPECT_OK(flexcoll_broadcast(k == 0 ? bc[0] + 1 : bc[1], bc[k] + 1, N, FLEXCOLL_INT32, 0, c[k], NULL));
+    EXPECT_OK(flexcoll_reduce(k == 0 ? rd[0] : rd[1] + 1, rd[k], N, FLEXCOLL_INT32, FLEXCOLL_SUM, 0, c[k], NULL));
+  }
+  EXPECT_OK(flexcoll_group_end());
+  for (int k = 0; k < 2; k++) {
+    CTX("in-place results on rank %d", k);
+    for (int i = 0; i < 2 * N; i++) ck_assert_int_eq(ag[k][i], 100 * (i / N) + i % N);
+    for (int i = 0; i < N; i++) ck_assert_int_eq(rs[k][k * N + i], (k * N + i) + (10 + k * N + i));
+    for (int i = 0; i < N; i++) ck_assert_int_eq(ar[k][i], 2 * i + 1);
+    for (int i = 0; i < N; i++) ck_assert_int_eq(bc[k][i + 1], 7 * i);
+  }
+  for (int i = 0; i < N; i++) ck_assert_int_eq(rd[0][i], i + (1000 + i + 1));
+  destroy_concurrently(c, 2);
+}
+END_TEST
+
+/* Under ASan (./configure --enable-sanitizers) a malloc that cannot be satisfied must return NULL,
+ * as it does in production, instead of aborting: test_coll_out_of_memory depends on it. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
+START_TEST(test_coll_out_of_memory) {
+  /* A count that passes every check but whose host scratch cannot be allocated: a 2-rank
+   * allreduce of 2^58 int64 lands 2^60 bytes of received data, more than any address space.  Every
+   * rank fails alike (they need the same sizes) with SYSTEM_ERROR before sending anything, and the
+   * communicator stays usable; it used to be failed for good.  The buffers are small on purpose:
+   * nothing may touch them before the allocation fails. */
+  flexcoll_comm_t c[2];
+  make_pair(c);
+  static int64_t in[2][8], out[2][8];
+  const size_t huge = (size_t)1 << 58;
+  for (int coll = C_ALLREDUCE; coll <= C_REDUCE_SCATTER; coll++) {
+    if (coll == C_ALLGATHER) continue; /* moves data without landing space */
+    size_t count = coll == C_ALLREDUCE ? huge : huge / 2;
+    CTX("%s of %zu int64 on 2 ranks", coll_names[coll], count);
+    EXPECT_OK(flexcoll_group_start());
+    /* In place, as ranges this large overlap whatever two small buffers they start at; rank 1's
+     * reduce_scatter block lies far outside any mapping, which only a write would notice. */
+    for (int k = 0; k < 2; k++) {
+      void *recv = coll == C_ALLREDUCE ? (void *)in[k] : (void *)((uintptr_t)in[k] + (uintptr_t)k * count * 8);
+      EXPECT_OK(call_coll(coll, in[k], recv, count, FLEXCOLL_INT64, FLEXCOLL_SUM, 0, c[k]));
+    }
+    EXPECT_ERR(flexcoll_group_end(), FLEXCOLL_SYSTEM_ERROR, c[0], "out of memory");
+    for (int k = 0; k < 2; k++) {
+      const char *e = flexcoll_get_last_error(c[k]);
+      ck_assert_msg(strstr(e, "out of memory") && strstr(e, "bytes"), "[%s] rank %d: last error \"%s\"", ta_ctx, k, e);
+      flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
+      EXPECT_OK(flexcoll_comm_get_async_error(c[k], &ae));
+      ck_assert_msg(ae == FLEXCOLL_SUCCESS, "[%s] rank %d: async error %d after a refused allocation", ta_ctx, k, ae);
+    }
+    /* The same communicators go on: a normal call succeeds with the right result. */
+    CTX("allreduce after %s out of memory", coll_names[coll]);
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < 8; i++) in[k][i] = 100 * k + i, out[k][i] = -1;
+    EXPECT_OK(flexcoll_group_start());
+    for (int k = 0; k < 2; k++) EXPECT_OK(flexcoll_allreduce(in[k], out[k], 8, FLEXCOLL_INT64, FLEXCOLL_SUM, c[k], NULL));
+    EXPECT_OK(flexcoll_group_end());
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < 8; i++) ck_assert_int_eq(out[k][i], 100 + 2 * i);
+  }
+  destroy_concurrently(c, 2);
+}
+END_TEST
+
 typedef struct {
   int coll;
   size_t count;
@@ -1498,6 +1610,8 @@ static Suite *api_suite(void) {
   tcase_add_test(coll, test_coll_null_buffers);
   tcase_add_test(coll, test_coll_null_buffers_nonroot);
   tcase_add_test(coll, test_coll_count_overflow);
+  tcase_add_test(coll, test_coll_partial_overlap);
+  tcase_add_test(coll, test_coll_out_of_memory);
   tcase_add_test(coll, test_single_rank_all_collectives);
   tcase_add_test(coll, test_coll_count_mismatch);
   suite_add_tcase(s, coll);

@@ -12,7 +12,9 @@
  *
  * Also: flexcoll_comm_abort from another thread releases a collective stuck waiting for a peer
  * that never calls it (ranks as threads of one process, flexcoll_comm_init_all), and an init whose
- * peer never shows up times out.
+ * peer never shows up times out.  And misuse from threads: a call on a communicator that another
+ * thread is inside is refused (FLEXCOLL_INVALID_USAGE), destroy included, while the call in
+ * progress goes on unharmed; after an abort, destroy waits for that call instead.
  *
  * Ranks never call ck_assert (they are not the process Check watches): they record what went wrong
  * in shared memory and exit nonzero; the test process asserts on that.
@@ -22,6 +24,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -509,6 +512,237 @@ START_TEST(test_abort_releases_group) {
 }
 END_TEST
 
+/* ---- one communicator, two threads ------------------------------------------------------------------ */
+
+/* A host allreduce of rank 0 that waits for rank 1 until someone joins or aborts.  A call refused
+ * because the main thread's probe held the communicator at that instant is made again. */
+typedef struct {
+  flexcoll_comm_t comm;
+  int32_t in[64], out[64];
+  atomic_int finished;
+  flexcoll_result_t res;
+  char err[512];
+} busy_t;
+
+static void *busy_allreduce(void *arg) {
+  busy_t *b = arg;
+  do {
+    b->res = flexcoll_allreduce(b->in, b->out, 64, FLEXCOLL_INT32, FLEXCOLL_SUM, b->comm, NULL);
+    snprintf(b->err, sizeof b->err, "%s", flexcoll_get_last_error(NULL));
+  } while (b->res == FLEXCOLL_INVALID_USAGE && strstr(b->err, "in use"));
+  atomic_store(&b->finished, 1);
+  return NULL;
+}
+
+/* Start b's allreduce in thread *t and return once it is inside the library: a count-0 call
+ * (which moves nothing when the communicator is free) is refused as "in use" from then on. */
+static void start_busy(busy_t *b, flexcoll_comm_t comm, pthread_t *t) {
+  memset(b, 0, sizeof *b);
+  b->comm = comm;
+  for (int i = 0; i < 64; i++) b->in[i] = i, b->out[i] = -1;
+  atomic_init(&b->finished, 0);
+  ck_assert_int_eq(pthread_create(t, NULL, busy_allreduce, b), 0);
+  double t0 = tf_now_ms();
+  for (;;) {
+    flexcoll_result_t r = flexcoll_allreduce(NULL, NULL, 0, FLEXCOLL_INT32, FLEXCOLL_SUM, comm, NULL);
+    if (r == FLEXCOLL_INVALID_USAGE && strstr(flexcoll_get_last_error(NULL), "already in use by another thread")) break;
+    ck_assert_msg(r == FLEXCOLL_SUCCESS, "count-0 probe returned %d: %s", r, flexcoll_get_last_error(NULL));
+    ck_assert_msg(!atomic_load(&b->finished), "the allreduce returned %d without its peer: %s", b->res, b->err);
+    ck_assert_msg(tf_now_ms() - t0 < 20000, "the allreduce thread never entered the library");
+    tf_sleep_ms(1);
+  }
+}
+
+/* call must be refused at once (it used to run alongside the other thread's call) with a last
+ * error, the thread's and the communicator's, that contains what. */
+#define EXPECT_IN_USE(call, comm, what)                                                                     \
+  do {                                                                                                      \
+    double t0_ = tf_now_ms();                                                                               \
+    flexcoll_result_t r_ = (call);                                                                          \
+    double took_ = tf_now_ms() - t0_;                                                                       \
+    const char *e_ = flexcoll_get_last_error(NULL), *ce_ = flexcoll_get_last_error(comm);                   \
+    ck_assert_msg(r_ == FLEXCOLL_INVALID_USAGE, "%s returned %d (%s): %s", #call, r_,                       \
+                  flexcoll_get_error_string(r_), e_);                                                       \
+    ck_assert_msg(strstr(e_, what) && strstr(ce_, what), "%s: last errors \"%s\" / \"%s\" lack \"%s\"", #call, \
+                  e_, ce_, what);                                                                           \
+    ck_assert_msg(took_ < 2000, "%s took %.0f ms to refuse", #call, took_);                                 \
+  } while (0)
+
+START_TEST(test_comm_used_from_two_threads) {
+  /* Host ranks as threads of this process.  Thread A is inside an allreduce of rank 0; every call
+   * on rank 0 from this thread is refused meanwhile, A's call goes on unharmed, and calls from any
+   * thread that only watch it (get_async_error, get_last_error) work.  Rank 1 driven from this
+   * thread (another communicator) and groups (whose work runs in threads of their own) are no
+   * misuse. */
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  setenv("FLEXCOLL_TIMEOUT_MS", "60000", 1);
+  flexcoll_comm_t c[2] = {NULL, NULL};
+  ck_assert_msg(flexcoll_comm_init_all(c, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
+  busy_t b;
+  pthread_t t;
+  start_busy(&b, c[0], &t);
+  const char *in_use = "already in use by another thread";
+  int32_t x[64] = {0}, y[64] = {0};
+  EXPECT_IN_USE(flexcoll_allreduce(x, y, 64, FLEXCOLL_INT32, FLEXCOLL_SUM, c[0], NULL), c[0], in_use);
+  EXPECT_IN_USE(flexcoll_broadcast(x, y, 64, FLEXCOLL_INT32, 0, c[0], NULL), c[0], in_use);
+  EXPECT_IN_USE(flexcoll_reduce(x, y, 64, FLEXCOLL_INT32, FLEXCOLL_SUM, 1, c[0], NULL), c[0], in_use);
+  EXPECT_IN_USE(flexcoll_send(x, 64, FLEXCOLL_INT32, 1, c[0], NULL), c[0], in_use);
+  EXPECT_IN_USE(flexcoll_recv(y, 64, FLEXCOLL_INT32, 1, c[0], NULL), c[0], in_use);
+  flexcoll_window_t w = NULL;
+  EXPECT_IN_USE(flexcoll_window_register(c[0], x, sizeof x, &w), c[0], in_use);
+  /* A group that also holds rank 1: nothing of it runs, and rank 1 is released again. */
+  ck_assert_int_eq(flexcoll_group_start(), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_allreduce(x, y, 64, FLEXCOLL_INT32, FLEXCOLL_SUM, c[1], NULL), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_allreduce(x, y, 64, FLEXCOLL_INT32, FLEXCOLL_SUM, c[0], NULL), FLEXCOLL_SUCCESS);
+  EXPECT_IN_USE(flexcoll_group_end(), c[0], in_use);
+  ck_assert_msg(!atomic_load(&b.finished), "A's allreduce returned %d meanwhile: %s", b.res, b.err);
+  flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
+  ck_assert_int_eq(flexcoll_comm_get_async_error(c[0], &ae), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(ae, FLEXCOLL_SUCCESS);
+  ck_assert_ptr_nonnull(flexcoll_get_last_error(c[0]));
+  /* Rank 1 from this thread completes A's allreduce, with the right result. */
+  int32_t in1[64], out1[64];
+  for (int i = 0; i < 64; i++) in1[i] = 1000 * i;
+  ck_assert_msg(flexcoll_allreduce(in1, out1, 64, FLEXCOLL_INT32, FLEXCOLL_SUM, c[1], NULL) == FLEXCOLL_SUCCESS,
+                "rank 1: %s", flexcoll_get_last_error(NULL));
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(b.res == FLEXCOLL_SUCCESS, "A's allreduce returned %d: %s", b.res, b.err);
+  for (int i = 0; i < 64; i++) {
+    ck_assert_int_eq(b.out[i], 1001 * i);
+    ck_assert_int_eq(out1[i], 1001 * i);
+  }
+  /* Both ranks from this thread in a group: each runs in a thread of the group. */
+  int32_t g[2][64];
+  ck_assert_int_eq(flexcoll_group_start(), FLEXCOLL_SUCCESS);
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < 64; i++) g[r][i] = r + i;
+    ck_assert_int_eq(flexcoll_allreduce(g[r], g[r], 64, FLEXCOLL_INT32, FLEXCOLL_SUM, c[r], NULL), FLEXCOLL_SUCCESS);
+  }
+  ck_assert_msg(flexcoll_group_end() == FLEXCOLL_SUCCESS, "group: %s", flexcoll_get_last_error(NULL));
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 64; i++) ck_assert_int_eq(g[r][i], 2 * i + 1);
+  ck_assert_int_eq(flexcoll_comm_destroy(c[0]), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_comm_destroy(c[1]), FLEXCOLL_SUCCESS);
+}
+END_TEST
+
+/* The issue's own case: two threads issue allreduces on rank 0 at once while a third drives rank 1.
+ * Tickets keep the totals equal: a thread takes one before its call and gives it back if the call
+ * is refused, so rank 0 completes exactly as many calls as rank 1 makes. */
+enum { HAMMER_CALLS = 300 };
+typedef struct {
+  flexcoll_comm_t comm;
+  atomic_int *tickets, *refused, *wrong;
+  char err[512];
+  flexcoll_result_t bad; /* a result other than SUCCESS or "in use" */
+} hammer_t;
+
+/* Never past HAMMER_CALLS, even for a moment: a ticket taken and given back there could make the
+ * other thread stop one call short. */
+static int take_ticket(atomic_int *tickets) {
+  int v = atomic_load(tickets);
+  while (v < HAMMER_CALLS)
+    if (atomic_compare_exchange_weak(tickets, &v, v + 1)) return 1;
+  return 0;
+}
+
+static void *hammer_rank0(void *arg) {
+  hammer_t *h = arg;
+  int32_t in[256], out[256];
+  for (int i = 0; i < 256; i++) in[i] = i;
+  while (take_ticket(h->tickets)) {
+    flexcoll_result_t r = flexcoll_allreduce(in, out, 256, FLEXCOLL_INT32, FLEXCOLL_SUM, h->comm, NULL);
+    if (r == FLEXCOLL_INVALID_USAGE && strstr(flexcoll_get_last_error(NULL), "already in use by another thread")) {
+      atomic_fetch_sub(h->tickets, 1);
+      atomic_fetch_add(h->refused, 1);
+      sched_yield(); /* leave the cores to the call in progress and its peer */
+      continue;
+    }
+    if (r != FLEXCOLL_SUCCESS) {
+      h->bad = r;
+      snprintf(h->err, sizeof h->err, "%s", flexcoll_get_last_error(NULL));
+      break;
+    }
+    for (int i = 0; i < 256; i++)
+      if (out[i] != 1001 * i) { atomic_fetch_add(h->wrong, 1); break; }
+  }
+  return NULL;
+}
+
+static void *hammer_rank1(void *arg) {
+  hammer_t *h = arg;
+  int32_t in[256], out[256];
+  for (int i = 0; i < 256; i++) in[i] = 1000 * i;
+  for (int k = 0; k < HAMMER_CALLS; k++) {
+    flexcoll_result_t r = flexcoll_allreduce(in, out, 256, FLEXCOLL_INT32, FLEXCOLL_SUM, h->comm, NULL);
+    if (r != FLEXCOLL_SUCCESS) {
+      h->bad = r;
+      snprintf(h->err, sizeof h->err, "call %d: %s", k, flexcoll_get_last_error(NULL));
+      break;
+    }
+    for (int i = 0; i < 256; i++)
+      if (out[i] != 1001 * i) { atomic_fetch_add(h->wrong, 1); break; }
+  }
+  return NULL;
+}
+
+START_TEST(test_comm_hammered_from_two_threads) {
+  /* Two threads on one communicator used to give wrong results (up to 367 of 400 calls) or abort
+   * in UCX.  Now each call either runs alone or is refused: every result is right. */
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  setenv("FLEXCOLL_TIMEOUT_MS", "30000", 1);
+  flexcoll_comm_t c[2] = {NULL, NULL};
+  ck_assert_msg(flexcoll_comm_init_all(c, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
+  atomic_int tickets, refused, wrong;
+  atomic_init(&tickets, 0);
+  atomic_init(&refused, 0);
+  atomic_init(&wrong, 0);
+  hammer_t h[3];
+  pthread_t t[3];
+  for (int k = 0; k < 3; k++) {
+    h[k] = (hammer_t){.comm = c[k == 2], .tickets = &tickets, .refused = &refused, .wrong = &wrong};
+    ck_assert_int_eq(pthread_create(&t[k], NULL, k == 2 ? hammer_rank1 : hammer_rank0, &h[k]), 0);
+  }
+  for (int k = 0; k < 3; k++) ck_assert_int_eq(pthread_join(t[k], NULL), 0);
+  for (int k = 0; k < 3; k++)
+    ck_assert_msg(h[k].bad == FLEXCOLL_SUCCESS, "thread %d: %d (%s): %s", k, h[k].bad, flexcoll_get_error_string(h[k].bad),
+                  h[k].err);
+  ck_assert_msg(atomic_load(&wrong) == 0, "%d wrong results", atomic_load(&wrong));
+  fprintf(stderr, "  %d allreduces on rank 0 from two threads, %d calls refused as in use\n", HAMMER_CALLS,
+          atomic_load(&refused));
+  ck_assert_int_eq(flexcoll_comm_destroy(c[0]), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_comm_destroy(c[1]), FLEXCOLL_SUCCESS);
+}
+END_TEST
+
+START_TEST(test_destroy_during_collective) {
+  /* destroy while another thread is inside a collective on the communicator killed the process
+   * (SIGABRT).  It is refused now, leaving the communicator and the call alone; after an abort
+   * it waits for the call to return (abort makes it return) and then frees: a watchdog thread may
+   * abort and destroy in one go, as ncclCommAbort does. */
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  setenv("FLEXCOLL_TIMEOUT_MS", "60000", 1);
+  flexcoll_comm_t c[2] = {NULL, NULL};
+  ck_assert_msg(flexcoll_comm_init_all(c, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
+  busy_t b;
+  pthread_t t;
+  start_busy(&b, c[0], &t);
+  for (int i = 0; i < 3; i++)
+    EXPECT_IN_USE(flexcoll_comm_destroy(c[0]), c[0], "in use by another thread (inside flexcoll_allreduce)");
+  ck_assert_msg(!atomic_load(&b.finished), "A's allreduce returned %d after a refused destroy: %s", b.res, b.err);
+  double t0 = tf_now_ms();
+  ck_assert_int_eq(flexcoll_comm_abort(c[0]), FLEXCOLL_SUCCESS);
+  ck_assert_msg(flexcoll_comm_destroy(c[0]) == FLEXCOLL_SUCCESS, "destroy after abort: %s", flexcoll_get_last_error(NULL));
+  double took = tf_now_ms() - t0;
+  ck_assert_msg(took < 3000, "abort + destroy took %.0f ms", took);
+  ck_assert_int_eq(pthread_join(t, NULL), 0);
+  ck_assert_msg(b.res == FLEXCOLL_REMOTE_ERROR, "A's aborted allreduce returned %d (%s): %s", b.res,
+                flexcoll_get_error_string(b.res), b.err);
+  ck_assert_int_eq(flexcoll_comm_abort(c[1]), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_comm_destroy(c[1]), FLEXCOLL_SUCCESS);
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------------- */
 
 static Suite *failure_suite(void) {
@@ -527,6 +761,13 @@ static Suite *failure_suite(void) {
   tcase_add_test(abort_tc, test_abort_from_other_thread);
   tcase_add_test(abort_tc, test_abort_releases_group);
   suite_add_tcase(s, abort_tc);
+
+  TCase *threads = tcase_create("threads");
+  tcase_set_timeout(threads, 60);
+  tcase_add_test(threads, test_comm_used_from_two_threads);
+  tcase_add_test(threads, test_destroy_during_collective);
+  tcase_add_test(threads, test_comm_hammered_from_two_threads);
+  suite_add_tcase(s, threads);
   return s;
 }
 

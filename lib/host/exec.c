@@ -8,6 +8,7 @@
  * how it is reduced: results are bitwise the same whatever the split.  Messages are matched by
  * tag (see make_tag) within each link, so matching never depends on arrival order. */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
@@ -250,21 +251,51 @@ static void cancel_slices(fc_exec_t *x) {
   x->nparts = 0;
 }
 
-static flexcoll_result_t grow(struct flexcoll_comm *comm, char **p, size_t *have, size_t need) {
+/* The old contents are not needed: free and allocate rather than realloc, which would copy them
+ * (and, failing, keep the old block as well as fail). */
+static flexcoll_result_t grow(struct flexcoll_comm *comm, void **p, size_t *have, size_t need, const char *what) {
   if (need <= *have) return FLEXCOLL_SUCCESS;
-  char *q = realloc(*p, need);
-  if (!q) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory (%zu bytes of scratch)", need);
-  *p = q;
+  free(*p);
+  *have = 0;
+  *p = malloc(need);
+  if (!*p)
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR,
+                    "out of memory for %zu bytes of host %s; nothing was sent and the communicator stays usable", need, what);
   *have = need;
   return FLEXCOLL_SUCCESS;
 }
 
-static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) {
-  size_t tmp_need = 0;
-  for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++)
-    if (s->steps[i].kind == FC_STEP_RECV_REDUCE) tmp_need += s->steps[i].count * x->esize;
+/* Everything the schedule needs from the heap is taken before its first message: a failure then
+ * leaves no peer waiting on a half-sent collective, so the call fails alone and the communicator
+ * stays usable (docs/ARCHITECTURE.md, "Out of memory").  Growing per round instead failed with
+ * messages of earlier rounds already out, leaving the ranks out of step for good. */
+static flexcoll_result_t prepare(fc_exec_t *x, const fc_schedule_t *s) {
   struct flexcoll_comm *c = x->comm;
-  FC_CHECK(grow(c, (char **)&c->landing, &c->landing_bytes, tmp_need));
+  size_t landing = 0, slices = 0;
+  for (int r = 0; r < s->nrounds; r++) {
+    size_t tmp = 0, n = 0;
+    for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
+      const fc_step_t *st = &s->steps[i];
+      if (st->kind == FC_STEP_COPY) continue;
+      /* Saturate: several steps of a huge count would wrap round to a small block. */
+      size_t bytes = st->count * x->esize;
+      if (st->kind == FC_STEP_RECV_REDUCE) tmp = bytes > SIZE_MAX - tmp ? SIZE_MAX : tmp + bytes;
+      size_t per = slice_elems(x, st->count);
+      n += st->count ? (st->count + per - 1) / per : 1;
+    }
+    if (tmp > landing) landing = tmp;
+    if (n > slices) slices = n;
+  }
+  FC_CHECK(grow(c, &c->scratch, &c->scratch_bytes, s->scratch_count * x->esize, "scratch"));
+  FC_CHECK(grow(c, &c->landing, &c->landing_bytes, landing, "landing space for received data"));
+  FC_CHECK(reserve_slices(x, slices));
+  x->send_msgs = calloc((size_t)c->nranks * 2, sizeof(int));
+  if (!x->send_msgs) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory for message counters");
+  x->recv_msgs = x->send_msgs + c->nranks;
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) {
   size_t tmp_off = 0;
   x->nslices = 0;
   x->nparts = 0;
@@ -286,12 +317,13 @@ static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) 
 /* Run schedule s (built for this rank) over x's buffers. */
 static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
   struct flexcoll_comm *comm = x->comm;
-  FC_CHECK(grow(comm, (char **)&comm->scratch, &comm->scratch_bytes, s->scratch_count * x->esize));
+  flexcoll_result_t res = prepare(x, s);
+  if (res != FLEXCOLL_SUCCESS) {
+    free(x->send_msgs);
+    free(x->slices);
+    return res;
+  }
   x->bufs[FC_BUF_SCRATCH] = comm->scratch;
-  x->send_msgs = calloc((size_t)comm->nranks * 2, sizeof(int));
-  if (!x->send_msgs) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  x->recv_msgs = x->send_msgs + comm->nranks;
-  flexcoll_result_t res = FLEXCOLL_SUCCESS;
   for (int r = 0; r < s->nrounds && res == FLEXCOLL_SUCCESS; r++) res = run_round(x, s, r);
   /* A collective that failed half-way leaves this rank's message numbering, and its peers, out
    * of step: the communicator is unusable (get_async_error says so; later calls are refused). */
@@ -306,8 +338,13 @@ static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
 
 flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                               void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
-  FC_CHECK(fc_algo_build(&comm->schedule, args));
-  fc_exec_t x = {.comm = comm, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .seq = comm->coll_seq++};
+  /* The sequence number is taken even if the call fails here: every rank that makes the call
+   * moves on, so a rank whose peers did not fail alike never matches their stale messages. */
+  uint32_t seq = comm->coll_seq++;
+  flexcoll_result_t res = fc_algo_build(&comm->schedule, args);
+  if (res != FLEXCOLL_SUCCESS)
+    return fc_error(comm, res, "cannot build the schedule of this collective (%s)", flexcoll_get_error_string(res));
+  fc_exec_t x = {.comm = comm, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .seq = seq};
   x.bufs[FC_BUF_SEND] = (char *)sendbuf;
   x.bufs[FC_BUF_RECV] = recvbuf;
   FC_CHECK(execute(&x, &comm->schedule));

@@ -150,6 +150,20 @@ static flexcoll_result_t post_part(fc_exec_t *x, const fc_step_t *st, int link, 
   return FLEXCOLL_SUCCESS;
 }
 
+/* The elements of st that each link carries (the balancer's split of its bytes); posted[i]
+ * says whether link i gets a message: one with a share, and the first link for an empty step
+ * (it still matches its peer). */
+static flexcoll_result_t split_step(fc_exec_t *x, const fc_step_t *st, size_t *counts, int *posted) {
+  const fc_links_t *links = x->comm->links;
+  size_t shares[FC_MAX_LINKS];
+  FC_CHECK(fc_links_split(links, st->count * x->esize, FC_SHARE_ALIGN, shares));
+  for (int i = 0; i < links->n; i++) {
+    counts[i] = shares[i] / x->esize;
+    posted[i] = counts[i] || (i == 0 && st->count == 0);
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
 /* Post one transfer step: its bytes split over the links, each link's part in slices;
  * RECV_REDUCE slices land in the landing area at *tmp_off. */
 static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tmp_off) {
@@ -162,15 +176,12 @@ static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tm
     int msg = is_send ? x->send_msgs[peer]++ : x->recv_msgs[peer]++;
     number = ((x->seq & 0x7fff) << 16) | ((uint32_t)msg & 0xffff);
   }
-  fc_links_t *links = x->comm->links;
-  size_t shares[FC_MAX_LINKS];
-  FC_CHECK(fc_links_split(links, st->count * x->esize, FC_SHARE_ALIGN, shares));
-  size_t first = 0;
-  for (int i = 0; i < links->n; i++) {
-    size_t count = shares[i] / x->esize;
-    /* An empty step still sends one empty message, on the first link. */
-    if (count || (i == 0 && st->count == 0)) FC_CHECK(post_part(x, st, i, first, count, number, tmp_off));
-    first += count;
+  size_t counts[FC_MAX_LINKS], first = 0;
+  int posted[FC_MAX_LINKS];
+  FC_CHECK(split_step(x, st, counts, posted));
+  for (int i = 0; i < x->comm->links->n; i++) {
+    if (posted[i]) FC_CHECK(post_part(x, st, i, first, counts[i], number, tmp_off));
+    first += counts[i];
   }
   return FLEXCOLL_SUCCESS;
 }
@@ -269,26 +280,41 @@ static flexcoll_result_t grow(struct flexcoll_comm *comm, void **p, size_t *have
  * leaves no peer waiting on a half-sent collective, so the call fails alone and the communicator
  * stays usable (docs/ARCHITECTURE.md, "Out of memory").  Growing per round instead failed with
  * messages of earlier rounds already out, leaving the ranks out of step for good. */
+/* Slices and parts that post_step will make of st (the same split and slicing). */
+static flexcoll_result_t count_step(fc_exec_t *x, const fc_step_t *st, size_t *slices, size_t *parts) {
+  size_t counts[FC_MAX_LINKS];
+  int posted[FC_MAX_LINKS];
+  FC_CHECK(split_step(x, st, counts, posted));
+  for (int i = 0; i < x->comm->links->n; i++) {
+    if (!posted[i]) continue;
+    size_t per = slice_elems(x, counts[i]);
+    *slices += counts[i] ? (counts[i] + per - 1) / per : 1;
+    *parts += 1;
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
 static flexcoll_result_t prepare(fc_exec_t *x, const fc_schedule_t *s) {
   struct flexcoll_comm *c = x->comm;
-  size_t landing = 0, slices = 0;
+  size_t landing = 0, slices = 0, parts = 0;
   for (int r = 0; r < s->nrounds; r++) {
-    size_t tmp = 0, n = 0;
+    size_t tmp = 0, n = 0, np = 0;
     for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
       const fc_step_t *st = &s->steps[i];
       if (st->kind == FC_STEP_COPY) continue;
       /* Saturate: several steps of a huge count would wrap round to a small block. */
       size_t bytes = st->count * x->esize;
       if (st->kind == FC_STEP_RECV_REDUCE) tmp = bytes > SIZE_MAX - tmp ? SIZE_MAX : tmp + bytes;
-      size_t per = slice_elems(x, st->count);
-      n += st->count ? (st->count + per - 1) / per : 1;
+      FC_CHECK(count_step(x, st, &n, &np));
     }
     if (tmp > landing) landing = tmp;
     if (n > slices) slices = n;
+    if (np > parts) parts = np;
   }
   FC_CHECK(grow(c, &c->scratch, &c->scratch_bytes, s->scratch_count * x->esize, "scratch"));
   FC_CHECK(grow(c, &c->landing, &c->landing_bytes, landing, "landing space for received data"));
   FC_CHECK(reserve_slices(x, slices));
+  FC_CHECK(reserve_parts(x, parts));
   x->send_msgs = calloc((size_t)c->nranks * 2, sizeof(int));
   if (!x->send_msgs) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory for message counters");
   x->recv_msgs = x->send_msgs + c->nranks;
@@ -321,6 +347,7 @@ static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
   if (res != FLEXCOLL_SUCCESS) {
     free(x->send_msgs);
     free(x->slices);
+    free(x->parts);
     return res;
   }
   x->bufs[FC_BUF_SCRATCH] = comm->scratch;

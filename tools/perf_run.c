@@ -292,12 +292,28 @@ int perf_run_launched(const perf_opts_t *o) {
   return r.status;
 }
 
+/* n host-only ranks in this process.  flexcoll_comm_init_all would put them on the GPUs where
+ * there are some (and refuse more ranks than GPUs), whatever -m host asked for. */
+static flexcoll_result_t init_host_ranks(flexcoll_comm_t *comms, int n) {
+  flexcoll_unique_id_t id;
+  flexcoll_result_t res = flexcoll_get_unique_id(&id);
+  if (res != FLEXCOLL_SUCCESS) return res;
+  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+  cfg.cuda_device = -1;
+  /* One group: the ranks join one another at group_end, each in a thread of the library's. */
+  flexcoll_group_start();
+  for (int i = 0; i < n && res == FLEXCOLL_SUCCESS; i++) res = flexcoll_comm_init_rank(&comms[i], n, id, i, &cfg);
+  flexcoll_result_t end = flexcoll_group_end();
+  return res != FLEXCOLL_SUCCESS ? res : end;
+}
+
 int perf_run_threads(const perf_opts_t *o) {
   int n = o->nranks;
   flexcoll_comm_t *comms = calloc((size_t)n, sizeof *comms);
   perf_rank_t *ranks = calloc((size_t)n, sizeof *ranks);
   pthread_t *threads = calloc((size_t)n, sizeof *threads);
-  if (flexcoll_comm_init_all(comms, n, NULL) != FLEXCOLL_SUCCESS) {
+  flexcoll_result_t res = o->device ? flexcoll_comm_init_all(comms, n, NULL) : init_host_ranks(comms, n);
+  if (res != FLEXCOLL_SUCCESS) {
     fprintf(stderr, "flexcoll-perf: init of %d ranks failed: %s\n", n, flexcoll_get_last_error(NULL));
     return 1;
   }

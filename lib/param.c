@@ -14,16 +14,8 @@ int64_t fc_param_int_load(const char *env, int64_t dflt, int64_t *cache, int *st
   int64_t value = dflt;
   const char *s = getenv(env);
   if (s && *s) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 0);
-    /* Byte sizes may end in K, M or G (binary multiples), as in flexcoll-perf's options. */
-    long long unit = 1;
-    if (end != s && *end && !end[1] && strchr("kKmMgG", *end))
-      unit = (*end == 'k' || *end == 'K') ? 1LL << 10 : (*end == 'm' || *end == 'M') ? 1LL << 20 : 1LL << 30, end++;
-    if (!errno && (v > INT64_MAX / unit || v < INT64_MIN / unit)) errno = ERANGE;
-    v *= errno ? 1 : unit;
-    if (errno || end == s || *end != '\0') {
+    int64_t v = 0;
+    if (fc_parse_int(s, &v)) {
       FC_WARN("%s=\"%s\" is not an integer; using the default %lld", env, s, (long long)dflt);
     } else {
       value = v;

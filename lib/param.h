@@ -3,7 +3,27 @@
 #ifndef FC_PARAM_H
 #define FC_PARAM_H
 
+#include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Strict integer: the whole string, in C notation (0x.. hex, 0.. octal), optionally followed by one
+ * K, M or G (binary multiples) for byte sizes.  Returns 0 and sets *out, or -1 (nothing to read,
+ * trailing text, out of range).  Inline so that flexcoll-perf, which links only the public library,
+ * reads its options exactly as the library reads FLEXCOLL_* variables. */
+static inline int fc_parse_int(const char *s, int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(s, &end, 0);
+  long long unit = 1;
+  if (end != s && *end && !end[1] && strchr("kKmMgG", *end))
+    unit = (*end == 'k' || *end == 'K') ? 1LL << 10 : (*end == 'm' || *end == 'M') ? 1LL << 20 : 1LL << 30, end++;
+  if (!errno && (v > INT64_MAX / unit || v < INT64_MIN / unit)) errno = ERANGE;
+  if (errno || end == s || *end != '\0') return -1;
+  *out = v * unit;
+  return 0;
+}
 
 /* Parse once into *cache (guarded by *state); returns the value. */
 int64_t fc_param_int_load(const char *env, int64_t dflt, int64_t *cache, int *state);

@@ -1638,6 +1638,20 @@ static Suite *gpu_suite(int ngpus) {
   return s;
 }
 
+/* Why cudaGetDeviceCount failed, in the words of a machine without a GPU: the runtime reports a
+ * missing driver as an "insufficient" one, which sends a user looking for a driver upgrade. */
+static void gpu_error_reason(cudaError_t e, char *why, size_t len) {
+  const char *name = cudaGetErrorName(e);
+  if (e == cudaErrorNoDevice)
+    snprintf(why, len, "no GPU: the driver sees no device (%s)", name);
+  else if (e == cudaErrorInsufficientDriver && access("/proc/driver/nvidia/version", F_OK) != 0)
+    snprintf(why, len, "no GPU: no NVIDIA driver is loaded (%s)", name);
+  else if (e == cudaErrorInsufficientDriver)
+    snprintf(why, len, "the NVIDIA driver is older than this CUDA runtime (%s)", name);
+  else
+    snprintf(why, len, "cudaGetDeviceCount: %s (%s)", name, cudaGetErrorString(e));
+}
+
 /* cudaGetDeviceCount in a forked child, so that this process never initialises CUDA (its
  * children could not use CUDA after that).  Returns the count, or -1 when CUDA failed. */
 static int probe_gpus(char *why, size_t len) {
@@ -1680,8 +1694,7 @@ static int probe_gpus(char *why, size_t len) {
     return -1;
   }
   if (msg[0] != (int)cudaSuccess) {
-    snprintf(why, len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorName((cudaError_t)msg[0]),
-             cudaGetErrorString((cudaError_t)msg[0]));
+    gpu_error_reason((cudaError_t)msg[0], why, len);
     return -1;
   }
   return msg[1];
@@ -1691,7 +1704,7 @@ int main(void) {
   char why[256];
   int n = probe_gpus(why, sizeof why);
   if (n <= 0) {
-    fprintf(stderr, "[test_gpu] no usable GPU (%s): skipped\n", n < 0 ? why : "cudaGetDeviceCount reports 0 devices");
+    fprintf(stderr, "[test_gpu] %s: skipped\n", n < 0 ? why : "no GPU: cudaGetDeviceCount reports 0 devices");
     return 77;
   }
   g_ngpus = n;

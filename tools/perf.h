@@ -9,13 +9,23 @@
 typedef struct {
   const char *coll;
   size_t minbytes, maxbytes;
-  double step;
+  double step;      /* -f: the factor between sizes */
+  int step_given;   /* -f was given (it excludes -i) */
+  size_t stepbytes; /* -i: the increment between sizes; 0: use step */
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
-  int root, warmup, iters, nranks, check, device;
-  int windows; /* register device buffers as symmetric windows (-R) */
+  int root, warmup, iters, check, device;
+  int nranks;             /* ranks in this process (thread mode), from --nranks or -t and -g */
+  int nthreads, ngpus;    /* -t and -g as given; 0: not given */
+  int windows;            /* register device buffers as symmetric windows (-R) */
   const char *memory, *json, *baseline;
 } perf_opts_t;
+
+/* Read the command line into *o (which holds the defaults); --help prints the options and exits 0,
+ * a bad option or value is named on stderr and exits 2 (perf_args.c). */
+void perf_parse_args(int argc, char **argv, perf_opts_t *o);
+/* "flexcoll-perf: <message>" and a pointer to --help on stderr, then exit status 2. */
+void perf_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 enum { PERF_ALLREDUCE, PERF_ALLGATHER, PERF_REDUCE_SCATTER, PERF_BROADCAST, PERF_REDUCE, PERF_ALLTOALL, PERF_NUM_COLLS };
 int perf_coll_from_name(const char *name);

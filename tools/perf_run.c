@@ -1,5 +1,6 @@
 /* perf_run.c — one rank's sweep: buffers, warm-up, timed iterations, checks, the report. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -228,8 +229,13 @@ static void *rank_main(void *arg) {
     if (max_over_ranks(r, r->status) > 0) r->status = 1;
     else if (perf_nccl_init_rank(&r->nccl, r->nranks, id, r->rank)) r->status = 1;
   }
-  if (r->rank == 0) print_header(r);
-  if (r->rank == 0 && o->json && (r->json = fopen(o->json, "w")))
+  /* Rank 0 alone writes the file; the sweep below stops every rank when it cannot. */
+  if (r->rank == 0 && o->json && !(r->json = fopen(o->json, "w"))) {
+    fprintf(stderr, "flexcoll-perf: -J (--json) %s: %s\n", o->json, strerror(errno));
+    r->status = 2;
+  }
+  if (r->rank == 0 && !r->status) print_header(r);
+  if (r->json)
     fprintf(r->json, "{\"collective\": \"%s\", \"nranks\": %d, \"memory\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", "
             "\"results\": [", o->coll, r->nranks, o->memory, fc_dtype_name(o->dtype), fc_op_name(o->op));
   double wrong = 0;
@@ -238,11 +244,11 @@ static void *rank_main(void *arg) {
   for (size_t bytes = o->minbytes; bytes <= o->maxbytes && max_over_ranks(r, r->status) == 0;) {
     size_t rounded = bytes / unit * unit;
     sweep_size(r, rounded ? rounded : unit, &wrong, &first);
-    size_t next = (size_t)((double)bytes * o->step);
+    size_t next = o->stepbytes ? bytes + o->stepbytes : (size_t)((double)bytes * o->step);
     bytes = next > bytes ? next : bytes + 1;
   }
   if (r->json) { fprintf(r->json, "\n  ]}\n"); fclose(r->json); }
-  if (r->rank == 0) printf("# Out of bounds values : %.0f %s\n", wrong, wrong ? "FAILED" : "OK");
+  if (r->rank == 0 && r->status != 2) printf("# Out of bounds values : %.0f %s\n", wrong, wrong ? "FAILED" : "OK");
   if (wrong) r->status = 1;
   if (r->nccl) perf_nccl_destroy(r->nccl);
   if (r->stream) perf_stream_destroy(r->stream, r->device);
@@ -275,9 +281,30 @@ int perf_run_launched(const perf_opts_t *o) {
   flexcoll_comm_count(r.comm, &r.nranks);
   flexcoll_comm_user_rank(r.comm, &r.rank);
   if (o->device) flexcoll_comm_cu_device(r.comm, &r.device);
+  /* The rank count is known only now; every rank sees the same one and refuses alike. */
+  if (o->root >= r.nranks) {
+    if (r.rank == 0) fprintf(stderr, "flexcoll-perf: -r (--root) %d: the root must be below the rank count, %d\n", o->root, r.nranks);
+    flexcoll_comm_destroy(r.comm);
+    return 2;
+  }
   rank_main(&r);
   flexcoll_comm_destroy(r.comm);
   return r.status;
+}
+
+/* n host-only ranks in this process.  flexcoll_comm_init_all would put them on the GPUs where
+ * there are some (and refuse more ranks than GPUs), whatever -m host asked for. */
+static flexcoll_result_t init_host_ranks(flexcoll_comm_t *comms, int n) {
+  flexcoll_unique_id_t id;
+  flexcoll_result_t res = flexcoll_get_unique_id(&id);
+  if (res != FLEXCOLL_SUCCESS) return res;
+  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+  cfg.cuda_device = -1;
+  /* One group: the ranks join one another at group_end, each in a thread of the library's. */
+  flexcoll_group_start();
+  for (int i = 0; i < n && res == FLEXCOLL_SUCCESS; i++) res = flexcoll_comm_init_rank(&comms[i], n, id, i, &cfg);
+  flexcoll_result_t end = flexcoll_group_end();
+  return res != FLEXCOLL_SUCCESS ? res : end;
 }
 
 int perf_run_threads(const perf_opts_t *o) {
@@ -285,7 +312,8 @@ int perf_run_threads(const perf_opts_t *o) {
   flexcoll_comm_t *comms = calloc((size_t)n, sizeof *comms);
   perf_rank_t *ranks = calloc((size_t)n, sizeof *ranks);
   pthread_t *threads = calloc((size_t)n, sizeof *threads);
-  if (flexcoll_comm_init_all(comms, n, NULL) != FLEXCOLL_SUCCESS) {
+  flexcoll_result_t res = o->device ? flexcoll_comm_init_all(comms, n, NULL) : init_host_ranks(comms, n);
+  if (res != FLEXCOLL_SUCCESS) {
     fprintf(stderr, "flexcoll-perf: init of %d ranks failed: %s\n", n, flexcoll_get_last_error(NULL));
     return 1;
   }

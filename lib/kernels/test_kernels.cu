@@ -902,8 +902,10 @@ static void run_oneshot_tests(int ngpu) {
 
 int main(void) {
   int ngpu = 0;
-  if (cudaGetDeviceCount(&ngpu) != cudaSuccess || ngpu == 0) {
-    printf("SKIP: no CUDA device\n");
+  cudaError_t probe = cudaGetDeviceCount(&ngpu);
+  if (probe != cudaSuccess || ngpu == 0) {
+    /* No driver reads as cudaErrorInsufficientDriver: name the error, but say what it means here. */
+    printf("SKIP: no GPU (%s)\n", probe != cudaSuccess ? cudaGetErrorName(probe) : "0 devices");
     return 77;
   }
   cudaDeviceProp prop;

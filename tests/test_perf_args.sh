@@ -1,0 +1,75 @@
+#!/bin/sh
+# flexcoll-perf's command line, on host memory (no GPU needed): every bad value or option is refused
+# with exit status 2 and a message that names the option; nccl-tests' flags that flexcoll-perf does
+# not have are refused by name; and a good run with nccl-tests' flags (-t, -n, -w, -c, -i) checks its
+# results and writes its JSON.
+set -u
+perf=${PERF:-./tools/flexcoll-perf}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_perf_args.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 1' INT TERM
+pass=0 fail=0
+
+# refuse WANTED ARGS...: exit status 2, and WANTED (the option's name) in what it printed.
+refuse() {
+  want=$1; shift
+  "$perf" "$@" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ $rc -eq 2 ] && grep -qF -e "$want" "$tmp/err"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: flexcoll-perf $*: exit $rc (want 2), stderr (want \"$want\"):"; sed 's/^/    /' "$tmp/err" "$tmp/out"
+  fi
+}
+
+refuse "-b (--minbytes) 1X" -m host -b 1X
+refuse "-e (--maxbytes)" -m host -e 0
+refuse "-n (--iters) 0" -m host -n 0
+refuse "-n (--iters) abc" -m host -n abc
+refuse "-w (--warmup_iters) abc" -m host -w abc
+refuse "-i (--stepbytes) 1x" -m host -i 1x
+refuse "-i (--stepbytes) and -f" -m host -i 1K -f 2
+refuse "-f (--stepfactor) 1" -m host -f 1
+refuse "-b (--minbytes) 2048 is above -e" -m host -b 2K -e 1K
+refuse "-m (--memory) gpu" -m gpu
+refuse "aggregated iterations" -m 4
+refuse "-C" -m host -C 2
+refuse "-c allreduce" -m host -c allreduce
+refuse "-c (--check) 5" -m host -c 5
+refuse "-G 1: CUDA graph replay is not supported yet" -m host -G 1
+refuse "-g (--ngpus)" -m host -g 2
+refuse "-a (--algo) 1" -m host -a 1
+refuse "-d (--datatype) all" -m host -d all
+refuse "-o (--op) all" -m host -o all
+refuse "--coll bcast" -m host --coll bcast
+refuse "--baseline mpi" -m host --baseline mpi
+refuse "--nranks replaces" -m host --nranks 2 -t 2
+refuse "-t (--nthreads) 0" -m host -t 0
+refuse "-z" -m host -z 1
+refuse "unknown option --bogus" -m host --bogus
+refuse "-n needs a value" -m host -n
+refuse "unexpected argument 'stray'" -m host stray
+refuse "unexpected argument 'allreduce'" -m host allreduce
+refuse "-r (--root) 2: the root must be below the rank count, 2" -m host -t 2 -r 2
+refuse "-J (--json) $tmp/no/such/dir/r.json" -m host -t 2 -e 64 -J "$tmp/no/such/dir/r.json"
+
+# --help: a line for every option, short and long.
+"$perf" --help >"$tmp/help" 2>&1 || { fail=$((fail + 1)); echo "FAIL: --help exited non-zero"; }
+for opt in "-b, --minbytes" "-e, --maxbytes" "-f, --stepfactor" "-i, --stepbytes" "-n, --iters" "-w, --warmup_iters" \
+           "-c, --check" "-d, --datatype" "-o, --op" "-r, --root" "-t, --nthreads" "-g, --ngpus" "-m, --memory" \
+           "-a, --algo" "-R, --local_register" "-G, --cudagraph" "-J, --json" "--coll" "--nranks" "--baseline" "-h, --help"; do
+  if grep -qF -e "$opt" "$tmp/help"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --help lacks $opt"; fi
+done
+
+# A good run: 3 host ranks as threads, sizes by a fixed step, results checked and saved.
+if "$perf" -m host -t 3 -b 1K -e 9K -i 4K -n 3 -w 1 -c 1 --coll allgather -J "$tmp/r.json" >"$tmp/out" 2>&1 &&
+   grep -q '^# Out of bounds values : 0 OK' "$tmp/out" && [ "$(grep -c '^ ' "$tmp/out")" -eq 3 ] &&
+   grep -q '"collective": "allgather", "nranks": 3' "$tmp/r.json"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: the good host-memory run:"; sed 's/^/    /' "$tmp/out"
+fi
+
+echo "test_perf_args: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -44,6 +44,8 @@ refuse "-d (--datatype) all" -m host -d all
 refuse "-o (--op) all" -m host -o all
 refuse "--coll bcast" -m host --coll bcast
 refuse "--baseline mpi" -m host --baseline mpi
+refuse "--links shm,foo" -m host --links shm,foo
+refuse "--links" -m host --links ""
 refuse "--nranks replaces" -m host --nranks 2 -t 2
 refuse "-t (--nthreads) 0" -m host -t 0
 refuse "-z" -m host -z 1
@@ -58,7 +60,7 @@ refuse "-J (--json) $tmp/no/such/dir/r.json" -m host -t 2 -e 64 -J "$tmp/no/such
 "$perf" --help >"$tmp/help" 2>&1 || { fail=$((fail + 1)); echo "FAIL: --help exited non-zero"; }
 for opt in "-b, --minbytes" "-e, --maxbytes" "-f, --stepfactor" "-i, --stepbytes" "-n, --iters" "-w, --warmup_iters" \
            "-c, --check" "-d, --datatype" "-o, --op" "-r, --root" "-t, --nthreads" "-g, --ngpus" "-m, --memory" \
-           "-a, --algo" "-R, --local_register" "-G, --cudagraph" "-J, --json" "--coll" "--nranks" "--baseline" "-h, --help"; do
+           "-a, --algo" "-R, --local_register" "-G, --cudagraph" "-J, --json" "--coll" "--nranks" "--baseline" "--links" "-h, --help"; do
   if grep -qF -e "$opt" "$tmp/help"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --help lacks $opt"; fi
 done
 
@@ -69,6 +71,15 @@ if "$perf" -m host -t 3 -b 1K -e 9K -i 4K -n 3 -w 1 -c 1 --coll allgather -J "$t
   pass=$((pass + 1))
 else
   fail=$((fail + 1)); echo "FAIL: the good host-memory run:"; sed 's/^/    /' "$tmp/out"
+fi
+
+# Two host links: the JSON carries each link's share of the bytes (shm needs peer-failure handling off).
+if FLEXCOLL_UCX_PEER_FAILURE=0 FLEXCOLL_CACHE_DIR="$tmp/cache" "$perf" -m host -t 2 -b 4M -e 4M -n 3 -w 1 \
+     --links shm,tcp -J "$tmp/l.json" >"$tmp/out" 2>&1 &&
+   grep -q '^# Out of bounds values : 0 OK' "$tmp/out" && grep -q '"links": {"shm": [0-9.]*, "tcp": [0-9.]*}' "$tmp/l.json"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: the run over --links shm,tcp:"; sed 's/^/    /' "$tmp/out" "$tmp/l.json"
 fi
 
 echo "test_perf_args: $pass passed, $fail failed"

@@ -14,7 +14,7 @@
 #include "perf.h"
 
 /* Long-only options: keys above any character. */
-enum { OPT_COLL = 256, OPT_NRANKS, OPT_BASELINE };
+enum { OPT_COLL = 256, OPT_NRANKS, OPT_BASELINE, OPT_LINKS };
 
 typedef struct {
   int key;          /* the short flag, or an OPT_* key */
@@ -45,6 +45,7 @@ static const perf_flag_t flags[] = {
     {'G', "cudagraph", "0", "CUDA graph replays: not supported yet, 0 only"},
     {'J', "json", "FILE", "also write the results to FILE as JSON"},
     {OPT_BASELINE, "baseline", "nccl", "also run every size through NCCL (dlopen)"},
+    {OPT_LINKS, "links", "LIST", "the links to use (FLEXCOLL_LINKS): nvlink,pcie,rdma,shm,tcp (all that work)"},
     {'h', "help", NULL, "print this help and exit"},
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
@@ -122,6 +123,20 @@ static int is_number(const char *v) {
 }
 
 /* Options whose value is a word; returns 0 when key is not one of them. */
+/* --links: a comma list of link names, each known, handed to the library as FLEXCOLL_LINKS. */
+static void links_option(const char *v) {
+  static const char *const known[] = {"nvlink", "pcie", "rdma", "shm", "tcp"};
+  char buf[128];
+  if (!*v || strlen(v) >= sizeof buf) perf_usage_error("--links %s: a comma list of nvlink, pcie, rdma, shm, tcp", v);
+  snprintf(buf, sizeof buf, "%s", v);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    size_t i = 0;
+    while (i < sizeof known / sizeof known[0] && strcmp(known[i], tok)) i++;
+    if (i == sizeof known / sizeof known[0]) perf_usage_error("--links %s: \"%s\" is not a link (nvlink, pcie, rdma, shm, tcp)", v, tok);
+  }
+  setenv("FLEXCOLL_LINKS", v, 1);
+}
+
 static int word_option(perf_opts_t *o, int key, const char *v) {
   switch (key) {
     case OPT_COLL:
@@ -156,6 +171,9 @@ static int word_option(perf_opts_t *o, int key, const char *v) {
     case OPT_BASELINE:
       if (strcmp(v, "nccl")) perf_usage_error("--baseline %s: the only baseline is nccl", v);
       o->baseline = v;
+      return 1;
+    case OPT_LINKS:
+      links_option(v);
       return 1;
     default: return 0;
   }

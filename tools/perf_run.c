@@ -154,6 +154,50 @@ static void print_header(perf_rank_t *r) {
          "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
 }
 
+/* Bytes this rank has sent per link name since creation (summed over peers); returns the names. */
+#define PERF_MAX_LINKS 8
+typedef struct {
+  int n;
+  char name[PERF_MAX_LINKS][16];
+  unsigned long long bytes[PERF_MAX_LINKS];
+} perf_links_t;
+
+static void link_bytes(perf_rank_t *r, perf_links_t *l) {
+  flexcoll_link_stats_t st[64];
+  int n = 0;
+  l->n = 0;
+  if (flexcoll_comm_get_link_stats(r->comm, st, 64, &n) != FLEXCOLL_SUCCESS) return;
+  for (int i = 0; i < n && i < 64; i++) {
+    int k = 0;
+    while (k < l->n && strcmp(l->name[k], st[i].name)) k++;
+    if (k == l->n) {
+      if (l->n == PERF_MAX_LINKS) continue;
+      memcpy(l->name[l->n], st[i].name, sizeof l->name[0]);
+      l->name[l->n][sizeof l->name[0] - 1] = 0;
+      l->bytes[l->n++] = 0;
+    }
+    l->bytes[k] += st[i].bytes;
+  }
+}
+
+/* Each link's fraction of the bytes sent between two snapshots: on stdout as "links: shm 0.78
+ * tcp 0.22" (nothing when only one link carried anything), or into json when not NULL. */
+static void print_shares(const perf_links_t *before, const perf_links_t *after, FILE *json) {
+  unsigned long long total = 0, used = 0;
+  for (int k = 0; k < after->n; k++) {
+    unsigned long long d = after->bytes[k] - (k < before->n ? before->bytes[k] : 0);
+    total += d;
+    used += d > 0;
+  }
+  if (json) fprintf(json, ", \"links\": {");
+  for (int k = 0; k < after->n && total; k++) {
+    double share = (double)(after->bytes[k] - (k < before->n ? before->bytes[k] : 0)) / (double)total;
+    if (!json && used > 1) printf("%s%s %.3f", k ? " " : "  links: ", after->name[k], share);
+    if (json) fprintf(json, "%s\"%s\": %.4f", k ? ", " : "", after->name[k], share);
+  }
+  if (json) fprintf(json, "}");
+}
+
 static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *first_json) {
   const perf_opts_t *o = r->o;
   int coll = perf_coll_from_name(o->coll);
@@ -174,11 +218,14 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
     r->status = 1;
   }
   double t[2], wr[2], tn = 0, wn = 0;
+  perf_links_t links_before, links_after;
+  link_bytes(r, &links_before);
   /* AllToAll has no in-place form: its in-place columns stay empty. */
   for (int ip = 0; ip < 2; ip++) {
     t[ip] = wr[ip] = 0;
     if (!ip || coll != PERF_ALLTOALL) t[ip] = measure(r, 0, &b, ip, &wr[ip]);
   }
+  link_bytes(r, &links_after);
   if (r->nccl) tn = measure(r, 1, &b, 0, &wn);
   size_t total = (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL)
                      ? b.count * (size_t)r->nranks * esize
@@ -194,6 +241,7 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
       else printf("  %9s %7s %7s %6s", "n/a", "", "", "");
     }
     if (r->nccl) printf("  %9.2f %6.2f %8.3f", tn * 1e6, tn > 0 ? (double)total / tn / 1e9 * f : 0, tn / t[0]);
+    print_shares(&links_before, &links_after, NULL);
     printf("\n");
     fflush(stdout);
     if (r->json) {
@@ -202,6 +250,7 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
               *first_json ? "" : ",", total, b.count, t[0] * 1e6, total / t[0] / 1e9, total / t[0] / 1e9 * f, wr[0],
               t[1] * 1e6, t[1] > 0 ? total / t[1] / 1e9 * f : 0, wr[1]);
       if (r->nccl) fprintf(r->json, ", \"nccl_time_us\": %.3f, \"nccl_busbw\": %.3f", tn * 1e6, total / tn / 1e9 * f);
+      print_shares(&links_before, &links_after, r->json);
       fprintf(r->json, "}");
       *first_json = 0;
     }

@@ -189,8 +189,8 @@ static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tm
 static void finish_slice(fc_exec_t *x, fc_slice_t *s) {
   s->pending = 0;
   fc_part_t *p = &x->parts[s->part];
-  if (--p->left == 0 && p->is_send)
-    fc_links_record(x->comm->links, x->comm->nranks, p->link, p->peer, p->bytes, now_us() - p->t_post);
+  if (--p->left == 0)
+    fc_links_record(x->comm->links, x->comm->nranks, p->link, p->peer, p->bytes, now_us() - p->t_post, p->is_send);
   if (!s->step) return;
   const fc_step_t *st = s->step;
   fc_host_reduce(ref(x, st->buf, st->off + s->first), ref(x, st->src_buf, st->src_off + s->first), s->tmp,

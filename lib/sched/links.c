@@ -342,12 +342,18 @@ void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double 
     if (!strcmp(l->link[i].ops->name, name)) l->throttle[i] = factor;
 }
 
-void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us) {
+void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us, int is_send) {
   if (l->throttle[i] > 0) us *= l->throttle[i];
-  fc_link_peer_stats_t *st = &l->link[i].stats[peer];
-  st->bytes += bytes;
-  st->busy_us += us;
-  l->call_bytes[(size_t)i * (size_t)nranks + (size_t)peer] += bytes;
+  if (is_send) {
+    fc_link_peer_stats_t *st = &l->link[i].stats[peer];
+    st->bytes += bytes;
+    st->busy_us += us;
+    l->call_bytes[(size_t)i * (size_t)nranks + (size_t)peer] += bytes;
+    return;
+  }
+  /* Stage 2 learns from arrivals: a send may complete as soon as its bytes are buffered (TCP),
+   * or only once the receiver pulled them (shared memory), so only the receiver sees when a
+   * part was delivered; all parts of a transfer are posted together, so these are finish times. */
   l->meas_parts[i] += 1;
   l->meas_bytes[i] += (double)bytes;
   l->meas_us[i] += us;

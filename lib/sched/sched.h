@@ -116,8 +116,9 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm);
 void fc_links_close(struct flexcoll_comm *comm, int force);
 /* Cut a transfer of bytes into per-link shares (multiples of align but the fastest link's). */
 flexcoll_result_t fc_links_split(const fc_links_t *l, size_t bytes, size_t align, size_t *shares);
-/* A part of `bytes` to peer finished on link i after us microseconds. */
-void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us);
+/* A part of `bytes` to (is_send) or from peer completed on link i us microseconds after it was
+ * posted: sends count in the statistics, receives (deliveries) feed stage 2. */
+void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us, int is_send);
 /* Stage 2's update of l's models from the measurements of all ranks since the last one (per link:
  * parts, their bytes and microseconds, summed): a measured link moves toward what it showed; one
  * that stayed idle a few exchanges gets a probe share in the next window.  Pure (no I/O). */

@@ -200,8 +200,10 @@ static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l) {
   return res;
 }
 
-/* The cache key: the ranks' hosts, the rank count and the links, the same on every rank. */
-static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t *l, char *key, size_t len) {
+/* The cache key: the ranks' hosts, the rank count and the links, the same on every rank; and
+ * whether all ranks run on one host. */
+static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t *l, char *key, size_t len,
+                                   int *one_host) {
   uint64_t *h = calloc((size_t)comm->nranks, sizeof *h);
   if (!h) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   char host[256] = "";
@@ -211,7 +213,11 @@ static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t 
   h[comm->rank] = mine;
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, h, sizeof *h);
   uint64_t all = 1469598103934665603ULL;
-  for (int q = 0; q < comm->nranks; q++) all = (all ^ h[q]) * 1099511628211ULL;
+  *one_host = 1;
+  for (int q = 0; q < comm->nranks; q++) {
+    all = (all ^ h[q]) * 1099511628211ULL;
+    *one_host &= h[q] == h[0];
+  }
   free(h);
   int used = snprintf(key, len, "host-n%d-%016llx", comm->nranks, (unsigned long long)all);
   for (int i = 0; i < l->n && used > 0 && (size_t)used < len; i++)
@@ -249,7 +255,8 @@ static flexcoll_result_t average_models(struct flexcoll_comm *comm, fc_links_t *
 
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) {
   char key[256];
-  FC_CHECK(cache_key(comm, l, key, sizeof key));
+  int one_host = 0;
+  FC_CHECK(cache_key(comm, l, key, sizeof key, &one_host));
   const char *dir = fc_cost_cache_dir();
   double t0 = now_us();
   int have = dir && fc_cost_cache_load(dir, key, l->model, l->n) == FLEXCOLL_SUCCESS;
@@ -263,6 +270,10 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   if (res == FLEXCOLL_SUCCESS && !all_have) res = calibrate(comm, l);
   if (res == FLEXCOLL_SUCCESS) res = average_models(comm, l);
   if (res != FLEXCOLL_SUCCESS) return res;
+  /* Within one host, shared memory and TCP are both copies through the same memory system:
+   * one port, so the balancer splits between them only where that beats the better one alone
+   * (measured on the GPU node's 16 cores: TCP beside shared memory only slowed it down). */
+  for (int i = 0; i < l->n && one_host; i++) l->model[i].port = 0;
   FC_INFO(FC_SUB_SCHED, "link models %s in %.1f ms (key %s)", all_have ? "from the cache" : "calibrated",
           (now_us() - t0) / 1e3, key);
   if (!all_have && dir && fc_cost_cache_save(dir, key, l->model, l->n) != FLEXCOLL_SUCCESS)

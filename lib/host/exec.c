@@ -83,16 +83,6 @@ static char *ref(fc_exec_t *x, int buf, size_t off) {
   return base + off * x->esize;
 }
 
-static flexcoll_result_t reserve_parts(fc_exec_t *x, size_t n) {
-  if (x->nparts + n <= x->cap_parts) return FLEXCOLL_SUCCESS;
-  size_t cap = (x->nparts + n) * 2;
-  fc_part_t *p = realloc(x->parts, cap * sizeof *p);
-  if (!p) return fc_error(x->comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for transfer parts");
-  x->parts = p;
-  x->cap_parts = cap;
-  return FLEXCOLL_SUCCESS;
-}
-
 static size_t slice_elems(fc_exec_t *x, size_t count) {
   size_t per = (size_t)fc_param_slice_size() / x->esize;
   if (per == 0) per = 1;
@@ -101,14 +91,21 @@ static size_t slice_elems(fc_exec_t *x, size_t count) {
   return per;
 }
 
-static flexcoll_result_t reserve_slices(fc_exec_t *x, size_t n) {
-  if (x->nslices + n <= x->cap_slices) return FLEXCOLL_SUCCESS;
-  size_t cap = (x->nslices + n) * 2;
-  fc_slice_t *s = realloc(x->slices, cap * sizeof *s);
-  if (!s) return fc_error(x->comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for transfer slices");
-  x->slices = s;
-  x->cap_slices = cap;
+/* Room for n more elements of `size` bytes in the array *p of *cap, of which `used` are taken. */
+static flexcoll_result_t reserve(fc_exec_t *x, void **p, size_t *cap, size_t used, size_t n, size_t size, const char *what) {
+  if (used + n <= *cap) return FLEXCOLL_SUCCESS;
+  size_t want = (used + n) * 2;
+  void *q = realloc(*p, want * size);
+  if (!q) return fc_error(x->comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for transfer %s", what);
+  *p = q;
+  *cap = want;
   return FLEXCOLL_SUCCESS;
+}
+static flexcoll_result_t reserve_slices(fc_exec_t *x, size_t n) {
+  return reserve(x, (void **)&x->slices, &x->cap_slices, x->nslices, n, sizeof *x->slices, "slices");
+}
+static flexcoll_result_t reserve_parts(fc_exec_t *x, size_t n) {
+  return reserve(x, (void **)&x->parts, &x->cap_parts, x->nparts, n, sizeof *x->parts, "parts");
 }
 
 /* Post the slices of link's part [first, first + count) of a transfer step (elements). */

@@ -109,11 +109,14 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
   link->ops = registry[r];
   int usable = 0;
   char why[200] = "";
-  FC_CHECK(link->ops->open(comm, link, &usable, why, sizeof why));
-  int *all = calloc((size_t)comm->nranks, sizeof *all);
-  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  flexcoll_result_t res = link->ops->open(comm, link, &usable, why, sizeof why);
+  int *all = res == FLEXCOLL_SUCCESS ? calloc((size_t)comm->nranks, sizeof *all) : NULL;
+  if (!all) {
+    link->ops->close(comm, link, 1);
+    return res != FLEXCOLL_SUCCESS ? res : fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  }
   all[comm->rank] = usable;
-  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
+  res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
   int everywhere = 1;
   for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS; q++)
     if (!all[q] && everywhere) {

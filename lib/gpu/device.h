@@ -88,9 +88,11 @@ struct fc_gpu {
   size_t slots_off, slice_bytes;
   int nslots;              /* per peer */
   fc_peer_t *peers;
-  uint64_t oneshot_seq;        /* one-shot and pipelined calls so far */
+  /* One-shot and pipelined kernels enqueued or captured so far: only whether there was one
+   * (the kernels number their calls themselves, in epoch). */
+  uint64_t oneshot_seq;
+  fc_dev_epoch_t *epoch;       /* their sequence state, device memory (kernels.h) */
   int pipeline;                /* FLEXCOLL_PIPELINE and a slot big enough: pipelined kernels in use */
-  uint64_t pipe_steps;         /* steps of all pipelined calls so far (their counters' base) */
   unsigned pipe_blocks, pipe_threads, pipe_subslots; /* their shape (kernels.h) */
   unsigned pipe_push_threads;
   cudaEvent_t ev_oneshot;      /* after the last one-shot or pipelined kernel */

@@ -157,13 +157,14 @@ flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaS
   return FLEXCOLL_SUCCESS;
 }
 
-/* The arguments of the next one-shot or pipelined kernel (it takes the next seq number). */
+/* The arguments of the next one-shot or pipelined kernel: constants of the communicator only
+ * (the graph rule: the kernel takes its seq and counter base from g->epoch on the device). */
 static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *args) {
-  fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .seq = ++g->oneshot_seq,
+  fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .epoch = g->epoch,
                          .slot_bytes = g->oneshot_slot, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+  g->oneshot_seq++;
   a.ll_max = g->ll_max;
   a.max_blocks = g->oneshot_blocks;
-  a.pipe_base = g->pipe_steps;
   a.pipe_blocks = g->pipe_blocks;
   a.pipe_threads = g->pipe_threads;
   a.pipe_subslots = g->pipe_subslots;
@@ -231,7 +232,6 @@ static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args
   fc_oneshot_args_t a = kernel_args(g, args);
   FC_CHECK(kernel_order_before(x, stream));
   CUDA_TRY(x->comm, fc_kernel_pipe_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream));
-  g->pipe_steps += fc_pipe_steps(bytes, g->oneshot_slot, g->pipe_blocks, g->pipe_subslots);
   return kernel_order_after(x, stream);
 }
 

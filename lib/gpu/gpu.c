@@ -201,6 +201,8 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   /* On our own stream, not the legacy one: other communicators' kernels may be waiting on peers
    * on this device, and a legacy-stream memset would wait for them. */
   CUDA_CHECK(comm, cudaMemsetAsync(g->stage + g->oneshot_flags_off, 0, g->slots_off - g->oneshot_flags_off, g->util_stream));
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->epoch, sizeof *g->epoch));
+  CUDA_CHECK(comm, cudaMemsetAsync(g->epoch, 0, sizeof *g->epoch, g->util_stream));
   CUDA_CHECK(comm, cudaStreamSynchronize(g->util_stream));
   CUDA_CHECK(comm, cudaHostAlloc((void **)&g->error_host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
   *g->error_host = 0;
@@ -398,6 +400,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   cudaEventDestroy(g->ev_oneshot);
   for (int i = 0; i < 64; i++) cudaEventDestroy(g->inflight_ev[i]);
   cudaFree(g->stage);
+  cudaFree(g->epoch);
   cudaFree(g->dev_scratch);
   cudaFreeHost(g->error_host);
   cudaGetLastError();

@@ -18,7 +18,8 @@
  * block reduces (one team doing both in turn left the link idle for the reduction's share of
  * every step; the reduction reads two streams and writes one, and with half the block it was
  * the slower team).  Otherwise the whole block is one team.  Counters only grow over the
- * communicator's life (base: the steps of all earlier pipelined calls), so a wait is "at least",
+ * communicator's life (base: the steps of all earlier pipelined calls, epoch->pipe_base, which
+ * the last block of each call advances on the device: fc_epoch_end), so a wait is "at least",
  * and stale values from earlier calls never satisfy it.
  *
  * Sharing the staging area with the one-shot kernels (see the parity argument in oneshot.cuh):
@@ -168,13 +169,14 @@ struct fc_pipe_copy {
 };
 
 template <class Consume>
-__device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_pipe_io &io, const Consume &consume) {
-  const int par = (int)(a.seq & 1), peer = 1 - a.rank;
+__device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_call_seq &c, const fc_pipe_io &io,
+                                            const Consume &consume) {
+  const int par = (int)(c.seq & 1), peer = 1 - a.rank;
   __shared__ unsigned pushed_steps;
   if (threadIdx.x == 0) pushed_steps = 0;
   /* The peer's kernel of this call has started: its earlier ones are done with our data. */
-  fc_post_flags(a, par);
-  if (!fc_wait(a, par)) return;
+  fc_post_flags(a, par, c.seq);
+  if (!fc_wait(a, par, c.seq)) return;
   size_t lo, hi;
   fc_block_range(io.bytes, &lo, &hi);
   const unsigned subslots = a.pipe_subslots;
@@ -182,7 +184,7 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
   const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, subslots);
   uint64_t *mine = fc_pick(a.flags, a.rank), *theirs = fc_pick(a.flags, peer);
   char *local = fc_pick(a.stage, a.rank), *remote = fc_pick(a.stage, peer);
-  const uint64_t base = a.pipe_base;
+  const uint64_t base = c.pipe_base;
   /* Bytes [*o, *o + *n) of the message in step k of this block. */
   auto span = [&](size_t k, size_t *o, size_t *n) {
     const size_t s = lo + k * step < hi ? lo + k * step : hi, e = s + step < hi ? s + step : hi;
@@ -228,15 +230,24 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
   if (pusher) fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), base + nsteps);
 }
 
+/* A whole pipelined call: the epoch read first, the run (whichever way it ends: every wait
+ * is bounded), then the epoch advanced by the call's steps (the same in every block and on
+ * every rank: they depend on the size and the grid only). */
+template <class Consume> __device__ __forceinline__ void fc_pipe_call(const fc_oneshot_args_t &a, const fc_pipe_io &io) {
+  const fc_call_seq c = fc_epoch_begin(a);
+  fc_pipe_run(a, c, io, Consume());
+  fc_epoch_end(a, c, fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, a.pipe_subslots));
+}
+
 /* THREADS: 512 or 1024 per block (pipe_threads); the grid is pipe_blocks. */
 template <typename V, typename D, class Op, bool AVG, unsigned THREADS>
 __global__ void __launch_bounds__(THREADS) fc_pipe_reduce_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
-  fc_pipe_run(a, io, fc_pipe_reduce<V, D, Op, AVG>());
+  fc_pipe_call<fc_pipe_reduce<V, D, Op, AVG> >(a, io);
 }
 
 template <unsigned THREADS>
 __global__ void __launch_bounds__(THREADS) fc_pipe_copy_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
-  fc_pipe_run(a, io, fc_pipe_copy());
+  fc_pipe_call<fc_pipe_copy>(a, io);
 }
 
 struct fc_pipe_reduce_launch {

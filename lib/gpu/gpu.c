@@ -478,9 +478,14 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
-                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream) {
-  (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream;
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing) {
+  (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream; (void)capturing;
   return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
+}
+const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                 const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream) {
+  (void)comm; (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)stream;
+  return "this build has no CUDA";
 }
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
                                  flexcoll_stream_t stream) {

@@ -189,8 +189,10 @@ static flexcoll_result_t refuse_capture(flexcoll_comm_t comm, const char *fn, co
                   fn, why);
 }
 
-static flexcoll_result_t check_capture(flexcoll_comm_t comm, const fc_call_t *c, fc_mem_t mem, const fc_algo_args_t *args) {
+static flexcoll_result_t check_capture(flexcoll_comm_t comm, const fc_call_t *c, fc_mem_t mem, const fc_algo_args_t *args,
+                                       int capturing) {
   const char *fn = fc_coll_name(c->coll);
+  if (capturing == 2) return refuse_capture(comm, fn, "another stream's capture forbids using this one meanwhile");
   if (mem != FC_MEM_DEVICE) return refuse_capture(comm, fn, "its buffers are in host memory, and such a call runs at once");
   const char *why = fc_gpu_graph_refusal(comm, args, c->sendbuf, c->recvbuf, c->dtype, c->stream);
   return why ? refuse_capture(comm, fn, why) : FLEXCOLL_SUCCESS;
@@ -222,7 +224,7 @@ flexcoll_result_t fc_call_run(const fc_call_t *c) {
   FC_TRACE(FC_SUB_COLL, "%s count %zu %s %s root %d algo %s %s memory seq %u", fc_coll_name(c->coll), c->count,
            fc_dtype_name(c->dtype), fc_op_name(c->op), c->root, fc_algo_name(args.algo),
            mem == FC_MEM_DEVICE ? "device" : "host", comm->coll_seq);
-  if (capturing) FC_CHECK(check_capture(comm, c, mem, &args));
+  if (capturing) FC_CHECK(check_capture(comm, c, mem, &args, capturing));
   if (mem == FC_MEM_DEVICE) return fc_gpu_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op, c->stream, capturing);
   return fc_host_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op);
 }

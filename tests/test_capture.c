@@ -114,8 +114,8 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
   /* In a group the refusal comes at the call, so the group never holds half a collective. */
   flexcoll_group_start();
   flexcoll_result_t res = flexcoll_allreduce(b->dev, b->dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
-  flexcoll_result_t end = flexcoll_group_end();
   expect_refused(r, comm, res, "allreduce in a group");
+  flexcoll_result_t end = flexcoll_group_end();
   EXPECT(r, end == FLEXCOLL_SUCCESS, "group_end after a refused call: %d", (int)end);
   /* Nothing to move: accepted, and nothing captured. */
   res = flexcoll_allreduce(b->dev, b->dev, 0, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
@@ -194,7 +194,8 @@ static int get(flexcoll_datatype_t dt, const void *buf, size_t i) {
   } else {
     f = ((const float *)buf)[i];
   }
-  return f == (float)(int)f ? (int)f : 1 << 30; /* not an integer: never expected */
+  /* Not a small integer (the poison, say): never expected. */
+  return f >= -1e6f && f <= 1e6f && f == (float)(int)f ? (int)f : 1 << 30;
 }
 
 /* Element i of rank `rank`'s result in variant v. */
@@ -221,6 +222,9 @@ typedef struct {
 } replay_bufs_t;
 #define ROW ((size_t)NRANKS * MAX_COUNT * 4)
 #define EAGER_MAX 30000
+/* Bytes of a result not written yet: 0x7f7f7f7f as int32, about 3.4e38 as float and bfloat16,
+ * far from every expected value. */
+#define POISON 0x7f
 
 static flexcoll_result_t issue(const coll_t *c, size_t n, const void *send, void *recv, flexcoll_comm_t comm,
                                cudaStream_t s) {
@@ -246,12 +250,13 @@ static cudaGraphExec_t capture(rank_t *r, flexcoll_comm_t comm, const coll_t *c,
   if (ce != cudaSuccess || !graph) return NULL;
   size_t nodes = 0;
   cudaGraphGetNodes(graph, NULL, &nodes);
-  EXPECT(r, nodes >= 1, "%s count %zu: the captured graph is empty", c->name, n);
+  /* The kernel alone: no event wait or record from the ordering of the communicator's kernels. */
+  EXPECT(r, nodes == 1, "%s count %zu: the captured graph has %zu nodes, not 1", c->name, n, nodes);
   cudaGraphExec_t exec = NULL;
   ce = cudaGraphInstantiate(&exec, graph, 0);
   EXPECT(r, ce == cudaSuccess, "%s count %zu: cudaGraphInstantiate: %s", c->name, n, cudaGetErrorString(ce));
   cudaGraphDestroy(graph);
-  return res == FLEXCOLL_SUCCESS && ce == cudaSuccess && nodes >= 1 ? exec : NULL;
+  return res == FLEXCOLL_SUCCESS && ce == cudaSuccess && nodes == 1 ? exec : NULL;
 }
 
 /* The inputs of every variant, uploaded on s. */
@@ -316,7 +321,7 @@ static int agree(rank_t *r, int ok) {
 /* An eager allreduce of n floats between replays, on the same stream: its kernel advances the
  * same device epoch as the replays. */
 static void eager_call(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, cudaStream_t s, size_t n) {
-  cudaMemsetAsync(b->eager_out, 0xff, n * sizeof(float), s);
+  cudaMemsetAsync(b->eager_out, POISON, n * sizeof(float), s);
   flexcoll_result_t res = flexcoll_allreduce(b->eager_in, b->eager_out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
   EXPECT(r, res == FLEXCOLL_SUCCESS, "eager allreduce of %zu between replays: %s", n, flexcoll_get_last_error(comm));
 }
@@ -338,7 +343,7 @@ static int replay_case(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, 
   for (long i = 0; i < replays && ok; i++) {
     const int v = (int)((3 * i + 1) % VARIANTS), check = i % 97 == 0 || i == replays - 1;
     cudaMemcpyAsync(b->send, b->table + (size_t)v * ROW, sbytes, cudaMemcpyDeviceToDevice, s);
-    if (check) cudaMemsetAsync(b->recv, 0xff, rbytes, s);
+    if (check) cudaMemsetAsync(b->recv, POISON, rbytes, s);
     cudaError_t ce = cudaGraphLaunch(exec, s);
     EXPECT(r, ce == cudaSuccess, "%s count %zu replay %ld: cudaGraphLaunch: %s", c->name, n, i, cudaGetErrorString(ce));
     if (i % 10 == 3) eager_call(r, comm, b, s, eager_n = (i / 10) % 2 ? 5 : EAGER_MAX);

@@ -77,7 +77,7 @@ int fc_gpu_stream_capturing(flexcoll_stream_t stream) {
   cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
   if (e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureUnsupported) {
     cudaGetLastError();
-    return 1;
+    return 2;
   }
   if (e != cudaSuccess) {
     cudaGetLastError(); /* not a stream of this context: the enqueue reports it */

@@ -19,8 +19,9 @@ int fc_gpu_count(void);
 /* The calling thread's current CUDA device; FLEXCOLL_CONFIG_UNDEF without a GPU. */
 int fc_gpu_current_device(void);
 
-/* Whether stream is being captured into a CUDA graph (or cannot be used because another
- * stream's capture forbids it).  A NULL stream (the legacy default stream) is never captured. */
+/* Whether stream is being captured into a CUDA graph (1), or cannot be used because another
+ * stream's capture forbids it (2); 0: neither.  A NULL stream (the legacy default stream) is
+ * never captured. */
 int fc_gpu_stream_capturing(flexcoll_stream_t stream);
 
 /* Choose the CUDA device of comm (config, else current; -1 when there is none) and set up what

@@ -12,8 +12,9 @@
  * captured graph stays empty, the capture valid and the communicator usable.
  *
  * Ranks are threads of this process, all on device 0 (several ranks may share a GPU), so the
- * test runs on a one-GPU node.  Exit 77 (automake's skip) where there is no GPU.  Run it also
- * under CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue for all streams). */
+ * test runs on a one-GPU node.  Exit 77 (automake's skip) where there is no GPU.  Under
+ * CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue for every stream) it checks the hardware-
+ * queue rule as well: the two ranks' input copies and kernels then share one queue. */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdint.h>

@@ -7,7 +7,8 @@
  *     flag [parity][rank][b] of every peer with a release store.
  *  2. wait: thread 0 polls this rank's own flags [parity][q][b] until each reaches seq, bounded
  *     by timeout_cycles of clock64; on timeout it stores 1 to *error and the whole block
- *     skips to its end (fc_epoch_end, which every block reaches on every path).  After the flags a system fence orders the slot reads after them.
+ *     skips to its end (fc_epoch_end, which every block reaches on every path).  After the
+ *     flags a system fence orders the slot reads after them.
  *  3. combine: allreduce reduces [lo, hi) over ranks 0..n-1 in that order (own values from
  *     sendbuf, the others from the local slots) so every rank computes bitwise the same
  *     result; allgather copies each rank's [lo, hi) to recvbuf.
@@ -15,18 +16,19 @@
  * data, and the other ranks post their flags alone (oneshot_rs.cu).
  *
  * seq comes from the device (fc_dev_epoch_t in kernels.h): every block reads epoch->seq + 1 at
- * its start (fc_epoch_begin) and the last block to finish stores it back (fc_epoch_end), on every
- * exit path, timeouts included.  So a kernel replayed from a CUDA graph takes the next number,
- * as an eagerly launched one does, and eager and replayed calls share one sequence.
+ * its start (fc_epoch_begin, into shared memory) and the last block to finish stores it back
+ * (fc_epoch_end), on every exit path, timeouts included.  So a kernel replayed from a CUDA
+ * graph takes the next number, as an eagerly launched one does, and eager and replayed calls
+ * share one sequence.
  *
  * Why two parities suffice (what the host must guarantee): a rank's one-shot kernels run one
  * after another (same stream, or otherwise ordered), so seq grows by exactly 1 per kernel that
- * runs, on every rank alike as long as the ranks run the same calls.  Then when rank r writes parity P for seq, its kernel seq-1 has seen
- * a flag of each peer's kernel seq-1, which started only after that peer's kernel seq-2 (the
- * previous reader of parity P) had finished.  A call that launches nothing (count 0) must not
- * consume a seq number (it does not: no kernel, no epoch advance).  After a timeout the staging
- * area's state is unknown: abort the communicator (or re-zero the flags and the epoch on every
- * rank).
+ * runs, on every rank alike as long as the ranks run the same calls.  Then when rank r writes
+ * parity P for seq, its kernel seq-1 has seen a flag of each peer's kernel seq-1, which started
+ * only after that peer's kernel seq-2 (the previous reader of parity P) had finished.  A call
+ * that launches nothing (count 0) must not consume a seq number (it does not: no kernel, no
+ * epoch advance).  After a timeout the staging area's state is unknown: abort the communicator
+ * (or re-zero the flags and the epoch on every rank).
  */
 #ifndef FC_KERNELS_ONESHOT_CUH
 #define FC_KERNELS_ONESHOT_CUH
@@ -67,41 +69,44 @@ __device__ __forceinline__ uint64_t fc_ld_volatile(const uint64_t *p) {
   return v;
 }
 
-/* The numbers of this call (kernels.h, fc_dev_epoch_t). */
-struct fc_call_seq {
-  uint64_t seq, pipe_base;
-};
+/* This block's call (kernels.h, fc_dev_epoch_t): its seq and its counters' base, set by
+ * fc_epoch_begin.  At a fixed shared address and read where used (fc_seq, fc_pipe_base), not
+ * held in registers from the kernel's start to its end (fc_epoch_end): the pipelined kernels
+ * are at their register budget, and values live across their loops pushed it over. */
+__shared__ unsigned long long fc_epoch_shared[2];
+__device__ __forceinline__ uint64_t fc_seq() { return *(volatile unsigned long long *)&fc_epoch_shared[0]; }
+__device__ __forceinline__ uint64_t fc_pipe_base() { return *(volatile unsigned long long *)&fc_epoch_shared[1]; }
 
 /* Every block's first step: thread 0 reads the epoch (one 16-byte load, bypassing L1 where an
  * earlier kernel's line could linger) for the whole block.  The barrier puts every thread's use
  * of the numbers after the read, hence before this block's fc_epoch_end, and the epoch changes
  * only once every block has passed it. */
-__device__ __forceinline__ fc_call_seq fc_epoch_begin(const fc_oneshot_args_t &a) {
-  __shared__ unsigned long long epoch_shared[2];
+__device__ __forceinline__ void fc_epoch_begin(const fc_oneshot_args_t &a) {
   if (threadIdx.x == 0) {
     unsigned long long s, b;
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(s), "=l"(b) : "l"(a.epoch) : "memory");
-    epoch_shared[0] = s + 1;
-    epoch_shared[1] = b;
+    fc_epoch_shared[0] = s + 1;
+    fc_epoch_shared[1] = b;
   }
   __syncthreads();
-  return fc_call_seq{epoch_shared[0], epoch_shared[1]};
 }
 
 /* Every block's last step, on every exit path (no barrier: a block's threads may have left
  * their loops at different points, or be split into teams).  Thread 0 counts its block as
- * finished; the last block advances the epoch for the next call.  The fences order the
- * reads of the epoch at the start of every block (release side, with the counting atomic)
- * before the last block's stores (acquire side), so no block can read the advanced values.
- * The next kernel sees the stores: it starts after this one has completed. */
-__device__ __forceinline__ void fc_epoch_end(const fc_oneshot_args_t &a, const fc_call_seq &c, uint64_t pipe_steps) {
+ * finished; the last block advances the epoch for the next call, by the call's steps when it
+ * is a pipelined call of pipe_bytes (fc_pipe_steps, the same in every block and on every rank).
+ * The fences order the reads of the epoch at the start of every block (release side, with the
+ * counting atomic) before the last block's stores (acquire side), so no block can read the
+ * advanced values.  The next kernel sees the stores: it starts after this one has completed. */
+__device__ __forceinline__ void fc_epoch_end(const fc_oneshot_args_t &a, size_t pipe_bytes) {
   if (threadIdx.x != 0) return;
   __threadfence();
   if (atomicAdd(&a.epoch->done, 1u) != gridDim.x - 1) return;
   __threadfence();
   atomicExch(&a.epoch->done, 0u);
-  *(volatile unsigned long long *)&a.epoch->pipe_base = c.pipe_base + pipe_steps;
-  *(volatile unsigned long long *)&a.epoch->seq = c.seq;
+  const uint64_t steps = pipe_bytes ? fc_pipe_steps(pipe_bytes, a.slot_bytes, gridDim.x, a.pipe_subslots) : 0;
+  *(volatile unsigned long long *)&a.epoch->pipe_base = fc_pipe_base() + steps;
+  *(volatile unsigned long long *)&a.epoch->seq = fc_seq();
 }
 
 /* arr[i] for a runtime i, with constant indices only: indexing a kernel parameter's array

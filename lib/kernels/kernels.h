@@ -53,11 +53,12 @@ int fc_kernels_preload_oneshot(void);
 /* A communicator's sequence state, in device memory (zeroed at creation), so that a kernel
  * replayed from a CUDA graph takes the current numbers, not the ones of its capture.  A one-shot
  * or pipelined kernel takes seq + 1 as its call's seq and pipe_base as its counters' base (every
- * block reads them at its start); the last of its blocks to finish, on every exit path, stores
- * the call's seq into seq and adds the call's pipelined steps to pipe_base (done counts the
- * finished blocks and returns to 0).  Every block has read them by then, and the communicator's
- * next kernel starts after this one has finished (stream order, or the host's event chain), so
- * all blocks of a call agree and consecutive calls take consecutive seqs. */
+ * block reads them at its start); every block then counts itself in done, on every path
+ * (one-shot kernels at their end, timeouts included; pipelined ones right after the read), and
+ * the last one stores the call's seq into seq and adds the call's pipelined steps to pipe_base
+ * (done returns to 0).  Every block has read the epoch by then, and the communicator's next
+ * kernel starts after this one has finished (stream order, or the host's event chain), so all
+ * blocks of a call agree and consecutive calls take consecutive seqs. */
 typedef struct {
   unsigned long long seq, pipe_base;
   unsigned int done;

@@ -16,8 +16,8 @@
  * data, and the other ranks post their flags alone (oneshot_rs.cu).
  *
  * seq comes from the device (fc_dev_epoch_t in kernels.h): every block reads epoch->seq + 1 at
- * its start (fc_epoch_begin, into shared memory) and the last block to finish stores it back
- * (fc_epoch_end), on every exit path, timeouts included.  So a kernel replayed from a CUDA
+ * its start (fc_epoch_begin, into shared memory) and the last block to count itself stores it
+ * back (fc_epoch_end: at the kernel's end, on every exit path, timeouts included).  So a kernel replayed from a CUDA
  * graph takes the next number, as an eagerly launched one does, and eager and replayed calls
  * share one sequence.
  *
@@ -91,21 +91,22 @@ __device__ __forceinline__ void fc_epoch_begin(const fc_oneshot_args_t &a) {
   __syncthreads();
 }
 
-/* Every block's last step, on every exit path (no barrier: a block's threads may have left
- * their loops at different points, or be split into teams).  Thread 0 counts its block as
- * finished; the last block advances the epoch for the next call, by the call's steps when it
- * is a pipelined call of pipe_bytes (fc_pipe_steps, the same in every block and on every rank).
+/* Once per block, after fc_epoch_begin, on every path: the one-shot kernels at their end (no
+ * barrier: a block's threads may have left their loops at different points), the pipelined
+ * ones right after the read (pipeline.cu says why).  Thread 0 counts its block; the last block
+ * advances the epoch for the next call, pipe_base by the call's pipelined steps (0 for
+ * one-shot; the same in every block and on every rank).  The epoch must change only once
+ * every block has read it, which the count ensures wherever it stands after the read.
  * The fences order the reads of the epoch at the start of every block (release side, with the
  * counting atomic) before the last block's stores (acquire side), so no block can read the
  * advanced values.  The next kernel sees the stores: it starts after this one has completed. */
-__device__ __forceinline__ void fc_epoch_end(const fc_oneshot_args_t &a, size_t pipe_bytes) {
+__device__ __forceinline__ void fc_epoch_end(const fc_oneshot_args_t &a, uint64_t pipe_steps) {
   if (threadIdx.x != 0) return;
   __threadfence();
   if (atomicAdd(&a.epoch->done, 1u) != gridDim.x - 1) return;
   __threadfence();
   atomicExch(&a.epoch->done, 0u);
-  const uint64_t steps = pipe_bytes ? fc_pipe_steps(pipe_bytes, a.slot_bytes, gridDim.x, a.pipe_subslots) : 0;
-  *(volatile unsigned long long *)&a.epoch->pipe_base = fc_pipe_base() + steps;
+  *(volatile unsigned long long *)&a.epoch->pipe_base = fc_pipe_base() + pipe_steps;
   *(volatile unsigned long long *)&a.epoch->seq = fc_seq();
 }
 

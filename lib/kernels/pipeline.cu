@@ -169,7 +169,8 @@ struct fc_pipe_copy {
 };
 
 template <class Consume>
-__device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_pipe_io &io, const Consume &consume) {
+__device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_pipe_io &io, const Consume &consume,
+                                            size_t nsteps) {
   const int par = (int)(fc_seq() & 1), peer = 1 - a.rank;
   __shared__ unsigned pushed_steps;
   if (threadIdx.x == 0) pushed_steps = 0;
@@ -180,7 +181,6 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
   fc_block_range(io.bytes, &lo, &hi);
   const unsigned subslots = a.pipe_subslots;
   const size_t step = fc_pipe_step_bytes(io.bytes, a.slot_bytes, gridDim.x, subslots);
-  const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, subslots);
   uint64_t *mine = fc_pick(a.flags, a.rank), *theirs = fc_pick(a.flags, peer);
   char *local = fc_pick(a.stage, a.rank), *remote = fc_pick(a.stage, peer);
   /* Bytes [*o, *o + *n) of the message in step k of this block. */
@@ -230,13 +230,17 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
   if (pusher) fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), fc_pipe_base() + nsteps);
 }
 
-/* A whole pipelined call: the epoch read first, the run (whichever way it ends: every wait
- * is bounded), then the epoch advanced by the call's steps (the same in every block and on
- * every rank: they depend on the size and the grid only). */
+/* A whole pipelined call: the epoch read, then at once counted and (by the last block) advanced
+ * by the call's steps (the same in every block and on every rank: they depend on the size and
+ * the grid only), then the run, whichever way it ends.  Counting before the run rather than
+ * after it: any code after the run's divergent exits (team barriers, early returns) took
+ * ptxas from 39-52 registers to 64 with spills; counting first needs no common exit at all,
+ * and every block has read the epoch by then, which is all fc_epoch_end requires. */
 template <class Consume> __device__ __forceinline__ void fc_pipe_call(const fc_oneshot_args_t &a, const fc_pipe_io &io) {
   fc_epoch_begin(a);
-  fc_pipe_run(a, io, Consume());
-  fc_epoch_end(a, io.bytes);
+  const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, a.pipe_subslots);
+  fc_epoch_end(a, nsteps);
+  fc_pipe_run(a, io, Consume(), nsteps);
 }
 
 /* THREADS: 512 or 1024 per block (pipe_threads); the grid is pipe_blocks. */

@@ -219,28 +219,38 @@ static flexcoll_result_t check_not_failed(flexcoll_comm_t comm, const char *fn) 
                   flexcoll_get_error_string((flexcoll_result_t)err));
 }
 
-/* The graph rule (docs/ARCHITECTURE.md): today's device paths keep their per-call
- * synchronisation counters on the host and bake them into kernel arguments and stream-memory
- * operations, so a captured call would replay with stale values and give wrong results without
- * an error; a host-memory call runs at once and would not be in the graph at all.  Until the
- * engine keeps that state on the device, a call on a capturing stream is refused before
- * anything is enqueued (the capture stays valid and the communicator usable). */
-static flexcoll_result_t check_not_capturing(flexcoll_comm_t comm, flexcoll_stream_t stream, const char *fn) {
-  if (!fc_gpu_stream_capturing(stream)) return FLEXCOLL_SUCCESS;
+/* The graph rule (docs/ARCHITECTURE.md): a captured call must replay correctly.  The one-shot
+ * and pipelined kernels keep their sequence state on the device and may be captured
+ * (fc_gpu_graph_refusal says when); the other device paths bake host counters into
+ * stream-memory operations, so they would replay with stale values and give wrong results
+ * without an error, and a host-memory call runs at once and would not be in the graph at all.
+ * Those are refused before anything is enqueued (the capture stays valid and the communicator
+ * usable). */
+static flexcoll_result_t refuse_capture(flexcoll_comm_t comm, const char *fn, const char *why) {
   return fc_error(comm, FLEXCOLL_INVALID_USAGE,
-                  "%s: stream is being captured into a CUDA graph; flexcoll cannot replay this call from a graph yet "
-                  "(its synchronisation state lives on the host), so it is refused instead of replaying wrong results",
-                  fn);
+                  "%s: stream is being captured into a CUDA graph, and this call could not be replayed from one (%s); "
+                  "it is refused instead of replaying wrong results",
+                  fn, why);
+}
+
+static flexcoll_result_t check_capture(flexcoll_comm_t comm, const fc_call_t *c, fc_mem_t mem, const fc_algo_args_t *args,
+                                       int capturing) {
+  const char *fn = fc_coll_name(c->coll);
+  if (capturing == 2) return refuse_capture(comm, fn, "another stream's capture forbids using this one meanwhile");
+  if (mem != FC_MEM_DEVICE) return refuse_capture(comm, fn, "its buffers are in host memory, and such a call runs at once");
+  const char *why = fc_gpu_graph_refusal(comm, args, c->sendbuf, c->recvbuf, c->dtype, c->stream);
+  return why ? refuse_capture(comm, fn, why) : FLEXCOLL_SUCCESS;
 }
 
 flexcoll_result_t fc_call_run(const fc_call_t *c) {
   flexcoll_comm_t comm = c->comm;
   FC_CHECK(fc_comm_check(comm, fc_coll_name(c->coll)));
   FC_CHECK(check_not_failed(comm, fc_coll_name(c->coll)));
-  FC_CHECK(check_not_capturing(comm, c->stream, fc_coll_name(c->coll)));
   fc_log_set_rank(comm->rank);
-  /* Nothing moves, on any path and on every rank alike (the count is the same everywhere). */
+  /* Nothing moves, on any path and on every rank alike (the count is the same everywhere):
+   * nothing to capture either. */
   if (c->count == 0) return FLEXCOLL_SUCCESS;
+  const int capturing = fc_gpu_stream_capturing(c->stream);
   size_t esize = fc_dtype_size(c->dtype);
   size_t bytes = fc_coll_recv_count(c->coll, c->count, comm->nranks) * esize;
   size_t send_bytes = fc_coll_send_count(c->coll, c->count, comm->nranks) * esize;
@@ -258,7 +268,8 @@ flexcoll_result_t fc_call_run(const fc_call_t *c) {
   FC_TRACE(FC_SUB_COLL, "%s count %zu %s %s root %d algo %s %s memory seq %u", fc_coll_name(c->coll), c->count,
            fc_dtype_name(c->dtype), fc_op_name(c->op), c->root, fc_algo_name(args.algo),
            mem == FC_MEM_DEVICE ? "device" : "host", comm->coll_seq);
-  if (mem == FC_MEM_DEVICE) return fc_gpu_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op, c->stream);
+  if (capturing) FC_CHECK(check_capture(comm, c, mem, &args, capturing));
+  if (mem == FC_MEM_DEVICE) return fc_gpu_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op, c->stream, capturing);
   return fc_host_run(comm, &args, c->sendbuf, c->recvbuf, c->dtype, c->op);
 }
 
@@ -266,7 +277,9 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
   flexcoll_comm_t comm = calls[0].comm;
   FC_CHECK(fc_comm_check(comm, "flexcoll_send/recv"));
   FC_CHECK(check_not_failed(comm, "flexcoll_send/recv"));
-  for (int i = 0; i < n; i++) FC_CHECK(check_not_capturing(comm, calls[i].stream, "flexcoll_send/recv"));
+  for (int i = 0; i < n; i++)
+    if (fc_gpu_stream_capturing(calls[i].stream))
+      return refuse_capture(comm, "flexcoll_send/recv", "sends and receives run a staged schedule, whose counters live on the host");
   fc_log_set_rank(comm->rank);
   fc_p2p_op_t ops[FC_P2P_MAX_OPS];
   void *bufs[FC_P2P_MAX_OPS];
@@ -283,16 +296,17 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
 
 static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
   if (fc_group_active()) {
-    /* Only queued: the group's end holds the communicator while the call runs. */
+    /* Only queued: the group's end holds the communicator while the call runs.  A group runs
+     * its calls at its end, maybe in other threads, in an order that the capture's same-stream
+     * condition (fc_gpu_graph_refusal) cannot be checked against now: refused at the call, so
+     * that the group never holds half a collective. */
     FC_CHECK(check_call(c, fn));
-    /* Refused here too, so that a group never queues a call its end would have to refuse. */
-    FC_CHECK(check_not_capturing(c->comm, c->stream, fn));
+    if (fc_gpu_stream_capturing(c->stream)) return refuse_capture(c->comm, fn, "calls inside a group cannot be captured");
     return fc_group_enqueue_call(c);
   }
   /* Entered first: the checks read the communicator, which another thread could be using. */
   FC_CHECK(fc_comm_enter(c->comm, fn));
   flexcoll_result_t res = check_call(c, fn);
-  if (res == FLEXCOLL_SUCCESS) res = check_not_capturing(c->comm, c->stream, fn);
   if (res == FLEXCOLL_SUCCESS) res = c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
   fc_comm_leave(c->comm);
   return res;

@@ -1,15 +1,23 @@
 /* test_capture.c — device collectives on a stream that is being captured into a CUDA graph.
  *
- * Until every device path keeps its synchronisation state on the device (docs/ARCHITECTURE.md,
- * the graph rule), a captured call would replay with stale counters and give wrong results
- * without an error.  The library must refuse it with FLEXCOLL_INVALID_USAGE and a message that
- * says why, before enqueuing anything: the captured graph stays empty, the capture itself stays
- * valid, and the communicator keeps working for calls outside the capture.
+ * The one-shot kernels (and the pipelined ones, which two ranks on one GPU do not use, so they
+ * are not reached here) keep their sequence state on the device: a captured call replays
+ * correctly, and eager calls between replays stay in step with it.  Captured, each collective
+ * at LL and plain sizes is replayed thousands of times on fresh inputs (written outside the
+ * graph, different per replay and rank) and its results checked exactly, with eager calls in
+ * between.  Every other path (host memory, a staged schedule, direct mode, send/recv, reduce,
+ * alltoall, a call in a group, a capture on another stream than the communicator's previous
+ * kernel) would replay stale host counters or not be in the graph at all: it must be refused
+ * with FLEXCOLL_INVALID_USAGE and a message that says why, before enqueuing anything, so the
+ * captured graph stays empty, the capture valid and the communicator usable.
  *
  * Ranks are threads of this process, all on device 0 (several ranks may share a GPU), so the
- * test runs on a one-GPU node.  Exit 77 (automake's skip) where there is no GPU. */
+ * test runs on a one-GPU node.  Exit 77 (automake's skip) where there is no GPU.  Under
+ * CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue for every stream) it checks the hardware-
+ * queue rule as well: the two ranks' input copies and kernels then share one queue. */
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +26,8 @@
 
 #define NRANKS 2
 #define COUNT 1000
+/* Above the one-shot limit of 2 ranks (8 MB): a staged schedule, or direct mode in a window. */
+#define BIG_COUNT (3u << 20)
 
 typedef struct {
   int rank;
@@ -39,58 +49,359 @@ typedef struct {
 static void allreduce_checked(rank_t *r, flexcoll_comm_t comm, float *dev, cudaStream_t s, int round) {
   float host[COUNT];
   for (int i = 0; i < COUNT; i++) host[i] = (float)(r->rank + 1) * (float)(i % 7 + round);
-  cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice);
+  /* On s, not the legacy stream: the other rank's thread may be capturing meanwhile. */
+  cudaMemcpyAsync(dev, host, sizeof host, cudaMemcpyHostToDevice, s);
   flexcoll_result_t res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
   EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce outside capture: %s", flexcoll_get_last_error(comm));
+  cudaMemcpyAsync(host, dev, sizeof host, cudaMemcpyDeviceToHost, s);
   cudaStreamSynchronize(s);
-  cudaMemcpy(host, dev, sizeof host, cudaMemcpyDeviceToHost);
   float ranksum = NRANKS * (NRANKS + 1) / 2.0f;
   int bad = 0;
   for (int i = 0; i < COUNT; i++) bad += host[i] != ranksum * (float)(i % 7 + round);
   EXPECT(r, bad == 0, "allreduce outside capture (round %d): %d wrong elements", round, bad);
 }
 
-/* Capture on s in `mode`, try every kind of call, end the capture: all refused, graph empty. */
-static void captured_calls(rank_t *r, flexcoll_comm_t comm, float *dev, cudaStream_t s, enum cudaStreamCaptureMode mode) {
-  cudaError_t ce = cudaStreamBeginCapture(s, mode);
-  EXPECT(r, ce == cudaSuccess, "cudaStreamBeginCapture: %s", cudaGetErrorString(ce));
-  if (ce != cudaSuccess) return;
-  struct {
-    const char *name;
-    flexcoll_result_t res;
-  } calls[6];
-  int n = 0;
-  calls[n].name = "allreduce";
-  calls[n++].res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
-  calls[n].name = "allgather";
-  calls[n++].res = flexcoll_allgather(dev, dev + COUNT, COUNT / NRANKS / 2, FLEXCOLL_FLOAT32, comm, s);
-  calls[n].name = "broadcast";
-  calls[n++].res = flexcoll_broadcast(dev, dev, COUNT, FLEXCOLL_FLOAT32, 0, comm, s);
-  calls[n].name = "reduce_scatter";
-  calls[n++].res = flexcoll_reduce_scatter(dev, dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
-  calls[n].name = "send";
-  calls[n++].res = flexcoll_send(dev, COUNT, FLEXCOLL_FLOAT32, (r->rank + 1) % NRANKS, comm, s);
-  /* In a group the refusal comes at the call, so the group never holds half a collective. */
-  flexcoll_group_start();
-  calls[n].name = "allreduce in a group";
-  calls[n++].res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
-  flexcoll_result_t end = flexcoll_group_end();
-  EXPECT(r, end == FLEXCOLL_SUCCESS, "group_end after a refused call: %d", (int)end);
-  for (int i = 0; i < n; i++) {
-    EXPECT(r, calls[i].res == FLEXCOLL_INVALID_USAGE, "captured %s returned %d (%s), not FLEXCOLL_INVALID_USAGE",
-           calls[i].name, (int)calls[i].res, flexcoll_get_error_string(calls[i].res));
-  }
+/* Whether the comm's last error names the graph capture (every refusal says why). */
+static void expect_refused(rank_t *r, flexcoll_comm_t comm, flexcoll_result_t res, const char *name) {
   const char *why = flexcoll_get_last_error(comm);
-  EXPECT(r, why && strstr(why, "CUDA graph"), "last error does not name the CUDA graph capture: \"%s\"", why ? why : "");
+  EXPECT(r, res == FLEXCOLL_INVALID_USAGE, "captured %s returned %d (%s), not FLEXCOLL_INVALID_USAGE", name, (int)res,
+         flexcoll_get_error_string(res));
+  if (res == FLEXCOLL_INVALID_USAGE)
+    EXPECT(r, why && strstr(why, "CUDA graph"), "captured %s: the error does not name the CUDA graph capture: \"%s\"",
+           name, why ? why : "");
+}
+
+/* End a capture in which every call was refused: it must still be valid, its graph empty. */
+static void end_empty_capture(rank_t *r, cudaStream_t s, const char *what) {
   cudaGraph_t graph = NULL;
-  ce = cudaStreamEndCapture(s, &graph);
-  EXPECT(r, ce == cudaSuccess, "cudaStreamEndCapture (the capture must stay valid): %s", cudaGetErrorString(ce));
+  cudaError_t ce = cudaStreamEndCapture(s, &graph);
+  EXPECT(r, ce == cudaSuccess, "%s: cudaStreamEndCapture (the capture must stay valid): %s", what, cudaGetErrorString(ce));
   if (graph) {
     size_t nodes = 99;
     cudaGraphGetNodes(graph, NULL, &nodes);
-    EXPECT(r, nodes == 0, "the refused calls left %zu nodes in the captured graph", nodes);
+    EXPECT(r, nodes == 0, "%s: the refused calls left %zu nodes in the captured graph", what, nodes);
     cudaGraphDestroy(graph);
   }
+}
+
+/* What the refusal tests use: small device buffers (dev, 2 * COUNT floats), host ones, big
+ * ones outside and inside a window (BIG_COUNT floats each). */
+typedef struct {
+  float *dev, *big, *big_win, *host;
+  flexcoll_window_t win;
+} bufs_t;
+
+/* Capture on s in `mode` and try every call that must stay refused; the capture stays valid and
+ * empty.  Calls that the one-shot kernels take are captured elsewhere (replay_case). */
+static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cudaStream_t s,
+                          enum cudaStreamCaptureMode mode) {
+  cudaError_t ce = cudaStreamBeginCapture(s, mode);
+  EXPECT(r, ce == cudaSuccess, "cudaStreamBeginCapture: %s", cudaGetErrorString(ce));
+  if (ce != cudaSuccess) return;
+  const int peer = (r->rank + 1) % NRANKS;
+  expect_refused(r, comm, flexcoll_send(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send");
+  expect_refused(r, comm, flexcoll_recv(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "recv");
+  expect_refused(r, comm, flexcoll_allreduce(b->host, b->host, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
+                 "allreduce on host memory");
+  expect_refused(r, comm, flexcoll_allreduce(b->big, b->big, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
+                 "allreduce above the one-shot limit (staged schedule)");
+  if (b->win)
+    expect_refused(r, comm, flexcoll_allreduce(b->big_win, b->big_win, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
+                   "allreduce in a window (direct mode)");
+  expect_refused(r, comm, flexcoll_reduce(b->dev, b->dev + COUNT, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0, comm, s),
+                 "reduce");
+  expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
+                 "alltoall");
+  /* In a group the refusal comes at the call, so the group never holds half a collective. */
+  flexcoll_group_start();
+  flexcoll_result_t res = flexcoll_allreduce(b->dev, b->dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
+  expect_refused(r, comm, res, "allreduce in a group");
+  flexcoll_result_t end = flexcoll_group_end();
+  EXPECT(r, end == FLEXCOLL_SUCCESS, "group_end after a refused call: %d", (int)end);
+  /* Nothing to move: accepted, and nothing captured. */
+  res = flexcoll_allreduce(b->dev, b->dev, 0, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
+  EXPECT(r, res == FLEXCOLL_SUCCESS, "captured allreduce of 0 elements: %s", flexcoll_get_last_error(comm));
+  end_empty_capture(r, s, mode == cudaStreamCaptureModeRelaxed ? "refusals (relaxed)" : "refusals (thread-local)");
+}
+
+/* The communicator's previous kernel ran on s2: a capture on s would need a dependency on it
+ * from outside the capture, so it is refused; an eager call on s then moves the chain back. */
+static void refused_other_stream(rank_t *r, flexcoll_comm_t comm, float *dev, cudaStream_t s, cudaStream_t s2) {
+  flexcoll_result_t res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s2);
+  EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce on a second stream: %s", flexcoll_get_last_error(comm));
+  cudaStreamSynchronize(s2);
+  cudaError_t ce = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  EXPECT(r, ce == cudaSuccess, "cudaStreamBeginCapture: %s", cudaGetErrorString(ce));
+  if (ce != cudaSuccess) return;
+  res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
+  expect_refused(r, comm, res, "allreduce after a kernel on another stream");
+  const char *why = flexcoll_get_last_error(comm);
+  EXPECT(r, why && strstr(why, "another stream"), "the refusal does not name the other stream: \"%s\"", why ? why : "");
+  end_empty_capture(r, s, "capture after a kernel on another stream");
+}
+
+/* ---- captured one-shot calls, replayed ---- */
+
+typedef enum { K_ALLREDUCE, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST } kind_t;
+typedef struct {
+  const char *name;
+  kind_t kind;
+  flexcoll_datatype_t dt; /* FLOAT32, INT32 or BFLOAT16 */
+  flexcoll_op_t op;       /* SUM or MAX */
+} coll_t;
+static const coll_t colls[] = {
+    {"allreduce float32 sum", K_ALLREDUCE, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
+    {"allreduce int32 max", K_ALLREDUCE, FLEXCOLL_INT32, FLEXCOLL_MAX},
+    {"allreduce bfloat16 sum", K_ALLREDUCE, FLEXCOLL_BFLOAT16, FLEXCOLL_SUM},
+    {"allgather int32", K_ALLGATHER, FLEXCOLL_INT32, FLEXCOLL_SUM},
+    {"reduce_scatter float32 sum", K_REDUCE_SCATTER, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
+    {"broadcast float32 root 1", K_BROADCAST, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
+};
+#define NCOLLS (sizeof colls / sizeof colls[0])
+/* LL sizes (up to 64 KiB per rank) and a plain one. */
+static const size_t counts[] = {1, 7, 1000, 100003};
+#define NCOUNTS (sizeof counts / sizeof counts[0])
+#define MAX_COUNT 100003
+#define VARIANTS 8   /* inputs prepared per case; replay i takes variant (3i + 1) % VARIANTS */
+#define REPLAYS 2000
+#define LONG_REPLAYS 10000
+#define ROOT 1
+
+/* Element i of rank q's send buffer in variant v: a small integer (exact in bfloat16, and its
+ * sums too), different per rank, variant and position, negative ones included. */
+static int value(int q, int v, size_t i) { return (int)((i * 7 + (size_t)v * 13 + (size_t)q * 29) % 61) - 30; }
+
+static size_t dt_size(flexcoll_datatype_t dt) { return dt == FLEXCOLL_BFLOAT16 ? 2 : 4; }
+static size_t send_elems(const coll_t *c, size_t n) { return c->kind == K_REDUCE_SCATTER ? NRANKS * n : n; }
+static size_t recv_elems(const coll_t *c, size_t n) { return c->kind == K_ALLGATHER ? NRANKS * n : n; }
+
+static void put(flexcoll_datatype_t dt, void *buf, size_t i, int x) {
+  if (dt == FLEXCOLL_INT32) {
+    ((int32_t *)buf)[i] = x;
+  } else {
+    float f = (float)x;
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if (dt == FLEXCOLL_BFLOAT16) ((uint16_t *)buf)[i] = (uint16_t)(bits >> 16); /* exact: small integers */
+    else ((float *)buf)[i] = f;
+  }
+}
+static int get(flexcoll_datatype_t dt, const void *buf, size_t i) {
+  if (dt == FLEXCOLL_INT32) return ((const int32_t *)buf)[i];
+  float f;
+  if (dt == FLEXCOLL_BFLOAT16) {
+    uint32_t bits = (uint32_t)((const uint16_t *)buf)[i] << 16;
+    memcpy(&f, &bits, 4);
+  } else {
+    f = ((const float *)buf)[i];
+  }
+  /* Not a small integer (the poison, say): never expected. */
+  return f >= -1e6f && f <= 1e6f && f == (float)(int)f ? (int)f : 1 << 30;
+}
+
+/* Element i of rank `rank`'s result in variant v. */
+static int expected(const coll_t *c, int rank, int v, size_t n, size_t i) {
+  switch (c->kind) {
+    case K_ALLGATHER: return value((int)(i / n), v, i % n);
+    case K_BROADCAST: return value(ROOT, v, i);
+    default: {
+      const size_t at = c->kind == K_REDUCE_SCATTER ? (size_t)rank * n + i : i;
+      int acc = value(0, v, at);
+      for (int q = 1; q < NRANKS; q++) acc = c->op == FLEXCOLL_MAX ? (value(q, v, at) > acc ? value(q, v, at) : acc)
+                                                                 : acc + value(q, v, at);
+      return acc;
+    }
+  }
+}
+
+/* Device buffers of the replay cases (sized for the largest) and host ones to prepare and check. */
+typedef struct {
+  char *table;              /* VARIANTS rows of ROW bytes: the inputs */
+  char *send, *recv;
+  float *eager_in, *eager_out;
+  char *host;               /* a row, or a result */
+} replay_bufs_t;
+#define ROW ((size_t)NRANKS * MAX_COUNT * 4)
+#define EAGER_MAX 30000
+/* Bytes of a result not written yet: 0x7f7f7f7f as int32, about 3.4e38 as float and bfloat16,
+ * far from every expected value. */
+#define POISON 0x7f
+
+static flexcoll_result_t issue(const coll_t *c, size_t n, const void *send, void *recv, flexcoll_comm_t comm,
+                               cudaStream_t s) {
+  switch (c->kind) {
+    case K_ALLGATHER: return flexcoll_allgather(send, recv, n, c->dt, comm, s);
+    case K_REDUCE_SCATTER: return flexcoll_reduce_scatter(send, recv, n, c->dt, c->op, comm, s);
+    case K_BROADCAST: return flexcoll_broadcast(send, recv, n, c->dt, ROOT, comm, s);
+    default: return flexcoll_allreduce(send, recv, n, c->dt, c->op, comm, s);
+  }
+}
+
+/* Capture one call into a graph and instantiate it; NULL (reported) when that failed. */
+static cudaGraphExec_t capture(rank_t *r, flexcoll_comm_t comm, const coll_t *c, size_t n, const replay_bufs_t *b,
+                               cudaStream_t s) {
+  cudaError_t ce = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  EXPECT(r, ce == cudaSuccess, "%s count %zu: cudaStreamBeginCapture: %s", c->name, n, cudaGetErrorString(ce));
+  if (ce != cudaSuccess) return NULL;
+  flexcoll_result_t res = issue(c, n, b->send, b->recv, comm, s);
+  EXPECT(r, res == FLEXCOLL_SUCCESS, "%s count %zu: captured call refused: %s", c->name, n, flexcoll_get_last_error(comm));
+  cudaGraph_t graph = NULL;
+  ce = cudaStreamEndCapture(s, &graph);
+  EXPECT(r, ce == cudaSuccess && graph, "%s count %zu: cudaStreamEndCapture: %s", c->name, n, cudaGetErrorString(ce));
+  if (ce != cudaSuccess || !graph) return NULL;
+  size_t nodes = 0;
+  cudaGraphGetNodes(graph, NULL, &nodes);
+  /* The kernel alone: no event wait or record from the ordering of the communicator's kernels. */
+  EXPECT(r, nodes == 1, "%s count %zu: the captured graph has %zu nodes, not 1", c->name, n, nodes);
+  cudaGraphExec_t exec = NULL;
+  ce = cudaGraphInstantiate(&exec, graph, 0);
+  EXPECT(r, ce == cudaSuccess, "%s count %zu: cudaGraphInstantiate: %s", c->name, n, cudaGetErrorString(ce));
+  cudaGraphDestroy(graph);
+  return res == FLEXCOLL_SUCCESS && ce == cudaSuccess && nodes == 1 ? exec : NULL;
+}
+
+/* The inputs of every variant, uploaded on s. */
+static void prepare_inputs(rank_t *r, const coll_t *c, size_t n, const replay_bufs_t *b, cudaStream_t s) {
+  const size_t elems = send_elems(c, n), bytes = elems * dt_size(c->dt);
+  for (int v = 0; v < VARIANTS; v++) {
+    for (size_t i = 0; i < elems; i++) put(c->dt, b->host, i, value(r->rank, v, i));
+    cudaMemcpyAsync(b->table + (size_t)v * ROW, b->host, bytes, cudaMemcpyHostToDevice, s);
+    cudaStreamSynchronize(s); /* b->host is refilled next */
+  }
+}
+
+/* Wait for s and compare the result of variant v (and the last eager call's, eager_n
+ * elements, 0: none); false after a failure, reported. */
+static int check_replay(rank_t *r, flexcoll_comm_t comm, const coll_t *c, size_t n, const replay_bufs_t *b,
+                        cudaStream_t s, int v, long replay, size_t eager_n) {
+  const size_t elems = recv_elems(c, n);
+  cudaMemcpyAsync(b->host, b->recv, elems * dt_size(c->dt), cudaMemcpyDeviceToHost, s);
+  cudaError_t ce = cudaStreamSynchronize(s);
+  flexcoll_result_t async = FLEXCOLL_SUCCESS;
+  flexcoll_comm_get_async_error(comm, &async);
+  EXPECT(r, ce == cudaSuccess && async == FLEXCOLL_SUCCESS, "%s count %zu replay %ld: stream %s, async error %d",
+         c->name, n, replay, cudaGetErrorString(ce), (int)async);
+  if (ce != cudaSuccess || async != FLEXCOLL_SUCCESS) return 0;
+  for (size_t i = 0; i < elems; i++) {
+    const int want = expected(c, r->rank, v, n, i), got = get(c->dt, b->host, i);
+    if (got != want) {
+      EXPECT(r, 0, "%s count %zu replay %ld (variant %d): element %zu is %d, not %d", c->name, n, replay, v, i, got, want);
+      return 0;
+    }
+  }
+  if (!eager_n) return 1;
+  float host[EAGER_MAX];
+  cudaMemcpyAsync(host, b->eager_out, eager_n * sizeof(float), cudaMemcpyDeviceToHost, s);
+  cudaStreamSynchronize(s);
+  for (size_t i = 0; i < eager_n; i++) {
+    int want = 0;
+    for (int q = 0; q < NRANKS; q++) want += value(q, 0, i);
+    if (host[i] != (float)want) {
+      EXPECT(r, 0, "eager allreduce of %zu between replays of %s count %zu (replay %ld): element %zu is %g, not %d",
+             eager_n, c->name, n, replay, i, host[i], want);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static pthread_barrier_t g_barrier;
+static int g_votes[NRANKS];
+
+/* Whether every rank says ok (all ranks call it at the same point): the ranks stop together,
+ * so no rank's kernel is left waiting for a peer that stopped. */
+static int agree(rank_t *r, int ok) {
+  g_votes[r->rank] = ok;
+  pthread_barrier_wait(&g_barrier);
+  int all = 1;
+  for (int q = 0; q < NRANKS; q++) all &= g_votes[q];
+  pthread_barrier_wait(&g_barrier);
+  return all;
+}
+
+/* An eager allreduce of n floats between replays, on the same stream: its kernel advances the
+ * same device epoch as the replays. */
+static void eager_call(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, cudaStream_t s, size_t n) {
+  cudaMemsetAsync(b->eager_out, POISON, n * sizeof(float), s);
+  flexcoll_result_t res = flexcoll_allreduce(b->eager_in, b->eager_out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
+  EXPECT(r, res == FLEXCOLL_SUCCESS, "eager allreduce of %zu between replays: %s", n, flexcoll_get_last_error(comm));
+}
+
+/* Capture one call of c with n elements, replay it `replays` times on fresh inputs (copied in
+ * outside the graph; the result poisoned first where it is checked), an eager call after every
+ * tenth, checking every 97th replay and the last.  False when the ranks stopped on a failure. */
+static int replay_case(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, cudaStream_t s, const coll_t *c,
+                       size_t n, long replays) {
+  prepare_inputs(r, c, n, b, s);
+  cudaGraphExec_t exec = capture(r, comm, c, n, b, s);
+  if (!agree(r, exec != NULL)) {
+    if (exec) cudaGraphExecDestroy(exec);
+    return 0;
+  }
+  const size_t es = dt_size(c->dt), sbytes = send_elems(c, n) * es, rbytes = recv_elems(c, n) * es;
+  size_t eager_n = 0;
+  int ok = 1;
+  for (long i = 0; i < replays && ok; i++) {
+    const int v = (int)((3 * i + 1) % VARIANTS), check = i % 97 == 0 || i == replays - 1;
+    cudaMemcpyAsync(b->send, b->table + (size_t)v * ROW, sbytes, cudaMemcpyDeviceToDevice, s);
+    if (check) cudaMemsetAsync(b->recv, POISON, rbytes, s);
+    cudaError_t ce = cudaGraphLaunch(exec, s);
+    EXPECT(r, ce == cudaSuccess, "%s count %zu replay %ld: cudaGraphLaunch: %s", c->name, n, i, cudaGetErrorString(ce));
+    if (i % 10 == 3) eager_call(r, comm, b, s, eager_n = (i / 10) % 2 ? 5 : EAGER_MAX);
+    if (check) ok = agree(r, ce == cudaSuccess && check_replay(r, comm, c, n, b, s, v, i, eager_n));
+  }
+  cudaStreamSynchronize(s);
+  cudaGraphExecDestroy(exec);
+  return ok;
+}
+
+/* Every collective at every size, captured and replayed; the first case the longest. */
+static void replay_all(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, cudaStream_t s) {
+  int cases = 0;
+  long replays = 0;
+  for (size_t k = 0; k < NCOLLS; k++)
+    for (size_t j = 0; j < NCOUNTS; j++) {
+      const long n = k == 0 && j == 2 ? LONG_REPLAYS : REPLAYS;
+      if (!replay_case(r, comm, b, s, &colls[k], counts[j], n)) return;
+      cases++;
+      replays += n;
+    }
+  if (r->rank == 0) fprintf(stderr, "[test_capture] %d captured calls replayed %ld times in all\n", cases, replays);
+}
+
+/* Device, host and window buffers of both parts; false (reported) when some allocation failed. */
+static int alloc_all(rank_t *r, flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *rb, cudaStream_t s) {
+  memset(b, 0, sizeof *b);
+  memset(rb, 0, sizeof *rb);
+  int ok = cudaMalloc((void **)&b->dev, 2 * COUNT * sizeof(float)) == cudaSuccess &&
+           cudaMalloc((void **)&b->big, BIG_COUNT * sizeof(float)) == cudaSuccess &&
+           cudaMalloc((void **)&b->big_win, BIG_COUNT * sizeof(float)) == cudaSuccess &&
+           cudaMalloc((void **)&rb->table, VARIANTS * ROW) == cudaSuccess &&
+           cudaMalloc((void **)&rb->send, ROW) == cudaSuccess && cudaMalloc((void **)&rb->recv, ROW) == cudaSuccess &&
+           cudaMalloc((void **)&rb->eager_in, EAGER_MAX * sizeof(float)) == cudaSuccess &&
+           cudaMalloc((void **)&rb->eager_out, EAGER_MAX * sizeof(float)) == cudaSuccess;
+  b->host = calloc(2 * COUNT, sizeof(float));
+  rb->host = malloc(ROW);
+  ok = ok && b->host && rb->host;
+  EXPECT(r, ok, "allocating the buffers failed");
+  if (!ok) return 0;
+  for (size_t i = 0; i < EAGER_MAX; i++) ((float *)rb->host)[i] = (float)value(r->rank, 0, i);
+  cudaMemcpyAsync(rb->eager_in, rb->host, EAGER_MAX * sizeof(float), cudaMemcpyHostToDevice, s);
+  cudaStreamSynchronize(s);
+  /* A window (collective) for the direct-mode refusal; without one that refusal is skipped. */
+  if (flexcoll_window_register(comm, b->big_win, BIG_COUNT * sizeof(float), &b->win) != FLEXCOLL_SUCCESS) {
+    fprintf(stderr, "[test_capture] rank %d: no window (%s): direct-mode refusal not tested\n", r->rank,
+            flexcoll_get_last_error(comm));
+    b->win = NULL;
+  }
+  return 1;
+}
+
+static void free_all(flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *rb) {
+  if (b->win) flexcoll_window_deregister(comm, b->win);
+  cudaFree(b->dev), cudaFree(b->big), cudaFree(b->big_win);
+  cudaFree(rb->table), cudaFree(rb->send), cudaFree(rb->recv), cudaFree(rb->eager_in), cudaFree(rb->eager_out);
+  free(b->host), free(rb->host);
 }
 
 static void *rank_main(void *arg) {
@@ -98,25 +409,39 @@ static void *rank_main(void *arg) {
   cudaSetDevice(0);
   flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
   config.cuda_device = 0;
+  config.timeout_ms = 20000; /* a lost peer fails the test, not hangs it */
   flexcoll_comm_t comm = NULL;
   flexcoll_result_t res = flexcoll_comm_init_rank(&comm, NRANKS, r->id, r->rank, &config);
   EXPECT(r, res == FLEXCOLL_SUCCESS, "comm_init_rank: %s", flexcoll_get_last_error(NULL));
-  if (res != FLEXCOLL_SUCCESS) return NULL;
-  float *dev = NULL;
-  cudaStream_t s;
-  cudaMalloc((void **)&dev, 2 * COUNT * sizeof(float));
+  if (!agree(r, res == FLEXCOLL_SUCCESS)) {
+    if (comm) flexcoll_comm_destroy(comm);
+    return NULL;
+  }
+  cudaStream_t s, s2;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  allreduce_checked(r, comm, dev, s, 1);
-  captured_calls(r, comm, dev, s, cudaStreamCaptureModeThreadLocal);
-  allreduce_checked(r, comm, dev, s, 2);
-  captured_calls(r, comm, dev, s, cudaStreamCaptureModeRelaxed);
-  allreduce_checked(r, comm, dev, s, 3);
-  /* A NULL (legacy default) stream is never captured and stays accepted. */
-  res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
-  EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce on the NULL stream: %s", flexcoll_get_last_error(comm));
-  cudaDeviceSynchronize();
+  cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+  bufs_t b;
+  replay_bufs_t rb;
+  if (agree(r, alloc_all(r, comm, &b, &rb, s))) {
+    allreduce_checked(r, comm, b.dev, s, 1);
+    refused_calls(r, comm, &b, s, cudaStreamCaptureModeThreadLocal);
+    allreduce_checked(r, comm, b.dev, s, 2);
+    refused_calls(r, comm, &b, s, cudaStreamCaptureModeRelaxed);
+    allreduce_checked(r, comm, b.dev, s, 3);
+    refused_other_stream(r, comm, b.dev, s, s2);
+    allreduce_checked(r, comm, b.dev, s, 4); /* back on s: captures there are allowed again */
+    replay_all(r, comm, &rb, s);
+    allreduce_checked(r, comm, b.dev, s, 5);
+    agree(r, 1); /* no capture runs in the other thread from here on */
+    /* A NULL (legacy default) stream is never captured and stays accepted. */
+    res = flexcoll_allreduce(b.dev, b.dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
+    EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce on the NULL stream: %s", flexcoll_get_last_error(comm));
+    cudaStreamSynchronize(NULL);
+  }
+  cudaStreamSynchronize(s);
+  free_all(comm, &b, &rb);
   cudaStreamDestroy(s);
-  cudaFree(dev);
+  cudaStreamDestroy(s2);
   res = flexcoll_comm_destroy(comm);
   EXPECT(r, res == FLEXCOLL_SUCCESS, "comm_destroy: %d", (int)res);
   return NULL;
@@ -135,6 +460,7 @@ int main(void) {
     fprintf(stderr, "[test_capture] get_unique_id: %s\n", flexcoll_get_last_error(NULL));
     return 1;
   }
+  pthread_barrier_init(&g_barrier, NULL, NRANKS);
   rank_t ranks[NRANKS];
   pthread_t threads[NRANKS];
   for (int i = 0; i < NRANKS; i++) {

@@ -88,9 +88,11 @@ struct fc_gpu {
   size_t slots_off, slice_bytes;
   int nslots;              /* per peer */
   fc_peer_t *peers;
-  uint64_t oneshot_seq;        /* one-shot and pipelined calls so far */
+  /* One-shot and pipelined kernels enqueued or captured so far: only whether there was one
+   * (the kernels number their calls themselves, in epoch). */
+  uint64_t oneshot_seq;
+  fc_dev_epoch_t *epoch;       /* their sequence state, device memory (kernels.h) */
   int pipeline;                /* FLEXCOLL_PIPELINE and a slot big enough: pipelined kernels in use */
-  uint64_t pipe_steps;         /* steps of all pipelined calls so far (their counters' base) */
   unsigned pipe_blocks, pipe_threads, pipe_subslots; /* their shape (kernels.h) */
   unsigned pipe_push_threads;
   cudaEvent_t ev_oneshot;      /* after the last one-shot or pipelined kernel */
@@ -154,6 +156,11 @@ flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaS
 flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
                                     int *done);
+
+/* Whether fc_gpu_direct_run may take the call (*done = 1): its buffers are in windows, or an
+ * exchange with the peers decides (FLEXCOLL_DIRECT=2).  Asks nothing of the peers. */
+int fc_gpu_direct_may_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                          const void *recvbuf, flexcoll_datatype_t dtype);
 
 /* The peers' memory (peer_mem.c). */
 /* Describe ptr for the peers; 0 when it cannot be shared with another process. */

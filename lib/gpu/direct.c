@@ -328,6 +328,33 @@ static flexcoll_result_t exchange(struct flexcoll_comm *comm, const void *share_
   return res;
 }
 
+/* The buffers the peers touch, and their sizes: allreduce both, reduce_scatter sendbuf
+ * (pulled), allgather and broadcast recvbuf (pushed into); NULL: none. */
+typedef struct {
+  const void *send, *recv;
+  size_t send_bytes, recv_bytes;
+} shared_bufs_t;
+static shared_bufs_t shared_bufs(const fc_algo_args_t *args, const void *sendbuf, const void *recvbuf, int n, size_t es) {
+  shared_bufs_t b = {NULL, NULL, args->count * es, args->count * es};
+  switch (args->coll) {
+    case FC_COLL_ALLREDUCE: b.send = sendbuf; b.recv = recvbuf; break;
+    case FC_COLL_REDUCE_SCATTER: b.send = sendbuf; b.send_bytes *= (size_t)n; break;
+    case FC_COLL_ALLGATHER: b.recv = recvbuf; b.recv_bytes *= (size_t)n; break;
+    default: b.recv = recvbuf; break;
+  }
+  return b;
+}
+
+int fc_gpu_direct_may_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                          const void *recvbuf, flexcoll_datatype_t dtype) {
+  if (fc_tuner_direct_exchange()) return 1;
+  const shared_bufs_t b = shared_bufs(args, sendbuf, recvbuf, comm->nranks, fc_dtype_size(dtype));
+  const struct flexcoll_window *w;
+  size_t off;
+  return (!b.send || fc_peer_mem_window_of(comm->gpu, b.send, b.send_bytes, &w, &off)) &&
+         (!b.recv || fc_peer_mem_window_of(comm->gpu, b.recv, b.recv_bytes, &w, &off));
+}
+
 flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
                                     int *done) {
@@ -338,16 +365,9 @@ flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_ar
   /* The exchange's driver calls need the device's context current, also in a thread (a group's
    * worker) where the runtime has not made it so yet. */
   cudaSetDevice(g->device);
-  /* Only the buffers the peers touch: allreduce both, reduce_scatter sendbuf (pulled), allgather
-   * and broadcast recvbuf (pushed into). */
-  const void *share_send = NULL, *share_recv = NULL;
-  size_t send_bytes = args->count * es, recv_bytes = args->count * es;
-  switch (args->coll) {
-    case FC_COLL_ALLREDUCE: share_send = sendbuf; share_recv = recvbuf; break;
-    case FC_COLL_REDUCE_SCATTER: share_send = sendbuf; send_bytes *= (size_t)n; break;
-    case FC_COLL_ALLGATHER: share_recv = recvbuf; recv_bytes *= (size_t)n; break;
-    default: share_recv = recvbuf; break;
-  }
+  const shared_bufs_t b = shared_bufs(args, sendbuf, recvbuf, n, es);
+  const void *share_send = b.send, *share_recv = b.recv;
+  size_t send_bytes = b.send_bytes, recv_bytes = b.recv_bytes;
   char **ptrs = calloc(2 * (size_t)n, sizeof *ptrs);
   if (!ptrs) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   flexcoll_result_t res = FLEXCOLL_SUCCESS;

@@ -32,6 +32,7 @@ typedef struct {
   size_t esize;
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
+  int capturing; /* the stream is being captured into a CUDA graph */
 } fc_dexec_t;
 
 static char *dref(fc_dexec_t *x, int buf, size_t off) {
@@ -157,13 +158,14 @@ flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaS
   return FLEXCOLL_SUCCESS;
 }
 
-/* The arguments of the next one-shot or pipelined kernel (it takes the next seq number). */
+/* The arguments of the next one-shot or pipelined kernel: constants of the communicator only
+ * (the graph rule: the kernel takes its seq and counter base from g->epoch on the device). */
 static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *args) {
-  fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .seq = ++g->oneshot_seq,
+  fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .epoch = g->epoch,
                          .slot_bytes = g->oneshot_slot, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+  g->oneshot_seq++;
   a.ll_max = g->ll_max;
   a.max_blocks = g->oneshot_blocks;
-  a.pipe_base = g->pipe_steps;
   a.pipe_blocks = g->pipe_blocks;
   a.pipe_threads = g->pipe_threads;
   a.pipe_subslots = g->pipe_subslots;
@@ -177,15 +179,19 @@ static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *arg
 }
 
 /* One-shot and pipelined kernels of a communicator must run one after another (the staging
- * parity relies on it), also when the caller alternates streams: the next one waits for the
- * last one (before launch), and records itself (after). */
+ * parity and the device epoch rely on it), also when the caller alternates streams: the next
+ * one waits for the last one (before launch), and records itself (after).  A captured kernel
+ * follows its predecessor on the same stream (fc_gpu_graph_refusal), so it waits for nothing;
+ * it records nothing either, since an event recorded inside a capture cannot be waited on
+ * outside it: the application orders the graph's launches with the communicator's other calls
+ * (the streams it launches them on), as it orders any stream work. */
 static flexcoll_result_t kernel_order_before(fc_dexec_t *x, cudaStream_t stream) {
   struct fc_gpu *g = x->g;
   if (g->oneshot_seq > 1 && g->oneshot_stream != stream) CUDA_TRY(x->comm, cudaStreamWaitEvent(stream, g->ev_oneshot, 0));
   return FLEXCOLL_SUCCESS;
 }
 static flexcoll_result_t kernel_order_after(fc_dexec_t *x, cudaStream_t stream) {
-  CUDA_TRY(x->comm, cudaEventRecord(x->g->ev_oneshot, stream));
+  if (!x->capturing) CUDA_TRY(x->comm, cudaEventRecord(x->g->ev_oneshot, stream));
   x->g->oneshot_stream = stream;
   return FLEXCOLL_SUCCESS;
 }
@@ -231,7 +237,6 @@ static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args
   fc_oneshot_args_t a = kernel_args(g, args);
   FC_CHECK(kernel_order_before(x, stream));
   CUDA_TRY(x->comm, fc_kernel_pipe_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream));
-  g->pipe_steps += fc_pipe_steps(bytes, g->oneshot_slot, g->pipe_blocks, g->pipe_subslots);
   return kernel_order_after(x, stream);
 }
 
@@ -240,6 +245,44 @@ static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args
  * kernel sends each peer only that peer's chunk (so it stays one-shot up to n times further). */
 static size_t oneshot_bytes(const fc_algo_args_t *args, size_t largest) {
   return args->coll == FC_COLL_REDUCE_SCATTER ? args->count : largest;
+}
+
+/* Elements of the collective's larger buffer. */
+static size_t largest_count(const fc_algo_args_t *args) {
+  const size_t recv = fc_coll_recv_count(args->coll, args->count, args->nranks);
+  const size_t send = fc_coll_send_count(args->coll, args->count, args->nranks);
+  return send > recv ? send : recv;
+}
+
+/* Whether the one-shot kernels take the collective (sizes only: a graph's replays take the
+ * path of its capture). */
+static int takes_oneshot(const struct fc_gpu *g, const fc_algo_args_t *args, size_t esize) {
+  return args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL &&
+         oneshot_bytes(args, largest_count(args)) * esize <= g->oneshot_slot && args->nranks <= FC_ONESHOT_MAX_RANKS;
+}
+
+/* Captured, a call must take the one-shot or the pipelined kernel (they keep their sequence
+ * state on the device; the other paths bake host counters into stream-memory operations, or
+ * block on the host), and follow the communicator's previous such kernel on the same stream
+ * (kernel_order_before would otherwise wait on an event outside the capture).  Decided as
+ * fc_gpu_run decides. */
+const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                 const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream) {
+  const struct fc_gpu *g = comm->gpu;
+  const size_t esize = fc_dtype_size(dtype);
+  if (!g->p2p) return "the GPUs have no peer access, so the call runs through host copies";
+  if (args->count == 0) return NULL;
+  if (!takes_oneshot(g, args, esize)) {
+    if (fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
+        fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
+      return "it would take direct mode (buffers in windows, or FLEXCOLL_DIRECT=2), which keeps its counters on the host";
+    if (!pipelined(g, args))
+      return "it is above the one-shot limit and runs a staged schedule, which keeps its counters on the host";
+  }
+  if (g->oneshot_seq && g->oneshot_stream != (cudaStream_t)stream)
+    return "the communicator's previous kernel ran on another stream, and the graph cannot wait for work outside "
+           "its capture (capture on the stream of the previous call)";
+  return NULL;
 }
 
 /* Peers without peer access: run the host algorithm on copies (correct, not fast, blocking). */
@@ -334,21 +377,18 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
 }
 
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
-                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream) {
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing) {
   struct fc_gpu *g = comm->gpu;
   cudaStream_t user = (cudaStream_t)stream;
   int prev = enter_device(g);
-  fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
+  fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .capturing = capturing};
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
-  size_t largest = fc_coll_recv_count(args->coll, args->count, args->nranks);
-  if (fc_coll_send_count(args->coll, args->count, args->nranks) > largest)
-    largest = fc_coll_send_count(args->coll, args->count, args->nranks);
+  const size_t largest = largest_count(args);
   if (!g->p2p) {
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
     /* nothing moves */
-  } else if (args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL &&
-             oneshot_bytes(args, largest) * x.esize <= g->oneshot_slot && args->nranks <= FC_ONESHOT_MAX_RANKS) {
+  } else if (takes_oneshot(g, args, x.esize)) {
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */
     if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);

@@ -77,7 +77,7 @@ int fc_gpu_stream_capturing(flexcoll_stream_t stream) {
   cudaError_t e = cudaStreamIsCapturing((cudaStream_t)stream, &st);
   if (e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureUnsupported) {
     cudaGetLastError();
-    return 1;
+    return 2;
   }
   if (e != cudaSuccess) {
     cudaGetLastError(); /* not a stream of this context: the enqueue reports it */
@@ -201,6 +201,8 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   /* On our own stream, not the legacy one: other communicators' kernels may be waiting on peers
    * on this device, and a legacy-stream memset would wait for them. */
   CUDA_CHECK(comm, cudaMemsetAsync(g->stage + g->oneshot_flags_off, 0, g->slots_off - g->oneshot_flags_off, g->util_stream));
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->epoch, sizeof *g->epoch));
+  CUDA_CHECK(comm, cudaMemsetAsync(g->epoch, 0, sizeof *g->epoch, g->util_stream));
   CUDA_CHECK(comm, cudaStreamSynchronize(g->util_stream));
   CUDA_CHECK(comm, cudaHostAlloc((void **)&g->error_host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
   *g->error_host = 0;
@@ -398,6 +400,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   cudaEventDestroy(g->ev_oneshot);
   for (int i = 0; i < 64; i++) cudaEventDestroy(g->inflight_ev[i]);
   cudaFree(g->stage);
+  cudaFree(g->epoch);
   cudaFree(g->dev_scratch);
   cudaFreeHost(g->error_host);
   cudaGetLastError();
@@ -475,9 +478,14 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
-                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream) {
-  (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream;
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing) {
+  (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream; (void)capturing;
   return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
+}
+const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                 const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream) {
+  (void)comm; (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)stream;
+  return "this build has no CUDA";
 }
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
                                  flexcoll_stream_t stream) {

@@ -19,8 +19,9 @@ int fc_gpu_count(void);
 /* The calling thread's current CUDA device; FLEXCOLL_CONFIG_UNDEF without a GPU. */
 int fc_gpu_current_device(void);
 
-/* Whether stream is being captured into a CUDA graph (or cannot be used because another
- * stream's capture forbids it).  A NULL stream (the legacy default stream) is never captured. */
+/* Whether stream is being captured into a CUDA graph (1), or cannot be used because another
+ * stream's capture forbids it (2); 0: neither.  A NULL stream (the legacy default stream) is
+ * never captured. */
 int fc_gpu_stream_capturing(flexcoll_stream_t stream);
 
 /* Choose the CUDA device of comm (config, else current; -1 when there is none) and set up what
@@ -31,9 +32,16 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm);
 void fc_gpu_comm_abort(struct flexcoll_comm *comm);
 /* Fold device-side failures (a spin that timed out) into comm->async_error. */
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm);
-/* Enqueue a collective on device memory on stream. */
+/* Enqueue a collective on device memory on stream (capturing: the stream is being captured
+ * into a CUDA graph, and fc_gpu_graph_refusal has allowed the call). */
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
-                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream);
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing);
+/* Why this collective on device memory cannot be captured into a CUDA graph on stream (a
+ * phrase for a message), or NULL when it can: it takes the one-shot or the pipelined kernel,
+ * which keep their sequence state on the device, right after the communicator's previous such
+ * kernel on the same stream.  Enqueues nothing. */
+const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                 const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream);
 
 /* Enqueue a batch of point-to-point sends and receives (counts in bytes) over device buffers. */
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,

@@ -37,7 +37,8 @@ int fc_kernels_preload_oneshot(void);
 /* One-shot collectives for small messages: one kernel per rank, no host involvement.
  * Every rank owns a staging area that all peers can write (peer-mapped device memory):
  * 2 parities × nranks slots of slot_bytes, plus flags: 2 parities × nranks × FC_MAX_BLOCKS
- * uint64 words.  Rank r writes its input into slot r of every peer's staging area (parity seq&1),
+ * uint64 words.  A call's seq is epoch->seq + 1 (fc_dev_epoch_t below).
+ * Rank r writes its input into slot r of every peer's staging area (parity seq&1),
  * block b of the grid (see FC_ONESHOT_BLOCK_BYTES) then sets flag [parity][r][b] = seq in that peer's flags after a system
  * fence; it then waits (bounded by timeout_cycles of clock64) for all its own flags [parity][q][b]
  * == seq and reduces in rank order 0..n-1 (so every rank gets bitwise the same result).
@@ -49,9 +50,22 @@ int fc_kernels_preload_oneshot(void);
 #define FC_ONESHOT_BLOCK_BYTES (32u << 10)
 /* The most blocks of any grid here (max_blocks, pipe_blocks): the flag arrays' stride. */
 #define FC_MAX_BLOCKS 128
+/* A communicator's sequence state, in device memory (zeroed at creation), so that a kernel
+ * replayed from a CUDA graph takes the current numbers, not the ones of its capture.  A one-shot
+ * or pipelined kernel takes seq + 1 as its call's seq and pipe_base as its counters' base (every
+ * block reads them at its start); every block then counts itself in done, on every path
+ * (one-shot kernels at their end, timeouts included; pipelined ones right after the read), and
+ * the last one stores the call's seq into seq and adds the call's pipelined steps to pipe_base
+ * (done returns to 0).  Every block has read the epoch by then, and the communicator's next
+ * kernel starts after this one has finished (stream order, or the host's event chain), so all
+ * blocks of a call agree and consecutive calls take consecutive seqs. */
+typedef struct {
+  unsigned long long seq, pipe_base;
+  unsigned int done;
+} fc_dev_epoch_t;
 typedef struct {
   int rank, nranks;
-  uint64_t seq;                                 /* >= 1, increasing per call on a communicator */
+  fc_dev_epoch_t *epoch;                        /* this rank's; 16-byte aligned */
   size_t slot_bytes;
   char *stage[FC_ONESHOT_MAX_RANKS];            /* stage[p]: rank p's staging area as seen from here (stage[rank] local) */
   uint64_t *flags[FC_ONESHOT_MAX_RANKS];        /* flags[p]: rank p's flags as seen from here */
@@ -64,9 +78,8 @@ typedef struct {
    * bytes, zeroed before the first call. */
   size_t ll_max;
   char *ll[FC_ONESHOT_MAX_RANKS];
-  /* Pipelined kernels: the steps of all earlier pipelined calls on the communicator; the grid
-   * (1..FC_MAX_BLOCKS), threads per block (512 or 1024) and sub-slots per block (2 or 4). */
-  uint64_t pipe_base;
+  /* Pipelined kernels: the grid (1..FC_MAX_BLOCKS), threads per block (512 or 1024) and
+   * sub-slots per block (2 or 4); the base of their counters is epoch->pipe_base. */
   unsigned pipe_blocks, pipe_threads, pipe_subslots;
   /* Threads of a block in the pushing team when a block is two teams (a multiple of 32, at
    * least 32 fewer than pipe_threads). */
@@ -92,8 +105,7 @@ int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const void *sendb
  * into ours) shared out among pipe_blocks blocks as pipe_subslots sub-slots each of
  * fc_pipe_step_bytes, the one-shot flags, and after them 2 x nranks x FC_MAX_BLOCKS more uint64
  * counters (zeroed before the first call).  A call uses fc_pipe_steps steps after
- * args->pipe_base; the caller adds them to pipe_base for the next call.  Each call also takes a
- * seq, like a one-shot call. */
+ * epoch->pipe_base and adds them to it at its end; it also takes a seq, like a one-shot call. */
 #define FC_PIPE_MIN_STEP_BYTES 4096
 /* A block's share is cut into FC_PIPE_MIN_STEPS steps, but none below FC_PIPE_STEP_FLOOR_BYTES
  * (fewer steps then) and none above the room.  One step does not pipeline (a step's push

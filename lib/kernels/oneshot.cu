@@ -7,32 +7,37 @@ namespace {
 template <typename V, typename D, class Op, bool AVG>
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_oneshot_allreduce_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
+  fc_epoch_begin(a);
   size_t lo, hi;
   fc_block_range(bytes, &lo, &hi);
-  const int par = (int)(a.seq & 1);
-  fc_post(a, par, send, lo, hi);
-  if (!fc_wait(a, par)) return;
-  fc_combine<V, D, Op, AVG>(a, par, send, recv, lo, hi);
+  const int par = (int)(fc_seq() & 1);
+  fc_post(a, par, fc_seq(), send, lo, hi);
+  if (fc_wait(a, par, fc_seq())) fc_combine<V, D, Op, AVG>(a, par, send, recv, lo, hi);
+  fc_epoch_end(a, 0);
 }
 
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_oneshot_allgather_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
+  fc_epoch_begin(a);
   size_t lo, hi;
   fc_block_range(bytes, &lo, &hi);
-  const int par = (int)(a.seq & 1);
-  fc_post(a, par, send, lo, hi);
-  if (!fc_wait(a, par)) return;
-  const char *local = fc_pick(a.stage, a.rank);
-  for (int q = 0; q < a.nranks; q++)
-    fc_block_copy(recv + (size_t)q * bytes + lo, fc_src(a, par, send, local, q) + lo, hi - lo);
+  const int par = (int)(fc_seq() & 1);
+  fc_post(a, par, fc_seq(), send, lo, hi);
+  if (fc_wait(a, par, fc_seq())) {
+    const char *local = fc_pick(a.stage, a.rank);
+    for (int q = 0; q < a.nranks; q++)
+      fc_block_copy(recv + (size_t)q * bytes + lo, fc_src(a, par, send, local, q) + lo, hi - lo);
+  }
+  fc_epoch_end(a, 0);
 }
 
 template <typename V, typename D, class Op, bool AVG>
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_ll_allreduce_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
   typedef fc_vec<V> vec;
-  const int par = (int)(a.seq & 1);
-  const uint32_t flag = (uint32_t)a.seq;
+  fc_epoch_begin(a);
+  const int par = (int)(fc_seq() & 1);
+  const uint32_t flag = (uint32_t)fc_seq();
   const long long start = clock64();
   char *local = fc_pick(a.ll, a.rank);
   const size_t units = (bytes + 15) / 16;
@@ -41,32 +46,43 @@ __global__ void __launch_bounds__(FC_OS_THREADS)
     own.raw = fc_load16(send, 16 * u, bytes);
     fc_ll_post(a, par, u, own.raw, flag);
     vec acc;
-    if (!fc_ll_reduce_unit<V, D, Op, AVG>(a, local, par, u, flag, start, own, &acc)) return;
+    if (!fc_ll_reduce_unit<V, D, Op, AVG>(a, local, par, u, flag, start, own, &acc)) break;
     fc_store16(recv, 16 * u, bytes, acc.raw);
   }
+  fc_epoch_end(a, 0);
+}
+
+/* Unit u of an LL allgather: ours to every peer, everyone's into recv.  False after a timeout
+ * or abort (reported through *error). */
+__device__ __forceinline__ bool fc_ll_allgather_unit(const fc_oneshot_args_t &a, const char *send, char *recv,
+                                                     size_t bytes, char *local, int par, uint32_t flag, long long start,
+                                                     size_t u) {
+  const uint4 own = fc_load16(send, 16 * u, bytes);
+  fc_ll_post(a, par, u, own, flag);
+#pragma unroll
+  for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
+    if (q >= a.nranks) break;
+    uint4 v = own;
+    if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, local, par, q, u), flag, start, &v)) {
+      fc_ll_timed_out(a);
+      return false;
+    }
+    fc_store16(recv + (size_t)q * bytes, 16 * u, bytes, v);
+  }
+  return true;
 }
 
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_ll_allgather_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
-  const int par = (int)(a.seq & 1);
-  const uint32_t flag = (uint32_t)a.seq;
+  fc_epoch_begin(a);
+  const int par = (int)(fc_seq() & 1);
+  const uint32_t flag = (uint32_t)fc_seq();
   const long long start = clock64();
   char *local = fc_pick(a.ll, a.rank);
   const size_t units = (bytes + 15) / 16;
-  for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
-    const uint4 own = fc_load16(send, 16 * u, bytes);
-    fc_ll_post(a, par, u, own, flag);
-#pragma unroll
-    for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
-      if (q >= a.nranks) break;
-      uint4 v = own;
-      if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, local, par, q, u), flag, start, &v)) {
-        fc_ll_timed_out(a);
-        return;
-      }
-      fc_store16(recv + (size_t)q * bytes, 16 * u, bytes, v);
-    }
-  }
+  for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x)
+    if (!fc_ll_allgather_unit(a, send, recv, bytes, local, par, flag, start, u)) break;
+  fc_epoch_end(a, 0);
 }
 
 /* fc_dispatch target for the allreduce. */

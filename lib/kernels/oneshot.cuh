@@ -7,20 +7,28 @@
  *     flag [parity][rank][b] of every peer with a release store.
  *  2. wait: thread 0 polls this rank's own flags [parity][q][b] until each reaches seq, bounded
  *     by timeout_cycles of clock64; on timeout it stores 1 to *error and the whole block
- *     returns.  After the flags a system fence orders the slot reads after them.
+ *     skips to its end (fc_epoch_end, which every block reaches on every path).  After the
+ *     flags a system fence orders the slot reads after them.
  *  3. combine: allreduce reduces [lo, hi) over ranks 0..n-1 in that order (own values from
  *     sendbuf, the others from the local slots) so every rank computes bitwise the same
  *     result; allgather copies each rank's [lo, hi) to recvbuf.
  * reduce_scatter posts each peer only its chunk and reduces its own; broadcast posts the root's
  * data, and the other ranks post their flags alone (oneshot_rs.cu).
  *
+ * seq comes from the device (fc_dev_epoch_t in kernels.h): every block reads epoch->seq + 1 at
+ * its start (fc_epoch_begin, into shared memory) and the last block to count itself stores it
+ * back (fc_epoch_end: at the kernel's end, on every exit path, timeouts included).  So a kernel replayed from a CUDA
+ * graph takes the next number, as an eagerly launched one does, and eager and replayed calls
+ * share one sequence.
+ *
  * Why two parities suffice (what the host must guarantee): a rank's one-shot kernels run one
- * after another (same stream, or otherwise ordered), and seq grows by exactly 1 per launched
- * kernel on every rank.  Then when rank r writes parity P for seq, its kernel seq-1 has seen
- * a flag of each peer's kernel seq-1, which started only after that peer's kernel seq-2 (the
- * previous reader of parity P) had finished.  A call that launches nothing (count 0) must not
- * consume a seq number.  After a timeout the staging area's state is unknown: abort the
- * communicator (or re-zero the flags on every rank and restart seq at 1).
+ * after another (same stream, or otherwise ordered), so seq grows by exactly 1 per kernel that
+ * runs, on every rank alike as long as the ranks run the same calls.  Then when rank r writes
+ * parity P for seq, its kernel seq-1 has seen a flag of each peer's kernel seq-1, which started
+ * only after that peer's kernel seq-2 (the previous reader of parity P) had finished.  A call
+ * that launches nothing (count 0) must not consume a seq number (it does not: no kernel, no
+ * epoch advance).  After a timeout the staging area's state is unknown: abort the communicator
+ * (or re-zero the flags and the epoch on every rank).
  */
 #ifndef FC_KERNELS_ONESHOT_CUH
 #define FC_KERNELS_ONESHOT_CUH
@@ -61,6 +69,47 @@ __device__ __forceinline__ uint64_t fc_ld_volatile(const uint64_t *p) {
   return v;
 }
 
+/* This block's call (kernels.h, fc_dev_epoch_t): its seq and its counters' base, set by
+ * fc_epoch_begin.  At a fixed shared address and read where used (fc_seq, fc_pipe_base), not
+ * held in registers from the kernel's start to its end (fc_epoch_end): the pipelined kernels
+ * are at their register budget, and values live across their loops pushed it over. */
+__shared__ unsigned long long fc_epoch_shared[2];
+__device__ __forceinline__ uint64_t fc_seq() { return *(volatile unsigned long long *)&fc_epoch_shared[0]; }
+__device__ __forceinline__ uint64_t fc_pipe_base() { return *(volatile unsigned long long *)&fc_epoch_shared[1]; }
+
+/* Every block's first step: thread 0 reads the epoch (one 16-byte load, bypassing L1 where an
+ * earlier kernel's line could linger) for the whole block.  The barrier puts every thread's use
+ * of the numbers after the read, hence before this block's fc_epoch_end, and the epoch changes
+ * only once every block has passed it. */
+__device__ __forceinline__ void fc_epoch_begin(const fc_oneshot_args_t &a) {
+  if (threadIdx.x == 0) {
+    unsigned long long s, b;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(s), "=l"(b) : "l"(a.epoch) : "memory");
+    fc_epoch_shared[0] = s + 1;
+    fc_epoch_shared[1] = b;
+  }
+  __syncthreads();
+}
+
+/* Once per block, after fc_epoch_begin, on every path: the one-shot kernels at their end (no
+ * barrier: a block's threads may have left their loops at different points), the pipelined
+ * ones right after the read (pipeline.cu says why).  Thread 0 counts its block; the last block
+ * advances the epoch for the next call, pipe_base by the call's pipelined steps (0 for
+ * one-shot; the same in every block and on every rank).  The epoch must change only once
+ * every block has read it, which the count ensures wherever it stands after the read.
+ * The fences order the reads of the epoch at the start of every block (release side, with the
+ * counting atomic) before the last block's stores (acquire side), so no block can read the
+ * advanced values.  The next kernel sees the stores: it starts after this one has completed. */
+__device__ __forceinline__ void fc_epoch_end(const fc_oneshot_args_t &a, uint64_t pipe_steps) {
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&a.epoch->done, 1u) != gridDim.x - 1) return;
+  __threadfence();
+  atomicExch(&a.epoch->done, 0u);
+  *(volatile unsigned long long *)&a.epoch->pipe_base = fc_pipe_base() + pipe_steps;
+  *(volatile unsigned long long *)&a.epoch->seq = fc_seq();
+}
+
 /* arr[i] for a runtime i, with constant indices only: indexing a kernel parameter's array
  * with a runtime index would copy the whole parameter block to local memory. */
 template <typename P> __device__ __forceinline__ P fc_pick(P const (&arr)[FC_ONESHOT_MAX_RANKS], int i) {
@@ -94,21 +143,22 @@ __device__ __forceinline__ void fc_fanout(const fc_oneshot_args_t &a, size_t dst
 /* This block's flag to every peer, once its data stores are issued.  All threads' data stores
  * precede thread 0's fence (bar.sync orders them at block scope, the system-scope fence and
  * release store are cumulative), so a peer that sees the flag sees the data. */
-__device__ __forceinline__ void fc_post_flags(const fc_oneshot_args_t &a, int par) {
+__device__ __forceinline__ void fc_post_flags(const fc_oneshot_args_t &a, int par, uint64_t seq) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
 #pragma unroll
     for (int p = 0; p < FC_ONESHOT_MAX_RANKS; p++)
-      if (p < a.nranks && p != a.rank) fc_st_release_sys(a.flags[p] + fc_flag_idx(a, par, a.rank, blockIdx.x), a.seq);
+      if (p < a.nranks && p != a.rank) fc_st_release_sys(a.flags[p] + fc_flag_idx(a, par, a.rank, blockIdx.x), seq);
   }
 }
 
 /* Step 1: this block's part of sendbuf to every peer (send NULL: no data, a broadcast's
  * non-root), then its flag to every peer. */
-__device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, const char *send, size_t lo, size_t hi) {
+__device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, uint64_t seq, const char *send, size_t lo,
+                                        size_t hi) {
   if (!send) {
-    fc_post_flags(a, par);
+    fc_post_flags(a, par, seq);
     return;
   }
   const size_t off = fc_slot_off(a, par, a.rank) + lo;
@@ -118,7 +168,7 @@ __device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, con
   else if ((al & 7u) == 0) fc_fanout<uint2>(a, off, src, hi - lo);
   else if ((al & 3u) == 0) fc_fanout<unsigned int>(a, off, src, hi - lo);
   else fc_fanout<unsigned char>(a, off, src, hi - lo);
-  fc_post_flags(a, par);
+  fc_post_flags(a, par, seq);
 }
 
 /* The abort word (*error, host memory mapped into the GPU, written by fc_gpu_comm_abort) is
@@ -156,7 +206,7 @@ __device__ __forceinline__ bool fc_poll(const fc_oneshot_args_t &a, const uint64
 }
 
 /* Step 2.  Returns false (in every thread) when a peer did not arrive in time. */
-__device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par) {
+__device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par, uint64_t seq) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
     const long long start = clock64();
@@ -164,7 +214,7 @@ __device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par) {
     const uint64_t *mine = fc_pick(a.flags, a.rank);
     int ok = 1;
     for (int q = 0; q < a.nranks && ok; q++)
-      if (q != a.rank) ok = fc_poll(a, mine + fc_flag_idx(a, par, q, blockIdx.x), a.seq, start, &last_abort_check);
+      if (q != a.rank) ok = fc_poll(a, mine + fc_flag_idx(a, par, q, blockIdx.x), seq, start, &last_abort_check);
     /* A timeout says so; an abort (2) is left as it is. */
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
     /* Acquire side: the block's slot reads (after the barrier below) come after the flags
@@ -249,7 +299,7 @@ __device__ __forceinline__ void fc_block_copy(char *dst, const char *src, size_t
  * bytes on the link, hence the size limit.  Each thread owns 16 data bytes (2 lines) of every
  * rank: it posts its own unit to every peer, then polls the peers' units at the same index.
  * The LL area is apart from the plain slots: stale plain data there could look like a flag.
- * Parity and reuse follow the same argument as the plain kernels (one seq counter for both). */
+ * Parity and reuse follow the same argument as the plain kernels (one epoch for both). */
 
 __device__ __forceinline__ void fc_ll_store(uint4 *p, uint32_t d0, uint32_t d1, uint32_t flag) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d0), "r"(flag), "r"(d1), "r"(flag)
@@ -373,7 +423,7 @@ inline unsigned fc_oneshot_grid(const fc_oneshot_args_t *a, size_t bytes) {
 inline bool fc_args_ok(const fc_oneshot_args_t *a, size_t bytes) {
   if (!a || a->nranks < 1 || a->nranks > FC_ONESHOT_MAX_RANKS || a->rank < 0 || a->rank >= a->nranks)
     return false;
-  if (a->seq == 0 || bytes > a->slot_bytes || (a->slot_bytes & 15u)) return false;
+  if (!a->epoch || ((uintptr_t)a->epoch & 15u) || bytes > a->slot_bytes || (a->slot_bytes & 15u)) return false;
   for (int p = 0; p < a->nranks; p++)
     if (!a->stage[p] || !a->flags[p] || ((uintptr_t)a->stage[p] & 15u) || ((uintptr_t)a->flags[p] & 7u))
       return false;

@@ -14,35 +14,40 @@ namespace {
 template <typename V, typename D, class Op, bool AVG>
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_oneshot_reduce_scatter_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
+  fc_epoch_begin(a);
   size_t lo, hi;
   fc_block_range(bytes, &lo, &hi);
-  const int par = (int)(a.seq & 1);
+  const int par = (int)(fc_seq() & 1);
 #pragma unroll
   for (int p = 0; p < FC_ONESHOT_MAX_RANKS; p++)
     if (p < a.nranks && p != a.rank)
       fc_block_copy(a.stage[p] + fc_slot_off(a, par, a.rank) + lo, send + (size_t)p * bytes + lo, hi - lo);
-  fc_post_flags(a, par);
-  if (!fc_wait(a, par)) return;
-  fc_combine<V, D, Op, AVG>(a, par, send + (size_t)a.rank * bytes, recv, lo, hi);
+  fc_post_flags(a, par, fc_seq());
+  if (fc_wait(a, par, fc_seq())) fc_combine<V, D, Op, AVG>(a, par, send + (size_t)a.rank * bytes, recv, lo, hi);
+  fc_epoch_end(a, 0);
 }
 
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_oneshot_broadcast_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes, int root) {
+  fc_epoch_begin(a);
   size_t lo, hi;
   fc_block_range(bytes, &lo, &hi);
-  const int par = (int)(a.seq & 1);
-  fc_post(a, par, a.rank == root ? send : nullptr, lo, hi);
-  if (!fc_wait(a, par)) return;
-  const char *src = a.rank == root ? send : fc_pick(a.stage, a.rank) + fc_slot_off(a, par, root);
-  if (src != recv) fc_block_copy(recv + lo, src + lo, hi - lo);
+  const int par = (int)(fc_seq() & 1);
+  fc_post(a, par, fc_seq(), a.rank == root ? send : nullptr, lo, hi);
+  if (fc_wait(a, par, fc_seq())) {
+    const char *src = a.rank == root ? send : fc_pick(a.stage, a.rank) + fc_slot_off(a, par, root);
+    if (src != recv) fc_block_copy(recv + lo, src + lo, hi - lo);
+  }
+  fc_epoch_end(a, 0);
 }
 
 template <typename V, typename D, class Op, bool AVG>
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_ll_reduce_scatter_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes) {
   typedef fc_vec<V> vec;
-  const int par = (int)(a.seq & 1);
-  const uint32_t flag = (uint32_t)a.seq;
+  fc_epoch_begin(a);
+  const int par = (int)(fc_seq() & 1);
+  const uint32_t flag = (uint32_t)fc_seq();
   const long long start = clock64();
   char *local = fc_pick(a.ll, a.rank);
   const size_t units = (bytes + 15) / 16;
@@ -58,35 +63,46 @@ __global__ void __launch_bounds__(FC_OS_THREADS)
     vec own;
     own.raw = fc_load16(send + (size_t)a.rank * bytes, 16 * u, bytes);
     vec acc;
-    if (!fc_ll_reduce_unit<V, D, Op, AVG>(a, local, par, u, flag, start, own, &acc)) return;
+    if (!fc_ll_reduce_unit<V, D, Op, AVG>(a, local, par, u, flag, start, own, &acc)) break;
     fc_store16(recv, 16 * u, bytes, acc.raw);
   }
+  fc_epoch_end(a, 0);
+}
+
+/* Unit u of an LL broadcast (every rank posts, the others' lines are awaited); false after a
+ * timeout or abort (reported through *error). */
+__device__ __forceinline__ bool fc_ll_broadcast_unit(const fc_oneshot_args_t &a, const char *send, char *recv,
+                                                     size_t bytes, int root, char *local, int par, uint32_t flag,
+                                                     long long start, size_t u) {
+  /* Non-roots post zeros: their lines only say that they have reached this call. */
+  const uint4 own = a.rank == root ? fc_load16(send, 16 * u, bytes) : make_uint4(0, 0, 0, 0);
+  fc_ll_post(a, par, u, own, flag);
+  uint4 got = own;
+#pragma unroll
+  for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
+    if (q >= a.nranks) break;
+    uint4 v;
+    if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, local, par, q, u), flag, start, &v)) {
+      fc_ll_timed_out(a);
+      return false;
+    }
+    if (q == root && q != a.rank) got = v;
+  }
+  if (a.rank != root || send != recv) fc_store16(recv, 16 * u, bytes, got);
+  return true;
 }
 
 __global__ void __launch_bounds__(FC_OS_THREADS)
     fc_ll_broadcast_kernel(const fc_oneshot_args_t a, const char *send, char *recv, size_t bytes, int root) {
-  const int par = (int)(a.seq & 1);
-  const uint32_t flag = (uint32_t)a.seq;
+  fc_epoch_begin(a);
+  const int par = (int)(fc_seq() & 1);
+  const uint32_t flag = (uint32_t)fc_seq();
   const long long start = clock64();
   char *local = fc_pick(a.ll, a.rank);
   const size_t units = (bytes + 15) / 16;
-  for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
-    /* Non-roots post zeros: their lines only say that they have reached this call. */
-    const uint4 own = a.rank == root ? fc_load16(send, 16 * u, bytes) : make_uint4(0, 0, 0, 0);
-    fc_ll_post(a, par, u, own, flag);
-    uint4 got = own;
-#pragma unroll
-    for (int q = 0; q < FC_ONESHOT_MAX_RANKS; q++) {
-      if (q >= a.nranks) break;
-      uint4 v;
-      if (q != a.rank && !fc_ll_read(a, fc_ll_lines(a, local, par, q, u), flag, start, &v)) {
-        fc_ll_timed_out(a);
-        return;
-      }
-      if (q == root && q != a.rank) got = v;
-    }
-    if (a.rank != root || send != recv) fc_store16(recv, 16 * u, bytes, got);
-  }
+  for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x)
+    if (!fc_ll_broadcast_unit(a, send, recv, bytes, root, local, par, flag, start, u)) break;
+  fc_epoch_end(a, 0);
 }
 
 /* fc_dispatch target for the reduce_scatter (count: elements of one rank's chunk). */

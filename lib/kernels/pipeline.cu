@@ -18,7 +18,8 @@
  * block reduces (one team doing both in turn left the link idle for the reduction's share of
  * every step; the reduction reads two streams and writes one, and with half the block it was
  * the slower team).  Otherwise the whole block is one team.  Counters only grow over the
- * communicator's life (base: the steps of all earlier pipelined calls), so a wait is "at least",
+ * communicator's life (base: the steps of all earlier pipelined calls, epoch->pipe_base, which
+ * the last block of each call advances on the device: fc_epoch_end), so a wait is "at least",
  * and stale values from earlier calls never satisfy it.
  *
  * Sharing the staging area with the one-shot kernels (see the parity argument in oneshot.cuh):
@@ -168,21 +169,20 @@ struct fc_pipe_copy {
 };
 
 template <class Consume>
-__device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_pipe_io &io, const Consume &consume) {
-  const int par = (int)(a.seq & 1), peer = 1 - a.rank;
+__device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc_pipe_io &io, const Consume &consume,
+                                            size_t nsteps) {
+  const int par = (int)(fc_seq() & 1), peer = 1 - a.rank;
   __shared__ unsigned pushed_steps;
   if (threadIdx.x == 0) pushed_steps = 0;
   /* The peer's kernel of this call has started: its earlier ones are done with our data. */
-  fc_post_flags(a, par);
-  if (!fc_wait(a, par)) return;
+  fc_post_flags(a, par, fc_seq());
+  if (!fc_wait(a, par, fc_seq())) return;
   size_t lo, hi;
   fc_block_range(io.bytes, &lo, &hi);
   const unsigned subslots = a.pipe_subslots;
   const size_t step = fc_pipe_step_bytes(io.bytes, a.slot_bytes, gridDim.x, subslots);
-  const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, subslots);
   uint64_t *mine = fc_pick(a.flags, a.rank), *theirs = fc_pick(a.flags, peer);
   char *local = fc_pick(a.stage, a.rank), *remote = fc_pick(a.stage, peer);
-  const uint64_t base = a.pipe_base;
   /* Bytes [*o, *o + *n) of the message in step k of this block. */
   auto span = [&](size_t k, size_t *o, size_t *n) {
     const size_t s = lo + k * step < hi ? lo + k * step : hi, e = s + step < hi ? s + step : hi;
@@ -207,9 +207,11 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
     size_t o, n;
     span(k, &o, &n);
     if (pusher) {
-      if (k >= subslots && !fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), base + k - subslots + 1)) return;
+      if (k >= subslots &&
+          !fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), fc_pipe_base() + k - subslots + 1))
+        return;
       fc_pipe_copy_bytes(team, fc_pipe_subslot(remote, (unsigned)(k % subslots), step), io.push + o, n);
-      fc_pipe_signal(team, fc_pipe_flag(a, theirs, 0, a.rank), base + k + 1);
+      fc_pipe_signal(team, fc_pipe_flag(a, theirs, 0, a.rank), fc_pipe_base() + k + 1);
       if (gated && team.tid == 0) {
         /* The team's loads of step k are done (the barrier in the signal).  Atomics, not
          * volatile accesses: the teams share no barrier, and racecheck counts those as races. */
@@ -220,23 +222,36 @@ __device__ __forceinline__ void fc_pipe_run(const fc_oneshot_args_t &a, const fc
     if (!consumer) continue;
     if (copies_own) fc_pipe_copy_bytes(team, io.own_out + o, io.own + o, n);
     if (!io.receive) continue;
-    if (!fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 0, peer), base + k + 1, gate, (unsigned)k + 1)) return;
+    if (!fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 0, peer), fc_pipe_base() + k + 1, gate, (unsigned)k + 1)) return;
     consume(a, team, io, fc_pipe_subslot(local, (unsigned)(k % subslots), step), o, n);
-    fc_pipe_signal(team, fc_pipe_flag(a, theirs, 1, a.rank), base + k + 1);
+    fc_pipe_signal(team, fc_pipe_flag(a, theirs, 1, a.rank), fc_pipe_base() + k + 1);
   }
   /* Everything we sent has been drained (see the top of the file). */
-  if (pusher) fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), base + nsteps);
+  if (pusher) fc_pipe_wait(a, team, fc_pipe_flag(a, mine, 1, peer), fc_pipe_base() + nsteps);
+}
+
+/* A whole pipelined call: the epoch read, then at once counted and (by the last block) advanced
+ * by the call's steps (the same in every block and on every rank: they depend on the size and
+ * the grid only), then the run, whichever way it ends.  Counting before the run rather than
+ * after it: any code after the run's divergent exits (team barriers, early returns) took
+ * ptxas from 39-52 registers to 64 with spills; counting first needs no common exit at all,
+ * and every block has read the epoch by then, which is all fc_epoch_end requires. */
+template <class Consume> __device__ __forceinline__ void fc_pipe_call(const fc_oneshot_args_t &a, const fc_pipe_io &io) {
+  fc_epoch_begin(a);
+  const size_t nsteps = fc_pipe_steps(io.bytes, a.slot_bytes, gridDim.x, a.pipe_subslots);
+  fc_epoch_end(a, nsteps);
+  fc_pipe_run(a, io, Consume(), nsteps);
 }
 
 /* THREADS: 512 or 1024 per block (pipe_threads); the grid is pipe_blocks. */
 template <typename V, typename D, class Op, bool AVG, unsigned THREADS>
 __global__ void __launch_bounds__(THREADS) fc_pipe_reduce_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
-  fc_pipe_run(a, io, fc_pipe_reduce<V, D, Op, AVG>());
+  fc_pipe_call<fc_pipe_reduce<V, D, Op, AVG> >(a, io);
 }
 
 template <unsigned THREADS>
 __global__ void __launch_bounds__(THREADS) fc_pipe_copy_kernel(const fc_oneshot_args_t a, fc_pipe_io io) {
-  fc_pipe_run(a, io, fc_pipe_copy());
+  fc_pipe_call<fc_pipe_copy>(a, io);
 }
 
 struct fc_pipe_reduce_launch {

@@ -290,6 +290,7 @@ struct Rank {
   char *stage, *send, *recv, *ll;
   uint64_t *flags;
   int *error; /* host-mapped */
+  fc_dev_epoch_t *epoch;
 };
 
 /* LL areas are allocated for this limit; World.ll_max (0: the plain kernels only) picks the
@@ -300,7 +301,8 @@ static size_t ll_bytes(int nranks) { return 2 * (size_t)nranks * 2 * kLLCap; }
 struct World {
   int nranks;
   size_t slot, ll_max;
-  uint64_t seq, timeout_cycles;
+  uint64_t seq; /* the seq of the last call: each rank's epoch->seq once it has run */
+  uint64_t timeout_cycles;
   Rank r[FC_ONESHOT_MAX_RANKS];
 };
 
@@ -325,6 +327,8 @@ static void world_init(World *w, int nranks, const int *devs, size_t slot) {
     CK(cudaMalloc(&r->recv, (size_t)nranks * slot + 64));
     CK(cudaHostAlloc(&r->error, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
     *r->error = 0;
+    CK(cudaMalloc(&r->epoch, sizeof *r->epoch));
+    CK(cudaMemset(r->epoch, 0, sizeof *r->epoch));
   }
   /* Long enough never to fire in a correct run, short enough that a bug fails, not hangs. */
   w->timeout_cycles = fc_kernel_timeout_cycles(devs[0], 10000);
@@ -342,13 +346,29 @@ static void world_free(World *w) {
     CK(cudaFree(r->send));
     CK(cudaFree(r->recv));
     CK(cudaFreeHost(r->error));
+    CK(cudaFree(r->epoch));
   }
+}
+
+/* Set a rank's epoch so that its next call takes seq (its stream idle). */
+static void world_set_epoch(World *w, int rank, uint64_t seq, uint64_t pipe_base) {
+  const fc_dev_epoch_t e = {seq - 1, pipe_base, 0};
+  CK(cudaSetDevice(w->r[rank].dev));
+  CK(cudaMemcpy(w->r[rank].epoch, &e, sizeof e, cudaMemcpyHostToDevice));
+}
+
+/* A rank's epoch (its stream idle). */
+static fc_dev_epoch_t world_epoch(World *w, int rank) {
+  fc_dev_epoch_t e;
+  CK(cudaSetDevice(w->r[rank].dev));
+  CK(cudaMemcpy(&e, w->r[rank].epoch, sizeof e, cudaMemcpyDeviceToHost));
+  return e;
 }
 
 static fc_oneshot_args_t world_args(const World *w, int rank) {
   fc_oneshot_args_t a;
   memset(&a, 0, sizeof a);
-  a.rank = rank, a.nranks = w->nranks, a.seq = w->seq, a.slot_bytes = w->slot;
+  a.rank = rank, a.nranks = w->nranks, a.epoch = w->r[rank].epoch, a.slot_bytes = w->slot;
   for (int p = 0; p < w->nranks; p++) a.stage[p] = w->r[p].stage, a.flags[p] = w->r[p].flags, a.ll[p] = w->r[p].ll;
   a.ll_max = w->ll_max;
   a.timeout_cycles = w->timeout_cycles;
@@ -408,6 +428,10 @@ static int world_sync(World *w, const char *what) {
     CK(cudaSetDevice(w->r[i].dev));
     CK(cudaStreamSynchronize(w->r[i].stream));
     if (*(volatile int *)w->r[i].error) fail("%s: rank %d timed out", what, i), ok = 0;
+    /* The kernels number their calls on the device: one per call, all blocks counted. */
+    const fc_dev_epoch_t e = world_epoch(w, i);
+    if (e.seq != w->seq || e.done != 0)
+      fail("%s: rank %d epoch seq %llu done %u after call %llu", what, i, e.seq, e.done, (unsigned long long)w->seq), ok = 0;
   }
   return ok;
 }
@@ -675,6 +699,10 @@ static void test_timeout(void) {
     const double dt = now_s() - t0;
     if (*(volatile int *)w.r[0].error != 1) fail("timeout: error not set");
     if (dt > 2.0) fail("timeout: took %.3f s", dt);
+    /* A timed-out call still advances the epoch: every block reaches its end. */
+    const fc_dev_epoch_t e = world_epoch(&w, 0);
+    if (e.seq != w.seq || e.done != 0) fail("timeout: epoch seq %llu done %u after call %llu", e.seq, e.done,
+                                            (unsigned long long)w.seq);
     const char *name = (coll & 1) ? "allgather" : "allreduce";
     if (coll >= 2) {
       /* LL: the lines of 8 data bytes and two flags reached the peer's LL area, slot 0. */
@@ -722,6 +750,7 @@ static void test_pipe_timeout(void) {
   world_init(&w, 2, devs, slot);
   /* Every collective, both block sizes, both sub-slot counts, teams of halves and uneven. */
   const unsigned threads[4] = {1024, 512, 512, 1024}, subslots[4] = {4, 2, 4, 2}, push[4] = {512, 192, 256, 384};
+  uint64_t base = 0; /* rank 0's counter base: the steps of its calls so far */
   for (int coll = 0; coll < 4; coll++) {
     w.seq++;
     fc_oneshot_args_t a = world_args(&w, 0);
@@ -736,12 +765,21 @@ static void test_pipe_timeout(void) {
     const double dt = now_s() - t0;
     if (*(volatile int *)w.r[0].error != 1) fail("pipelined %d: error not set", coll);
     if (dt > 2.0) fail("pipelined %d: took %.3f s", coll, dt);
+    /* Timed out in its first wait, it still advances the epoch by its steps. */
+    base += fc_pipe_steps(slot / 2, slot, FC_MAX_BLOCKS, subslots[coll]);
+    const fc_dev_epoch_t e = world_epoch(&w, 0);
+    if (e.seq != w.seq || e.pipe_base != base || e.done != 0)
+      fail("pipelined %d: epoch seq %llu pipe_base %llu done %u, not %llu and %llu", coll, e.seq, e.pipe_base, e.done,
+           (unsigned long long)w.seq, (unsigned long long)base);
   }
   /* The peer arrives but moves a smaller message (2 blocks: 8 KiB is one step per block,
    * against our FC_PIPE_MIN_STEPS of 128 KiB): we time out waiting for its step 1 (a ready
    * counter, past the opening handshake); it finishes, since we drain its one step. */
   {
     w.seq++;
+    /* Rank 1 has not run the calls above: both ranks take this seq, from counter base 0. */
+    world_set_epoch(&w, 0, w.seq, 0);
+    world_set_epoch(&w, 1, w.seq, 0);
     fc_oneshot_args_t a0 = world_args(&w, 0), a1 = world_args(&w, 1);
     a0.pipe_blocks = a1.pipe_blocks = 2, a0.pipe_threads = a1.pipe_threads = 512;
     a0.pipe_subslots = a1.pipe_subslots = 4;

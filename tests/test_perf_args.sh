@@ -82,5 +82,18 @@ else
   fail=$((fail + 1)); echo "FAIL: the run over --links shm,tcp:"; sed 's/^/    /' "$tmp/out" "$tmp/l.json"
 fi
 
+# A rank started alone under a launcher says that it waits for the others (after ~2 s), and the
+# error at the end names how many joined; all without FLEXCOLL_DEBUG.
+port=$((20000 + $$ % 20000))
+env -u FLEXCOLL_DEBUG FLEXCOLL_BOOTSTRAP_TIMEOUT=3 FLEXCOLL_RANK=0 FLEXCOLL_NRANKS=2 FLEXCOLL_ROOT=127.0.0.1:$port \
+  "$perf" -m host -e 64 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 0 ] && grep -q 'waiting for the other ranks: 1 of 2 joined' "$tmp/err" &&
+   grep -q 'init failed: .*with 1 of 2 ranks joined' "$tmp/err"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: rank 0 alone (exit $rc):"; sed 's/^/    /' "$tmp/err"
+fi
+
 echo "test_perf_args: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -26,6 +26,23 @@ while read -r v; do
   grep -q "^  $v " "$tmp/info" && ok || bad "flexcoll-info does not list $v"
 done <"$tmp/vars"
 
+# The defaults: each FC_PARAM_INT's (the value the code uses) is the registry's where the registry
+# gives a number (a default that depends on the run, such as "8M|1M", is text there).
+grep -rhoE --include='*.c' --include='*.h' 'FC_PARAM_INT\([a-z0-9_]+, *"[A-Z0-9_]+", *[^)]+\)' "$src/lib" |
+  sed 's/FC_PARAM_INT([a-z0-9_]*, *"\([A-Z0-9_]*\)", *\(.*\))$/\1 \2/' >"$tmp/defaults"
+while read -r name expr; do
+  [ "$name" = ENV ] && continue
+  case $expr in [A-Z]*) expr=$(grep -rhE --include='*.h' "^#define $expr " "$src/lib" | awk '{print $3}' | head -n 1) ;; esac
+  code=$(($expr))
+  reg=$(sed -n "s/.*{\"FLEXCOLL_$name\", FC_PK_INT, \"\([^\"]*\)\".*/\1/p" "$src/lib/param.c")
+  case $reg in
+    '' ) bad "FLEXCOLL_$name: no FC_PK_INT entry in the registry" ;;
+    *[!0-9-]*) ok ;;
+    *) [ "$reg" -eq "$code" ] && ok || bad "FLEXCOLL_$name: the registry says $reg, the code $expr = $code" ;;
+  esac
+done <"$tmp/defaults"
+[ "$(wc -l <"$tmp/defaults")" -gt 15 ] && ok || bad "found only $(wc -l <"$tmp/defaults") FC_PARAM_INT definitions"
+
 # Invalid values are flagged (exit 1), the secret never printed, unknown options refused (exit 2).
 env -i PATH="$PATH" FLEXCOLL_ALGO=foo FLEXCOLL_TIMEOUT_MS=abc FLEXCOLL_BOOTSTRAP_SECRET=hush "$info" >"$tmp/out" 2>&1
 rc=$?

@@ -24,8 +24,14 @@ static int rooted(const perf_opts_t *o) {
 void perf_print_header(const perf_opts_t *o, const perf_run_info_t *ri) {
   const char *links = getenv("FLEXCOLL_LINKS"), *algo = getenv("FLEXCOLL_ALGO");
   printf("# flexcoll-perf version %s (flexcoll %s, CUDA %s)\n", PACKAGE_VERSION, PACKAGE_VERSION, HAVE_CUDA ? "yes" : "no");
-  printf("# nThread %d nGpus %d minBytes %zu maxBytes %zu step: ", ri->threads, o->device ? 1 : 0, o->minbytes,
-         o->maxbytes);
+  /* nThread and nGpus as nccl-tests counts them (threads of this process, GPUs per thread): what
+   * the user typed with -t and -g; --nranks N (or every GPU) is -g N on device memory. */
+  int nthread = 1, ngpu = o->device ? 1 : 0;
+  if (o->nranks && (o->nthreads || o->ngpus))
+    nthread = o->nthreads ? o->nthreads : 1, ngpu = o->device ? (o->ngpus ? o->ngpus : 1) : 0;
+  else if (o->nranks)
+    nthread = o->device ? 1 : ri->threads, ngpu = o->device ? ri->threads : 0;
+  printf("# nThread %d nGpus %d minBytes %zu maxBytes %zu step: ", nthread, ngpu, o->minbytes, o->maxbytes);
   if (o->stepbytes) printf("%zu(bytes)", o->stepbytes);
   else printf("%g(factor)", o->step);
   printf(" warmup iters: %d iters: %d agg iters: 1 validation: %d graph: 0\n", o->warmup, o->iters, o->check);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "bootstrap.h"
+#include "config.h"
 #include "error.h"
 #include "gpu/gpu.h"
 #include "group.h"
@@ -161,33 +162,31 @@ flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, cons
 
 /* Settings that shape the messages between ranks: if two ranks disagree, one sends slices or
  * chunks the other does not expect, or runs another algorithm, and both hang or fail later.
- * Every rank compares its environment with rank 0's at creation instead. */
-static const char *const shared_settings[] = {"FLEXCOLL_ALGO",           "FLEXCOLL_CHUNK_SIZE",  "FLEXCOLL_SLICE_SIZE",
-                                              "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",   "FLEXCOLL_ONESHOT_MAX_BYTES",
-                                              "FLEXCOLL_DIRECT",         "FLEXCOLL_DIRECT_MIN_BYTES",
-                                              "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES",
-                                              "FLEXCOLL_ONESHOT_BLOCKS", "FLEXCOLL_PIPELINE",
-                                              "FLEXCOLL_PIPELINE_BLOCKS", "FLEXCOLL_PIPELINE_SUBSLOTS",
-                                              "FLEXCOLL_LINKS",          "FLEXCOLL_LINK_SHARES"};
-#define FC_NSETTINGS (sizeof shared_settings / sizeof shared_settings[0])
+ * Every rank compares its environment with rank 0's at creation instead; which settings those
+ * are, the registry says (shared, lib/param.c). */
 #define FC_SETTING_LEN 48
 
 static flexcoll_result_t check_settings_agree(flexcoll_comm_t c) {
-  size_t per_rank = FC_NSETTINGS * FC_SETTING_LEN;
+  size_t nparams = 0, n = 0;
+  const fc_param_def_t *params = fc_param_table(&nparams);
+  const char *names[64];
+  for (size_t i = 0; i < nparams && n < 64; i++)
+    if (params[i].shared) names[n++] = params[i].name;
+  size_t per_rank = n * FC_SETTING_LEN;
   char *all = calloc((size_t)c->nranks, per_rank);
   if (!all) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   char *mine = all + (size_t)c->rank * per_rank;
-  for (size_t i = 0; i < FC_NSETTINGS; i++) {
-    const char *v = getenv(shared_settings[i]);
+  for (size_t i = 0; i < n; i++) {
+    const char *v = getenv(names[i]);
     snprintf(mine + i * FC_SETTING_LEN, FC_SETTING_LEN, "%s", v ? v : "");
   }
   flexcoll_result_t res = fc_bootstrap_allgather(c->bootstrap, all, per_rank);
   for (int r = 1; r < c->nranks && res == FLEXCOLL_SUCCESS; r++)
-    for (size_t i = 0; i < FC_NSETTINGS && res == FLEXCOLL_SUCCESS; i++) {
+    for (size_t i = 0; i < n && res == FLEXCOLL_SUCCESS; i++) {
       const char *a = all + i * FC_SETTING_LEN, *b = all + (size_t)r * per_rank + i * FC_SETTING_LEN;
       if (strcmp(a, b))
         res = fc_error(c, FLEXCOLL_INVALID_USAGE, "%s differs between ranks: rank 0 has \"%s\", rank %d has \"%s\"",
-                       shared_settings[i], a, r, b);
+                       names[i], a, r, b);
     }
   free(all);
   return res;
@@ -195,6 +194,7 @@ static flexcoll_result_t check_settings_agree(flexcoll_comm_t c) {
 
 flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   fc_log_set_rank(c->rank);
+  fc_log_version(PACKAGE_VERSION);
   flexcoll_result_t res;
   res = fc_bootstrap_init(&c->bootstrap, &c->init_id, c->rank, c->nranks, c->timeout_ms, &c->abort_flag);
   /* Done with the rendezvous either way: after a success the root has answered everyone and this

@@ -18,6 +18,7 @@ static FILE *log_file;
 static char log_host[64];
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Thread_local int log_rank = -1;
+static int log_version; /* FLEXCOLL_DEBUG=VERSION, INFO or TRACE: the version line at the first init */
 
 static const struct { const char *name; int bit; } subsys_names[] = {
     {"INIT", FC_SUB_INIT}, {"BOOT", FC_SUB_BOOT}, {"COLL", FC_SUB_COLL}, {"NET", FC_SUB_NET},
@@ -58,7 +59,8 @@ static void log_init(void) {
     if (strcasecmp(lvl, "WARN") == 0) log_level_value = FC_LOG_WARN;
     else if (strcasecmp(lvl, "INFO") == 0) log_level_value = FC_LOG_INFO;
     else if (strcasecmp(lvl, "TRACE") == 0) log_level_value = FC_LOG_TRACE;
-    else if (strcasecmp(lvl, "NONE") == 0 || strcasecmp(lvl, "VERSION") == 0) log_level_value = FC_LOG_NONE;
+    else if (strcasecmp(lvl, "VERSION") == 0) log_version = 1;
+    else if (strcasecmp(lvl, "NONE") == 0) log_level_value = FC_LOG_NONE;
     else { log_level_value = FC_LOG_WARN; fprintf(stderr, "flexcoll: FLEXCOLL_DEBUG=%s unknown, using WARN\n", lvl); }
   }
   const char *sub = getenv("FLEXCOLL_DEBUG_SUBSYS");
@@ -66,6 +68,7 @@ static void log_init(void) {
   const char *file = getenv("FLEXCOLL_DEBUG_FILE");
   if (file && *file) log_file = open_log_file(file);
   if (!log_file) log_file = stderr;
+  if (log_level_value >= FC_LOG_INFO) log_version = 1;
 }
 
 fc_log_level_t fc_log_level(void) {
@@ -100,4 +103,22 @@ void fc_log(fc_log_level_t level, int subsys, const char *file, int line, const 
   pthread_mutex_lock(&log_lock);
   fprintf(log_file, "%s\n", msg);
   pthread_mutex_unlock(&log_lock);
+}
+
+static pthread_once_t version_once = PTHREAD_ONCE_INIT;
+static const char *version_text;
+
+static void print_version(void) {
+  pthread_mutex_lock(&log_lock);
+  fprintf(log_file, "%s:%d:%ld [%d] flexcoll INFO flexcoll version %s\n", log_host, (int)getpid(),
+          (long)syscall(SYS_gettid), log_rank, version_text);
+  pthread_mutex_unlock(&log_lock);
+}
+
+/* As NCCL_DEBUG=VERSION does: one line per process, whichever communicator comes first. */
+void fc_log_version(const char *version) {
+  fc_log_level();
+  if (!log_version) return;
+  version_text = version;
+  pthread_once(&version_once, print_version);
 }

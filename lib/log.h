@@ -1,4 +1,4 @@
-/* log.h — flexcoll's logging: FLEXCOLL_DEBUG=WARN|INFO|TRACE, FLEXCOLL_DEBUG_SUBSYS=INIT,COLL,...,
+/* log.h — flexcoll's logging: FLEXCOLL_DEBUG=VERSION|WARN|INFO|TRACE, FLEXCOLL_DEBUG_SUBSYS=INIT,COLL,...,
  * FLEXCOLL_DEBUG_FILE=path (%h host, %p pid).  Every line starts with host:pid:tid [rank]. */
 #ifndef FC_LOG_H
 #define FC_LOG_H
@@ -24,6 +24,8 @@ enum {
 fc_log_level_t fc_log_level(void);
 void fc_log(fc_log_level_t level, int subsys, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* "flexcoll version X.Y.Z" once per process when FLEXCOLL_DEBUG is VERSION, INFO or TRACE. */
+void fc_log_version(const char *version);
 /* The rank printed on this thread's log lines (-1: none). */
 void fc_log_set_rank(int rank);
 

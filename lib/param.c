@@ -1,17 +1,150 @@
-/* param.c — FLEXCOLL_* environment parameters, read once and logged. */
+/* param.c — FLEXCOLL_* environment parameters: the registry of them all, read once and logged. */
 #define _GNU_SOURCE
 #include "param.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <strings.h>
+
 #include "log.h"
+
+#define BIG ((int64_t)1 << 40)
+#define INT_MAX_ 2147483647
+
+/* Integer defaults are written as the FC_PARAM_INT users write them (fc_param_int_load warns when
+ * the two disagree); a default that depends on the run is text ("8M|1M"), with the code's
+ * sentinel in the macro.  shared: the variables whose difference between ranks would make them
+ * build different schedules (rank 0 refuses the communicator, comm.c). */
+static const fc_param_def_t table[] = {
+    /* name, kind, default, description, shared, min, max, choices */
+    {"FLEXCOLL_DEBUG", FC_PK_WORDI, "NONE", "log level; VERSION prints the version once", 0, 0, 0,
+     "NONE|VERSION|WARN|INFO|TRACE"},
+    {"FLEXCOLL_DEBUG_SUBSYS", FC_PK_TEXT, "ALL", "subsystems logged: INIT,BOOT,COLL,NET,ENV,TUNE,GPU,SCHED; ^ excludes", 0, 0, 0, NULL},
+    {"FLEXCOLL_DEBUG_FILE", FC_PK_TEXT, "(stderr)", "log file; %h host, %p pid", 0, 0, 0, NULL},
+    {"FLEXCOLL_ALGO", FC_PK_WORD, "(by size)", "algorithm for every collective", 1, 0, 0, "ring|tree"},
+    {"FLEXCOLL_NVLINK_ENGINE", FC_PK_WORD, "auto", "NVLink engine: SM kernels or copy engines", 0, 0, 0, "sm|ce|auto"},
+    {"FLEXCOLL_ONESHOT_MAX_BYTES", FC_PK_INT, "8M|1M", "device messages up to this size (2 ranks|more) use the one-shot kernels",
+     1, -1, BIG, NULL},
+    {"FLEXCOLL_ONESHOT_BLOCKS", FC_PK_INT, "64", "most thread blocks of a plain one-shot kernel", 1, 1, 128, NULL},
+    {"FLEXCOLL_PIPELINE", FC_PK_INT, "1", "2 ranks, above the one-shot limit, outside windows: pipelined kernels (0: staged)",
+     1, 0, 1, NULL},
+    {"FLEXCOLL_PIPELINE_BLOCKS", FC_PK_INT, "128", "thread blocks of a pipelined kernel", 1, 1, 128, NULL},
+    {"FLEXCOLL_PIPELINE_THREADS", FC_PK_INT, "512", "threads per block of a pipelined kernel", 0, 0, 0, "512|1024"},
+    {"FLEXCOLL_PIPELINE_SUBSLOTS", FC_PK_INT, "2", "staging sub-slots per block of a pipelined kernel", 1, 0, 0, "2|4"},
+    {"FLEXCOLL_PIPELINE_PUSH_THREADS", FC_PK_INT, "0", "threads per block that push, the rest reduce (0: a quarter)", 0, 0,
+     992, NULL},
+    {"FLEXCOLL_LL_MAX_BYTES", FC_PK_INT, "65536", "one-shot messages up to this size per rank use the LL protocol", 1, 0, BIG,
+     NULL},
+    {"FLEXCOLL_DIRECT", FC_PK_INT, "1", "direct mode: 0 never, 1 symmetric windows, 2 also other buffers", 1, 0, 2, NULL},
+    {"FLEXCOLL_DIRECT_MIN_BYTES", FC_PK_INT, "1048576", "direct allreduce/allgather/broadcast from this size", 1, 0, BIG, NULL},
+    {"FLEXCOLL_DIRECT_RS_MIN_BYTES", FC_PK_INT, "33554432", "direct reduce_scatter from this size", 1, 0, BIG, NULL},
+    {"FLEXCOLL_DIRECT_PIECES", FC_PK_INT, "2", "pieces per rank's chunk in direct allreduce/reduce_scatter", 0, 1, 64, NULL},
+    {"FLEXCOLL_DIRECT_PIECE_BYTES", FC_PK_INT, "67108864", "largest piece of a direct collective", 0, 1, BIG, NULL},
+    {"FLEXCOLL_GPU_SLICE_SIZE", FC_PK_INT, "4194304", "bytes per device pipeline slice", 1, 1, BIG, NULL},
+    {"FLEXCOLL_GPU_SLOTS", FC_PK_INT, "8", "staging slots per peer", 1, 1, 1024, NULL},
+    {"FLEXCOLL_CHUNK_SIZE", FC_PK_INT, "1048576", "bytes per pipeline chunk (tree/chain)", 1, 1, BIG, NULL},
+    {"FLEXCOLL_SLICE_SIZE", FC_PK_INT, "1048576", "bytes per host transfer slice", 1, 1, BIG, NULL},
+    {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks", 1, 0,
+     0, NULL},
+    {"FLEXCOLL_LINK_SHARES", FC_PK_SHARES, "(balanced)", "fixed fractions per link instead of the balancer, e.g. shm:0.7,tcp:0.3",
+     1, 0, 0, NULL},
+    {"FLEXCOLL_CACHE_DIR", FC_PK_TEXT, "(XDG cache)", "where calibrated link models are kept", 0, 0, 0, NULL},
+    {"FLEXCOLL_UCX_PEER_FAILURE", FC_PK_INT, "1", "UCX reports dead peers (1) or may use faster shared memory (0)", 0, 0, 1,
+     NULL},
+    {"FLEXCOLL_TIMEOUT_MS", FC_PK_INT, "300000", "longest wait on a peer in ms (0 or less: no limit)", 0, -INT_MAX_, INT_MAX_, NULL},
+    {"FLEXCOLL_BOOTSTRAP_TIMEOUT", FC_PK_INT, "120", "seconds a root waits for its ranks (0 or less: no limit)", 0, -INT_MAX_, INT_MAX_, NULL},
+    {"FLEXCOLL_SOCKET_IFNAME", FC_PK_TEXT, "(first up)", "bootstrap interface: names or prefixes, ^ excludes, = exact", 0, 0,
+     0, NULL},
+    {"FLEXCOLL_RANK", FC_PK_INT, "(launcher)", "this process's rank (flexcoll_comm_init_from_env)", 0, 0, INT_MAX_, NULL},
+    {"FLEXCOLL_NRANKS", FC_PK_INT, "(launcher)", "the rank count (flexcoll_comm_init_from_env)", 0, 1, INT_MAX_, NULL},
+    {"FLEXCOLL_ROOT", FC_PK_HOSTPORT, "(MASTER_ADDR)", "the bootstrap root's host:port", 0, 0, 0, NULL},
+    {"FLEXCOLL_BOOTSTRAP_SECRET", FC_PK_SECRET, "(job id)", "mixed into launcher jobs' magic", 0, 0, 0, NULL},
+};
+#define NTABLE (sizeof table / sizeof table[0])
+
+const fc_param_def_t *fc_param_table(size_t *n) {
+  *n = NTABLE;
+  return table;
+}
+
+const fc_param_def_t *fc_param_find(const char *name) {
+  for (size_t i = 0; i < NTABLE; i++)
+    if (!strcmp(table[i].name, name)) return &table[i];
+  return NULL;
+}
+
+/* word is one of "a|b|c". */
+static int in_choices(const char *choices, const char *word, int ignore_case, int numeric) {
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", choices);
+  int64_t v = 0, c = 0;
+  if (numeric && fc_parse_int(word, &v)) return 0;
+  for (char *save = NULL, *tok = strtok_r(buf, "|", &save); tok; tok = strtok_r(NULL, "|", &save)) {
+    if (numeric ? (!fc_parse_int(tok, &c) && c == v) : ignore_case ? !strcasecmp(tok, word) : !strcmp(tok, word)) return 1;
+  }
+  return 0;
+}
+
+/* A comma list whose items are each a link name, followed by ":fraction" in [0, 1] when shares. */
+static int link_list_ok(const char *value, int shares, char *why, size_t len) {
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", value);
+  for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+    char *colon = strchr(tok, ':'), *end = NULL;
+    if (shares) {
+      double f = colon ? strtod(colon + 1, &end) : -1;
+      if (!colon || end == colon + 1 || *end || !(f >= 0 && f <= 1))
+        return snprintf(why, len, "\"%s\" is not link:fraction in [0, 1]", tok), -1;
+      *colon = 0;
+    }
+    if (!in_choices("nvlink|pcie|rdma|shm|tcp", tok, 0, 0))
+      return snprintf(why, len, "\"%s\" is not a link (nvlink, pcie, rdma, shm, tcp)", tok), -1;
+  }
+  return 0;
+}
+
+int fc_param_validate(const fc_param_def_t *p, const char *value, char *why, size_t len) {
+  int64_t v = 0;
+  const char *colon;
+  switch (p->kind) {
+    case FC_PK_INT:
+      if (fc_parse_int(value, &v)) return snprintf(why, len, "not an integer"), -1;
+      if (p->choices && !in_choices(p->choices, value, 0, 1)) return snprintf(why, len, "not %s", p->choices), -1;
+      if (!p->choices && (v < p->min || v > p->max))
+        return snprintf(why, len, "not in %lld..%lld", (long long)p->min, (long long)p->max), -1;
+      return 0;
+    case FC_PK_WORD:
+    case FC_PK_WORDI:
+      if (!in_choices(p->choices, value, p->kind == FC_PK_WORDI, 0)) return snprintf(why, len, "not %s", p->choices), -1;
+      return 0;
+    case FC_PK_LINKS: return link_list_ok(value, 0, why, len);
+    case FC_PK_SHARES: return link_list_ok(value, 1, why, len);
+    case FC_PK_HOSTPORT:
+      colon = strrchr(value, ':');
+      if (!colon || colon == value || fc_parse_int(colon + 1, &v) || v < 1 || v > 65535)
+        return snprintf(why, len, "not host:port"), -1;
+      return 0;
+    default: return 0;
+  }
+}
+
+/* A FC_PARAM_INT whose name or default the table does not have: the table is out of date. */
+static void check_registered(const char *env, int64_t dflt) {
+  const fc_param_def_t *p = fc_param_find(env);
+  int64_t t;
+  if (!p) FC_WARN("%s is not in the parameter registry (lib/param.c)", env);
+  else if (!fc_parse_int(p->dflt, &t) && t != dflt)
+    FC_WARN("%s: the registry's default %s is not the code's %lld (lib/param.c)", env, p->dflt, (long long)dflt);
+}
 
 int64_t fc_param_int_load(const char *env, int64_t dflt, int64_t *cache, int *state) {
   if (__atomic_load_n(state, __ATOMIC_ACQUIRE) == 2) return *cache;
   int64_t value = dflt;
+  check_registered(env, dflt);
   const char *s = getenv(env);
   if (s && *s) {
     int64_t v = 0;
@@ -29,6 +162,8 @@ int64_t fc_param_int_load(const char *env, int64_t dflt, int64_t *cache, int *st
 }
 
 const char *fc_param_str(const char *env, const char *dflt) {
+  if (fc_log_level() >= FC_LOG_WARN && !fc_param_find(env))
+    FC_WARN("%s is not in the parameter registry (lib/param.c)", env);
   const char *s = getenv(env);
   if (s && *s) {
     FC_INFO(FC_SUB_ENV, "%s set to %s", env, s);

@@ -25,6 +25,36 @@ static inline int fc_parse_int(const char *s, int64_t *out) {
   return 0;
 }
 
+/* The registry: every FLEXCOLL_* variable the library reads, with its default and meaning, in one
+ * table (param.c) that the rank-0 consistency check (comm.c), flexcoll-info and the tests use, so
+ * that a new variable is documented and checked where it is added. */
+typedef enum {
+  FC_PK_INT,    /* an integer (K/M/G allowed) in [min, max], or one of choices ("512|1024") */
+  FC_PK_WORD,   /* one of choices, case as written ("ring|tree") */
+  FC_PK_WORDI,  /* one of choices, any case (FLEXCOLL_DEBUG) */
+  FC_PK_LINKS,  /* a comma list of link names */
+  FC_PK_SHARES, /* a comma list of link:fraction */
+  FC_PK_HOSTPORT,
+  FC_PK_TEXT,   /* any text: a path, an interface list */
+  FC_PK_SECRET  /* any text, never printed */
+} fc_param_kind_t;
+
+typedef struct {
+  const char *name;   /* FLEXCOLL_... */
+  fc_param_kind_t kind;
+  const char *dflt;   /* the default as users read it */
+  const char *help;
+  int shared;         /* must be the same on every rank (checked at init) */
+  int64_t min, max;   /* FC_PK_INT without choices */
+  const char *choices;
+} fc_param_def_t;
+
+/* The table, and its length in *n. */
+const fc_param_def_t *fc_param_table(size_t *n);
+const fc_param_def_t *fc_param_find(const char *name);
+/* 0 when value is valid for p; else -1 with the reason in why. */
+int fc_param_validate(const fc_param_def_t *p, const char *value, char *why, size_t len);
+
 /* Parse once into *cache (guarded by *state); returns the value. */
 int64_t fc_param_int_load(const char *env, int64_t dflt, int64_t *cache, int *state);
 /* String parameter: the value, or dflt when unset/empty; the pointer stays valid. */

@@ -54,13 +54,14 @@ refuse "-n needs a value" -m host -n
 refuse "unexpected argument 'stray'" -m host stray
 refuse "unexpected argument 'allreduce'" -m host allreduce
 refuse "-r (--root) 2: the root must be below the rank count, 2" -m host -t 2 -r 2
+refuse "--plot $tmp/no/such/dir/p.png" -m host -t 2 -e 64 --plot "$tmp/no/such/dir/p.png"
 refuse "-J (--json) $tmp/no/such/dir/r.json" -m host -t 2 -e 64 -J "$tmp/no/such/dir/r.json"
 
 # --help: a line for every option, short and long.
 "$perf" --help >"$tmp/help" 2>&1 || { fail=$((fail + 1)); echo "FAIL: --help exited non-zero"; }
 for opt in "-b, --minbytes" "-e, --maxbytes" "-f, --stepfactor" "-i, --stepbytes" "-n, --iters" "-w, --warmup_iters" \
            "-c, --check" "-d, --datatype" "-o, --op" "-r, --root" "-t, --nthreads" "-g, --ngpus" "-m, --memory" \
-           "-a, --algo" "-R, --local_register" "-G, --cudagraph" "-J, --json" "--coll" "--nranks" "--baseline" "--links" "-h, --help"; do
+           "-a, --algo" "-R, --local_register" "-G, --cudagraph" "-J, --json" "--coll" "--nranks" "--baseline" "--links" "--plot" "-h, --help"; do
   if grep -qF -e "$opt" "$tmp/help"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --help lacks $opt"; fi
 done
 
@@ -72,6 +73,21 @@ if "$perf" -m host -t 3 -b 1K -e 9K -i 4K -n 3 -w 1 -c 1 --coll allgather -J "$t
 else
   fail=$((fail + 1)); echo "FAIL: the good host-memory run:"; sed 's/^/    /' "$tmp/out"
 fi
+# ...with nccl-tests' header and footer: version, settings, ranks and devices, the column groups'
+# labels, redop none where nothing reduces, the average bus bandwidth; the JSON has the same.
+for line in '^# flexcoll-perf version [0-9]' \
+            '^# nThread 3 nGpus 0 minBytes 1024 maxBytes 9216 step: 4096(bytes) warmup iters: 1 iters: 3 .*validation: 1' \
+            '^#  Rank  0 Group  0 Pid *[0-9]* on .* host$' '^#  Rank  2 Group  0 Pid' \
+            '^# .*out-of-place .*in-place' '^ *[0-9]* *[0-9]* *float32 *none *-1 ' '^# Avg bus bandwidth    : [0-9.e+-]* *$'; do
+  grep -q -e "$line" "$tmp/out" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: the output lacks $line"; }
+done
+if grep -q '"settings": {"minbytes": 1024, "maxbytes": 9216, .*"iters": 3' "$tmp/r.json" &&
+   grep -q '{"rank": 2, "pid": [0-9]*, "host": ".*", "device": -1' "$tmp/r.json" &&
+   grep -q '"avg_busbw": ' "$tmp/r.json"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: the JSON lacks the settings or devices:"; sed 's/^/    /' "$tmp/r.json"
+fi
 
 # Two host links: the JSON carries each link's share of the bytes (shm needs peer-failure handling off).
 if FLEXCOLL_UCX_PEER_FAILURE=0 FLEXCOLL_CACHE_DIR="$tmp/cache" "$perf" -m host -t 2 -b 4M -e 4M -n 3 -w 1 \
@@ -80,6 +96,19 @@ if FLEXCOLL_UCX_PEER_FAILURE=0 FLEXCOLL_CACHE_DIR="$tmp/cache" "$perf" -m host -
   pass=$((pass + 1))
 else
   fail=$((fail + 1)); echo "FAIL: the run over --links shm,tcp:"; sed 's/^/    /' "$tmp/out" "$tmp/l.json"
+fi
+
+# A rank started alone under a launcher says that it waits for the others (after ~2 s), and the
+# error at the end names how many joined; all without FLEXCOLL_DEBUG.
+port=$((20000 + $$ % 20000))
+env -u FLEXCOLL_DEBUG FLEXCOLL_BOOTSTRAP_TIMEOUT=3 FLEXCOLL_RANK=0 FLEXCOLL_NRANKS=2 FLEXCOLL_ROOT=127.0.0.1:$port \
+  "$perf" -m host -e 64 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 0 ] && grep -q 'waiting for the other ranks: 1 of 2 joined' "$tmp/err" &&
+   grep -q 'init failed: .*with 1 of 2 ranks joined' "$tmp/err"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: rank 0 alone (exit $rc):"; sed 's/^/    /' "$tmp/err"
 fi
 
 echo "test_perf_args: $pass passed, $fail failed"

@@ -2,18 +2,97 @@
  * settings it would use, from the environment and the built-in defaults. */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 #include "flexcoll.h"
+#include "bootstrap/net.h"
+#include "param.h"
 #include "sched/sched.h"
 #include "topo.h"
+#if HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
-static void setting(const char *var, const char *dflt, const char *what) {
-  const char *v = getenv(var);
-  printf("  %-28s %-12s %s%s\n", var, v && *v ? v : dflt, what, v && *v ? " (from the environment)" : "");
+/* Every parameter of the registry (lib/param.c): its value, where it comes from, and whether
+ * the library will accept it — a bad value is otherwise found only at the first communicator,
+ * or silently replaced by the default with a warning nobody sees without FLEXCOLL_DEBUG. */
+static int settings(void) {
+  size_t n = 0;
+  const fc_param_def_t *t = fc_param_table(&n);
+  int invalid = 0;
+  printf("Settings (* the same on every rank):\n");
+  for (size_t i = 0; i < n; i++) {
+    const char *v = getenv(t[i].name);
+    char why[160] = "";
+    int bad = v && *v && fc_param_validate(&t[i], v, why, sizeof why);
+    const char *shown = !(v && *v) ? t[i].dflt : t[i].kind == FC_PK_SECRET ? "(set)" : v;
+    printf("  %-31s%s %-12s %s", t[i].name, t[i].shared ? "*" : " ", shown, t[i].help);
+    if (bad) printf(" (from the environment: INVALID, %s; the default is %s)", why, t[i].dflt);
+    else if (v && *v) printf(" (from the environment)");
+    printf("\n");
+    invalid += bad;
+  }
+  /* Set, but not a name flexcoll knows: most often a typo of one it does. */
+  extern char **environ;
+  for (char **e = environ; *e; e++) {
+    char name[128];
+    const char *eq = strchr(*e, '=');
+    if (strncmp(*e, "FLEXCOLL_", 9) || !eq || (size_t)(eq - *e) >= sizeof name) continue;
+    snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);
+    if (!fc_param_find(name) && strcmp(name, "FLEXCOLL_LOCAL_RANK")) {
+      printf("  %-32s %-12s UNKNOWN: flexcoll reads no such variable\n", name, eq + 1);
+      invalid++;
+    }
+  }
+  return invalid;
+}
+
+/* Why there is no GPU: the CUDA runtime's own reason, or the build. */
+static void gpu_reason(int ngpus) {
+  if (ngpus > 0) return;
+#if HAVE_CUDA
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess)
+    printf("  no GPU: CUDA says \"%s\" (%s)%s\n", cudaGetErrorString(e), cudaGetErrorName(e),
+           access("/proc/driver/nvidia/version", F_OK) ? "; no NVIDIA driver is loaded" : "");
+  else printf("  no GPU: the CUDA runtime sees none%s\n", getenv("CUDA_VISIBLE_DEVICES") ? " (CUDA_VISIBLE_DEVICES is set)" : "");
+#else
+  printf("  no GPU: this flexcoll was built without CUDA (configure --without-cuda, or no CUDA toolkit found)\n");
+#endif
+}
+
+/* The interface the bootstrap would listen on, as it picks it (lib/bootstrap/net.c). */
+static void bootstrap_interface(void) {
+  struct sockaddr_storage a;
+  socklen_t len = 0;
+  char buf[96], name[IF_NAMESIZE + 1] = "?";
+  if (fc_bs_pick_interface(&a, &len) != FLEXCOLL_SUCCESS) {
+    printf("Bootstrap interface: none: %s\n", flexcoll_get_last_error(NULL));
+    return;
+  }
+  struct ifaddrs *list = NULL;
+  if (getifaddrs(&list) == 0)
+    for (struct ifaddrs *i = list; i; i = i->ifa_next) {
+      if (!i->ifa_addr || i->ifa_addr->sa_family != a.ss_family) continue;
+      const void *x = a.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)&a)->sin_addr
+                                             : (const void *)&((struct sockaddr_in6 *)&a)->sin6_addr;
+      const void *y = a.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
+                                             : (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+      if (!memcmp(x, y, a.ss_family == AF_INET ? 4 : 16)) { snprintf(name, sizeof name, "%s", i->ifa_name); break; }
+    }
+  if (list) freeifaddrs(list);
+  fc_bs_addr_str(&a, len, buf, sizeof buf);
+  char *colon = strrchr(buf, ':');
+  if (colon) *colon = 0; /* the port is chosen when a root listens */
+  printf("Bootstrap interface: %s, address %s%s\n", name, buf,
+         getenv("FLEXCOLL_SOCKET_IFNAME") ? " (FLEXCOLL_SOCKET_IFNAME)" : "");
 }
 
 /* The link models communicators calibrated on this machine (the cache lib/sched/cost.c keeps):
@@ -46,8 +125,14 @@ static void cached_links(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-    printf("usage: %s\nPrints devices, links and flexcoll's settings. See flexcoll-info(1).\n", argv[0]);
+    printf("usage: flexcoll-info [-h|--help]\nPrints devices, links and flexcoll's settings; exit status 1 when a "
+           "FLEXCOLL_* setting is invalid. See flexcoll-info(1).\n");
     return 0;
+  }
+  if (argc > 1) {
+    fprintf(stderr, "flexcoll-info: unknown %s '%s' (flexcoll-info takes no options but -h, --help)\n",
+            argv[1][0] == '-' ? "option" : "argument", argv[1]);
+    return 2;
   }
   int version = 0;
   flexcoll_get_version(&version);
@@ -56,36 +141,10 @@ int main(int argc, char **argv) {
   fc_topo_t t;
   fc_topo_discover(&t);
   fc_topo_print(&t, stdout);
-  printf("Settings:\n");
-  setting("FLEXCOLL_ALGO", "auto", "algorithm (ring|tree), else by size");
-  setting("FLEXCOLL_NVLINK_ENGINE", "auto", "NVLink engine (sm|ce|auto)");
-  setting("FLEXCOLL_ONESHOT_MAX_BYTES", "8M|1M", "device messages up to this size (2 ranks|more) use the one-shot kernels");
-  setting("FLEXCOLL_ONESHOT_BLOCKS", "64", "most thread blocks of a plain one-shot kernel (1-128)");
-  setting("FLEXCOLL_PIPELINE", "1", "2 ranks, above the one-shot limit, outside windows: pipelined kernels (0: staged)");
-  setting("FLEXCOLL_PIPELINE_BLOCKS", "128", "thread blocks of a pipelined kernel (1-128)");
-  setting("FLEXCOLL_PIPELINE_THREADS", "512", "threads per block of a pipelined kernel (512|1024)");
-  setting("FLEXCOLL_PIPELINE_SUBSLOTS", "2", "staging sub-slots per block of a pipelined kernel (2|4)");
-  setting("FLEXCOLL_PIPELINE_PUSH_THREADS", "0", "threads per block that push, the rest reduce (0: a quarter)");
-  setting("FLEXCOLL_LL_MAX_BYTES", "65536", "one-shot messages up to this size per rank use the LL protocol");
-  setting("FLEXCOLL_DIRECT", "1", "direct mode: 0 never, 1 symmetric windows, 2 also other buffers (host exchange)");
-  setting("FLEXCOLL_DIRECT_MIN_BYTES", "1048576", "direct allreduce/allgather/broadcast from this size");
-  setting("FLEXCOLL_DIRECT_RS_MIN_BYTES", "33554432", "direct reduce_scatter from this size");
-  setting("FLEXCOLL_DIRECT_PIECES", "2", "pieces per rank's chunk in direct allreduce/reduce_scatter");
-  setting("FLEXCOLL_GPU_SLICE_SIZE", "4194304", "bytes per device pipeline slice");
-  setting("FLEXCOLL_GPU_SLOTS", "8", "staging slots per peer");
-  setting("FLEXCOLL_CHUNK_SIZE", "1048576", "bytes per pipeline chunk (tree/chain)");
-  setting("FLEXCOLL_SLICE_SIZE", "1048576", "bytes per host transfer slice");
-  setting("FLEXCOLL_LINKS", "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks");
-  setting("FLEXCOLL_LINK_SHARES", "(balanced)", "fixed fractions per link instead of the balancer, e.g. shm:0.7,tcp:0.3");
-  setting("FLEXCOLL_CACHE_DIR", "(XDG cache)", "where calibrated link models are kept");
-  setting("FLEXCOLL_UCX_PEER_FAILURE", "1", "UCX reports dead peers (1) or may use faster shared memory (0)");
-  setting("FLEXCOLL_TIMEOUT_MS", "300000", "longest wait on a peer");
-  setting("FLEXCOLL_BOOTSTRAP_TIMEOUT", "120", "seconds a root waits for its ranks");
-  setting("FLEXCOLL_SOCKET_IFNAME", "(first up)", "bootstrap interface");
-  /* Its value is never printed. */
-  const char *secret = getenv("FLEXCOLL_BOOTSTRAP_SECRET");
-  printf("  %-28s %-12s %s\n", "FLEXCOLL_BOOTSTRAP_SECRET", secret && *secret ? "(set)" : "(job id)",
-         "mixed into launcher jobs' magic");
+  gpu_reason(t.ngpus);
+  bootstrap_interface();
+  int invalid = settings();
   cached_links();
-  return 0;
+  if (invalid) fprintf(stderr, "flexcoll-info: %d FLEXCOLL_* setting(s) invalid or unknown (see above)\n", invalid);
+  return invalid ? 1 : 0;
 }

@@ -4,6 +4,7 @@
 #define FC_PERF_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include "flexcoll.h"
 
 typedef struct {
@@ -18,8 +19,46 @@ typedef struct {
   int nranks;             /* ranks in this process (thread mode), from --nranks or -t and -g */
   int nthreads, ngpus;    /* -t and -g as given; 0: not given */
   int windows;            /* register device buffers as symmetric windows (-R) */
-  const char *memory, *json, *baseline;
+  const char *memory, *json, *baseline, *plot;
 } perf_opts_t;
+
+/* One size's measurements, as rank 0 reports them (stdout, JSON, the plot). */
+#define PERF_MAX_LINKS 8
+typedef struct {
+  size_t bytes, count;
+  double time[2], algbw[2], busbw[2], wrong[2]; /* out-of-place, in-place; time 0: not run */
+  double nccl_time, nccl_busbw, nccl_wrong;     /* the baseline, out of place */
+  int nlinks, links_used;                       /* links that carried bytes: more than 1 to show */
+  char link[PERF_MAX_LINKS][16];
+  double share[PERF_MAX_LINKS];
+} perf_result_t;
+
+/* Where a rank runs, gathered on rank 0 for the device list (fixed layout: sent as bytes). */
+typedef struct {
+  int rank, pid, device, pci_bus;
+  char host[64], name[64];
+} perf_device_t;
+
+/* What the report needs besides the options. */
+typedef struct {
+  int nranks, threads; /* ranks in all, ranks as threads of this process */
+  int nccl;            /* the NCCL baseline ran */
+  const perf_device_t *devices;
+} perf_run_info_t;
+
+/* The report (perf_report.c): nccl-tests' header, rows and footer on stdout, and the JSON file. */
+void perf_print_header(const perf_opts_t *o, const perf_run_info_t *ri);
+void perf_print_row(const perf_opts_t *o, const perf_run_info_t *ri, const perf_result_t *r);
+/* The average over sizes of the out-of-place busbw, as nccl-tests' "# Avg bus bandwidth". */
+double perf_avg_busbw(const perf_result_t *res, int n);
+void perf_print_footer(double wrong, double avg_busbw);
+void perf_write_json(FILE *f, const perf_opts_t *o, const perf_run_info_t *ri, const perf_result_t *res, int n,
+                     double wrong);
+/* --plot FILE.png (perf_plot.c): 0, or -1 with the reason in err (e.g. built without zlib). */
+int perf_plot(const char *path, const perf_opts_t *o, const perf_run_info_t *ri, const perf_result_t *res, int n,
+              char *err, size_t errlen);
+/* 1 when this build can write PNG files (zlib). */
+int perf_plot_available(void);
 
 /* Read the command line into *o (which holds the defaults); --help prints the options and exits 0,
  * a bad option or value is named on stderr and exits 2 (perf_args.c). */
@@ -40,6 +79,9 @@ void perf_fill_input(void *host, size_t count, flexcoll_datatype_t dt, int rank,
  * where the output was expected to stay untouched. */
 size_t perf_count_wrong(int coll, const void *host, size_t count, flexcoll_datatype_t dt, flexcoll_op_t op, int rank,
                         int nranks, int root);
+
+/* Name and PCI bus of a device (device -1: host memory). */
+void perf_device_info(int device, perf_device_t *d);
 
 /* Device memory (no-ops that fail without CUDA). */
 int perf_gpu_count(void);

@@ -14,7 +14,7 @@
 #include "perf.h"
 
 /* Long-only options: keys above any character. */
-enum { OPT_COLL = 256, OPT_NRANKS, OPT_BASELINE, OPT_LINKS };
+enum { OPT_COLL = 256, OPT_NRANKS, OPT_BASELINE, OPT_LINKS, OPT_PLOT };
 
 typedef struct {
   int key;          /* the short flag, or an OPT_* key */
@@ -45,6 +45,7 @@ static const perf_flag_t flags[] = {
     {'G', "cudagraph", "0", "CUDA graph replays: not supported yet, 0 only"},
     {'J', "json", "FILE", "also write the results to FILE as JSON"},
     {OPT_BASELINE, "baseline", "nccl", "also run every size through NCCL (dlopen)"},
+    {OPT_PLOT, "plot", "FILE.png", "draw busbw against size (and the links' shares) into FILE.png (needs zlib)"},
     {OPT_LINKS, "links", "LIST", "the links to use (FLEXCOLL_LINKS): nvlink,pcie,rdma,shm,tcp (all that work)"},
     {'h', "help", NULL, "print this help and exit"},
 };
@@ -174,6 +175,13 @@ static int word_option(perf_opts_t *o, int key, const char *v) {
       return 1;
     case OPT_LINKS:
       links_option(v);
+      return 1;
+    case OPT_PLOT:
+      /* Refused before the run rather than after it: the user wants the picture. */
+      if (!perf_plot_available())
+        perf_usage_error("--plot %s: this flexcoll-perf was built without zlib, which --plot needs to write PNG "
+                         "(apt-get install zlib1g-dev, then configure and build again)", v);
+      o->plot = v;
       return 1;
     default: return 0;
   }

@@ -1,6 +1,7 @@
 /* perf_cuda.c — flexcoll-perf's buffers and streams: CUDA device memory when built with CUDA,
  * plain host memory for device -1 (and on builds without CUDA). */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,15 @@ int perf_gpu_count(void) {
   return n;
 }
 int perf_set_device(int dev) { return cudaSetDevice(dev) != cudaSuccess; }
+void perf_device_info(int device, perf_device_t *d) {
+  struct cudaDeviceProp p;
+  d->device = device;
+  snprintf(d->name, sizeof d->name, "host");
+  if (device >= 0 && cudaGetDeviceProperties(&p, device) == cudaSuccess) {
+    snprintf(d->name, sizeof d->name, "%s", p.name);
+    d->pci_bus = p.pciBusID;
+  }
+}
 void *perf_alloc(size_t bytes, int device) {
   if (device < 0) return malloc(bytes);
   void *p = NULL;
@@ -42,6 +52,10 @@ int perf_stream_sync(void *stream, int device) {
 }
 #else
 int perf_gpu_count(void) { return 0; }
+void perf_device_info(int device, perf_device_t *d) {
+  d->device = device;
+  snprintf(d->name, sizeof d->name, "host");
+}
 int perf_set_device(int dev) { (void)dev; return 1; }
 void *perf_alloc(size_t bytes, int device) { (void)device; return malloc(bytes); }
 void perf_free(void *p, int device) { (void)device; free(p); }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dtype.h"
 #include "perf.h"
@@ -28,6 +29,9 @@ typedef struct {
   void *stream;
   FILE *json;
   int status;
+  int threads;           /* ranks as threads of this process */
+  perf_result_t *results; /* rank 0: one per size, for the footer, the JSON and the plot */
+  int nresults;
 } perf_rank_t;
 
 static double now_s(void) {
@@ -143,19 +147,7 @@ static double bus_factor(int coll, int n) {
   return 1.0;
 }
 
-static void print_header(perf_rank_t *r) {
-  const perf_opts_t *o = r->o;
-  printf("# flexcoll-perf: %s, %d ranks, %s memory, %s %s, warmup %d, iters %d%s\n", o->coll, r->nranks, o->memory,
-         fc_dtype_name(o->dtype), fc_op_name(o->op), o->warmup, o->iters, r->nccl ? ", baseline NCCL" : "");
-  printf("#%11s %12s %8s %6s %5s  %9s %7s %7s %6s  %9s %7s %7s %6s%s\n", "size", "count", "type", "redop", "root",
-         "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
-         r->nccl ? "  nccl:time  busbw  flexcoll/nccl" : "");
-  printf("#%11s %12s %8s %6s %5s  %9s %7s %7s %6s  %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
-         "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
-}
-
 /* Bytes this rank has sent per link name since creation (summed over peers); returns the names. */
-#define PERF_MAX_LINKS 8
 typedef struct {
   int n;
   char name[PERF_MAX_LINKS][16];
@@ -180,25 +172,31 @@ static void link_bytes(perf_rank_t *r, perf_links_t *l) {
   }
 }
 
-/* Each link's fraction of the bytes sent between two snapshots: on stdout as "links: shm 0.78
- * tcp 0.22" (nothing when only one link carried anything), or into json when not NULL. */
-static void print_shares(const perf_links_t *before, const perf_links_t *after, FILE *json) {
-  unsigned long long total = 0, used = 0;
+/* Each link's fraction of the bytes sent between two snapshots. */
+static void link_shares(const perf_links_t *before, const perf_links_t *after, perf_result_t *res) {
+  unsigned long long total = 0;
+  res->nlinks = res->links_used = 0;
   for (int k = 0; k < after->n; k++) {
     unsigned long long d = after->bytes[k] - (k < before->n ? before->bytes[k] : 0);
     total += d;
-    used += d > 0;
+    res->links_used += d > 0;
   }
-  if (json) fprintf(json, ", \"links\": {");
   for (int k = 0; k < after->n && total; k++) {
-    double share = (double)(after->bytes[k] - (k < before->n ? before->bytes[k] : 0)) / (double)total;
-    if (!json && used > 1) printf("%s%s %.3f", k ? " " : "  links: ", after->name[k], share);
-    if (json) fprintf(json, "%s\"%s\": %.4f", k ? ", " : "", after->name[k], share);
+    memcpy(res->link[k], after->name[k], sizeof res->link[k]);
+    res->share[k] = (double)(after->bytes[k] - (k < before->n ? before->bytes[k] : 0)) / (double)total;
+    res->nlinks = k + 1;
   }
-  if (json) fprintf(json, "}");
 }
 
-static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *first_json) {
+/* Rank 0 keeps every size's result. */
+static void keep_result(perf_rank_t *r, const perf_result_t *res) {
+  perf_result_t *v = realloc(r->results, (size_t)(r->nresults + 1) * sizeof *v);
+  if (!v) return;
+  r->results = v;
+  v[r->nresults++] = *res;
+}
+
+static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
   const perf_opts_t *o = r->o;
   int coll = perf_coll_from_name(o->coll);
   size_t esize = fc_dtype_size(o->dtype);
@@ -233,27 +231,18 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
   double f = bus_factor(coll, r->nranks);
   *wrong_total += wr[0] + wr[1] + wn;
   if (r->rank == 0) {
-    printf("%12zu %12zu %8s %6s %5d", total, b.count, fc_dtype_name(o->dtype), fc_op_name(o->op),
-           (coll == PERF_BROADCAST || coll == PERF_REDUCE) ? o->root : -1);
+    perf_result_t res = {.bytes = total, .count = b.count, .nccl_time = tn, .nccl_wrong = wn};
     for (int ip = 0; ip < 2; ip++) {
-      double algbw = t[ip] > 0 ? (double)total / t[ip] / 1e9 : 0;
-      if (t[ip] > 0) printf("  %9.2f %7.2f %7.2f %6.0f", t[ip] * 1e6, algbw, algbw * f, wr[ip]);
-      else printf("  %9s %7s %7s %6s", "n/a", "", "", "");
+      res.time[ip] = t[ip];
+      res.wrong[ip] = wr[ip];
+      res.algbw[ip] = t[ip] > 0 ? (double)total / t[ip] / 1e9 : 0;
+      res.busbw[ip] = res.algbw[ip] * f;
     }
-    if (r->nccl) printf("  %9.2f %6.2f %8.3f", tn * 1e6, tn > 0 ? (double)total / tn / 1e9 * f : 0, tn / t[0]);
-    print_shares(&links_before, &links_after, NULL);
-    printf("\n");
-    fflush(stdout);
-    if (r->json) {
-      fprintf(r->json, "%s\n    {\"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, \"algbw\": %.3f, \"busbw\": %.3f, "
-              "\"wrong\": %.0f, \"inplace_time_us\": %.3f, \"inplace_busbw\": %.3f, \"inplace_wrong\": %.0f",
-              *first_json ? "" : ",", total, b.count, t[0] * 1e6, total / t[0] / 1e9, total / t[0] / 1e9 * f, wr[0],
-              t[1] * 1e6, t[1] > 0 ? total / t[1] / 1e9 * f : 0, wr[1]);
-      if (r->nccl) fprintf(r->json, ", \"nccl_time_us\": %.3f, \"nccl_busbw\": %.3f", tn * 1e6, total / tn / 1e9 * f);
-      print_shares(&links_before, &links_after, r->json);
-      fprintf(r->json, "}");
-      *first_json = 0;
-    }
+    res.nccl_busbw = tn > 0 ? (double)total / tn / 1e9 * f : 0;
+    link_shares(&links_before, &links_after, &res);
+    perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL};
+    perf_print_row(o, &ri, &res);
+    keep_result(r, &res);
   }
   for (int i = 0; i < 2; i++)
     if (win[i] && flexcoll_window_deregister(r->comm, win[i])) {
@@ -263,6 +252,60 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total, int *f
   perf_free(b.send, r->device);
   perf_free(b.recv, r->device);
   free(b.host);
+}
+
+/* -J and --plot: opened before the sweep, so that a path that cannot be written ends the run at
+ * once (status 2) rather than after it. */
+static void open_outputs(perf_rank_t *r) {
+  const perf_opts_t *o = r->o;
+  if (o->json && !(r->json = fopen(o->json, "w"))) {
+    fprintf(stderr, "flexcoll-perf: -J (--json) %s: %s\n", o->json, strerror(errno));
+    r->status = 2;
+  }
+  FILE *f = o->plot && !r->status ? fopen(o->plot, "wb") : NULL;
+  if (o->plot && !r->status && !f) {
+    fprintf(stderr, "flexcoll-perf: --plot %s: %s\n", o->plot, strerror(errno));
+    r->status = 2;
+  }
+  if (f) fclose(f);
+}
+
+/* Every rank's host, process and device, on rank 0 (NULL elsewhere, or when that failed). */
+static perf_device_t *gather_devices(perf_rank_t *r) {
+  perf_device_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.rank = r->rank;
+  mine.pid = (int)getpid();
+  gethostname(mine.host, sizeof mine.host - 1);
+  char *dot = strchr(mine.host, '.');
+  if (dot) *dot = 0;
+  perf_device_info(r->device, &mine);
+  perf_device_t *all = calloc((size_t)r->nranks, sizeof *all);
+  int failed = !all;
+  if (max_over_ranks(r, failed) > 0 ||
+      flexcoll_allgather(&mine, all, sizeof mine, FLEXCOLL_UINT8, r->comm, NULL) != FLEXCOLL_SUCCESS) {
+    r->status = r->status ? r->status : 1;
+    free(all);
+    return NULL;
+  }
+  if (r->rank != 0) { free(all); return NULL; }
+  return all;
+}
+
+/* The footer, the JSON file and the plot, from the results rank 0 kept. */
+static void finish_outputs(perf_rank_t *r, const perf_run_info_t *ri, double wrong) {
+  const perf_opts_t *o = r->o;
+  perf_print_footer(wrong, perf_avg_busbw(r->results, r->nresults));
+  if (r->json) {
+    perf_write_json(r->json, o, ri, r->results, r->nresults, wrong);
+    if (fclose(r->json)) { fprintf(stderr, "flexcoll-perf: -J (--json) %s: %s\n", o->json, strerror(errno)); r->status = 1; }
+    r->json = NULL;
+  }
+  char err[256];
+  if (o->plot && perf_plot(o->plot, o, ri, r->results, r->nresults, err, sizeof err)) {
+    fprintf(stderr, "flexcoll-perf: --plot %s: %s\n", o->plot, err);
+    r->status = 1;
+  }
 }
 
 static void *rank_main(void *arg) {
@@ -278,26 +321,23 @@ static void *rank_main(void *arg) {
     if (max_over_ranks(r, r->status) > 0) r->status = 1;
     else if (perf_nccl_init_rank(&r->nccl, r->nranks, id, r->rank)) r->status = 1;
   }
-  /* Rank 0 alone writes the file; the sweep below stops every rank when it cannot. */
-  if (r->rank == 0 && o->json && !(r->json = fopen(o->json, "w"))) {
-    fprintf(stderr, "flexcoll-perf: -J (--json) %s: %s\n", o->json, strerror(errno));
-    r->status = 2;
-  }
-  if (r->rank == 0 && !r->status) print_header(r);
-  if (r->json)
-    fprintf(r->json, "{\"collective\": \"%s\", \"nranks\": %d, \"memory\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", "
-            "\"results\": [", o->coll, r->nranks, o->memory, fc_dtype_name(o->dtype), fc_op_name(o->op));
+  /* Rank 0 alone writes the files; the sweep below stops every rank when it cannot. */
+  if (r->rank == 0) open_outputs(r);
+  perf_device_t *devs = gather_devices(r);
+  perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL, .devices = devs};
+  if (r->rank == 0 && !r->status && devs) perf_print_header(o, &ri);
   double wrong = 0;
-  int first = 1;
   size_t esize = fc_dtype_size(o->dtype), unit = esize * (size_t)r->nranks;
   for (size_t bytes = o->minbytes; bytes <= o->maxbytes && max_over_ranks(r, r->status) == 0;) {
     size_t rounded = bytes / unit * unit;
-    sweep_size(r, rounded ? rounded : unit, &wrong, &first);
+    sweep_size(r, rounded ? rounded : unit, &wrong);
     size_t next = o->stepbytes ? bytes + o->stepbytes : (size_t)((double)bytes * o->step);
     bytes = next > bytes ? next : bytes + 1;
   }
-  if (r->json) { fprintf(r->json, "\n  ]}\n"); fclose(r->json); }
-  if (r->rank == 0 && r->status != 2) printf("# Out of bounds values : %.0f %s\n", wrong, wrong ? "FAILED" : "OK");
+  if (r->rank == 0 && r->status != 2 && devs) finish_outputs(r, &ri, wrong);
+  if (r->json) fclose(r->json);
+  free(devs);
+  free(r->results);
   if (wrong) r->status = 1;
   if (r->nccl) perf_nccl_destroy(r->nccl);
   if (r->stream) perf_stream_destroy(r->stream, r->device);
@@ -316,7 +356,7 @@ static int local_rank(void) {
 }
 
 int perf_run_launched(const perf_opts_t *o) {
-  perf_rank_t r = {.o = o, .device = -1};
+  perf_rank_t r = {.o = o, .device = -1, .threads = 1};
   flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
   if (!o->device) cfg.cuda_device = -1;
   /* One GPU per process: the local rank's, when the launcher says which that is. */
@@ -367,7 +407,7 @@ int perf_run_threads(const perf_opts_t *o) {
     return 1;
   }
   for (int i = 0; i < n; i++) {
-    ranks[i] = (perf_rank_t){.o = o, .rank = i, .nranks = n, .comm = comms[i], .device = -1};
+    ranks[i] = (perf_rank_t){.o = o, .rank = i, .nranks = n, .comm = comms[i], .device = -1, .threads = n};
     if (o->device) flexcoll_comm_cu_device(comms[i], &ranks[i].device);
     pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
   }

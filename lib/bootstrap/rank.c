@@ -93,7 +93,7 @@ static int connect_retryable(int e) {
  * final: the peer listened before, so it has gone. */
 static fc_result_t connect_retry(const fc_bootstrap_t *b, const struct sockaddr_storage *addr, socklen_t len,
                                  const char *what, int64_t deadline, int patient, int *fd_out) {
-  int64_t backoff = 10;
+  int64_t backoff = 10, note_at = now_ms() + 2000;
   for (;;) {
     int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), err = 0;
     if (fd < 0) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap: socket: %s", strerror(errno));
@@ -125,8 +125,16 @@ static fc_result_t connect_retry(const fc_bootstrap_t *b, const struct sockaddr_
                       what, strerror(err));
     int64_t left = deadline - now_ms();
     if (left <= 0)
-      return fc_error(NULL, FLEXCOLL_TIMEOUT, "bootstrap rank %d of %d: %s: nobody accepted within %d ms (%s)",
-                      b->rank, b->nranks, what, b->timeout_ms, strerror(err));
+      return fc_error(NULL, FLEXCOLL_TIMEOUT, "bootstrap rank %d of %d: %s: nobody accepted within %d ms (%s)%s",
+                      b->rank, b->nranks, what, b->timeout_ms, strerror(err),
+                      err == ECONNREFUSED ? "; the root is served by rank 0: is it running?" : "");
+    /* Said without FLEXCOLL_DEBUG: a rank started before (or without) rank 0 otherwise waits
+     * out its whole timeout in silence. */
+    if (patient && note_at && now_ms() >= note_at) {
+      fprintf(stderr, "flexcoll: bootstrap rank %d of %d: waiting for %s to listen (rank 0 serves it; giving up in %lld s)\n",
+              b->rank, b->nranks, what, (long long)((left + 999) / 1000));
+      note_at = 0;
+    }
     if (nap(b, backoff < left ? backoff : left) != 0) return abort_error(b, what);
     backoff = backoff < 100 ? backoff * 2 : 100;
   }

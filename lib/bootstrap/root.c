@@ -43,6 +43,8 @@ struct fc_bootstrap_root {
   pend_t pend[ROOT_MAX_PENDING];
   pend_table_t pt;
   int64_t end; /* FLEXCOLL_BOOTSTRAP_TIMEOUT after the start */
+  int64_t note_at; /* launcher jobs: when to say on stderr that the root still waits (0: never) */
+  int64_t start;
   struct pollfd *pfds; /* listener, wake, pending connections, rank slots */
 };
 typedef fc_bootstrap_root_t root_t;
@@ -246,6 +248,22 @@ static void root_finish(root_t *r) {
   root_close(r);
 }
 
+/* A rank started alone under a launcher waits silently for minutes otherwise: say so, without
+ * FLEXCOLL_DEBUG, first after 2 s and then every 30 s, with how many ranks have joined. */
+static void root_note_waiting(root_t *r) {
+  int64_t now = now_ms();
+  if (!r->note_at || now < r->note_at || root_done(r)) return;
+  r->note_at = now + 30000;
+  char left[64] = "no limit";
+  if (r->end != INT64_MAX) snprintf(left, sizeof left, "giving up in %lld s", (long long)((r->end - now + 999) / 1000));
+  if (r->nranks)
+    fprintf(stderr, "flexcoll: bootstrap root: waiting for the other ranks: %d of %d joined after %lld s (%s; "
+            "FLEXCOLL_BOOTSTRAP_TIMEOUT)\n", r->joined, r->nranks, (long long)((now - r->start) / 1000), left);
+  else
+    fprintf(stderr, "flexcoll: bootstrap root: waiting for the ranks: none joined after %lld s (%s; "
+            "FLEXCOLL_BOOTSTRAP_TIMEOUT)\n", (long long)((now - r->start) / 1000), left);
+}
+
 static void *root_main(void *arg) {
   root_t *r = arg;
   /* This thread's first allocation creates its malloc arena (an mmap): do it under the lock. */
@@ -255,21 +273,25 @@ static void *root_main(void *arg) {
   while (!root_done(r) && now_ms() < r->end) {
     if (root_poll(r, r->end) != 0) break;
     root_service(r);
+    root_note_waiting(r);
   }
   root_finish(r);
   if (r->detached) root_free(r);
   return NULL;
 }
 
-/* Takes lfd: it is closed on failure.  handle NULL: a detached thread that frees itself. */
-static fc_result_t root_spawn(int lfd, uint64_t magic, root_t **handle) {
+/* Takes lfd: it is closed on failure.  handle NULL: a detached thread that frees itself.
+ * note: say on stderr when the ranks are slow to come (launcher jobs, where each rank is started
+ * by hand or by a launcher that may have lost some). */
+static fc_result_t root_spawn(int lfd, uint64_t magic, root_t **handle, int note) {
   /* The parameter is read here, not in the thread, so that its first read is ordered before it. */
   int64_t limit_s = fc_param_bootstrap_timeout();
   pthread_once(&root_atfork_once, root_install_atfork);
   root_t *r = calloc(1, sizeof *r);
   if (r) {
     *r = (root_t){.lfd = lfd, .wake = {-1, -1}, .detached = !handle, .magic = magic,
-                  .end = limit_s > 0 ? now_ms() + limit_s * 1000 : INT64_MAX,
+                  .end = limit_s > 0 ? now_ms() + limit_s * 1000 : INT64_MAX, .start = now_ms(),
+                  .note_at = note ? now_ms() + 2000 : 0,
                   .pfds = malloc((2 + ROOT_MAX_PENDING) * sizeof(struct pollfd))};
     r->pt = (pend_table_t){.v = r->pend, .cap = ROOT_MAX_PENDING, .want = PEND_BYTES, .hello_ms = HELLO_TIMEOUT_MS,
                            .who = "bootstrap root"};
@@ -324,7 +346,7 @@ flexcoll_result_t fc_bootstrap_create_root(flexcoll_unique_id_t *id) {
     close(fd);
     return res;
   }
-  return root_spawn(fd, magic, NULL);
+  return root_spawn(fd, magic, NULL, 0);
 }
 
 /* "host:port" or "[v6addr]:port"; a bare IPv6 address splits at its last colon. */
@@ -436,5 +458,5 @@ flexcoll_result_t fc_bootstrap_start_root(const flexcoll_unique_id_t *id, const 
   *root = NULL;
   FC_CHECK(fc_bootstrap_id_decode(id, &magic, &addr, &len));
   FC_CHECK(root_bind(&addr, len, hostport, &fd));
-  return root_spawn(fd, magic, root);
+  return root_spawn(fd, magic, root, 1);
 }

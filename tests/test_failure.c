@@ -469,9 +469,11 @@ typedef struct {
   flexcoll_result_t res;
 } group_stuck_t;
 
+static int stuck_in[2][256], stuck_out[2][256];
+
 static void *stuck_group(void *arg) {
   group_stuck_t *g = arg;
-  static int in[2][256], out[2][256];
+  int(*in)[256] = stuck_in, (*out)[256] = stuck_out;
   /* Rank 0 runs an allreduce and then a broadcast; rank 1 only the allreduce: the group waits in
    * rank 0's broadcast. */
   flexcoll_group_start();
@@ -493,9 +495,19 @@ START_TEST(test_abort_releases_group) {
   atomic_init(&g.finished, 0);
   ck_assert_msg(flexcoll_comm_init_all(g.comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s",
                 flexcoll_get_last_error(NULL));
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 256; i++) stuck_in[r][i] = r + 1, stuck_out[r][i] = -1;
   pthread_t t;
   ck_assert_int_eq(pthread_create(&t, NULL, stuck_group, &g), 0);
-  tf_sleep_ms(500);
+  /* Abort only once both allreduces are done (on a loaded machine that may take a while): an
+   * abort during them would leave rank 1's allreduce waiting for its timeout, not the group's
+   * stuck broadcast this case is about. */
+  double t_wait = tf_now_ms();
+  while ((__atomic_load_n(&stuck_out[0][255], __ATOMIC_ACQUIRE) != 3 ||
+          __atomic_load_n(&stuck_out[1][255], __ATOMIC_ACQUIRE) != 3) &&
+         tf_now_ms() - t_wait < 20000)
+    tf_sleep_ms(5);
+  tf_sleep_ms(200);
   ck_assert_msg(!atomic_load(&g.finished), "the group ended (%d) although rank 1 never joined the broadcast", g.res);
   double t0 = tf_now_ms();
   ck_assert_int_eq(flexcoll_comm_abort(g.comms[0]), FLEXCOLL_SUCCESS);

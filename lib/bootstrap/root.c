@@ -126,32 +126,31 @@ static void root_poison(root_t *r, int other) {
 /* A whole first message is in p.  Only a hello with this job's magic is answered: to anything else
  * the root says nothing at all, so that a stranger learns nothing about the job. */
 static void root_hello(root_t *r, pend_t *p) {
-  const unsigned char *b = p->buf, *h = p->buf + FRAME_BYTES;
-  struct sockaddr_storage ss;
-  socklen_t len;
-  if (get32(b) != TAG_HELLO || get64(b + 8) != HELLO_BYTES || get32(h) != PROTO_VERSION) {
+  fc_bs_hello_t h;
+  int kind = fc_bs_hello_parse(p->buf, p->got, r->magic, &h);
+  if (kind == FC_BS_HELLO_FOREIGN) {
     FC_INFO(FC_SUB_BOOT, "bootstrap root: dropped a connection that is not a flexcoll bootstrap client of this version");
     sock_close(&p->fd);
     return;
   }
-  if (get64(h + 4) != r->magic) {
+  if (kind == FC_BS_HELLO_OTHER_JOB) {
     FC_INFO(FC_SUB_BOOT, "bootstrap root: dropped a hello with another communicator's magic (answering nothing)");
     sock_close(&p->fd);
     return;
   }
-  int rank = (int)get32(h + 12), nranks = (int)get32(h + 16), status = ST_OK, other = r->nranks;
+  int status = ST_OK, other = r->nranks;
   const char *why = NULL;
   if (r->poison) {
     status = ST_NRANKS, why = "the rendezvous failed earlier";
-    if (nranks == r->nranks) other = r->poison;
-  } else if (nranks < 1 || rank < 0 || rank >= nranks || fc_bs_addr_unpack(h + 20, &ss, &len) != 0) {
+    if (kind == FC_BS_HELLO_OK && h.nranks == r->nranks) other = r->poison;
+  } else if (kind != FC_BS_HELLO_OK) {
     status = ST_BADRANK, why = "bad rank, rank count or address";
-  } else if (r->nranks == 0 && root_size(r, nranks) != 0) {
+  } else if (r->nranks == 0 && root_size(r, h.nranks) != 0) {
     status = ST_BADRANK, why = "out of memory";
-  } else if (nranks != r->nranks) {
-    root_poison(r, nranks);
+  } else if (h.nranks != r->nranks) {
+    root_poison(r, h.nranks);
     status = ST_NRANKS, why = "rank count mismatch";
-  } else if (r->fds[rank] >= 0) {
+  } else if (r->fds[h.rank] >= 0) {
     status = ST_DUP, why = "duplicate rank";
   }
   if (status != ST_OK) {
@@ -159,11 +158,11 @@ static void root_hello(root_t *r, pend_t *p) {
     root_reject(p, status, other, why);
     return;
   }
-  r->fds[rank] = p->fd;
+  r->fds[h.rank] = p->fd;
   p->fd = -1;
-  memcpy(r->addrs[rank], h + 20, ADDR_BYTES);
+  memcpy(r->addrs[h.rank], h.addr, ADDR_BYTES);
   r->joined++;
-  FC_TRACE(FC_SUB_BOOT, "bootstrap root: rank %d joined (%d of %d)", rank, r->joined, r->nranks);
+  FC_TRACE(FC_SUB_BOOT, "bootstrap root: rank %d joined (%d of %d)", h.rank, r->joined, r->nranks);
 }
 
 /* Handle what the last poll reported (pfds: see root_t).  Hellos already in are read before new

@@ -12,6 +12,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ struct fc_bootstrap_root {
   int detached; /* nobody will stop or join it: it frees itself */
   int stopped;
   pthread_t thread;
+  sem_t *started; /* root_spawn's, posted once the thread runs root_main (then NULL) */
   uint64_t magic;
   int nranks;  /* 0 until the first hello with the right magic */
   int joined;
@@ -51,7 +53,10 @@ typedef fc_bootstrap_root_t root_t;
  * forked while this thread is in such a call (malloc growing or trimming an arena) inherits the
  * lock held by nobody, and its ucp_init waits forever.  This is exactly what launchers and tests
  * do: create the id, then fork the ranks while the root serves them.  So the root thread's
- * allocations happen under a lock that fork() takes first (pthread_atfork). */
+ * allocations happen under a lock that fork() takes first (pthread_atfork).  Before those, the
+ * thread's start itself allocates in runtimes the lock cannot cover (ASan's allocator takes its own
+ * locks in its thread set-up), so root_spawn returns only once the thread runs root_main: a fork
+ * right after flexcoll_get_unique_id cannot land in the middle of it. */
 static pthread_mutex_t root_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t root_atfork_once = PTHREAD_ONCE_INIT;
 static void root_alloc_enter(void) { pthread_mutex_lock(&root_alloc_lock); }
@@ -251,6 +256,9 @@ static void *root_main(void *arg) {
   root_alloc_enter();
   free(malloc(64));
   root_alloc_leave();
+  sem_t *started = r->started;
+  r->started = NULL;
+  sem_post(started);
   while (!root_done(r) && now_ms() < r->end) {
     if (root_poll(r, r->end) != 0) break;
     root_service(r);
@@ -278,6 +286,9 @@ static fc_result_t root_spawn(int lfd, uint64_t magic, root_t **handle) {
     else close(lfd);
     return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap root: out of memory or descriptors");
   }
+  sem_t started;
+  sem_init(&started, 0, 0);
+  r->started = &started;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, handle ? PTHREAD_CREATE_JOINABLE : PTHREAD_CREATE_DETACHED);
@@ -289,9 +300,14 @@ static fc_result_t root_spawn(int lfd, uint64_t magic, root_t **handle) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
+    sem_destroy(&started);
     root_free(r);
     return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap root: cannot start its thread: %s", strerror(rc));
   }
+  /* Not before the thread has started (see root_alloc_lock).  The semaphore is this frame's: a
+   * detached thread may free r at any time from now on. */
+  while (sem_wait(&started) != 0 && errno == EINTR) {}
+  sem_destroy(&started);
   if (handle) *handle = r;
   return FLEXCOLL_SUCCESS;
 }

@@ -10,7 +10,8 @@
  * reference (tests/pcall.c, harness.h).  The library chooses the algorithm as it does for users.
  *
  * Steadiness, per process (a rank; rank 0 in the threads run), between the end of the warm-up (the
- * first 10% of the calls) and the end: resident memory (/proc/self/statm) grows less than 10%
+ * first 10% of the calls, which begin with the largest call of every collective, in place and
+ * not, so that the allocators reach their high-water marks) and the end: resident memory (/proc/self/statm) grows less than 10%
  * (plus 1 MiB, against allocator noise on small processes), and the number of open descriptors
  * does not change.  Around the whole run: no /dev/shm entry is left behind.
  *
@@ -107,6 +108,12 @@ static void draw(pcall_t *p, uint64_t seed, uint64_t call, int rank, int nranks)
   p->inplace = (int)(x & 1);
   x = mix64(x);
   p->count = (x & 7) ? (size_t)((x >> 3) % (SMALL_MAX + 1)) : (size_t)((x >> 3) % (MEDIUM_MAX + 1));
+  if (call < 2 * NCOLLS) { /* first the largest calls, so that the warm-up reaches every high-water mark */
+    p->coll = (int)(call % NCOLLS);
+    p->dtype = FLEXCOLL_FLOAT64;
+    p->count = MEDIUM_MAX;
+    p->inplace = (int)(call / NCOLLS);
+  }
   if (!coll_reduces(p->coll)) p->op = FLEXCOLL_SUM;
   p->rank = rank;
   p->nranks = nranks;

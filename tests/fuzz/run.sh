@@ -14,6 +14,8 @@ out=tests/fuzz                               # in the current (build) directory
 clang=${CLANG:-clang}
 mkdir -p "$out/work" "$out/artifacts"
 flags="-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
+# $flags is split into words on purpose (here and below).
+# shellcheck disable=SC2086
 if ! command -v "$clang" >/dev/null 2>&1 ||
    ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
      "$clang" $flags -x c - -o "$out/probe" >/dev/null 2>&1; then
@@ -22,6 +24,7 @@ if ! command -v "$clang" >/dev/null 2>&1 ||
   exit 77
 fi
 rm -f "$out/probe"
+# shellcheck disable=SC2086
 "$clang" $flags -I"$src/include" -I"$src/lib" \
   "$src/tests/fuzz/fuzz_bootstrap.c" "$src/lib/bootstrap/wire.c" -o "$out/fuzz_bootstrap"
 echo "fuzz: running tests/fuzz/fuzz_bootstrap for $secs s (corpus: tests/fuzz/corpus/bootstrap)"

@@ -3,6 +3,7 @@
 #include "harness.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -306,6 +307,17 @@ static int proc_rank_main(const hx_opts_t *o, int rank, int nranks, const flexco
   return rc != 0 || r.errors != 0;
 }
 
+/* A child's side of the id pipe: the ncomms ids, or 0 when the parent closed it without them. */
+static int read_ids(int fd, flexcoll_unique_id_t *ids, int ncomms) {
+  size_t want = (size_t)ncomms * sizeof *ids, got = 0;
+  while (got < want) {
+    ssize_t k = read(fd, (char *)ids + got, want - got);
+    if (k > 0) got += (size_t)k;
+    else if (k == 0 || errno != EINTR) return 0;
+  }
+  return 1;
+}
+
 int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
   double t0 = hx_now(), deadline = deadline_of(o);
   int ncomms = o->ncomms > 0 ? o->ncomms : 1;
@@ -314,14 +326,6 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
     return 0;
   }
   (void)hx_seed(); /* printed by the parent, once */
-  flexcoll_unique_id_t ids[HX_MAX_COMMS];
-  for (int k = 0; k < ncomms; k++) {
-    flexcoll_result_t res = flexcoll_get_unique_id(&ids[k]);
-    if (res != FLEXCOLL_SUCCESS) {
-      fprintf(stderr, "[%s] flexcoll_get_unique_id returned %d: %s\n", o->label, (int)res, flexcoll_get_last_error(NULL));
-      return 0;
-    }
-  }
   pid_t *pids = calloc((size_t)nranks, sizeof *pids);
   if (!pids) { perror("calloc"); return 0; }
   atomic_int *arrived = NULL;
@@ -330,6 +334,17 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
     if (m == MAP_FAILED) { perror("mmap"); free(pids); return 0; }
     arrived = m;
     atomic_init(arrived, 0);
+  }
+  /* The ranks are forked first and get the ids through a pipe: flexcoll_get_unique_id starts the
+   * root's thread, and a process forked while another thread holds a lock (in malloc, in ASan's
+   * allocator as the thread starts or ends, in UCX's hooks) inherits the lock held by nobody; the
+   * child then hangs in its first ucp_init.  Forking before any thread starts rules that out. */
+  int idp[2];
+  if (pipe2(idp, O_CLOEXEC) != 0) {
+    perror("pipe2");
+    free(pids);
+    if (arrived) munmap(arrived, sizeof *arrived);
+    return 0;
   }
   pid_t parent = getpid();
   fflush(stdout);
@@ -344,10 +359,40 @@ int hx_run_procs(int nranks, const hx_opts_t *o, hx_rank_fn fn, void *arg) {
     }
     if (p == 0) {
       child_setup(parent);
+      close(idp[1]);
+      flexcoll_unique_id_t ids[HX_MAX_COMMS];
+      if (!read_ids(idp[0], ids, ncomms)) _exit(1); /* the parent failed and says why */
+      close(idp[0]);
       child_exit(proc_rank_main(o, i, nranks, ids, ncomms, fn, arg, arrived));
     }
     pids[i] = p;
   }
+  flexcoll_unique_id_t ids[HX_MAX_COMMS];
+  for (int k = 0; ok && k < ncomms; k++) {
+    flexcoll_result_t res = flexcoll_get_unique_id(&ids[k]);
+    if (res != FLEXCOLL_SUCCESS) {
+      fprintf(stderr, "[%s] flexcoll_get_unique_id returned %d: %s\n", o->label, (int)res, flexcoll_get_last_error(NULL));
+      ok = 0;
+    }
+  }
+  /* Every rank reads the same bytes, so it matters not which copy a rank gets.  The parent keeps
+   * the read end open meanwhile: no SIGPIPE when ranks have died. */
+  for (int i = 0; ok && i < nranks; i++) {
+    const char *b = (const char *)ids;
+    size_t left = (size_t)ncomms * sizeof *ids;
+    while (left > 0) {
+      ssize_t k = write(idp[1], b, left);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        fprintf(stderr, "[%s] writing the ids to the ranks: %s\n", o->label, strerror(errno));
+        ok = 0;
+        break;
+      }
+      b += k, left -= (size_t)k;
+    }
+  }
+  close(idp[0]);
+  close(idp[1]);
   if (!ok) { /* do not leave the forked ranks waiting for the missing ones */
     for (int i = 0; i < nranks; i++)
       if (pids[i] > 0) kill(pids[i], SIGKILL);

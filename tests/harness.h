@@ -3,8 +3,11 @@
  * integer reference of every reduction, and buffer checks (poison, guards, tolerance).
  *
  * Ranks
- *   hx_run_procs   forks nranks processes.  The parent creates the unique id(s) with
- *                  flexcoll_get_unique_id BEFORE forking (it serves the rendezvous); each child sets
+ *   hx_run_procs   forks nranks processes, THEN creates the unique id(s) with
+ *                  flexcoll_get_unique_id (the parent serves the rendezvous) and hands them to the
+ *                  children through a pipe: no thread runs in the parent when it forks (a fork
+ *                  while another thread holds a lock, as ASan's allocator is while a thread
+ *                  starts, leaves the child hanging in ucp_init); each child sets
  *                  the environment (FLEXCOLL_ALGO, FLEXCOLL_TIMEOUT_MS, ...), calls
  *                  flexcoll_comm_init_rank with its rank, runs the callback, destroys its
  *                  communicators and exits 0 (success) or 1.

@@ -32,208 +32,14 @@
 
 #include "dtype.h"
 #include "harness.h"
+#include "pcall.h"
 
-enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, C_ALLTOALL, NCOLLS };
-static const char *const coll_names[NCOLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
-                                                "alltoall"};
 #define BIT(x) (1u << (x))
 #define ALL_COLLS (BIT(NCOLLS) - 1)
 #define ALL_DTYPES (BIT(FLEXCOLL_NUM_DATATYPES) - 1)
 #define ALL_OPS (BIT(FLEXCOLL_NUM_OPS) - 1)
 #define BIG_COUNT 1000003
 #define MIB64 (64u << 20)
-
-static int coll_reduces(int c) { return c == C_ALLREDUCE || c == C_REDUCE_SCATTER || c == C_REDUCE; }
-static int coll_rooted(int c) { return c == C_BROADCAST || c == C_REDUCE; }
-/* Collectives that FLEXCOLL_ALGO=tree does not implement (it falls back to the ring). */
-static int coll_ring_only(int c) { return c == C_REDUCE_SCATTER || c == C_ALLTOALL; }
-
-/* ---- one call: prepare the buffers, issue, check ---------------------------------------------- */
-
-typedef struct {
-  int coll;
-  flexcoll_datatype_t dtype;
-  flexcoll_op_t op;
-  size_t count; /* as the API takes it: allgather sendcount, reduce_scatter recvcount */
-  int root, inplace;
-  int rank, nranks;
-  hx_data_t d;
-  hx_buf_t sb, rb; /* unused ones have base NULL */
-  const void *send;
-  void *recv;
-} pcall_t;
-
-static void describe(char *buf, size_t n, const pcall_t *p) {
-  char root[32] = "";
-  if (coll_rooted(p->coll)) snprintf(root, sizeof root, " root %d", p->root);
-  snprintf(buf, n, "%s %s%s%s count %zu%s %s (call %" PRIu64 ")", coll_names[p->coll], fc_dtype_name(p->dtype),
-           coll_reduces(p->coll) ? " " : "", coll_reduces(p->coll) ? fc_op_name(p->op) : "", p->count, root,
-           p->inplace ? "in place" : "out of place", p->d.call);
-}
-
-/* Allocate and fill the buffers of p for rank p->rank.  Returns 0, or -1 when out of memory. */
-static int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
-  const int n = p->nranks, me = p->rank, c = p->coll;
-  const size_t es = fc_dtype_size(p->dtype), cnt = p->count;
-  hx_data_t d = {p->dtype, coll_reduces(c) ? hx_gen_for_op(p->op) : HX_GEN_BITS, seed, call, n};
-  if (c == C_ALLTOALL) p->inplace = 0;
-  p->d = d;
-  memset(&p->sb, 0, sizeof p->sb);
-  memset(&p->rb, 0, sizeof p->rb);
-  p->send = p->recv = NULL;
-  const int is_root = me == p->root;
-  switch (c) {
-    case C_ALLREDUCE:
-      if (p->inplace) {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        hx_fill(&p->d, me, p->recv, 0, cnt);
-        p->send = p->recv;
-      } else {
-        void *s = hx_buf_new(r, &p->sb, cnt * es);
-        if (!s || !(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        hx_fill(&p->d, me, s, 0, cnt);
-        p->send = s;
-      }
-      break;
-    case C_ALLGATHER:
-      if (!(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es))) return -1;
-      if (p->inplace) {
-        void *slot = (char *)p->recv + (size_t)me * cnt * es;
-        hx_fill(&p->d, me, slot, 0, cnt);
-        p->send = slot;
-      } else {
-        void *s = hx_buf_new(r, &p->sb, cnt * es);
-        if (!s) return -1;
-        hx_fill(&p->d, me, s, 0, cnt);
-        p->send = s;
-      }
-      break;
-    case C_REDUCE_SCATTER: {
-      void *s = hx_buf_new(r, &p->sb, (size_t)n * cnt * es);
-      if (!s) return -1;
-      hx_fill(&p->d, me, s, 0, (size_t)n * cnt);
-      p->send = s;
-      if (p->inplace) p->recv = (char *)s + (size_t)me * cnt * es;
-      else if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-      break;
-    }
-    case C_BROADCAST:
-      if (p->inplace) {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        if (is_root) hx_fill(&p->d, me, p->recv, 0, cnt);
-        p->send = p->recv;
-      } else {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        /* Non-roots: NULL when the root is the last rank, else a buffer of their own data that
-         * must be ignored (and left alone). */
-        if (is_root || p->root != n - 1) {
-          void *s = hx_buf_new(r, &p->sb, cnt * es);
-          if (!s) return -1;
-          hx_fill(&p->d, me, s, 0, cnt);
-          p->send = s;
-        }
-      }
-      break;
-    case C_REDUCE:
-      if (p->inplace) {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        hx_fill(&p->d, me, p->recv, 0, cnt);
-        p->send = p->recv;
-      } else {
-        void *s = hx_buf_new(r, &p->sb, cnt * es);
-        if (!s) return -1;
-        hx_fill(&p->d, me, s, 0, cnt);
-        p->send = s;
-        /* Non-roots: NULL when the root is the last rank, else a poisoned buffer that must stay so. */
-        if (is_root || p->root != n - 1)
-          if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-      }
-      break;
-    case C_ALLTOALL: { /* never in place (the API refuses overlapping buffers) */
-      void *s = hx_buf_new(r, &p->sb, (size_t)n * cnt * es);
-      if (!s || !(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es))) return -1;
-      hx_fill(&p->d, me, s, 0, (size_t)n * cnt);
-      p->send = s;
-      break;
-    }
-  }
-  return 0;
-}
-
-static flexcoll_result_t pcall_issue(const pcall_t *p, flexcoll_comm_t comm) {
-  switch (p->coll) {
-    case C_ALLREDUCE: return flexcoll_allreduce(p->send, p->recv, p->count, p->dtype, p->op, comm, NULL);
-    case C_ALLGATHER: return flexcoll_allgather(p->send, p->recv, p->count, p->dtype, comm, NULL);
-    case C_REDUCE_SCATTER: return flexcoll_reduce_scatter(p->send, p->recv, p->count, p->dtype, p->op, comm, NULL);
-    case C_BROADCAST: return flexcoll_broadcast(p->send, p->recv, p->count, p->dtype, p->root, comm, NULL);
-    case C_REDUCE: return flexcoll_reduce(p->send, p->recv, p->count, p->dtype, p->op, p->root, comm, NULL);
-    default: return flexcoll_alltoall(p->send, p->recv, p->count, p->dtype, comm, NULL);
-  }
-}
-
-/* Check the results of p (reported as rank p->rank), then free its buffers. */
-static void pcall_check(hx_rank_t *r, pcall_t *p) {
-  const int n = p->nranks, me = p->rank, c = p->coll;
-  const size_t es = fc_dtype_size(p->dtype), cnt = p->count;
-  const int is_root = me == p->root;
-  const int saved_rank = r->rank;
-  r->rank = me;
-  describe(r->what, sizeof r->what, p);
-  switch (c) {
-    case C_ALLREDUCE:
-      hx_check_reduced(r, "recvbuf", &p->d, p->op, p->recv, 0, cnt);
-      if (!p->inplace) hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, cnt);
-      break;
-    case C_ALLGATHER:
-      hx_check_gathered(r, "recvbuf", &p->d, p->recv, cnt);
-      if (!p->inplace) hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, cnt);
-      break;
-    case C_REDUCE_SCATTER:
-      hx_check_reduced(r, "recvbuf", &p->d, p->op, p->recv, (size_t)me * cnt, cnt);
-      if (!p->inplace) {
-        hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, (size_t)n * cnt);
-      } else {
-        hx_check_input(r, "sendbuf before this rank's block (must not change)", &p->d, me, p->send, 0, (size_t)me * cnt);
-        hx_check_input(r, "sendbuf after this rank's block (must not change)", &p->d, me,
-                       (const char *)p->send + (size_t)(me + 1) * cnt * es, (size_t)(me + 1) * cnt,
-                       (size_t)(n - me - 1) * cnt);
-      }
-      break;
-    case C_BROADCAST:
-      hx_check_input(r, "recvbuf", &p->d, p->root, p->recv, 0, cnt);
-      if (!p->inplace && p->send) hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, cnt);
-      break;
-    case C_REDUCE:
-      if (is_root) {
-        hx_check_reduced(r, "root's recvbuf", &p->d, p->op, p->recv, 0, cnt);
-        if (!p->inplace) hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, cnt);
-      } else if (p->inplace) {
-        hx_check_input(r, "non-root's buffer (in place: its input, must not change)", &p->d, me, p->recv, 0, cnt);
-      } else {
-        hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, cnt);
-        if (p->recv) hx_check_poisoned(r, "non-root's recvbuf", p->recv, cnt * es);
-      }
-      break;
-    case C_ALLTOALL:
-      for (int q = 0; q < n; q++) {
-        char w[64];
-        snprintf(w, sizeof w, "recvbuf block %d", q);
-        hx_check_input(r, w, &p->d, q, (const char *)p->recv + (size_t)q * cnt * es, (size_t)me * cnt, cnt);
-      }
-      hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, (size_t)n * cnt);
-      break;
-  }
-  if (p->sb.base) hx_buf_check_guards(r, p->inplace && c == C_REDUCE_SCATTER ? "sendbuf/recvbuf" : "sendbuf", &p->sb);
-  if (p->rb.base) hx_buf_check_guards(r, p->inplace ? "recvbuf/sendbuf" : "recvbuf", &p->rb);
-  hx_buf_free(&p->sb);
-  hx_buf_free(&p->rb);
-  r->rank = saved_rank;
-}
-
-static void pcall_free(pcall_t *p) {
-  hx_buf_free(&p->sb);
-  hx_buf_free(&p->rb);
-}
 
 /* ---- the matrix: every rank runs the same sequence of calls ----------------------------------- */
 
@@ -266,12 +72,12 @@ static int verbose(void) {
  * ranks may then be out of step: stop). */
 static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
   double t0 = hx_now();
-  describe(r->what, sizeof r->what, p);
+  pcall_describe(r->what, sizeof r->what, p);
   if (pcall_prepare(r, p, r->seed, call) != 0) {
     pcall_free(p);
     return -1;
   }
-  describe(r->what, sizeof r->what, p);
+  pcall_describe(r->what, sizeof r->what, p);
   flexcoll_result_t res = pcall_issue(p, r->comm);
   if (!hx_ok(r, res, r->comm, coll_names[p->coll])) {
     pcall_free(p);
@@ -552,7 +358,7 @@ static int gcall_prepare(hx_rank_t *r, gcall_t *g, int n, int coll, flexcoll_dat
                  .nranks = n};
     g->p[i] = p;
     r->rank = i;
-    describe(r->what, sizeof r->what, &g->p[i]);
+    pcall_describe(r->what, sizeof r->what, &g->p[i]);
     if (pcall_prepare(r, &g->p[i], r->seed, call) != 0) return -1;
   }
   r->rank = 0;
@@ -564,7 +370,7 @@ static int gcall_issue(hx_rank_t *r, gcall_t *g, flexcoll_comm_t *comms) {
   int ok = 1;
   for (int i = 0; i < g->n; i++) {
     r->rank = i;
-    describe(r->what, sizeof r->what, &g->p[i]);
+    pcall_describe(r->what, sizeof r->what, &g->p[i]);
     ok &= hx_ok(r, pcall_issue(&g->p[i], comms[i]), comms[i], coll_names[g->p[i].coll]);
   }
   r->rank = 0;
@@ -584,7 +390,7 @@ static void gcall_check_not_run(hx_rank_t *r, gcall_t *g, const char *when) {
     r->rank = i;
     char what[300];
     snprintf(what, sizeof what, "recvbuf %s (the call must only be queued)", when);
-    describe(r->what, sizeof r->what, p);
+    pcall_describe(r->what, sizeof r->what, p);
     hx_check_poisoned(r, what, p->recv, p->count * fc_dtype_size(p->dtype));
   }
   r->rank = 0;
@@ -778,12 +584,12 @@ static int multicomm_rank(hx_rank_t *r) {
           pcall_t q = {.coll = coll, .dtype = (flexcoll_datatype_t)dt, .op = (flexcoll_op_t)((dt + k) % FLEXCOLL_NUM_OPS),
                        .count = 100 + (size_t)dt * 37, .root = (c + k) % n, .inplace = ip, .rank = r->rank, .nranks = n};
           p[k] = q;
-          describe(r->what, sizeof r->what, &p[k]);
+          pcall_describe(r->what, sizeof r->what, &p[k]);
           if (pcall_prepare(r, &p[k], r->seed ^ (uint64_t)k << 40, call++) != 0) return 1;
         }
         int ok = group_start_ok(r, "group over two communicators");
         for (int k = 0; k < 2; k++) {
-          describe(r->what, sizeof r->what, &p[k]);
+          pcall_describe(r->what, sizeof r->what, &p[k]);
           ok &= hx_ok(r, pcall_issue(&p[k], r->comms[k]), r->comms[k], coll_names[p[k].coll]);
         }
         ok &= group_end_ok(r, "group over two communicators");

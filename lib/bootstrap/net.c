@@ -1,5 +1,6 @@
-/* net.c — the bootstrap's shared plumbing: addresses in wire form, the unique id, the choice of
- * interface, listeners, and the table of connections that have not yet sent their hello. */
+/* net.c — the bootstrap's shared plumbing: addresses as text, the unique id, the choice of
+ * interface, listeners, and the table of connections that have not yet sent their hello.  What
+ * parses bytes from the network is in wire.c. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -28,45 +29,6 @@ const char *fc_bs_addr_str(const struct sockaddr_storage *ss, socklen_t len, cha
   return buf;
 }
 
-int fc_bs_addr_pack(unsigned char *p, const struct sockaddr *sa, socklen_t len) {
-  const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
-  const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
-  memset(p, 0, ADDR_BYTES);
-  if (sa->sa_family == AF_INET && len >= (socklen_t)sizeof *in) {
-    p[0] = 4;
-    memcpy(p + 2, &in->sin_port, 2);
-    memcpy(p + 4, &in->sin_addr, 4);
-  } else if (sa->sa_family == AF_INET6 && len >= (socklen_t)sizeof *in6) {
-    p[0] = 6;
-    memcpy(p + 2, &in6->sin6_port, 2);
-    memcpy(p + 4, &in6->sin6_addr, 16);
-    put32(p + 20, in6->sin6_scope_id);
-  }
-  return p[0] && (p[2] | p[3]) ? 0 : -1; /* port 0 cannot be connected to */
-}
-
-int fc_bs_addr_unpack(const unsigned char *p, struct sockaddr_storage *ss, socklen_t *len) {
-  struct sockaddr_in *in = (struct sockaddr_in *)ss;
-  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-  memset(ss, 0, sizeof *ss);
-  if (p[1] != 0 || (p[2] | p[3]) == 0 || (p[0] != 4 && p[0] != 6)) return -1;
-  for (int i = 8; p[0] == 4 && i < ADDR_BYTES; i++)
-    if (p[i]) return -1;
-  if (p[0] == 4) {
-    in->sin_family = AF_INET;
-    memcpy(&in->sin_port, p + 2, 2);
-    memcpy(&in->sin_addr, p + 4, 4);
-    *len = sizeof *in;
-  } else {
-    in6->sin6_family = AF_INET6;
-    memcpy(&in6->sin6_port, p + 2, 2);
-    memcpy(&in6->sin6_addr, p + 4, 16);
-    in6->sin6_scope_id = get32(p + 20);
-    *len = sizeof *in6;
-  }
-  return 0;
-}
-
 /* ---- unique id -------------------------------------------------------------------------- */
 
 flexcoll_result_t fc_bootstrap_id_encode(flexcoll_unique_id_t *id, uint64_t magic, const struct sockaddr *addr,
@@ -88,17 +50,10 @@ flexcoll_result_t fc_bootstrap_id_encode(flexcoll_unique_id_t *id, uint64_t magi
 flexcoll_result_t fc_bootstrap_id_decode(const flexcoll_unique_id_t *id, uint64_t *magic,
                                          struct sockaddr_storage *addr, socklen_t *len) {
   if (!id || !magic || !addr || !len) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap id decode: NULL argument");
-  const unsigned char *p = (const unsigned char *)id->internal;
-  const char *why = NULL;
-  if (p[0] != ID_VERSION || memcmp(p + 1, "fcb", 3) != 0) why = "unknown version or marker";
-  else if (get32(p + ID_CHECKED_BYTES) != (uint32_t)fnv1a64(FNV64_INIT, p, ID_CHECKED_BYTES)) why = "bad checksum";
-  else if (fc_bs_addr_unpack(p + 12, addr, len) != 0) why = "bad address";
-  for (int i = ID_USED_BYTES; !why && i < FLEXCOLL_UNIQUE_ID_BYTES; i++)
-    if (p[i]) why = "nonzero padding";
+  const char *why = fc_bs_id_parse((const unsigned char *)id->internal, magic, addr, len);
   if (why)
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT,
                     "unique id is not well formed (%s); it must come from flexcoll_get_unique_id, unchanged", why);
-  *magic = get64(p + 4);
   return FLEXCOLL_SUCCESS;
 }
 

@@ -99,14 +99,54 @@ static inline void sock_close(int *fd) {
   *fd = -1;
 }
 
-/* ---- net.c ------------------------------------------------------------------------------- */
+/* ---- wire.c: the messages as bytes (pure functions; tests/fuzz feeds them anything) ------------ */
 
-/* "host:port" or "[v6addr]:port" of ss into buf (n bytes); returns buf. */
-const char *fc_bs_addr_str(const struct sockaddr_storage *ss, socklen_t len, char *buf, size_t n);
 /* The ADDR_BYTES wire form of an address: pack returns -1 for what is not IPv4/IPv6 with a port,
  * unpack -1 for bytes that are not a well-formed address. */
 int fc_bs_addr_pack(unsigned char *p, const struct sockaddr *sa, socklen_t len);
 int fc_bs_addr_unpack(const unsigned char *p, struct sockaddr_storage *ss, socklen_t *len);
+
+/* The FLEXCOLL_UNIQUE_ID_BYTES of an id: NULL and *magic, *addr, *len set when well formed, else
+ * why not (addr may have been written). */
+const char *fc_bs_id_parse(const unsigned char *p, uint64_t *magic, struct sockaddr_storage *addr, socklen_t *len);
+
+/* A frame header (FRAME_BYTES at h), as it came. */
+typedef struct {
+  uint32_t type, seq;
+  uint64_t len;
+} fc_bs_frame_t;
+fc_bs_frame_t fc_bs_frame_parse(const unsigned char *h);
+
+/* The most ranks a hello may announce (flexcoll_comm_init_rank's limit): the root sizes its
+ * tables from the first hello with the job's magic. */
+#define FC_BS_MAX_RANKS 65535
+/* A root's first message from a connection (n bytes at m): FOREIGN, not a hello of this protocol
+ * version; OTHER_JOB, a hello with another magic than `magic`; BAD, this job's magic with a rank,
+ * rank count or address that cannot be; OK, *out filled. */
+enum { FC_BS_HELLO_OK, FC_BS_HELLO_FOREIGN, FC_BS_HELLO_OTHER_JOB, FC_BS_HELLO_BAD };
+typedef struct {
+  int rank, nranks;
+  unsigned char addr[ADDR_BYTES]; /* well formed (fc_bs_addr_unpack accepts it) */
+} fc_bs_hello_t;
+int fc_bs_hello_parse(const unsigned char *m, size_t n, uint64_t magic, fc_bs_hello_t *out);
+
+/* The root's reply (n bytes at m): 0 and *out, or -1 when it is not a reply frame.  status and
+ * nranks are as sent (ST_*); next_ok: next/next_len hold a well-formed address. */
+typedef struct {
+  uint32_t status, nranks;
+  int next_ok;
+  struct sockaddr_storage next;
+  socklen_t next_len;
+} fc_bs_reply_t;
+int fc_bs_reply_parse(const unsigned char *m, size_t n, fc_bs_reply_t *out);
+
+/* 1 when the n bytes at m are the ring hello of rank `rank` of the job with `magic`. */
+int fc_bs_ring_hello_ok(const unsigned char *m, size_t n, uint64_t magic, int rank);
+
+/* ---- net.c ------------------------------------------------------------------------------- */
+
+/* "host:port" or "[v6addr]:port" of ss into buf (n bytes); returns buf. */
+const char *fc_bs_addr_str(const struct sockaddr_storage *ss, socklen_t len, char *buf, size_t n);
 
 /* The address (port 0) of the interface FLEXCOLL_SOCKET_IFNAME picks, or of the default one. */
 fc_result_t fc_bs_pick_interface(struct sockaddr_storage *addr, socklen_t *len);

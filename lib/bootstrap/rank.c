@@ -145,8 +145,9 @@ static fc_result_t connect_retry(const fc_bootstrap_t *b, const struct sockaddr_
  * anything and a goodbye is never taken for data. */
 static fc_result_t check_frame(const fc_bootstrap_t *b, const unsigned char *h, uint32_t type, uint32_t seq,
                                uint64_t len, int from, const char *what) {
-  uint32_t t = get32(h), s = get32(h + 4);
-  uint64_t l = get64(h + 8);
+  fc_bs_frame_t f = fc_bs_frame_parse(h);
+  uint32_t t = f.type, s = f.seq;
+  uint64_t l = f.len;
   if (t == type && s == seq && l == len) return FLEXCOLL_SUCCESS;
   if (t == TAG_BYE)
     return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s: rank %d left the communicator (it "
@@ -184,11 +185,17 @@ static fc_result_t rank_listen(const fc_bootstrap_t *b, int root_fd, int *lfd, u
 static fc_result_t check_reply(const fc_bootstrap_t *b, const unsigned char *m, const char *what,
                                struct sockaddr_storage *next, socklen_t *nlen) {
   FC_CHECK(check_frame(b, m, TAG_REPLY, 0, REPLY_BYTES, -1, what));
-  m += FRAME_BYTES;
-  int status = (int)get32(m), other = (int)get32(m + 4);
+  fc_bs_reply_t rp;
+  if (fc_bs_reply_parse(m, FRAME_BYTES + REPLY_BYTES, &rp) != 0)
+    return fc_error(NULL, FLEXCOLL_INTERNAL_ERROR, "bootstrap rank %d of %d: %s: reply frame", b->rank, b->nranks, what);
+  int status = (int)rp.status, other = (int)rp.nranks;
   switch (status) {
   case ST_OK:
-    if (other == b->nranks && fc_bs_addr_unpack(m + 8, next, nlen) == 0) return FLEXCOLL_SUCCESS;
+    if (other == b->nranks && rp.next_ok) {
+      *next = rp.next;
+      *nlen = rp.next_len;
+      return FLEXCOLL_SUCCESS;
+    }
     return fc_error(NULL, FLEXCOLL_REMOTE_ERROR, "bootstrap rank %d of %d: %s sent a malformed reply", b->rank,
                     b->nranks, what);
   case ST_GAVEUP:
@@ -284,8 +291,7 @@ static void ring_hello(const fc_bootstrap_t *b, unsigned char *m) {
 }
 
 static int ring_hello_ok(const fc_bootstrap_t *b, const unsigned char *m, int rank) {
-  return get32(m) == TAG_RING && get32(m + 4) == 0 && get64(m + 8) == RING_BYTES &&
-         get64(m + FRAME_BYTES) == b->magic && get32(m + FRAME_BYTES + 8) == (uint32_t)rank;
+  return fc_bs_ring_hello_ok(m, FRAME_BYTES + RING_BYTES, b->magic, rank);
 }
 
 /* Strays (port scanners, an old job's ranks) may connect to the listener too: several
@@ -359,7 +365,7 @@ flexcoll_result_t fc_bootstrap_init(fc_bootstrap_t **bs, const flexcoll_unique_i
   *b = (fc_bootstrap_t){.rank = rank, .nranks = nranks, .timeout_ms = timeout_ms, .abort_flag = abort_flag,
                         .next_fd = -1, .prev_fd = -1};
   struct sockaddr_storage root, next;
-  socklen_t rlen, nlen;
+  socklen_t rlen = 0, nlen = 0;
   int lfd = -1;
   fc_result_t res = fc_bootstrap_id_decode(id, &b->magic, &root, &rlen);
   if (res == FLEXCOLL_SUCCESS) res = join_root(b, &root, rlen, &lfd, &next, &nlen);

@@ -12,6 +12,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ struct fc_bootstrap_root {
   int detached; /* nobody will stop or join it: it frees itself */
   int stopped;
   pthread_t thread;
+  sem_t *started; /* root_spawn's, posted once the thread runs root_main (then NULL) */
   uint64_t magic;
   int nranks;  /* 0 until the first hello with the right magic */
   int joined;
@@ -53,7 +55,10 @@ typedef fc_bootstrap_root_t root_t;
  * forked while this thread is in such a call (malloc growing or trimming an arena) inherits the
  * lock held by nobody, and its ucp_init waits forever.  This is exactly what launchers and tests
  * do: create the id, then fork the ranks while the root serves them.  So the root thread's
- * allocations happen under a lock that fork() takes first (pthread_atfork). */
+ * allocations happen under a lock that fork() takes first (pthread_atfork).  Before those, the
+ * thread's start itself allocates in runtimes the lock cannot cover (ASan's allocator takes its own
+ * locks in its thread set-up), so root_spawn returns only once the thread runs root_main: a fork
+ * right after flexcoll_get_unique_id cannot land in the middle of it. */
 static pthread_mutex_t root_alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t root_atfork_once = PTHREAD_ONCE_INIT;
 static void root_alloc_enter(void) { pthread_mutex_lock(&root_alloc_lock); }
@@ -128,32 +133,31 @@ static void root_poison(root_t *r, int other) {
 /* A whole first message is in p.  Only a hello with this job's magic is answered: to anything else
  * the root says nothing at all, so that a stranger learns nothing about the job. */
 static void root_hello(root_t *r, pend_t *p) {
-  const unsigned char *b = p->buf, *h = p->buf + FRAME_BYTES;
-  struct sockaddr_storage ss;
-  socklen_t len;
-  if (get32(b) != TAG_HELLO || get64(b + 8) != HELLO_BYTES || get32(h) != PROTO_VERSION) {
+  fc_bs_hello_t h;
+  int kind = fc_bs_hello_parse(p->buf, p->got, r->magic, &h);
+  if (kind == FC_BS_HELLO_FOREIGN) {
     FC_INFO(FC_SUB_BOOT, "bootstrap root: dropped a connection that is not a flexcoll bootstrap client of this version");
     sock_close(&p->fd);
     return;
   }
-  if (get64(h + 4) != r->magic) {
+  if (kind == FC_BS_HELLO_OTHER_JOB) {
     FC_INFO(FC_SUB_BOOT, "bootstrap root: dropped a hello with another communicator's magic (answering nothing)");
     sock_close(&p->fd);
     return;
   }
-  int rank = (int)get32(h + 12), nranks = (int)get32(h + 16), status = ST_OK, other = r->nranks;
+  int status = ST_OK, other = r->nranks;
   const char *why = NULL;
   if (r->poison) {
     status = ST_NRANKS, why = "the rendezvous failed earlier";
-    if (nranks == r->nranks) other = r->poison;
-  } else if (nranks < 1 || rank < 0 || rank >= nranks || fc_bs_addr_unpack(h + 20, &ss, &len) != 0) {
+    if (kind == FC_BS_HELLO_OK && h.nranks == r->nranks) other = r->poison;
+  } else if (kind != FC_BS_HELLO_OK) {
     status = ST_BADRANK, why = "bad rank, rank count or address";
-  } else if (r->nranks == 0 && root_size(r, nranks) != 0) {
+  } else if (r->nranks == 0 && root_size(r, h.nranks) != 0) {
     status = ST_BADRANK, why = "out of memory";
-  } else if (nranks != r->nranks) {
-    root_poison(r, nranks);
+  } else if (h.nranks != r->nranks) {
+    root_poison(r, h.nranks);
     status = ST_NRANKS, why = "rank count mismatch";
-  } else if (r->fds[rank] >= 0) {
+  } else if (r->fds[h.rank] >= 0) {
     status = ST_DUP, why = "duplicate rank";
   }
   if (status != ST_OK) {
@@ -161,11 +165,11 @@ static void root_hello(root_t *r, pend_t *p) {
     root_reject(p, status, other, why);
     return;
   }
-  r->fds[rank] = p->fd;
+  r->fds[h.rank] = p->fd;
   p->fd = -1;
-  memcpy(r->addrs[rank], h + 20, ADDR_BYTES);
+  memcpy(r->addrs[h.rank], h.addr, ADDR_BYTES);
   r->joined++;
-  FC_TRACE(FC_SUB_BOOT, "bootstrap root: rank %d joined (%d of %d)", rank, r->joined, r->nranks);
+  FC_TRACE(FC_SUB_BOOT, "bootstrap root: rank %d joined (%d of %d)", h.rank, r->joined, r->nranks);
 }
 
 /* Handle what the last poll reported (pfds: see root_t).  Hellos already in are read before new
@@ -270,6 +274,9 @@ static void *root_main(void *arg) {
   root_alloc_enter();
   free(malloc(64));
   root_alloc_leave();
+  sem_t *started = r->started;
+  r->started = NULL;
+  sem_post(started);
   while (!root_done(r) && now_ms() < r->end) {
     if (root_poll(r, r->end) != 0) break;
     root_service(r);
@@ -301,6 +308,9 @@ static fc_result_t root_spawn(int lfd, uint64_t magic, root_t **handle, int note
     else close(lfd);
     return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap root: out of memory or descriptors");
   }
+  sem_t started;
+  sem_init(&started, 0, 0);
+  r->started = &started;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, handle ? PTHREAD_CREATE_JOINABLE : PTHREAD_CREATE_DETACHED);
@@ -312,9 +322,14 @@ static fc_result_t root_spawn(int lfd, uint64_t magic, root_t **handle, int note
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
+    sem_destroy(&started);
     root_free(r);
     return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap root: cannot start its thread: %s", strerror(rc));
   }
+  /* Not before the thread has started (see root_alloc_lock).  The semaphore is this frame's: a
+   * detached thread may free r at any time from now on. */
+  while (sem_wait(&started) != 0 && errno == EINTR) {}
+  sem_destroy(&started);
   if (handle) *handle = r;
   return FLEXCOLL_SUCCESS;
 }

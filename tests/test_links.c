@@ -155,16 +155,25 @@ START_TEST(test_bitwise_across_links) {
 }
 END_TEST
 
-/* Stage 2, live: shm's measured times are made 30 times longer, then normal again.  Shared
- * memory and TCP share one port on one host, so the balancer gives each transfer to the better
- * link alone: shm before, tcp while shm looks slow, shm again once a probe share finds it fast. */
+/* The model bandwidth of link `name` on this rank (every rank holds the same). */
+static double model_beta(hx_rank_t *r, const char *name) {
+  const fc_links_t *l = r->comm->links;
+  for (int i = 0; i < l->n; i++)
+    if (!strcmp(l->link[i].ops->name, name)) return l->model[i].beta;
+  return -1;
+}
+
+/* Stage 2, live: shm's measured times are made 30 times longer, then normal again.  Its model
+ * must follow (bandwidth down while slow, back up after), whatever the machine's load; where
+ * the bytes go then depends on how tcp's model compares, which a loaded machine's calibration
+ * decides (the simulated case checks the shares exactly). */
 static int adapt_rank(hx_rank_t *r) {
   size_t count = 1 << 20; /* 4 MB of float32 */
   float *a = malloc(count * sizeof *a), *b = malloc(count * sizeof *b);
   if (!a || !b) return hx_fail(r, "out of memory");
   for (size_t i = 0; i < count; i++) a[i] = (float)(i % 13);
   unsigned long long bytes;
-  double shares[3];
+  double shares[3], beta[3];
   for (int phase = 0; phase < 3; phase++) {
     fc_links_set_throttle(r->comm, "shm", phase == 1 ? 30.0 : 1.0);
     for (int k = 0; k < 64; k++) {
@@ -173,12 +182,13 @@ static int adapt_rank(hx_rank_t *r) {
         return 1;
     }
     shares[phase] = link_share(r, "shm", &bytes);
+    beta[phase] = model_beta(r, "shm");
   }
-  fprintf(stderr, "[test_links] rank %d: shm share %.4f, throttled %.4f, recovered %.4f\n", r->rank, shares[0], shares[1],
-          shares[2]);
-  if (!(shares[0] > 0.9)) hx_fail(r, "shm carried %.4f of the bytes before the throttle, not (nearly) all", shares[0]);
-  if (!(shares[1] < 0.5)) hx_fail(r, "shm kept %.4f of the bytes while 30x slower", shares[1]);
-  if (!(shares[2] > 0.9)) hx_fail(r, "shm did not regain the bytes: %.4f, slow %.4f, after %.4f", shares[0], shares[1], shares[2]);
+  fprintf(stderr, "[test_links] rank %d: shm share %.4f, throttled %.4f, recovered %.4f; its model %.1f, %.1f, %.1f MB/s\n",
+          r->rank, shares[0], shares[1], shares[2], beta[0], beta[1], beta[2]);
+  if (!(beta[1] < beta[0] / 4)) hx_fail(r, "shm's model kept %.1f MB/s (was %.1f) while 30x slower", beta[1], beta[0]);
+  if (!(beta[2] > 4 * beta[1])) hx_fail(r, "shm's model did not recover: %.1f, slow %.1f, after %.1f MB/s", beta[0], beta[1], beta[2]);
+  if (!(shares[2] >= 0.5)) hx_fail(r, "shm carried only %.4f of the bytes after it recovered", shares[2]);
   free(a);
   free(b);
   return 0;
@@ -186,7 +196,7 @@ static int adapt_rank(hx_rank_t *r) {
 
 START_TEST(test_adaptive) {
   char cache[320];
-  snprintf(cache, sizeof cache, "FLEXCOLL_CACHE_DIR=%s/cache", g_dir);
+  snprintf(cache, sizeof cache, "FLEXCOLL_CACHE_DIR=%s/cache-adaptive", g_dir);
   const char *env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=shm,tcp", cache, NULL};
   hx_opts_t o = {.label = "adaptive", .env = env, .deadline_s = 240};
   ck_assert_msg(hx_run_procs(2, &o, adapt_rank, NULL), "stage 2: see stderr");

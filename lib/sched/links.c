@@ -427,19 +427,17 @@ static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t 
 
 flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t bytes) {
   fc_links_t *l = comm->links;
-  size_t cells = (size_t)l->n * (size_t)comm->nranks;
-  if (bytes >= FC_STAGE2_MIN_BYTES) {
-    for (int q = 0; q < comm->nranks; q++) {
+  const size_t n = (size_t)comm->nranks;
+  if (bytes >= FC_STAGE2_MIN_BYTES)
+    for (size_t q = 0; q < n; q++) {
       unsigned long long total = 0;
-      for (int i = 0; i < l->n; i++) total += l->call_bytes[(size_t)i * (size_t)comm->nranks + (size_t)q];
-      if (!total) continue;
-      for (int i = 0; i < l->n; i++)
-        l->link[i].stats[q].share = (double)l->call_bytes[(size_t)i * (size_t)comm->nranks + (size_t)q] / (double)total;
+      for (int i = 0; i < l->n; i++) total += l->call_bytes[(size_t)i * n + q];
+      for (int i = 0; total && i < l->n; i++)
+        l->link[i].stats[q].share = (double)l->call_bytes[(size_t)i * n + q] / (double)total;
     }
-  }
-  memset(l->call_bytes, 0, cells * sizeof *l->call_bytes);
-  if (l->n < 2 || l->fixed_set || bytes < FC_STAGE2_MIN_BYTES) {
-    if (bytes < FC_STAGE2_MIN_BYTES) return FLEXCOLL_SUCCESS;
+  memset(l->call_bytes, 0, (size_t)l->n * n * sizeof *l->call_bytes);
+  if (bytes < FC_STAGE2_MIN_BYTES) return FLEXCOLL_SUCCESS;
+  if (l->n < 2 || l->fixed_set) {
     for (int i = 0; i < l->n; i++) l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;
     return FLEXCOLL_SUCCESS;
   }

@@ -95,7 +95,12 @@ struct fc_gpu {
   int pipeline;                /* FLEXCOLL_PIPELINE and a slot big enough: pipelined kernels in use */
   unsigned pipe_blocks, pipe_threads, pipe_subslots; /* their shape (kernels.h) */
   unsigned pipe_push_threads;
-  cudaEvent_t ev_oneshot;      /* after the last one-shot or pipelined kernel */
+  /* Ring kernels (lib/kernels/ring.cu) for any rank count: on (FLEXCOLL_RING_KERNEL), their
+   * area and counters in the staging area, their grid cap and sub-slots. */
+  int ring;
+  size_t ring_off, ring_bytes, ring_ctr_off;
+  unsigned ring_blocks, ring_subslots;
+  cudaEvent_t ev_oneshot;      /* after the last one-shot, pipelined or ring kernel */
   cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
   char *dev_scratch;       /* schedule scratch in device memory, grown on demand */
   size_t dev_scratch_bytes;

@@ -240,6 +240,37 @@ static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args
   return kernel_order_after(x, stream);
 }
 
+/* Whether a ring kernel takes this call: the collectives it knows, on a communicator that
+ * uses them (FLEXCOLL_RING_KERNEL), when neither the one-shot, direct nor pipelined path did. */
+static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
+  return g->ring && args->nranks >= 2 &&
+         (args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER || args->coll == FC_COLL_REDUCE_SCATTER ||
+          args->coll == FC_COLL_BROADCAST || args->coll == FC_COLL_REDUCE);
+}
+
+static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                  cudaStream_t stream) {
+  struct fc_gpu *g = x->g;
+  const int n = args->nranks, me = args->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
+  const fc_ring_coll_t coll = args->coll == FC_COLL_ALLREDUCE        ? FC_RING_ALLREDUCE
+                              : args->coll == FC_COLL_ALLGATHER      ? FC_RING_ALLGATHER
+                              : args->coll == FC_COLL_REDUCE_SCATTER ? FC_RING_REDUCE_SCATTER
+                              : args->coll == FC_COLL_BROADCAST      ? FC_RING_BROADCAST
+                                                                     : FC_RING_REDUCE;
+  fc_ring_args_t a = {.rank = me, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
+                      .area_next = g->peers[next].stage + g->ring_off,
+                      .ctr = (uint64_t *)(g->stage + g->ring_ctr_off),
+                      .ctr_next = (uint64_t *)(g->peers[next].stage + g->ring_ctr_off),
+                      .ctr_prev = (uint64_t *)(g->peers[prev].stage + g->ring_ctr_off),
+                      .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
+                      .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+  g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
+  FC_CHECK(kernel_order_before(x, stream));
+  CUDA_TRY(x->comm, fc_kernel_ring_collective(&a, coll, send, recv, args->count * x->esize, x->dtype, x->op,
+                                              args->root, stream));
+  return kernel_order_after(x, stream);
+}
+
 /* Elements of a collective that one rank writes into a peer's one-shot slot, which
  * FLEXCOLL_ONESHOT_MAX_BYTES bounds: the larger buffer, except for reduce_scatter, whose
  * kernel sends each peer only that peer's chunk (so it stays one-shot up to n times further). */
@@ -276,8 +307,9 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
     if (fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
         fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
       return "it would take direct mode (buffers in windows, or FLEXCOLL_DIRECT=2), which keeps its counters on the host";
-    if (!pipelined(g, args))
-      return "it is above the one-shot limit and runs a staged schedule, which keeps its counters on the host";
+    if (!pipelined(g, args) && !ring_takes(g, args))
+      return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or alltoall above the one-shot limit), which keeps "
+             "its counters on the host";
   }
   if (g->oneshot_seq && g->oneshot_stream != (cudaStream_t)stream)
     return "the communicator's previous kernel ran on another stream, and the graph cannot wait for work outside "
@@ -403,8 +435,9 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
       if (res != FLEXCOLL_SUCCESS && done) fc_comm_set_async_error(comm, res);
       if (res != FLEXCOLL_SUCCESS || done) goto tracked;
     }
-    if (pipelined(g, args)) {
-      res = run_pipelined(&x, args, sendbuf, recvbuf, user);
+    if (pipelined(g, args) || ring_takes(g, args)) {
+      res = pipelined(g, args) ? run_pipelined(&x, args, sendbuf, recvbuf, user)
+                               : run_ring(&x, args, sendbuf, recvbuf, user);
       /* As the one-shot kernels: the peers wait for this one, and it bounds its own waits. */
       if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
       goto out;

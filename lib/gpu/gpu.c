@@ -43,6 +43,12 @@ FC_PARAM_INT(pipeline_blocks, "PIPELINE_BLOCKS", FC_MAX_BLOCKS)
 FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 512)
 FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 2)
 FC_PARAM_INT(pipeline_push_threads, "PIPELINE_PUSH_THREADS", 0)
+/* Ring kernels above the one-shot limit for any rank count (0: the staged schedule), their most
+ * blocks, sub-slots and area (lib/kernels/ring.cu). */
+FC_PARAM_INT(ring_kernel, "RING_KERNEL", 1)
+FC_PARAM_INT(ring_blocks, "RING_BLOCKS", 32)
+FC_PARAM_INT(ring_subslots, "RING_SUBSLOTS", 2)
+FC_PARAM_INT(ring_area_bytes, "RING_AREA_BYTES", 16 << 20)
 
 #define CUDA_CHECK(comm, call)                                                                        \
   do {                                                                                                \
@@ -102,6 +108,7 @@ fc_mem_t fc_mem_type(const void *ptr, int *device) {
 typedef struct {
   uint64_t host_hash;
   int pid, device;
+  int oneshot_resident, ring_resident; /* blocks of such kernels that fit on the GPU at once (0: unknown) */
   char pci_bus_id[32];
   cudaIpcMemHandle_t handle;
   void *stage; /* valid in the owner's process only */
@@ -164,11 +171,20 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
                 fc_pipe_room_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
   g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_MAX_BLOCKS * 8 + align - 1) / align * align);
   g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
-  g->slots_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
+  /* The ring kernels' counters (ready and ack per block) before the slots, inside the range
+   * zeroed at set-up; their area after the slots. */
+  g->ring_ctr_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
+  g->slots_off = g->ring_ctr_off + ((2 * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
   g->slice_bytes = ((size_t)fc_param_gpu_slice_size() + align - 1) / align * align;
   g->nslots = (int)fc_param_gpu_slots();
   if (g->nslots < 2) g->nslots = 2;
-  g->stage_bytes = g->slots_off + (size_t)nranks * (size_t)g->nslots * g->slice_bytes;
+  g->ring_off = g->slots_off + (size_t)nranks * (size_t)g->nslots * g->slice_bytes;
+  int64_t rb = fc_param_ring_blocks(), rs = fc_param_ring_subslots(), ra = fc_param_ring_area_bytes();
+  g->ring_blocks = rb < 1 ? 1u : rb > FC_MAX_BLOCKS ? (unsigned)FC_MAX_BLOCKS : (unsigned)rb;
+  g->ring_subslots = rs < 2 ? 2u : rs > 8 ? 8u : (unsigned)rs;
+  g->ring = nranks >= 2 && fc_param_ring_kernel() != 0;
+  g->ring_bytes = g->ring ? ((size_t)(ra < (64 << 10) ? (64 << 10) : ra) + align - 1) / align * align : 0;
+  g->stage_bytes = g->ring_off + g->ring_bytes;
 }
 
 static flexcoll_result_t load_stream_memops(struct flexcoll_comm *comm, struct fc_gpu *g) {
@@ -223,6 +239,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   int e = fc_kernels_preload_reduce();
   if (!e) e = fc_kernels_preload_oneshot();
   if (!e) e = fc_kernels_preload_pipeline();
+  if (!e) e = fc_kernels_preload_ring();
   if (e) return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "loading the kernels failed: %s", cudaGetErrorString((cudaError_t)e));
   return FLEXCOLL_SUCCESS;
 }
@@ -256,6 +273,44 @@ static flexcoll_result_t map_peer(struct flexcoll_comm *comm, struct fc_gpu *g, 
   return FLEXCOLL_SUCCESS;
 }
 
+/* Blocks of a family of kernels that fit on this GPU at once: SMs times blocks per SM. */
+static int resident_blocks(int device, int per_sm) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms * per_sm;
+}
+
+/* Ranks that share a GPU each run their one-shot and ring kernels at the same time, and every
+ * block spins until the matching blocks of the others run: all their grids must fit on the GPU
+ * at once, twice over (a second communicator on the same ranks, as TP and DP groups are), or
+ * the first ones to start wait for blocks that never do.  Grids must be equal on all ranks, so
+ * every rank computes the caps from the same facts: the most ranks on any one GPU, the fewest
+ * resident blocks of any rank's GPU. */
+static void cap_shared_gpu_grids(struct flexcoll_comm *comm, struct fc_gpu *g, const fc_gpu_peer_info_t *all) {
+  int sharing = 1, oneshot_room = 0, ring_room = 0;
+  for (int q = 0; q < comm->nranks; q++) {
+    int on_gpu = 0;
+    for (int r = 0; r < comm->nranks; r++)
+      on_gpu += all[r].host_hash == all[q].host_hash && strcmp(all[r].pci_bus_id, all[q].pci_bus_id) == 0;
+    if (on_gpu > sharing) sharing = on_gpu;
+    if (q == 0 || all[q].oneshot_resident < oneshot_room) oneshot_room = all[q].oneshot_resident;
+    if (q == 0 || all[q].ring_resident < ring_room) ring_room = all[q].ring_resident;
+  }
+  if (sharing < 2) return;
+  /* Unknown capacity: one block per SM of a small GPU. */
+  unsigned os_cap = (unsigned)(oneshot_room > 0 ? oneshot_room : 16) / (2u * (unsigned)sharing);
+  unsigned ring_cap = (unsigned)(ring_room > 0 ? ring_room : 16) / (2u * (unsigned)sharing);
+  if (os_cap < 1) os_cap = 1;
+  if (ring_cap < 1) ring_cap = 1;
+  if (g->oneshot_blocks > os_cap) g->oneshot_blocks = os_cap;
+  if (g->ring_blocks > ring_cap) g->ring_blocks = ring_cap;
+  FC_INFO(FC_SUB_GPU, "rank %d: up to %d ranks share a GPU: one-shot grids of at most %u blocks, ring grids of %u",
+          comm->rank, sharing, g->oneshot_blocks, g->ring_blocks);
+}
+
 static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_gpu_peer_info_t *all = calloc((size_t)comm->nranks, sizeof *all);
   g->peers = calloc((size_t)comm->nranks, sizeof *g->peers);
@@ -265,6 +320,8 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
   me->pid = getpid();
   me->device = g->device;
   me->stage = g->stage;
+  me->oneshot_resident = resident_blocks(g->device, fc_kernels_oneshot_blocks_per_sm());
+  me->ring_resident = resident_blocks(g->device, fc_kernels_ring_blocks_per_sm());
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   if (cudaDeviceGetPCIBusId(me->pci_bus_id, sizeof me->pci_bus_id, g->device) != cudaSuccess ||
       cudaIpcGetMemHandle(&me->handle, g->stage) != cudaSuccess) {
@@ -282,6 +339,7 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
   /* A pipelined kernel's blocks wait for the peer's and fill most SMs: two ranks on one GPU
    * could not both be resident (each rank sees the same, so both decide alike). */
   if (res == FLEXCOLL_SUCCESS && g->pipeline && comm->nranks == 2 && g->peers[1 - comm->rank].same_device) g->pipeline = 0;
+  if (res == FLEXCOLL_SUCCESS) cap_shared_gpu_grids(comm, g, all);
   if (res == FLEXCOLL_SUCCESS)
     FC_INFO(FC_SUB_GPU, "rank %d: GPU %d (%s), %s, staging %zu MB", comm->rank, g->device, me->pci_bus_id,
             g->p2p ? "peer access to every rank" : "some peers without peer access: device collectives go through host memory",

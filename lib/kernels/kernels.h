@@ -155,6 +155,45 @@ int fc_kernel_pipe_collective(const fc_oneshot_args_t *args, fc_pipe_coll_t coll
                               flexcoll_stream_t stream);
 int fc_kernels_preload_pipeline(void);
 
+/* Ring kernels (ring.cu): allreduce, allgather, reduce_scatter, broadcast and reduce for any
+ * number of ranks, one kernel per rank and call, SM loads and stores only (the hardware-queue
+ * rule: nothing a rank enqueues waits on the host or on a stream-memory operation).  Each rank
+ * writes only into the next rank's ring area and reads only its own, which the previous rank
+ * fills, so a rank needs its two neighbours' pointers, whatever the rank count.  Per block b
+ * of the grid, two counters per rank: ready (raised by the previous rank: messages it has put
+ * into our area) and ack (raised by the next rank: our messages it has consumed), at
+ * ctr[kind * FC_MAX_BLOCKS + b].  Counters only grow: a call uses those after epoch->pipe_base
+ * and the last block advances it by the call's messages per edge (the same on every rank;
+ * seq is left alone: the one-shot area is not touched). */
+typedef struct {
+  int rank, nranks;
+  fc_dev_epoch_t *epoch;   /* this rank's; 16-byte aligned */
+  char *area;              /* our ring area (the previous rank fills it) */
+  char *area_next;         /* the next rank's, as seen here */
+  uint64_t *ctr;           /* our counters */
+  uint64_t *ctr_next;      /* the next rank's (we raise its ready) */
+  uint64_t *ctr_prev;      /* the previous rank's (we raise its ack) */
+  size_t area_bytes;       /* of every rank's ring area (a multiple of 16) */
+  unsigned blocks;         /* most blocks of a grid (1..FC_MAX_BLOCKS) */
+  unsigned subslots;       /* messages in flight per block and edge (2..8) */
+  uint64_t timeout_cycles;
+  int *error;              /* host-mapped, as the one-shot kernels' */
+} fc_ring_args_t;
+typedef enum { FC_RING_ALLREDUCE, FC_RING_ALLGATHER, FC_RING_REDUCE_SCATTER, FC_RING_BROADCAST, FC_RING_REDUCE } fc_ring_coll_t;
+/* `bytes`: allreduce, broadcast and reduce the buffer, allgather the send buffer,
+ * reduce_scatter the receive buffer.  Reduction order is fixed by the ring: chunk c (or, for
+ * reduce, the whole buffer) is folded from the rank after its owner round to the owner, so all
+ * ranks get bitwise the same result, whatever the timing. */
+int fc_kernel_ring_collective(const fc_ring_args_t *args, fc_ring_coll_t coll, const void *sendbuf, void *recvbuf,
+                              size_t bytes, flexcoll_datatype_t dtype, flexcoll_op_t op, int root,
+                              flexcoll_stream_t stream);
+int fc_kernels_preload_ring(void);
+/* Blocks of the one-shot (oneshot.cu) and ring kernels that fit on one SM of the current
+ * device at once, the fewest over their instances (0: unknown).  Ranks that share a GPU spin
+ * while waiting for each other's blocks: their grids together must fit (lib/gpu caps them). */
+int fc_kernels_oneshot_blocks_per_sm(void);
+int fc_kernels_ring_blocks_per_sm(void);
+
 #ifdef __cplusplus
 }
 #endif

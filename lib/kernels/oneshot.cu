@@ -101,10 +101,10 @@ struct fc_oneshot_launch {
     if (fc_use_ll(args, bytes)) {
       if (avg && args->nranks > 1)
         fc_ll_allreduce_kernel<V, D, Op, true>
-            <<<fc_ll_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+            <<<fc_ll_grid(args, bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
       else
         fc_ll_allreduce_kernel<V, D, Op, false>
-            <<<fc_ll_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
+            <<<fc_ll_grid(args, bytes), FC_OS_THREADS, 0, stream>>>(*args, (const char *)send, (char *)recv, bytes);
       return (int)cudaGetLastError();
     }
     if (avg && args->nranks > 1)
@@ -135,7 +135,7 @@ extern "C" int fc_kernel_oneshot_allgather(const fc_oneshot_args_t *args, const 
   if (bytes == 0) return (int)cudaSuccess;
   if (!fc_args_ok(args, bytes)) return (int)cudaErrorInvalidValue;
   if (fc_use_ll(args, bytes)) {
-    fc_ll_allgather_kernel<<<fc_ll_grid(bytes), FC_OS_THREADS, 0, (cudaStream_t)stream>>>(*args, (const char *)sendbuf,
+    fc_ll_allgather_kernel<<<fc_ll_grid(args, bytes), FC_OS_THREADS, 0, (cudaStream_t)stream>>>(*args, (const char *)sendbuf,
                                                                                         (char *)recvbuf, bytes);
     return (int)cudaGetLastError();
   }
@@ -158,6 +158,33 @@ struct fc_oneshot_preload {
   }
 };
 }  // namespace
+
+/* The fewest blocks of the allreduce kernels (the one-shot family's heaviest) that fit on one SM. */
+namespace {
+struct fc_oneshot_occupancy {
+  int per_sm = 1 << 30;
+  template <class K> int visit(K kernel) {
+    int nb = 0, e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, FC_OS_THREADS, 0);
+    if (!e && nb < per_sm) per_sm = nb;
+    return e;
+  }
+  template <typename V, typename D, class Op> int run() {
+    int e = visit(fc_oneshot_allreduce_kernel<V, D, Op, true>);
+    if (!e) e = visit(fc_oneshot_allreduce_kernel<V, D, Op, false>);
+    if (!e) e = visit(fc_ll_allreduce_kernel<V, D, Op, true>);
+    return e ? e : visit(fc_ll_allreduce_kernel<V, D, Op, false>);
+  }
+};
+}  // namespace
+
+extern "C" int fc_kernels_oneshot_blocks_per_sm(void) {
+  fc_oneshot_occupancy o;
+  if (fc_dispatch_all(o)) {
+    cudaGetLastError();
+    return 0;
+  }
+  return o.per_sm;
+}
 
 extern "C" int fc_kernels_preload_oneshot(void) {
   fc_oneshot_preload p;

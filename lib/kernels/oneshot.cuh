@@ -179,8 +179,10 @@ __device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, uin
 constexpr long long FC_ABORT_CHECK_CYCLES = 1ll << 20;
 
 /* True once a wait begun at `start` must give up: clock64 has run past the deadline, or the
- * host has aborted the communicator (*error == 2).  *last_abort_check starts at start. */
-__device__ __forceinline__ bool fc_wait_expired(const fc_oneshot_args_t &a, long long start, long long *last_abort_check) {
+ * host has aborted the communicator (*error == 2).  *last_abort_check starts at start.
+ * A: any kernel arguments with timeout_cycles and error (fc_oneshot_args_t, fc_ring_args_t). */
+template <class A>
+__device__ __forceinline__ bool fc_wait_expired(const A &a, long long start, long long *last_abort_check) {
   const long long now = clock64();
   if ((uint64_t)(now - start) > a.timeout_cycles) return true;
   if (now - *last_abort_check < FC_ABORT_CHECK_CYCLES) return false;
@@ -192,8 +194,9 @@ __device__ __forceinline__ bool fc_wait_expired(const fc_oneshot_args_t &a, long
  * seq of an earlier call until this one's arrives); false once the wait expired
  * (fc_wait_expired).  Tight polling first (latency), then __nanosleep with doubling backoff up
  * to 256 ns. */
-__device__ __forceinline__ bool fc_poll(const fc_oneshot_args_t &a, const uint64_t *flag, uint64_t target,
-                                        long long start, long long *last_abort_check) {
+template <class A>
+__device__ __forceinline__ bool fc_poll(const A &a, const uint64_t *flag, uint64_t target, long long start,
+                                        long long *last_abort_check) {
   unsigned spins = 0, ns = 32;
   while (fc_ld_volatile(flag) < target) {
     if (fc_wait_expired(a, start, last_abort_check)) return false;
@@ -398,10 +401,12 @@ __device__ __forceinline__ void fc_ll_post(const fc_oneshot_args_t &a, int par, 
     }
 }
 
-/* The LL grid: one thread per 16 bytes (every rank computes the same from the same size). */
-inline unsigned fc_ll_grid(size_t bytes) {
+/* The LL grid: one thread per 16 bytes, up to the plain kernels' cap (every rank computes the
+ * same from the same size and cap; the kernels loop over the units beyond). */
+inline unsigned fc_ll_grid(const fc_oneshot_args_t *a, size_t bytes) {
+  const size_t cap = a->max_blocks >= 1 && a->max_blocks < FC_ONESHOT_BLOCKS ? a->max_blocks : FC_ONESHOT_BLOCKS;
   const size_t units = (bytes + 15) / 16, b = (units + FC_OS_THREADS - 1) / FC_OS_THREADS;
-  return b < 1 ? 1u : b > FC_ONESHOT_BLOCKS ? (unsigned)FC_ONESHOT_BLOCKS : (unsigned)b;
+  return b < 1 ? 1u : b > cap ? (unsigned)cap : (unsigned)b;
 }
 
 /* Whether a message of `bytes` per rank takes the LL kernels. */

@@ -121,8 +121,8 @@ struct fc_oneshot_rs_launch {
     const char *s = (const char *)send;
     char *r = (char *)recv;
     if (fc_use_ll(args, bytes)) {
-      if (div) fc_ll_reduce_scatter_kernel<V, D, Op, true><<<fc_ll_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, s, r, bytes);
-      else fc_ll_reduce_scatter_kernel<V, D, Op, false><<<fc_ll_grid(bytes), FC_OS_THREADS, 0, stream>>>(*args, s, r, bytes);
+      if (div) fc_ll_reduce_scatter_kernel<V, D, Op, true><<<fc_ll_grid(args, bytes), FC_OS_THREADS, 0, stream>>>(*args, s, r, bytes);
+      else fc_ll_reduce_scatter_kernel<V, D, Op, false><<<fc_ll_grid(args, bytes), FC_OS_THREADS, 0, stream>>>(*args, s, r, bytes);
     } else if (div) {
       fc_oneshot_reduce_scatter_kernel<V, D, Op, true><<<fc_oneshot_grid(args, bytes), FC_OS_THREADS, 0, stream>>>(*args, s, r, bytes);
     } else {
@@ -163,7 +163,7 @@ extern "C" int fc_kernel_oneshot_broadcast(const fc_oneshot_args_t *args, const 
     return (int)cudaErrorInvalidValue;
   cudaStream_t s = (cudaStream_t)stream;
   if (fc_use_ll(args, bytes))
-    fc_ll_broadcast_kernel<<<fc_ll_grid(bytes), FC_OS_THREADS, 0, s>>>(*args, (const char *)sendbuf, (char *)recvbuf, bytes, root);
+    fc_ll_broadcast_kernel<<<fc_ll_grid(args, bytes), FC_OS_THREADS, 0, s>>>(*args, (const char *)sendbuf, (char *)recvbuf, bytes, root);
   else
     fc_oneshot_broadcast_kernel<<<fc_oneshot_grid(args, bytes), FC_OS_THREADS, 0, s>>>(*args, (const char *)sendbuf,
                                                                                 (char *)recvbuf, bytes, root);

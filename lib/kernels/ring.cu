@@ -1,0 +1,390 @@
+/* ring.cu — allreduce, allgather, reduce_scatter, broadcast and reduce for any number of ranks:
+ * one kernel per rank and call, each rank writing only into the next rank's ring area and
+ * reading only its own (kernels.h has the interface and the counters' layout).
+ *
+ * The message is cut into chunks (allreduce: n of them; allgather and reduce_scatter: one per
+ * rank's block; broadcast and reduce: one), each chunk into one part per block of the grid, and
+ * each part into slices of at most a sub-slot.  For every slice, a block runs the ring's steps
+ * in order; one step receives a message from the previous rank (its sub-slot in our area),
+ * folds it with our own operand, writes it into place and pushes it to the next rank, in one
+ * pass over the bytes (loads from our area and our buffer, stores into our buffer and over
+ * NVLink into the next rank's area), as NCCL's ring primitives do.  Which step does which of
+ * these is the collective's (fc_ring_role):
+ *   allreduce       2n-1 steps: a reduce-scatter (chunk c is folded from rank c+1 round to rank
+ *                   c, whose step n-1 finishes it, divides for AVG and writes it) then an
+ *                   allgather of the finished chunks round the ring;
+ *   reduce_scatter  the first n steps of that;
+ *   allgather       n steps: each rank's block travels n-1 hops, copied into place at each;
+ *   broadcast       a chain from the root through root+1 ... root-1;
+ *   reduce          a chain from root+1 through ... root, folding on the way.
+ * The fold is always (what arrived) op (our operand), so a chunk's result depends on the ring
+ * alone: bitwise the same on every rank and in every run.
+ *
+ * Flow control per block and edge, with messages numbered from the call's counter base: the
+ * sender waits until the receiver has consumed message m - S (its ack counter for us) before
+ * writing message m into sub-slot m % S, then raises the receiver's ready counter to m + 1; the
+ * receiver waits for ready >= m + 1, consumes, and raises the sender's ack to m + 1.  A call
+ * ends once the next rank has consumed all it was sent, so the next call, whatever its grid
+ * and slice size, finds our area free.  No seq and no handshake: the ring area is not shared
+ * with the one-shot kernels, whose parity argument (oneshot.cuh) therefore does not see these
+ * calls. */
+#include "kernels/oneshot.cuh"
+
+namespace {
+
+constexpr unsigned FC_RING_THREADS = 512;
+/* A block's part of a chunk is at least this (fewer blocks for smaller messages): below it a
+ * block's flag round trips cost more than its bytes. */
+constexpr size_t FC_RING_MIN_PART = 64u << 10;
+/* A chain (broadcast, reduce) needs slices to pipeline: its part is cut into about 2n of
+ * them, none below this. */
+constexpr size_t FC_RING_CHAIN_MIN_STEP = 32u << 10;
+
+/* One call's plan: the same on every rank (a function of the size, the rank count and the
+ * communicator's constants). */
+struct fc_ring_io {
+  const char *send;
+  char *recv;
+  size_t total;        /* bytes over all chunks (chunk c: [c * chunk, min((c + 1) * chunk, total))) */
+  size_t chunk;        /* bytes per chunk */
+  size_t own_stride;   /* from one chunk's own operand to the next (0: the one send buffer) */
+  size_t out_stride;   /* from one chunk's place in recv to the next (0: the one receive buffer) */
+  size_t part;         /* a block's share of a chunk (a multiple of 16) */
+  size_t step;         /* bytes per message (a multiple of 16) */
+  size_t room;         /* bytes per sub-slot (a multiple of 16, >= step) */
+  unsigned nslices;    /* per block */
+  unsigned steps;      /* ring steps per slice */
+  unsigned coll;       /* fc_ring_coll_t */
+  int root;
+  unsigned long long msgs; /* messages per block and edge in the call: the epoch's advance */
+};
+
+/* What a rank does in ring step s of a slice. */
+struct fc_ring_role {
+  int chunk;
+  bool recv;  /* consume a message from the previous rank */
+  bool own;   /* fold in (or, without recv, send) our own operand */
+  bool out;   /* write the result into recv */
+  bool push;  /* send it to the next rank */
+  bool fin;   /* the chunk is finished here (AVG divides) */
+};
+
+__device__ __forceinline__ int fc_mod(int x, int n) { return ((x % n) + n) % n; }
+
+__device__ __forceinline__ fc_ring_role fc_ring_step_role(const fc_ring_args_t &a, const fc_ring_io &io, unsigned s) {
+  const int n = a.nranks, me = a.rank, last = (int)io.steps - 1;
+  const int si = (int)s;
+  fc_ring_role r = {0, si > 0, false, false, false, false};
+  switch (io.coll) {
+    case FC_RING_ALLREDUCE:
+      r.chunk = si <= n - 1 ? fc_mod(me - 1 - si, n) : fc_mod(me - (si - n + 1), n);
+      r.own = si <= n - 1;
+      r.out = si >= n - 1;
+      r.fin = si == n - 1;
+      r.push = si < last;
+      break;
+    case FC_RING_REDUCE_SCATTER:
+      r.chunk = fc_mod(me - 1 - si, n);
+      r.own = true;
+      r.out = r.fin = si == last;
+      r.push = si < last;
+      break;
+    case FC_RING_ALLGATHER:
+      r.chunk = fc_mod(me - si, n);
+      r.own = si == 0;
+      r.out = true;
+      r.push = si < last;
+      break;
+    case FC_RING_BROADCAST: {
+      const int pos = fc_mod(me - io.root, n);
+      r.recv = pos > 0;
+      r.own = pos == 0;
+      r.out = true;
+      r.push = pos < n - 1;
+      break;
+    }
+    default: { /* FC_RING_REDUCE */
+      const int pos = fc_mod(me - io.root - 1, n);
+      r.recv = pos > 0;
+      r.own = true;
+      r.out = r.fin = pos == n - 1;
+      r.push = pos < n - 1;
+      break;
+    }
+  }
+  return r;
+}
+
+/* The call's counter base, read once per block (as fc_epoch_begin does for the one-shot
+ * kernels: one load bypassing L1, before any use). */
+__shared__ unsigned long long fc_ring_base_shared;
+__device__ __forceinline__ uint64_t fc_ring_base() { return *(volatile unsigned long long *)&fc_ring_base_shared; }
+
+/* Read the epoch, then count this block at once (see fc_pipe_call in pipeline.cu for why
+ * counting first): the last block advances pipe_base by the call's messages and leaves seq. */
+__device__ __forceinline__ void fc_ring_epoch(const fc_ring_args_t &a, unsigned long long msgs) {
+  if (threadIdx.x == 0) {
+    const unsigned long long b = fc_ld_volatile((const uint64_t *)&a.epoch->pipe_base);
+    fc_ring_base_shared = b;
+    __threadfence();
+    if (atomicAdd(&a.epoch->done, 1u) == gridDim.x - 1) {
+      __threadfence();
+      atomicExch(&a.epoch->done, 0u);
+      *(volatile unsigned long long *)&a.epoch->pipe_base = b + msgs;
+    }
+  }
+  __syncthreads();
+}
+
+/* Thread 0 waits for our ready counter (recv) and ack counter (before a push), then a system
+ * fence (the acquire side); false in every thread after a timeout or abort (*error set). */
+__device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, uint64_t ready_target, uint64_t ack_target) {
+  __shared__ int ok_shared;
+  if (threadIdx.x == 0) {
+    const long long start = clock64();
+    long long last_abort_check = start;
+    int ok = 1;
+    if (ready_target) ok = fc_poll(a, a.ctr + blockIdx.x, ready_target, start, &last_abort_check);
+    if (ok && ack_target) ok = fc_poll(a, a.ctr + FC_MAX_BLOCKS + blockIdx.x, ack_target, start, &last_abort_check);
+    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    __threadfence_system();
+    ok_shared = ok;
+  }
+  __syncthreads();
+  return ok_shared != 0;
+}
+
+/* After the block's accesses of a step: raise the next rank's ready (a push) and the previous
+ * rank's ack (a receive), behind a system fence (as fc_post_flags). */
+__device__ __forceinline__ void fc_ring_signal(const fc_ring_args_t &a, uint64_t ready_value, uint64_t ack_value) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    if (ready_value) fc_st_release_sys(a.ctr_next + blockIdx.x, ready_value);
+    if (ack_value) fc_st_release_sys(a.ctr_prev + FC_MAX_BLOCKS + blockIdx.x, ack_value);
+  }
+}
+
+/* One step over n bytes: v = in (or own alone), folded with own when both, divided when AVG
+ * finishes here, stored to out and nxt (each may be NULL).  16-byte vectors when every pointer
+ * is aligned, four of them loaded before any store (the stores may go over NVLink: more in
+ * flight); the rest in units of V. */
+template <typename V, typename D, class Op, bool AVG>
+__device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, char *out, char *nxt, size_t n,
+                                             bool fin, typename fc_divisor<D>::type dn) {
+  typedef fc_vec<V> vec;
+  const char *first = in ? in : own;
+  const char *second = in ? own : nullptr;
+  const uintptr_t al = (uintptr_t)first | (uintptr_t)second | (uintptr_t)out | (uintptr_t)nxt;
+  const size_t vend = (al & 15u) == 0 ? n & ~(size_t)15 : 0;
+  const bool divide = AVG && fin;
+  const size_t stride = 16 * (size_t)blockDim.x;
+  size_t i = 16 * (size_t)threadIdx.x;
+  for (; i + 3 * stride < vend; i += 4 * stride) {
+    vec v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) v[j] = fc_vec_ld_cg<V>(first + i + j * stride);
+    if (second) {
+      vec w[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) w[j] = fc_vec_ld_cg<V>(second + i + j * stride);
+#pragma unroll
+      for (int j = 0; j < 4; j++) v[j] = fc_vec_apply<V, Op>(v[j], w[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      if (divide)
+#pragma unroll
+        for (int e = 0; e < vec::N; e++) v[j].e[e] = fc_avg<V, D>(v[j].e[e], dn);
+      if (out) *(uint4 *)(out + i + j * stride) = v[j].raw;
+      if (nxt) *(uint4 *)(nxt + i + j * stride) = v[j].raw;
+    }
+  }
+  for (; i < vend; i += stride) {
+    vec v = fc_vec_ld_cg<V>(first + i);
+    if (second) v = fc_vec_apply<V, Op>(v, fc_vec_ld_cg<V>(second + i));
+    if (divide)
+#pragma unroll
+      for (int e = 0; e < vec::N; e++) v.e[e] = fc_avg<V, D>(v.e[e], dn);
+    if (out) *(uint4 *)(out + i) = v.raw;
+    if (nxt) *(uint4 *)(nxt + i) = v.raw;
+  }
+  for (size_t k = vend + sizeof(V) * threadIdx.x; k < n; k += sizeof(V) * blockDim.x) {
+    V v = fc_ld_cg<V>(first + k);
+    if (second) v = Op::apply(v, fc_ld_cg<V>(second + k));
+    if (divide) v = fc_avg<V, D>(v, dn);
+    if (out) *(V *)(out + k) = v;
+    if (nxt) *(V *)(nxt + k) = v;
+  }
+}
+
+template <typename V, typename D, class Op, bool AVG>
+__device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ring_io &io) {
+  const unsigned S = a.subslots;
+  const uint64_t base = fc_ring_base();
+  const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
+  uint64_t pushed = 0, received = 0; /* this call's messages on our two edges, this block */
+  for (unsigned k = 0; k < io.nslices; k++) {
+    for (unsigned s = 0; s < io.steps; s++) {
+      const fc_ring_role r = fc_ring_step_role(a, io, s);
+      /* This slice's bytes of the chunk: [lo, hi) of it. */
+      const size_t cstart = (size_t)r.chunk * io.chunk;
+      const size_t clen = cstart >= io.total ? 0 : (io.total - cstart < io.chunk ? io.total - cstart : io.chunk);
+      const size_t pend = ((size_t)blockIdx.x + 1) * io.part < clen ? ((size_t)blockIdx.x + 1) * io.part : clen;
+      size_t lo = (size_t)blockIdx.x * io.part + (size_t)k * io.step;
+      if (lo > pend) lo = pend;
+      const size_t hi = lo + io.step < pend ? lo + io.step : pend;
+      const uint64_t ready_target = r.recv ? base + received + 1 : 0;
+      const uint64_t ack_target = r.push && pushed >= S ? base + pushed - S + 1 : 0;
+      if ((ready_target || ack_target) && !fc_ring_wait(a, ready_target, ack_target)) return;
+      const char *in = r.recv ? a.area + ((size_t)(received % S) * gridDim.x + blockIdx.x) * io.room : nullptr;
+      char *nxt = r.push ? a.area_next + ((size_t)(pushed % S) * gridDim.x + blockIdx.x) * io.room : nullptr;
+      const char *own = r.own ? io.send + (size_t)r.chunk * io.own_stride + lo : nullptr;
+      char *out = r.out ? io.recv + (size_t)r.chunk * io.out_stride + lo : nullptr;
+      if (out == own) out = nullptr; /* in place: already there */
+      fc_ring_xfer<V, D, Op, AVG>(in, own, out, nxt, hi - lo, r.fin, dn);
+      if (r.push) pushed++;
+      if (r.recv) received++;
+      if (r.push || r.recv) fc_ring_signal(a, r.push ? base + pushed : 0, r.recv ? base + received : 0);
+    }
+  }
+  /* Everything we sent has been consumed: the next call may reuse the next rank's area. */
+  if (pushed) fc_ring_wait(a, 0, base + pushed);
+}
+
+template <typename V, typename D, class Op, bool AVG>
+__global__ void __launch_bounds__(FC_RING_THREADS, 2) fc_ring_kernel(const fc_ring_args_t a, const fc_ring_io io) {
+  fc_ring_epoch(a, io.msgs);
+  fc_ring_run<V, D, Op, AVG>(a, io);
+}
+
+/* The plan of a call (fc_ring_io), the same on every rank. */
+bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, int root, fc_ring_io *io,
+                  unsigned *grid) {
+  const int n = a->nranks;
+  const bool chain = coll == FC_RING_BROADCAST || coll == FC_RING_REDUCE;
+  io->coll = (unsigned)coll;
+  io->root = root;
+  switch (coll) {
+    case FC_RING_ALLREDUCE:
+      io->total = bytes;
+      io->chunk = ((bytes + 15) / 16 + (size_t)n - 1) / (size_t)n * 16;
+      io->own_stride = io->out_stride = io->chunk;
+      io->steps = 2 * (unsigned)n - 1;
+      io->msgs = 2 * (unsigned)n - 2;
+      break;
+    case FC_RING_ALLGATHER:
+    case FC_RING_REDUCE_SCATTER:
+      io->total = (size_t)n * bytes;
+      io->chunk = bytes;
+      io->own_stride = coll == FC_RING_REDUCE_SCATTER ? bytes : 0;
+      io->out_stride = coll == FC_RING_ALLGATHER ? bytes : 0;
+      io->steps = (unsigned)n;
+      io->msgs = (unsigned)n - 1;
+      break;
+    default:
+      io->total = io->chunk = bytes;
+      io->own_stride = io->out_stride = 0;
+      io->steps = 1;
+      io->msgs = 1;
+      break;
+  }
+  size_t g = (io->chunk + FC_RING_MIN_PART - 1) / FC_RING_MIN_PART;
+  if (g < 1) g = 1;
+  if (g > a->blocks) g = a->blocks;
+  *grid = (unsigned)g;
+  io->part = ((io->chunk + 15) / 16 + g - 1) / g * 16;
+  io->room = a->area_bytes / (g * a->subslots) / 16 * 16;
+  if (io->room < 16) return false;
+  size_t want = io->part;
+  if (chain) {
+    want = (io->part / (2 * (size_t)n) + 15) / 16 * 16;
+    if (want < FC_RING_CHAIN_MIN_STEP) want = FC_RING_CHAIN_MIN_STEP;
+  }
+  io->step = want < io->room ? want : io->room;
+  io->nslices = (unsigned)((io->part + io->step - 1) / io->step);
+  if (io->nslices < 1) io->nslices = 1;
+  io->msgs *= io->nslices;
+  return true;
+}
+
+struct fc_ring_launch {
+  const fc_ring_args_t *args;
+  fc_ring_io io;
+  unsigned grid;
+  bool avg;
+  cudaStream_t stream;
+  template <typename V, typename D, class Op> int run() {
+    if ((((uintptr_t)io.send | (uintptr_t)io.recv) & (sizeof(V) - 1)) || io.chunk % sizeof(V)) return (int)cudaErrorInvalidValue;
+    if (avg) fc_ring_kernel<V, D, Op, true><<<grid, FC_RING_THREADS, 0, stream>>>(*args, io);
+    else fc_ring_kernel<V, D, Op, false><<<grid, FC_RING_THREADS, 0, stream>>>(*args, io);
+    return (int)cudaGetLastError();
+  }
+};
+
+/* Copies (allgather, broadcast) in bytes: any size and alignment. */
+typedef unsigned char fc_ring_byte;
+
+/* Visits every instance: load it now (see fc_kernels_preload_reduce) and record the fewest
+ * blocks of any that fit on one SM. */
+struct fc_ring_visit {
+  int per_sm = 1 << 30;
+  template <typename V, typename D, class Op> int run() {
+    int e = visit(fc_ring_kernel<V, D, Op, true>);
+    return e ? e : visit(fc_ring_kernel<V, D, Op, false>);
+  }
+  template <class K> int visit(K kernel) {
+    cudaFuncAttributes attr;
+    int e = (int)cudaFuncGetAttributes(&attr, kernel), nb = 0;
+    if (!e) e = (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kernel, FC_RING_THREADS, 0);
+    if (!e && nb < per_sm) per_sm = nb;
+    return e;
+  }
+};
+
+bool fc_ring_args_ok(const fc_ring_args_t *a) {
+  return a && a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
+         a->area && a->area_next && a->ctr && a->ctr_next && a->ctr_prev && ((uintptr_t)a->area & 15u) == 0 &&
+         ((uintptr_t)a->area_next & 15u) == 0 && (a->area_bytes & 15u) == 0 && a->blocks >= 1 &&
+         a->blocks <= FC_MAX_BLOCKS && a->subslots >= 2 && a->subslots <= 8;
+}
+
+}  // namespace
+
+extern "C" int fc_kernel_ring_collective(const fc_ring_args_t *args, fc_ring_coll_t coll, const void *sendbuf,
+                                         void *recvbuf, size_t bytes, flexcoll_datatype_t dtype, flexcoll_op_t op,
+                                         int root, flexcoll_stream_t stream) {
+  const bool reduces = coll == FC_RING_ALLREDUCE || coll == FC_RING_REDUCE_SCATTER || coll == FC_RING_REDUCE;
+  if ((unsigned)coll > FC_RING_REDUCE) return (int)cudaErrorInvalidValue;
+  if (reduces && ((unsigned)dtype >= FLEXCOLL_NUM_DATATYPES || (unsigned)op >= FLEXCOLL_NUM_OPS))
+    return (int)cudaErrorInvalidValue;
+  if (bytes == 0) return (int)cudaSuccess; /* nothing launched, on every rank alike */
+  if (!fc_ring_args_ok(args) || root < 0 || root >= args->nranks) return (int)cudaErrorInvalidValue;
+  fc_ring_launch l = {args, {}, 0, op == FLEXCOLL_AVG && reduces, (cudaStream_t)stream};
+  if (!fc_ring_plan(args, coll, bytes, root, &l.io, &l.grid)) return (int)cudaErrorInvalidValue;
+  l.io.send = (const char *)sendbuf;
+  l.io.recv = (char *)recvbuf;
+  if (!reduces) return l.run<fc_ring_byte, fc_ring_byte, fc_op_sum>();
+  return fc_dispatch(dtype, op, l);
+}
+
+namespace {
+int fc_ring_visit_all(int *per_sm) {
+  fc_ring_visit v;
+  int e = fc_dispatch_all(v);
+  if (!e) e = v.visit(fc_ring_kernel<fc_ring_byte, fc_ring_byte, fc_op_sum, false>);
+  if (!e && per_sm) *per_sm = v.per_sm;
+  return e;
+}
+}  // namespace
+
+extern "C" int fc_kernels_preload_ring(void) { return fc_ring_visit_all(nullptr); }
+
+extern "C" int fc_kernels_ring_blocks_per_sm(void) {
+  int per_sm = 0;
+  if (fc_ring_visit_all(&per_sm)) {
+    cudaGetLastError();
+    return 0;
+  }
+  return per_sm;
+}

@@ -1,13 +1,15 @@
 /* test_capture.c — device collectives on a stream that is being captured into a CUDA graph.
  *
- * The one-shot kernels (and the pipelined ones, which two ranks on one GPU do not use, so they
- * are not reached here) keep their sequence state on the device: a captured call replays
- * correctly, and eager calls between replays stay in step with it.  Captured, each collective
- * at LL and plain sizes is replayed thousands of times on fresh inputs (written outside the
- * graph, different per replay and rank) and its results checked exactly, with eager calls in
- * between.  Every other path (host memory, a staged schedule, direct mode, send/recv, reduce,
- * alltoall, a call in a group, a capture on another stream than the communicator's previous
- * kernel) would replay stale host counters or not be in the graph at all: it must be refused
+ * The one-shot and ring kernels (and the pipelined ones, which two ranks on one GPU do not use,
+ * so they are not reached here) keep their sequence state on the device: a captured call
+ * replays correctly, and eager calls between replays stay in step with it.  Captured, each
+ * collective at LL, plain one-shot and ring sizes (reduce: ring at every size) is replayed
+ * hundreds to thousands of times on fresh inputs (written outside the graph, different per
+ * replay and rank) and its results checked exactly, with eager calls in between.  Every other
+ * path (host memory, a staged schedule — with FLEXCOLL_RING_KERNEL=0 large calls and reduce
+ * take it —, direct mode, send/recv, alltoall, a call in a group, a capture on another stream
+ * than the communicator's previous kernel) would replay stale host counters or not be in the
+ * graph at all: it must be refused
  * with FLEXCOLL_INVALID_USAGE and a message that says why, before enqueuing anything, so the
  * captured graph stays empty, the capture valid and the communicator usable.
  *
@@ -28,6 +30,10 @@
 #define COUNT 1000
 /* Above the one-shot limit of 2 ranks (8 MB): a staged schedule, or direct mode in a window. */
 #define BIG_COUNT (3u << 20)
+
+/* The ring kernels are on (FLEXCOLL_RING_KERNEL unset or not 0): reduce and large calls are
+ * captured and replayed, not refused. */
+static int g_ring = 1;
 
 typedef struct {
   int rank;
@@ -103,13 +109,15 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
   expect_refused(r, comm, flexcoll_recv(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "recv");
   expect_refused(r, comm, flexcoll_allreduce(b->host, b->host, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
                  "allreduce on host memory");
-  expect_refused(r, comm, flexcoll_allreduce(b->big, b->big, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
-                 "allreduce above the one-shot limit (staged schedule)");
+  if (!g_ring) {
+    expect_refused(r, comm, flexcoll_allreduce(b->big, b->big, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
+                   "allreduce above the one-shot limit (staged schedule)");
+    expect_refused(r, comm, flexcoll_reduce(b->dev, b->dev + COUNT, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0, comm, s),
+                   "reduce (staged schedule)");
+  }
   if (b->win)
     expect_refused(r, comm, flexcoll_allreduce(b->big_win, b->big_win, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
                    "allreduce in a window (direct mode)");
-  expect_refused(r, comm, flexcoll_reduce(b->dev, b->dev + COUNT, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0, comm, s),
-                 "reduce");
   expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
                  "alltoall");
   /* In a group the refusal comes at the call, so the group never holds half a collective. */
@@ -142,7 +150,7 @@ static void refused_other_stream(rank_t *r, flexcoll_comm_t comm, float *dev, cu
 
 /* ---- captured one-shot calls, replayed ---- */
 
-typedef enum { K_ALLREDUCE, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST } kind_t;
+typedef enum { K_ALLREDUCE, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST, K_REDUCE } kind_t;
 typedef struct {
   const char *name;
   kind_t kind;
@@ -156,12 +164,16 @@ static const coll_t colls[] = {
     {"allgather int32", K_ALLGATHER, FLEXCOLL_INT32, FLEXCOLL_SUM},
     {"reduce_scatter float32 sum", K_REDUCE_SCATTER, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
     {"broadcast float32 root 1", K_BROADCAST, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
+    {"reduce int32 sum root 1", K_REDUCE, FLEXCOLL_INT32, FLEXCOLL_SUM},
 };
 #define NCOLLS (sizeof colls / sizeof colls[0])
-/* LL sizes (up to 64 KiB per rank) and a plain one. */
-static const size_t counts[] = {1, 7, 1000, 100003};
+/* LL sizes (up to 64 KiB per rank), a plain one, and one above the one-shot limit of 2 ranks
+ * (8 MiB) for 4-byte types: the ring kernels (lib/kernels/ring.cu; reduce takes them at every
+ * size), whose counters live on the device too. */
+static const size_t counts[] = {1, 7, 1000, 100003, 2200001};
 #define NCOUNTS (sizeof counts / sizeof counts[0])
-#define MAX_COUNT 100003
+#define MAX_COUNT 2200001
+#define BIG_REPLAYS 300
 #define VARIANTS 8   /* inputs prepared per case; replay i takes variant (3i + 1) % VARIANTS */
 #define REPLAYS 2000
 #define LONG_REPLAYS 10000
@@ -204,6 +216,9 @@ static int expected(const coll_t *c, int rank, int v, size_t n, size_t i) {
   switch (c->kind) {
     case K_ALLGATHER: return value((int)(i / n), v, i % n);
     case K_BROADCAST: return value(ROOT, v, i);
+    case K_REDUCE:
+      if (rank != ROOT) return 1 << 30; /* recvbuf is the root's only: still the poison (get) */
+      /* fall through */
     default: {
       const size_t at = c->kind == K_REDUCE_SCATTER ? (size_t)rank * n + i : i;
       int acc = value(0, v, at);
@@ -233,6 +248,7 @@ static flexcoll_result_t issue(const coll_t *c, size_t n, const void *send, void
     case K_ALLGATHER: return flexcoll_allgather(send, recv, n, c->dt, comm, s);
     case K_REDUCE_SCATTER: return flexcoll_reduce_scatter(send, recv, n, c->dt, c->op, comm, s);
     case K_BROADCAST: return flexcoll_broadcast(send, recv, n, c->dt, ROOT, comm, s);
+    case K_REDUCE: return flexcoll_reduce(send, recv, n, c->dt, c->op, ROOT, comm, s);
     default: return flexcoll_allreduce(send, recv, n, c->dt, c->op, comm, s);
   }
 }
@@ -361,7 +377,7 @@ static void replay_all(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, 
   long replays = 0;
   for (size_t k = 0; k < NCOLLS; k++)
     for (size_t j = 0; j < NCOUNTS; j++) {
-      const long n = k == 0 && j == 2 ? LONG_REPLAYS : REPLAYS;
+      const long n = k == 0 && j == 2 ? LONG_REPLAYS : counts[j] == MAX_COUNT ? BIG_REPLAYS : REPLAYS;
       if (!replay_case(r, comm, b, s, &colls[k], counts[j], n)) return;
       cases++;
       replays += n;
@@ -460,6 +476,7 @@ int main(void) {
     fprintf(stderr, "[test_capture] get_unique_id: %s\n", flexcoll_get_last_error(NULL));
     return 1;
   }
+  g_ring = !getenv("FLEXCOLL_RING_KERNEL") || atoi(getenv("FLEXCOLL_RING_KERNEL")) != 0;
   pthread_barrier_init(&g_barrier, NULL, NRANKS);
   rank_t ranks[NRANKS];
   pthread_t threads[NRANKS];

@@ -30,12 +30,13 @@
  * The library reads its environment once per process, so each environment runs in a forked
  * child that sets it before its first CUDA call (the parent never touches CUDA; even the GPU
  * probe runs in a child).  Environments (FC_ONEGPU_ENVS, default "a,b,c,d,e"):
- *   a  defaults
+ *   a  defaults (and CUDA_DEVICE_MAX_CONNECTIONS=32, see envs[])
  *   b  FLEXCOLL_ONESHOT_MAX_BYTES=0: no one-shot kernels, every non-empty call takes the N-rank
  *      ring kernels or the staged schedule
  *   c  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_RING_KERNEL=0: the older staged schedule
- *   d  CUDA_DEVICE_MAX_CONNECTIONS=1 FLEXCOLL_ONESHOT_MAX_BYTES=0
- *   e  CUDA_DEVICE_MAX_CONNECTIONS=1
+ *   d  CUDA_DEVICE_MAX_CONNECTIONS=1 FLEXCOLL_ONESHOT_MAX_BYTES=0, one stream per rank in
+ *      lockstep (g_lockstep says why)
+ *   e  CUDA_DEVICE_MAX_CONNECTIONS=1, likewise
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only),
  * FC_ONEGPU_ALL=1 (every collective in d and e too, see only_one_kernel_colls).  Every wait is
  * bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
@@ -238,6 +239,17 @@ static double reduced(const case_t *c, int nranks, size_t i, int *approx) {
 /* ---- the cases ---- */
 
 static int g_quick, g_all;
+/* One hardware queue (envs d, e): every call of every rank goes into it in issue order, and a
+ * kernel that must wait for the same stream's previous one holds back everything behind it,
+ * including the peers' kernels that previous one is waiting for.  Ranks that are threads of one
+ * process on one GPU then deadlock on any second call issued before the first finished — an
+ * artifact of sharing one process's queue (ranks in their own processes, as frameworks run
+ * them, each have their own).  So there each rank uses one stream and waits for every call
+ * before the next (lockstep): what stays under test is that one call completes with one queue,
+ * which the staged schedule's two side streams could not. */
+static int g_lockstep;
+/* Streams a rank rotates its calls over. */
+static int g_nstreams = NSTREAMS;
 static int g_nindex; /* which entry of FC_ONEGPU_RANKS runs: each starts the pair cycle elsewhere */
 
 static const int quick_dts[] = {FLEXCOLL_FLOAT32, FLEXCOLL_INT32, FLEXCOLL_BFLOAT16};
@@ -463,7 +475,7 @@ static void issue_call(rank_t *r, pend_t *p, size_t *top) {
   const case_t *c = p->c;
   const int nr = g_nranks, me = r->rank;
   const size_t es = dt_size(c->dt), ns = send_elems(c, nr), nrv = recv_elems(c, nr);
-  cudaStream_t s = r->s[r->calls++ % NSTREAMS];
+  cudaStream_t s = r->s[r->calls++ % g_nstreams];
   if (me == 0) describe(c, g_call, sizeof g_call);
   char *dev = r->dev, *host = r->host;
   size_t in_off; /* where the input goes in the arena */
@@ -554,7 +566,7 @@ static void run_cases(rank_t *r, const case_t *cases, size_t ncases) {
   size_t top = 0;
   for (size_t k = 0; k < ncases; k++) {
     const size_t need = footprint(&cases[k], g_nranks);
-    if (nb == BATCH_CALLS || (nb && top + need > r->cap)) {
+    if (nb == (g_lockstep ? 1 : BATCH_CALLS) || (nb && top + need > r->cap)) {
       finish_batch(r, batch, nb);
       nb = 0;
       top = 0;
@@ -587,7 +599,7 @@ static void tpdp(rank_t *r) {
     for (int round = 0; round < TPDP_ROUNDS; round++)
       for (int g = 0; g < 2; g++) {
         const size_t n = tpdp_count(round), bytes = n * sizeof(float);
-        cudaStream_t s = r->s[r->calls++ % NSTREAMS];
+        cudaStream_t s = r->s[r->calls++ % g_nstreams];
         off[round][g] = top;
         float *in = (float *)(r->host + top), *out;
         for (size_t i = 0; i < n; i++) in[i] = tpdp_val(iter, round, g, me, i);
@@ -601,6 +613,7 @@ static void tpdp(rank_t *r) {
         if (res != FLEXCOLL_SUCCESS)
           FAIL(r, "%s allreduce round %d: %s", g ? "DP" : "TP", round, flexcoll_get_last_error(comms[g]));
         cudaMemcpyAsync(r->host + top + bytes, out, bytes, cudaMemcpyDeviceToHost, s);
+        if (g_lockstep) cudaStreamSynchronize(s);
         top += 2 * bytes;
       }
     for (int k = 0; k < NSTREAMS; k++) cudaStreamSynchronize(r->s[k]);
@@ -848,13 +861,19 @@ static int run_hang(void) {
 
 typedef struct {
   char key;
-  const char *vars[2][2];
+  const char *vars[3][2];
   int one_queue; /* CUDA_DEVICE_MAX_CONNECTIONS=1: see only_one_kernel_colls */
 } env_t;
+/* a-c: 32 hardware queues, so that the ranks' 3 streams each (and the library's own) get queues
+ * of their own: a communicator orders its kernels on different streams with an event wait, and
+ * at the head of a queue shared with another rank's stream that wait holds back the other
+ * rank's kernel it is waiting for (the one-process, one-GPU artifact of g_lockstep again; with
+ * 8, four ranks of 3 streams share queues). */
+#define Q32 {"CUDA_DEVICE_MAX_CONNECTIONS", "32"}
 static const env_t envs[] = {
-    {'a', {{NULL, NULL}}, 0},
-    {'b', {{"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}}, 0},
-    {'c', {{"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_RING_KERNEL", "0"}}, 0},
+    {'a', {Q32}, 0},
+    {'b', {Q32, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}}, 0},
+    {'c', {Q32, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_RING_KERNEL", "0"}}, 0},
     {'d', {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}}, 1},
     {'e', {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}}, 1},
 };
@@ -889,9 +908,11 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   unsetenv("FLEXCOLL_ONESHOT_MAX_BYTES");
   unsetenv("FLEXCOLL_RING_KERNEL");
   unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 3; k++)
     if (e->vars[k][0]) setenv(e->vars[k][0], e->vars[k][1], 1);
   g_env = e->key;
+  g_lockstep = e->one_queue;
+  g_nstreams = g_lockstep ? 1 : NSTREAMS;
   signal(SIGALRM, on_alarm);
   g_nkinds = 0;
   if (e->one_queue && !g_all)
@@ -965,7 +986,7 @@ int main(void) {
     if (!strchr(sel, envs[k].key)) continue;
     ran++;
     fprintf(stderr, TAG " env %c:", envs[k].key);
-    for (int v = 0; v < 2 && envs[k].vars[v][0]; v++) fprintf(stderr, " %s=%s", envs[k].vars[v][0], envs[k].vars[v][1]);
+    for (int v = 0; v < 3 && envs[k].vars[v][0]; v++) fprintf(stderr, " %s=%s", envs[k].vars[v][0], envs[k].vars[v][1]);
     fprintf(stderr, "%s%s\n", envs[k].vars[0][0] ? "" : " defaults", envs[k].one_queue && !g_all ?
             " (allreduce, allgather, reduce_scatter, broadcast only)" : "");
     pid = fork();

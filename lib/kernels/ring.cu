@@ -241,7 +241,7 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
       char *nxt = r.push ? a.area_next + ((size_t)(pushed % S) * gridDim.x + blockIdx.x) * io.room : nullptr;
       const char *own = r.own ? io.send + (size_t)r.chunk * io.own_stride + lo : nullptr;
       char *out = r.out ? io.recv + (size_t)r.chunk * io.out_stride + lo : nullptr;
-      if (out == own) out = nullptr; /* in place: already there */
+      if (out == own && !r.recv) out = nullptr; /* our own data, in place: already there */
       fc_ring_xfer<V, D, Op, AVG>(in, own, out, nxt, hi - lo, r.fin, dn);
       if (r.push) pushed++;
       if (r.recv) received++;

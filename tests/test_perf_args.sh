@@ -37,7 +37,8 @@ refuse "aggregated iterations" -m 4
 refuse "-C" -m host -C 2
 refuse "-c allreduce" -m host -c allreduce
 refuse "-c (--check) 5" -m host -c 5
-refuse "-G 1: CUDA graph replay is not supported yet" -m host -G 1
+refuse "-G 1: a CUDA graph captures device work" -m host -G 1
+refuse "-G (--cudagraph) x" -m host -G x
 refuse "-g (--ngpus)" -m host -g 2
 refuse "-a (--algo) 1" -m host -a 1
 refuse "-d (--datatype) all" -m host -d all

@@ -42,6 +42,8 @@ int main(int argc, char **argv) {
   if (!opts.memory) opts.memory = ngpus > 0 ? "device" : "host";
   opts.device = strcmp(opts.memory, "device") == 0;
   if (opts.device && ngpus == 0) perf_usage_error("-m (--memory) device, but no GPU is visible: use -m host");
+  if (opts.graph && !opts.device)
+    perf_usage_error("-G %d: a CUDA graph captures device work, and the buffers are in host memory", opts.graph);
   if (launched()) {
     if (opts.nranks > 1 || opts.nthreads > 1 || opts.ngpus > 1)
       perf_usage_error("under a launcher every process is one rank: -t, -g and --nranks above 1 do not apply");

@@ -16,6 +16,7 @@ typedef struct {
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
   int root, warmup, iters, check, device;
+  int graph;              /* -G: launches of a CUDA graph of `iters` captured calls (0: calls as they are) */
   int nranks;             /* ranks in this process (thread mode), from --nranks or -t and -g */
   int nthreads, ngpus;    /* -t and -g as given; 0: not given */
   int windows;            /* register device buffers as symmetric windows (-R) */
@@ -92,6 +93,12 @@ int perf_copy(void *dst, const void *src, size_t bytes, int device); /* default 
 void *perf_stream_create(int device);
 void perf_stream_destroy(void *stream, int device);
 int perf_stream_sync(void *stream, int device);
+/* -G: capture the calls issued on stream between begin and end into a graph (*graph), launch it,
+ * destroy it; nonzero on failure (no CUDA: always), with the CUDA error in err. */
+int perf_graph_begin(void *stream, char *err, size_t errlen);
+int perf_graph_end(void *stream, void **graph, char *err, size_t errlen);
+int perf_graph_launch(void *graph, void *stream);
+void perf_graph_destroy(void *graph);
 
 /* The NCCL baseline, through dlopen.  perf_nccl_load returns 0 when NCCL is usable. */
 int perf_nccl_load(char *err, size_t errlen);

@@ -42,7 +42,7 @@ static const perf_flag_t flags[] = {
     {'m', "memory", "host|device", "the buffers' memory (device when a GPU is visible)"},
     {'a', "algo", "ring|tree|auto", "force an algorithm through FLEXCOLL_ALGO (auto)"},
     {'R', "local_register", "0|1|2", "device buffers as symmetric windows (1; 2 is the same) or not (0)"},
-    {'G', "cudagraph", "0", "CUDA graph replays: not supported yet, 0 only"},
+    {'G', "cudagraph", "0", "launch N times a CUDA graph of the -n calls captured (device memory)"},
     {'J', "json", "FILE", "also write the results to FILE as JSON"},
     {OPT_BASELINE, "baseline", "nccl", "also run every size through NCCL (dlopen)"},
     {OPT_PLOT, "plot", "FILE.png", "draw busbw against size (and the links' shares) into FILE.png (needs zlib)"},
@@ -207,10 +207,7 @@ static void number_option(perf_opts_t *o, int key, const char *v) {
         perf_usage_error("-c %s: -c is the result check (0|1), as in nccl-tests; the collective is --coll %s", v, v);
       o->check = (int)int_value(key, v, 0, 1, "the check (nccl-tests' check count: 0 or 1 here)");
       break;
-    case 'G':
-      if (int_value(key, v, 0, 1 << 30, "the graph replay count") > 0)
-        perf_usage_error("-G %s: CUDA graph replay is not supported yet (-G 0 only)", v);
-      break;
+    case 'G': o->graph = (int)int_value(key, v, 0, 1 << 30, "the graph launch count"); break;
     default: perf_usage_error("option %s is not handled", flag_str(key));
   }
 }

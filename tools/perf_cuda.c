@@ -22,7 +22,7 @@ void perf_device_info(int device, perf_device_t *d) {
   d->device = device;
   snprintf(d->name, sizeof d->name, "host");
   if (device >= 0 && cudaGetDeviceProperties(&p, device) == cudaSuccess) {
-    snprintf(d->name, sizeof d->name, "%s", p.name);
+    snprintf(d->name, sizeof d->name, "%.63s", p.name);
     d->pci_bus = p.pciBusID;
   }
 }
@@ -50,6 +50,27 @@ int perf_stream_sync(void *stream, int device) {
   if (device < 0) return 0;
   return cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess;
 }
+int perf_graph_begin(void *stream, char *err, size_t errlen) {
+  cudaError_t e = cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) snprintf(err, errlen, "cudaStreamBeginCapture: %s", cudaGetErrorString(e));
+  return e != cudaSuccess;
+}
+int perf_graph_end(void *stream, void **graph, char *err, size_t errlen) {
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t exec = NULL;
+  cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &g);
+  if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+  if (g) cudaGraphDestroy(g);
+  if (e != cudaSuccess) snprintf(err, errlen, "ending the capture: %s", cudaGetErrorString(e));
+  *graph = exec;
+  return e != cudaSuccess;
+}
+int perf_graph_launch(void *graph, void *stream) {
+  return cudaGraphLaunch((cudaGraphExec_t)graph, (cudaStream_t)stream) != cudaSuccess;
+}
+void perf_graph_destroy(void *graph) {
+  if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
 #else
 int perf_gpu_count(void) { return 0; }
 void perf_device_info(int device, perf_device_t *d) {
@@ -63,4 +84,17 @@ int perf_copy(void *dst, const void *src, size_t bytes, int device) { (void)devi
 void *perf_stream_create(int device) { (void)device; return NULL; }
 void perf_stream_destroy(void *stream, int device) { (void)stream; (void)device; }
 int perf_stream_sync(void *stream, int device) { (void)stream; (void)device; return 0; }
+int perf_graph_begin(void *stream, char *err, size_t errlen) {
+  (void)stream;
+  snprintf(err, errlen, "this build has no CUDA");
+  return 1;
+}
+int perf_graph_end(void *stream, void **graph, char *err, size_t errlen) {
+  (void)stream;
+  *graph = NULL;
+  snprintf(err, errlen, "this build has no CUDA");
+  return 1;
+}
+int perf_graph_launch(void *graph, void *stream) { (void)graph; (void)stream; return 1; }
+void perf_graph_destroy(void *graph) { (void)graph; }
 #endif

@@ -34,7 +34,8 @@ void perf_print_header(const perf_opts_t *o, const perf_run_info_t *ri) {
   printf("# nThread %d nGpus %d minBytes %zu maxBytes %zu step: ", nthread, ngpu, o->minbytes, o->maxbytes);
   if (o->stepbytes) printf("%zu(bytes)", o->stepbytes);
   else printf("%g(factor)", o->step);
-  printf(" warmup iters: %d iters: %d agg iters: 1 validation: %d graph: 0\n", o->warmup, o->iters, o->check);
+  printf(" warmup iters: %d iters: %d agg iters: 1 validation: %d graph: %d\n", o->warmup, o->iters, o->check,
+         o->graph);
   printf("# Collective %s, %d ranks, %s memory, %s %s, links %s, algorithm %s%s\n", o->coll, ri->nranks, o->memory,
          fc_dtype_name(o->dtype), redop_name(o), links && *links ? links : "all", algo && *algo ? algo : "auto",
          ri->nccl ? ", baseline NCCL" : "");

@@ -101,6 +101,42 @@ static void *recv_ptr(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll, siz
   return b->recv;
 }
 
+/* -G: the -n calls captured into one CUDA graph (as nccl-tests does), launched o->graph times;
+ * the time per call.  A call the library refuses to capture (a path that could not replay)
+ * fails the size with its reason.  *wrong: the global count (w: this rank's so far). */
+static double measure_graph(perf_rank_t *r, int use_nccl, int coll, const void *s, void *d, size_t count, double w,
+                            double *wrong) {
+  const perf_opts_t *o = r->o;
+  char why[256] = "";
+  void *graph = NULL;
+  int err = perf_graph_begin(r->stream, why, sizeof why);
+  for (int i = 0; i < o->iters && !err; i++)
+    if (coll_call(r, use_nccl, coll, s, d, count))
+      err = snprintf(why, sizeof why, "capturing call %d: %s", i,
+                     use_nccl ? "see NCCL_DEBUG=WARN" : flexcoll_get_last_error(r->comm)) > 0;
+  /* End the capture whatever happened, so the stream is usable again. */
+  char end_why[128] = "";
+  if (perf_graph_end(r->stream, &graph, end_why, sizeof end_why) && !err) {
+    snprintf(why, sizeof why, "%s", end_why);
+    err = 1;
+  }
+  /* A rank whose capture failed launches nothing: nobody launches (the others would wait for it). */
+  const int skip = max_over_ranks(r, err) > 0;
+  double t0 = now_s();
+  for (int i = 0; i < o->graph && !skip; i++) err = err || perf_graph_launch(graph, r->stream);
+  err = perf_stream_sync(r->stream, r->device) || err;
+  const double t = (now_s() - t0) / ((double)o->iters * o->graph);
+  perf_graph_destroy(graph);
+  if (err) {
+    fprintf(stderr, "flexcoll-perf: rank %d: %s in a CUDA graph failed: %s\n", r->rank, use_nccl ? "NCCL" : o->coll,
+            why[0] ? why : "cudaGraphLaunch failed");
+    r->status = 1;
+    w += 1;
+  }
+  *wrong = sum_over_ranks(r, w);
+  return t;
+}
+
 /* One measurement: returns the time per call (s), max over ranks; *wrong gets the global count. */
 static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace, double *wrong) {
   const perf_opts_t *o = r->o;
@@ -126,6 +162,7 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
   }
   for (int i = 0; i < o->warmup && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);
   err = err || perf_stream_sync(r->stream, r->device);
+  if (o->graph && !err) return max_over_ranks(r, measure_graph(r, use_nccl, coll, s, d, use.count, w, wrong));
   max_over_ranks(r, 0);
   double t0 = now_s();
   for (int i = 0; i < o->iters && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);

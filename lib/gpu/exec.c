@@ -2,9 +2,13 @@
  *
  * Small allreduce, allgather, reduce_scatter and broadcast (up to the one-shot limit on the
  * largest buffer): one one-shot kernel per rank (lib/kernels/oneshot.cu).  Larger ones in
- * symmetric windows: direct mode (direct.c); outside windows between 2 ranks: one pipelined
- * kernel per rank (lib/kernels/pipeline.cu), through the same staging area.
- * Everything else runs the algorithm's schedule (lib/algos) on two side streams joined to the
+ * symmetric windows: direct mode (direct.c); outside windows between 2 ranks on two GPUs: one
+ * pipelined kernel per rank (lib/kernels/pipeline.cu), through the same staging area; else,
+ * and every reduce, for any rank count: one ring kernel per rank (lib/kernels/ring.cu).  All
+ * three kinds keep their sequence state on the device and run one after another per
+ * communicator (kernel_order_before/after).
+ * Alltoall, send/recv (and, with FLEXCOLL_RING_KERNEL=0, the others above the one-shot limit)
+ * run the algorithm's schedule (lib/algos) on two side streams joined to the
  * caller's stream by events: a send stream moves slices into the peer's staging slots (copy
  * engine or SM stores over NVLink) and raises the peer's `ready` counter with a stream memory
  * write; a receive stream waits on its own `ready` counter, reduces or copies the slot into place

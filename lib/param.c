@@ -37,7 +37,7 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_PIPELINE_SUBSLOTS", FC_PK_INT, "2", "staging sub-slots per block of a pipelined kernel", 1, 0, 0, "2|4"},
     {"FLEXCOLL_PIPELINE_PUSH_THREADS", FC_PK_INT, "0", "threads per block that push, the rest reduce (0: a quarter)", 0, 0,
      992, NULL},
-    {"FLEXCOLL_RING_KERNEL", FC_PK_INT, "1", "device collectives above the one-shot limit: ring kernels (0: staged)", 1, 0, 1,
+    {"FLEXCOLL_RING_KERNEL", FC_PK_INT, "1", "device collectives above the one-shot limit: ring and alltoall kernels (0: staged)", 1, 0, 1,
      NULL},
     {"FLEXCOLL_RING_BLOCKS", FC_PK_INT, "32", "most thread blocks of a ring kernel (fewer where ranks share a GPU)", 1, 1, 128,
      NULL},

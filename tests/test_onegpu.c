@@ -640,10 +640,11 @@ static void tpdp(rank_t *r) {
 
 /* allreduce, allgather, reduce_scatter, broadcast and reduce go through one kernel per rank (the
  * one-shot or ring kernels), so every rank's kernel is resident together even when one hardware
- * queue (CUDA_DEVICE_MAX_CONNECTIONS=1) serializes the streams.  The staged schedule (alltoall,
- * send/recv, and everything in env c) queues copies behind a stream wait for a peer whose work
- * sits behind it in the same queue: the hardware-queue rule, a known hang there.
- * FC_ONEGPU_ALL=1 runs them anyway. */
+ * queue (CUDA_DEVICE_MAX_CONNECTIONS=1) serializes the streams; so does alltoall where the
+ * one-shot slots exist (env e, not d).  The staged schedule (send/recv, alltoall in env d, and
+ * everything in env c) queues copies behind a stream wait for a peer whose work sits behind it
+ * in the same queue: the hardware-queue rule, a known hang there.  FC_ONEGPU_ALL=1 runs them
+ * anyway. */
 static const int only_one_kernel_colls[] = {C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE};
 /* The staged schedule (env c) with 8 ranks on one GPU: each rank's two side streams wait on
  * stream-memory values, and 8 ranks' streams (56 with the tests' own) share the 32 hardware
@@ -924,9 +925,12 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   g_nstreams = g_lockstep ? 1 : NSTREAMS;
   signal(SIGALRM, on_alarm);
   g_nkinds = 0;
-  if (e->one_queue && !g_all)
+  if (e->one_queue && !g_all) {
     for (size_t k = 0; k < sizeof only_one_kernel_colls / sizeof only_one_kernel_colls[0]; k++)
       g_kinds[g_nkinds++] = only_one_kernel_colls[k];
+    /* alltoall has a kernel of its own where the one-shot slots exist to stage it. */
+    if (!getenv("FLEXCOLL_ONESHOT_MAX_BYTES")) g_kinds[g_nkinds++] = C_ALLTOALL;
+  }
   else
     for (int k = 0; k < NKINDS; k++) g_kinds[g_nkinds++] = k;
   int failed = 0;

@@ -4,10 +4,11 @@
  * largest buffer): one one-shot kernel per rank (lib/kernels/oneshot.cu).  Larger ones in
  * symmetric windows: direct mode (direct.c); outside windows between 2 ranks on two GPUs: one
  * pipelined kernel per rank (lib/kernels/pipeline.cu), through the same staging area; else,
- * and every reduce, for any rank count: one ring kernel per rank (lib/kernels/ring.cu).  All
- * three kinds keep their sequence state on the device and run one after another per
- * communicator (kernel_order_before/after).
- * Alltoall, send/recv (and, with FLEXCOLL_RING_KERNEL=0, the others above the one-shot limit)
+ * and every reduce, for any rank count: one ring kernel per rank (lib/kernels/ring.cu).
+ * Alltoall of up to 8 ranks: one alltoall kernel per rank (lib/kernels/alltoall.cu).  All of
+ * these keep their sequence state on the device and run one after another per communicator
+ * (kernel_order_before/after).
+ * Send/recv, larger alltoalls (and, with FLEXCOLL_RING_KERNEL=0, the others above the one-shot limit)
  * run the algorithm's schedule (lib/algos) on two side streams joined to the
  * caller's stream by events: a send stream moves slices into the peer's staging slots (copy
  * engine or SM stores over NVLink) and raises the peer's `ready` counter with a stream memory
@@ -245,9 +246,10 @@ static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args
 }
 
 /* Whether a ring kernel takes this call: the collectives it knows, on a communicator that
- * uses them (FLEXCOLL_RING_KERNEL), when neither the one-shot, direct nor pipelined path did. */
+ * uses them (FLEXCOLL_RING_KERNEL), when neither the one-shot, direct nor pipelined path did,
+ * and no algorithm is forced (FLEXCOLL_ALGO: the staged schedule runs it). */
 static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
-  return g->ring && args->nranks >= 2 &&
+  return g->ring && args->nranks >= 2 && fc_tuner_kernels() &&
          (args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER || args->coll == FC_COLL_REDUCE_SCATTER ||
           args->coll == FC_COLL_BROADCAST || args->coll == FC_COLL_REDUCE);
 }
@@ -272,6 +274,23 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
   FC_CHECK(kernel_order_before(x, stream));
   CUDA_TRY(x->comm, fc_kernel_ring_collective(&a, coll, send, recv, args->count * x->esize, x->dtype, x->op,
                                               args->root, stream));
+  return kernel_order_after(x, stream);
+}
+
+/* Whether the alltoall kernel takes this call: as ring_takes (FLEXCOLL_RING_KERNEL switches both
+ * kinds), up to the one-shot kernels' rank count, with one-shot slots big enough to stage its
+ * steps (FLEXCOLL_ONESHOT_MAX_BYTES). */
+static int alltoall_kernel(const struct fc_gpu *g, const fc_algo_args_t *args) {
+  return g->ring && args->coll == FC_COLL_ALLTOALL && args->nranks >= 2 && args->nranks <= FC_ONESHOT_MAX_RANKS &&
+         fc_tuner_kernels() &&
+         g->oneshot_slot >= FC_ALLTOALL_MIN_ROOM;
+}
+
+static flexcoll_result_t run_alltoall(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                      cudaStream_t stream) {
+  fc_oneshot_args_t a = kernel_args(x->g, args);
+  FC_CHECK(kernel_order_before(x, stream));
+  CUDA_TRY(x->comm, fc_kernel_alltoall(&a, send, recv, args->count * x->esize, stream));
   return kernel_order_after(x, stream);
 }
 
@@ -311,9 +330,9 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
     if (fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
         fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
       return "it would take direct mode (buffers in windows, or FLEXCOLL_DIRECT=2), which keeps its counters on the host";
-    if (!pipelined(g, args) && !ring_takes(g, args))
-      return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or alltoall above the one-shot limit), which keeps "
-             "its counters on the host";
+    if (!pipelined(g, args) && !ring_takes(g, args) && !alltoall_kernel(g, args))
+      return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or an alltoall of more than 8 ranks or without "
+             "one-shot slots), which keeps its counters on the host";
   }
   if (g->oneshot_seq && g->oneshot_stream != (cudaStream_t)stream)
     return "the communicator's previous kernel ran on another stream, and the graph cannot wait for work outside "
@@ -439,9 +458,10 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
       if (res != FLEXCOLL_SUCCESS && done) fc_comm_set_async_error(comm, res);
       if (res != FLEXCOLL_SUCCESS || done) goto tracked;
     }
-    if (pipelined(g, args) || ring_takes(g, args)) {
-      res = pipelined(g, args) ? run_pipelined(&x, args, sendbuf, recvbuf, user)
-                               : run_ring(&x, args, sendbuf, recvbuf, user);
+    if (pipelined(g, args) || ring_takes(g, args) || alltoall_kernel(g, args)) {
+      res = pipelined(g, args)        ? run_pipelined(&x, args, sendbuf, recvbuf, user)
+            : alltoall_kernel(g, args) ? run_alltoall(&x, args, sendbuf, recvbuf, user)
+                                       : run_ring(&x, args, sendbuf, recvbuf, user);
       /* As the one-shot kernels: the peers wait for this one, and it bounds its own waits. */
       if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
       goto out;

@@ -240,6 +240,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   if (!e) e = fc_kernels_preload_oneshot();
   if (!e) e = fc_kernels_preload_pipeline();
   if (!e) e = fc_kernels_preload_ring();
+  if (!e) e = fc_kernels_preload_alltoall();
   if (e) return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "loading the kernels failed: %s", cudaGetErrorString((cudaError_t)e));
   return FLEXCOLL_SUCCESS;
 }

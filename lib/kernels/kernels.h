@@ -188,6 +188,18 @@ int fc_kernel_ring_collective(const fc_ring_args_t *args, fc_ring_coll_t coll, c
                               size_t bytes, flexcoll_datatype_t dtype, flexcoll_op_t op, int root,
                               flexcoll_stream_t stream);
 int fc_kernels_preload_ring(void);
+
+/* AllToAll (alltoall.cu) for up to FC_ONESHOT_MAX_RANKS ranks, one kernel per rank and call:
+ * each rank stores its block for peer q into its own slots of q's one-shot staging area (the two
+ * parities' slot `rank`, as two sub-slots shared out among the grid's blocks), in steps, with the
+ * pipelined kernels' ready and ack counters per sender and block; q copies them into place.  It
+ * takes a seq and first meets every peer on the one-shot flags, as the pipelined kernels do, so
+ * the staging area is free.  bytes: one block (count * size); sendbuf and recvbuf must not
+ * overlap.  Grid: one block per 64 KiB of a block, up to args->max_blocks. */
+#define FC_ALLTOALL_MIN_ROOM 4096
+int fc_kernel_alltoall(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t bytes,
+                       flexcoll_stream_t stream);
+int fc_kernels_preload_alltoall(void);
 /* Blocks of the one-shot (oneshot.cu) and ring kernels that fit on one SM of the current
  * device at once, the fewest over their instances (0: unknown).  Ranks that share a GPU spin
  * while waiting for each other's blocks: their grids together must fit (lib/gpu caps them). */

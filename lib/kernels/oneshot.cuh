@@ -50,6 +50,12 @@ __device__ __forceinline__ size_t fc_flag_idx(const fc_oneshot_args_t &a, int pa
   return ((size_t)par * (size_t)a.nranks + (size_t)q) * FC_MAX_BLOCKS + (size_t)b;
 }
 
+/* Counters after the one-shot flags, of the pipelined (pipeline.cu) and alltoall (alltoall.cu)
+ * kernels: [kind][sender][block] (kind 0: ready, 1: ack), this block's. */
+__device__ __forceinline__ uint64_t *fc_pipe_flag(const fc_oneshot_args_t &a, uint64_t *flags, int kind, int sender) {
+  return flags + ((size_t)(2 + kind) * (size_t)a.nranks + (size_t)sender) * FC_MAX_BLOCKS + blockIdx.x;
+}
+
 /* Block b's bytes [lo, hi): 16-byte granules split evenly, so bounds are element aligned and
  * vector aligned relative to the buffer start. */
 __device__ __forceinline__ void fc_block_range(size_t bytes, size_t *lo, size_t *hi) {

@@ -31,11 +31,6 @@
 
 namespace {
 
-/* Flags after the one-shot ones: counter [kind][sender][block] (kind 0: ready, 1: ack). */
-__device__ __forceinline__ uint64_t *fc_pipe_flag(const fc_oneshot_args_t &a, uint64_t *flags, int kind, int sender) {
-  return flags + ((size_t)(2 + kind) * (size_t)a.nranks + (size_t)sender) * FC_MAX_BLOCKS + blockIdx.x;
-}
-
 /* Sub-slot j of this block in a staging area: the area's slots taken as one run of
  * gridDim.x x pipe_subslots steps (only the peer writes into it: fc_pipe_room_bytes). */
 __device__ __forceinline__ char *fc_pipe_subslot(char *area, unsigned j, size_t step) {

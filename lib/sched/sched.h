@@ -19,6 +19,9 @@ int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks);
 /* Whether direct mode may exchange buffer addresses at a call (FLEXCOLL_DIRECT=2) for buffers
  * outside symmetric windows; otherwise those run the staged schedule. */
 int fc_tuner_direct_exchange(void);
+/* Whether device calls above the one-shot limit may take the collective kernels (ring,
+ * alltoall): not when FLEXCOLL_ALGO forces an algorithm, which the staged schedule runs. */
+int fc_tuner_kernels(void);
 /* Pipeline chunk in elements for a message of count elements of esize bytes. */
 size_t fc_tuner_chunk_count(size_t count, size_t esize);
 

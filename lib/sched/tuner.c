@@ -62,6 +62,8 @@ int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
 
 int fc_tuner_direct_exchange(void) { return fc_param_direct() >= 2; }
 
+int fc_tuner_kernels(void) { return forced_algo() < 0; }
+
 size_t fc_tuner_chunk_count(size_t count, size_t esize) {
   size_t chunk = (size_t)fc_param_chunk_size() / esize;
   if (chunk == 0) chunk = 1;

@@ -286,8 +286,9 @@ static int resident_blocks(int device, int per_sm) {
 
 /* Ranks that share a GPU each run their one-shot and ring kernels at the same time, and every
  * block spins until the matching blocks of the others run: all their grids must fit on the GPU
- * at once, twice over (a second communicator on the same ranks, as TP and DP groups are), or
- * the first ones to start wait for blocks that never do.  Grids must be equal on all ranks, so
+ * at once, four times over (more communicators on the same ranks with calls in flight together:
+ * the world, TP and DP groups as PyTorch builds them), or the first ones to start wait for
+ * blocks that never do.  Grids must be equal on all ranks, so
  * every rank computes the caps from the same facts: the most ranks on any one GPU, the fewest
  * resident blocks of any rank's GPU. */
 static void cap_shared_gpu_grids(struct flexcoll_comm *comm, struct fc_gpu *g, const fc_gpu_peer_info_t *all) {
@@ -302,8 +303,8 @@ static void cap_shared_gpu_grids(struct flexcoll_comm *comm, struct fc_gpu *g, c
   }
   if (sharing < 2) return;
   /* Unknown capacity: one block per SM of a small GPU. */
-  unsigned os_cap = (unsigned)(oneshot_room > 0 ? oneshot_room : 16) / (2u * (unsigned)sharing);
-  unsigned ring_cap = (unsigned)(ring_room > 0 ? ring_room : 16) / (2u * (unsigned)sharing);
+  unsigned os_cap = (unsigned)(oneshot_room > 0 ? oneshot_room : 16) / (4u * (unsigned)sharing);
+  unsigned ring_cap = (unsigned)(ring_room > 0 ? ring_room : 16) / (4u * (unsigned)sharing);
   if (os_cap < 1) os_cap = 1;
   if (ring_cap < 1) ring_cap = 1;
   if (g->oneshot_blocks > os_cap) g->oneshot_blocks = os_cap;

@@ -279,7 +279,7 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
   FC_CHECK(check_not_failed(comm, "flexcoll_send/recv"));
   for (int i = 0; i < n; i++)
     if (fc_gpu_stream_capturing(calls[i].stream))
-      return refuse_capture(comm, "flexcoll_send/recv", "sends and receives run a staged schedule, whose counters live on the host");
+      return refuse_capture(comm, "flexcoll_send/recv", "sends and receives are not captured yet");
   fc_log_set_rank(comm->rank);
   fc_p2p_op_t ops[FC_P2P_MAX_OPS];
   void *bufs[FC_P2P_MAX_OPS];

@@ -639,13 +639,13 @@ static void tpdp(rank_t *r) {
 /* ---- a rank of one N ---- */
 
 /* allreduce, allgather, reduce_scatter, broadcast and reduce go through one kernel per rank (the
- * one-shot or ring kernels), so every rank's kernel is resident together even when one hardware
- * queue (CUDA_DEVICE_MAX_CONNECTIONS=1) serializes the streams; so does alltoall where the
- * one-shot slots exist (env e, not d).  The staged schedule (send/recv, alltoall in env d, and
- * everything in env c) queues copies behind a stream wait for a peer whose work sits behind it
- * in the same queue: the hardware-queue rule, a known hang there.  FC_ONEGPU_ALL=1 runs them
- * anyway. */
-static const int only_one_kernel_colls[] = {C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE};
+ * one-shot or ring kernels), and so do send/recv batches (the point-to-point kernel), so every
+ * rank's kernel is resident together even when one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
+ * serializes the streams; so does alltoall where the one-shot slots exist (env e, not d).  The
+ * staged schedule (alltoall in env d, everything in env c) queues copies behind a stream wait for
+ * a peer whose work sits behind it in the same queue: the hardware-queue rule, a known hang
+ * there.  FC_ONEGPU_ALL=1 runs them anyway. */
+static const int only_one_kernel_colls[] = {C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, C_SENDRECV};
 /* The staged schedule (env c) with 8 ranks on one GPU: each rank's two side streams wait on
  * stream-memory values, and 8 ranks' streams (56 with the tests' own) share the 32 hardware
  * queues, so a wait at the head of a shared queue holds back the peer work it waits for — the

@@ -100,7 +100,15 @@ struct fc_gpu {
   int ring;
   size_t ring_off, ring_bytes, ring_ctr_off;
   unsigned ring_blocks, ring_subslots;
-  cudaEvent_t ev_oneshot;      /* after the last one-shot, pipelined or ring kernel */
+  /* The point-to-point kernel (lib/kernels/p2p.cu): counters before the slots, the area (one
+   * region per sender) after the ring area, the pair counts and the peers' pointers on the
+   * device, its grid. */
+  size_t p2p_ctr_off, p2p_off, p2p_region;
+  unsigned p2p_blocks;
+  uint64_t *p2p_base;          /* 2 * nranks counts, then the kernel's block counter */
+  char **p2p_peer_area;        /* device arrays of the peers' areas and counters */
+  uint64_t **p2p_peer_ctr;
+  cudaEvent_t ev_oneshot;      /* after the last one-shot, pipelined, ring, alltoall or p2p kernel */
   cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
   char *dev_scratch;       /* schedule scratch in device memory, grown on demand */
   size_t dev_scratch_bytes;

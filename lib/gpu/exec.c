@@ -8,7 +8,8 @@
  * Alltoall of up to 8 ranks: one alltoall kernel per rank (lib/kernels/alltoall.cu).  All of
  * these keep their sequence state on the device and run one after another per communicator
  * (kernel_order_before/after).
- * Send/recv, larger alltoalls (and, with FLEXCOLL_RING_KERNEL=0, the others above the one-shot limit)
+ * Send/recv batches: one point-to-point kernel per rank (lib/kernels/p2p.cu).
+ * Larger alltoalls (and, with FLEXCOLL_RING_KERNEL=0, everything above the one-shot limit)
  * run the algorithm's schedule (lib/algos) on two side streams joined to the
  * caller's stream by events: a send stream moves slices into the peer's staging slots (copy
  * engine or SM stores over NVLink) and raises the peer's `ready` counter with a stream memory
@@ -410,6 +411,29 @@ static void leave_device(struct fc_gpu *g, int prev) {
   if (prev != g->device && prev >= 0) cudaSetDevice(prev);
 }
 
+/* Whether the point-to-point kernel runs the batches: the same on every rank (communicator
+ * constants only), so that both ends of a pair use it — a batch it could not take would have to
+ * fall back on both sides at once. */
+static int p2p_kernel(const struct fc_gpu *g) { return g->ring && g->p2p_region && fc_tuner_kernels(); }
+
+static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                        cudaStream_t stream) {
+  struct fc_gpu *g = x->g;
+  struct flexcoll_comm *comm = x->comm;
+  fc_p2p_kop_t kops[FC_P2P_KERNEL_OPS];
+  for (int i = 0; i < nops; i++)
+    kops[i] = (fc_p2p_kop_t){.buf = (char *)bufs[i], .bytes = ops[i].count, .peer = ops[i].peer, .is_send = ops[i].is_send};
+  fc_p2p_args_t a = {.rank = comm->rank, .nranks = comm->nranks, .base = g->p2p_base,
+                     .done = (unsigned *)(g->p2p_base + 2 * (size_t)comm->nranks), .area = g->stage + g->p2p_off,
+                     .ctr = (uint64_t *)(g->stage + g->p2p_ctr_off), .peer_area = g->p2p_peer_area,
+                     .peer_ctr = g->p2p_peer_ctr, .region_bytes = g->p2p_region, .blocks = g->p2p_blocks,
+                     .subslots = 2, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+  g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
+  FC_CHECK(kernel_order_before(x, stream));
+  CUDA_TRY(comm, fc_kernel_p2p(&a, kops, nops, stream));
+  return kernel_order_after(x, stream);
+}
+
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
                                  flexcoll_stream_t stream) {
   struct fc_gpu *g = comm->gpu;
@@ -419,6 +443,10 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
   flexcoll_result_t res;
   if (!g->p2p) {
     res = p2p_through_host(&x, ops, nops, bufs, user);
+  } else if (p2p_kernel(g) && nops <= FC_P2P_KERNEL_OPS) {
+    res = run_p2p_kernel(&x, ops, nops, bufs, user);
+    /* The peers' kernels wait for this one, and it bounds its own waits. */
+    if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
   } else {
     res = fc_algo_build_p2p(&comm->schedule, ops, nops);
     if (res == FLEXCOLL_SUCCESS) {

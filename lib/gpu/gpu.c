@@ -174,7 +174,8 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   /* The ring kernels' counters (ready and ack per block) before the slots, inside the range
    * zeroed at set-up; their area after the slots. */
   g->ring_ctr_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
-  g->slots_off = g->ring_ctr_off + ((2 * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
+  g->p2p_ctr_off = g->ring_ctr_off + ((2 * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
+  g->slots_off = g->p2p_ctr_off + ((2 * (size_t)nranks * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
   g->slice_bytes = ((size_t)fc_param_gpu_slice_size() + align - 1) / align * align;
   g->nslots = (int)fc_param_gpu_slots();
   if (g->nslots < 2) g->nslots = 2;
@@ -184,7 +185,12 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   g->ring_subslots = rs < 2 ? 2u : rs > 8 ? 8u : (unsigned)rs;
   g->ring = nranks >= 2 && fc_param_ring_kernel() != 0;
   g->ring_bytes = g->ring ? ((size_t)(ra < (64 << 10) ? (64 << 10) : ra) + align - 1) / align * align : 0;
-  g->stage_bytes = g->ring_off + g->ring_bytes;
+  /* One region per sender: 16 MiB shared out, 256 KiB to 2 MiB each. */
+  size_t region = ((size_t)16 << 20) / (size_t)nranks;
+  region = region < ((size_t)256 << 10) ? (size_t)256 << 10 : region > ((size_t)2 << 20) ? (size_t)2 << 20 : region;
+  g->p2p_region = g->ring ? region / align * align : 0;
+  g->p2p_off = g->ring_off + g->ring_bytes;
+  g->stage_bytes = g->p2p_off + (size_t)nranks * g->p2p_region;
 }
 
 static flexcoll_result_t load_stream_memops(struct flexcoll_comm *comm, struct fc_gpu *g) {
@@ -219,6 +225,11 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   CUDA_CHECK(comm, cudaMemsetAsync(g->stage + g->oneshot_flags_off, 0, g->slots_off - g->oneshot_flags_off, g->util_stream));
   CUDA_CHECK(comm, cudaMalloc((void **)&g->epoch, sizeof *g->epoch));
   CUDA_CHECK(comm, cudaMemsetAsync(g->epoch, 0, sizeof *g->epoch, g->util_stream));
+  const size_t base_bytes = (2 * (size_t)comm->nranks + 1) * sizeof(uint64_t);
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->p2p_base, base_bytes));
+  CUDA_CHECK(comm, cudaMemsetAsync(g->p2p_base, 0, base_bytes, g->util_stream));
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->p2p_peer_area, (size_t)comm->nranks * sizeof(char *)));
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->p2p_peer_ctr, (size_t)comm->nranks * sizeof(uint64_t *)));
   CUDA_CHECK(comm, cudaStreamSynchronize(g->util_stream));
   CUDA_CHECK(comm, cudaHostAlloc((void **)&g->error_host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
   *g->error_host = 0;
@@ -241,6 +252,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   if (!e) e = fc_kernels_preload_pipeline();
   if (!e) e = fc_kernels_preload_ring();
   if (!e) e = fc_kernels_preload_alltoall();
+  if (!e) e = fc_kernels_preload_p2p();
   if (e) return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "loading the kernels failed: %s", cudaGetErrorString((cudaError_t)e));
   return FLEXCOLL_SUCCESS;
 }
@@ -342,12 +354,39 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
    * could not both be resident (each rank sees the same, so both decide alike). */
   if (res == FLEXCOLL_SUCCESS && g->pipeline && comm->nranks == 2 && g->peers[1 - comm->rank].same_device) g->pipeline = 0;
   if (res == FLEXCOLL_SUCCESS) cap_shared_gpu_grids(comm, g, all);
+  /* Point-to-point batches are often small and several run at once (pipeline stages): a
+   * smaller grid than the collectives'. */
+  g->p2p_blocks = g->ring_blocks < 16 ? g->ring_blocks : 16;
   if (res == FLEXCOLL_SUCCESS)
     FC_INFO(FC_SUB_GPU, "rank %d: GPU %d (%s), %s, staging %zu MB", comm->rank, g->device, me->pci_bus_id,
             g->p2p ? "peer access to every rank" : "some peers without peer access: device collectives go through host memory",
             g->stage_bytes >> 20);
 out:
   free(all);
+  return res;
+}
+
+/* The point-to-point kernel finds the peers' areas and counters in device arrays (any rank count). */
+static flexcoll_result_t upload_p2p_peers(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  char **area = calloc((size_t)comm->nranks, sizeof *area);
+  uint64_t **ctr = calloc((size_t)comm->nranks, sizeof *ctr);
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (!area || !ctr) {
+    res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  } else {
+    for (int q = 0; q < comm->nranks; q++) {
+      area[q] = g->peers[q].stage + g->p2p_off;
+      ctr[q] = (uint64_t *)(g->peers[q].stage + g->p2p_ctr_off);
+    }
+    size_t bytes = (size_t)comm->nranks * sizeof(char *);
+    if (cudaMemcpyAsync(g->p2p_peer_area, area, bytes, cudaMemcpyHostToDevice, g->util_stream) != cudaSuccess ||
+        cudaMemcpyAsync(g->p2p_peer_ctr, ctr, bytes, cudaMemcpyHostToDevice, g->util_stream) != cudaSuccess ||
+        cudaStreamSynchronize(g->util_stream) != cudaSuccess)
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "uploading the peers' point-to-point areas: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+  }
+  free(area);
+  free(ctr);
   return res;
 }
 
@@ -403,6 +442,7 @@ static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   FC_CHECK(load_stream_memops(comm, g));
   FC_CHECK(alloc_local(comm, g));
   FC_CHECK(connect_peers(comm, g));
+  if (g->p2p) FC_CHECK(upload_p2p_peers(comm, g));
   /* Peers must not write into staging areas before their owners have cleared the flags. */
   FC_CHECK(fc_bootstrap_barrier(comm->bootstrap));
   calibrate_engine(comm, g);
@@ -461,6 +501,9 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   for (int i = 0; i < 64; i++) cudaEventDestroy(g->inflight_ev[i]);
   cudaFree(g->stage);
   cudaFree(g->epoch);
+  cudaFree(g->p2p_base);
+  cudaFree(g->p2p_peer_area);
+  cudaFree(g->p2p_peer_ctr);
   cudaFree(g->dev_scratch);
   cudaFreeHost(g->error_host);
   cudaGetLastError();

@@ -200,6 +200,38 @@ int fc_kernels_preload_ring(void);
 int fc_kernel_alltoall(const fc_oneshot_args_t *args, const void *sendbuf, void *recvbuf, size_t bytes,
                        flexcoll_stream_t stream);
 int fc_kernels_preload_alltoall(void);
+
+/* Sends and receives (p2p.cu): one kernel per rank for a batch (a group's sends and receives
+ * of one communicator), any rank count.  Every rank owns a point-to-point area with one region
+ * per sender; sender s stores into its region of receiver r's area, in messages of at most a
+ * sub-slot per block.  Messages are numbered per direction of a pair over the communicator's
+ * life, so they match across batches whatever their grouping (the k-th send from s to r meets
+ * the k-th receive on r from s): the counts so far live on the device (base[q]: messages sent
+ * to q; base[nranks + q]: received from q), and the last block of a kernel advances them.  The
+ * counters, per block: ready from sender q at ctr[q * FC_MAX_BLOCKS + b], ack from receiver q at
+ * ctr[(nranks + q) * FC_MAX_BLOCKS + b]. */
+#define FC_P2P_KERNEL_OPS 250
+typedef struct {
+  int rank, nranks;
+  uint64_t *base;                 /* 2 * nranks message counts, device memory */
+  unsigned *done;                 /* blocks of the current kernel that have read base */
+  char *area;                     /* ours */
+  uint64_t *ctr;                  /* ours */
+  char *const *peer_area;         /* [q]: q's area as seen here (a device array) */
+  uint64_t *const *peer_ctr;      /* [q]: q's counters as seen here (a device array) */
+  size_t region_bytes;            /* per sender, a multiple of 16 */
+  unsigned blocks, subslots;      /* the grid (every kernel of the communicator) and sub-slots */
+  uint64_t timeout_cycles;
+  int *error;
+} fc_p2p_args_t;
+typedef struct {
+  char *buf;
+  size_t bytes;
+  int peer, is_send;
+} fc_p2p_kop_t;
+/* ops: in the batch's order; bytes must match the peer's op alike (it times out otherwise). */
+int fc_kernel_p2p(const fc_p2p_args_t *args, const fc_p2p_kop_t *ops, int nops, flexcoll_stream_t stream);
+int fc_kernels_preload_p2p(void);
 /* Blocks of the one-shot (oneshot.cu) and ring kernels that fit on one SM of the current
  * device at once, the fewest over their instances (0: unknown).  Ranks that share a GPU spin
  * while waiting for each other's blocks: their grids together must fit (lib/gpu caps them). */

@@ -283,8 +283,7 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
  * steps (FLEXCOLL_ONESHOT_MAX_BYTES). */
 static int alltoall_kernel(const struct fc_gpu *g, const fc_algo_args_t *args) {
   return g->ring && args->coll == FC_COLL_ALLTOALL && args->nranks >= 2 && args->nranks <= FC_ONESHOT_MAX_RANKS &&
-         fc_tuner_kernels() &&
-         g->oneshot_slot >= FC_ALLTOALL_MIN_ROOM;
+         fc_tuner_kernels() && g->oneshot_slot >= FC_ALLTOALL_MIN_ROOM;
 }
 
 static flexcoll_result_t run_alltoall(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
@@ -412,9 +411,9 @@ static void leave_device(struct fc_gpu *g, int prev) {
 }
 
 /* Whether the point-to-point kernel runs the batches: the same on every rank (communicator
- * constants only), so that both ends of a pair use it — a batch it could not take would have to
- * fall back on both sides at once. */
+ * constants only), so that both ends of a pair use it; so it must take every batch. */
 static int p2p_kernel(const struct fc_gpu *g) { return g->ring && g->p2p_region && fc_tuner_kernels(); }
+_Static_assert(FC_P2P_KERNEL_OPS >= FC_P2P_MAX_OPS, "the point-to-point kernel takes every batch");
 
 static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
                                         cudaStream_t stream) {
@@ -443,7 +442,7 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
   flexcoll_result_t res;
   if (!g->p2p) {
     res = p2p_through_host(&x, ops, nops, bufs, user);
-  } else if (p2p_kernel(g) && nops <= FC_P2P_KERNEL_OPS) {
+  } else if (p2p_kernel(g)) {
     res = run_p2p_kernel(&x, ops, nops, bufs, user);
     /* The peers' kernels wait for this one, and it bounds its own waits. */
     if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);

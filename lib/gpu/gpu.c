@@ -171,8 +171,8 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
                 fc_pipe_room_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
   g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_MAX_BLOCKS * 8 + align - 1) / align * align);
   g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
-  /* The ring kernels' counters (ready and ack per block) before the slots, inside the range
-   * zeroed at set-up; their area after the slots. */
+  /* The ring and point-to-point kernels' counters (ready and ack per block) before the slots,
+   * inside the range zeroed at set-up; their areas after the slots. */
   g->ring_ctr_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
   g->p2p_ctr_off = g->ring_ctr_off + ((2 * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
   g->slots_off = g->p2p_ctr_off + ((2 * (size_t)nranks * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
@@ -300,9 +300,8 @@ static int resident_blocks(int device, int per_sm) {
  * block spins until the matching blocks of the others run: all their grids must fit on the GPU
  * at once, four times over (more communicators on the same ranks with calls in flight together:
  * the world, TP and DP groups as PyTorch builds them), or the first ones to start wait for
- * blocks that never do.  Grids must be equal on all ranks, so
- * every rank computes the caps from the same facts: the most ranks on any one GPU, the fewest
- * resident blocks of any rank's GPU. */
+ * blocks that never do.  Grids must be equal on all ranks, so every rank computes the caps from
+ * the same facts: the most ranks on any one GPU, the fewest resident blocks of any rank's GPU. */
 static void cap_shared_gpu_grids(struct flexcoll_comm *comm, struct fc_gpu *g, const fc_gpu_peer_info_t *all) {
   int sharing = 1, oneshot_room = 0, ring_room = 0;
   for (int q = 0; q < comm->nranks; q++) {

@@ -9,7 +9,7 @@
  * folds it with our own operand, writes it into place and pushes it to the next rank, in one
  * pass over the bytes (loads from our area and our buffer, stores into our buffer and over
  * NVLink into the next rank's area), as NCCL's ring primitives do.  Which step does which of
- * these is the collective's (fc_ring_role):
+ * these is the collective's (fc_ring_step_role):
  *   allreduce       2n-1 steps: a reduce-scatter (chunk c is folded from rank c+1 round to rank
  *                   c, whose step n-1 finishes it, divides for AVG and writes it) then an
  *                   allgather of the finished chunks round the ring;

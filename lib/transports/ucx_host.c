@@ -64,7 +64,10 @@ static int shm_peer_failure_ok(char *why, size_t len) {
   }
   const char *user = getenv("UCX_MM_ERROR_HANDLING");
   if (user && (user[0] == 'n' || user[0] == 'N' || user[0] == '0')) {
-    snprintf(why, len, "UCX_MM_ERROR_HANDLING=%s: UCX shared memory would not report a dead peer", user);
+    snprintf(why, len,
+             "UCX_MM_ERROR_HANDLING=%s: UCX shared memory cannot report a dead peer (FLEXCOLL_UCX_PEER_FAILURE=0 "
+             "enables shm without that safety)",
+             user);
     return 0;
   }
   return 1;

@@ -59,7 +59,7 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_LINK_SHARES", FC_PK_SHARES, "(balanced)", "fixed fractions per link instead of the balancer, e.g. shm:0.7,tcp:0.3",
      1, 0, 0, NULL},
     {"FLEXCOLL_CACHE_DIR", FC_PK_TEXT, "(XDG cache)", "where calibrated link models are kept", 0, 0, 0, NULL},
-    {"FLEXCOLL_UCX_PEER_FAILURE", FC_PK_INT, "1", "UCX reports dead peers (1) or may use faster shared memory (0)", 0, 0, 1,
+    {"FLEXCOLL_UCX_PEER_FAILURE", FC_PK_INT, "1", "UCX reports dead peers, shm without cross-memory attach (1), or may use it, unsafe (0)", 0, 0, 1,
      NULL},
     {"FLEXCOLL_TIMEOUT_MS", FC_PK_INT, "300000", "longest wait on a peer in ms (0 or less: no limit)", 0, -INT_MAX_, INT_MAX_, NULL},
     {"FLEXCOLL_BOOTSTRAP_TIMEOUT", FC_PK_INT, "120", "seconds a root waits for its ranks (0 or less: no limit)", 0, -INT_MAX_, INT_MAX_, NULL},

@@ -3,8 +3,9 @@
  * Three forked ranks of one communicator (the unique id made by the test process before the fork)
  * run a few good allreduces; then one rank leaves instead of calling the next allreduce: it exits
  * (_exit(0)), is killed (SIGKILL), or just stops calling (sleeps); in one more case it is killed
- * while a large allreduce is moving data.  The others must get FLEXCOLL_REMOTE_ERROR or
- * FLEXCOLL_TIMEOUT within the timeout (3000 ms, given by config.timeout_ms or FLEXCOLL_TIMEOUT_MS;
+ * while a large allreduce (64 MB) is moving data; the last two also over shared memory alone
+ * (FLEXCOLL_LINKS=shm), which must then carry data in the default peer-failure mode.  The others
+ * must get FLEXCOLL_REMOTE_ERROR or FLEXCOLL_TIMEOUT within the timeout (3000 ms, given by config.timeout_ms or FLEXCOLL_TIMEOUT_MS;
  * asserted: < 3 x timeout), with a last error that says why; flexcoll_comm_get_async_error must
  * report it; a further collective must fail promptly instead of hanging; flexcoll_comm_abort then
  * flexcoll_comm_destroy must succeed promptly.  The test process enforces a deadline on its ranks
@@ -202,6 +203,7 @@ typedef struct {
   leave_t how;
   int victim;
   int use_env; /* the timeout from FLEXCOLL_TIMEOUT_MS instead of config.timeout_ms */
+  const char *links; /* FLEXCOLL_LINKS for the ranks, NULL: the default links */
 } job_t;
 
 /* Open file descriptors of this process. */
@@ -246,6 +248,7 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   cfg.cuda_device = -1;
   if (job->use_env) setenv("FLEXCOLL_TIMEOUT_MS", "3000", 1); /* before any library call here */
   else cfg.timeout_ms = TIMEOUT_MS;
+  if (job->links) setenv("FLEXCOLL_LINKS", job->links, 1);
   flexcoll_comm_t comm = NULL;
   open_process_lifetime_fds();
   int fds_before = count_fds();
@@ -271,6 +274,19 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
     RANK_OK(flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL));
     for (size_t i = 0; i < n; i += 997)
       RANK_CHECK(out[i] == sum * (float)(i % 64), "good allreduce %d: out[%zu] = %g", k, i, (double)out[i]);
+  }
+
+  /* Which links carried the good allreduces: the default mode must move host data over shared
+   * memory (with peer-failure handling) where UCX can report a dead peer there, as 1.13 can. */
+  if (job->links) {
+    flexcoll_link_stats_t st[16];
+    int nl = 0;
+    RANK_OK(flexcoll_comm_get_link_stats(comm, st, 16, &nl));
+    unsigned long long carried = 0;
+    for (int i = 0; i < nl && i < 16; i++)
+      if (!strcmp(st[i].name, job->links)) carried += st[i].bytes;
+    rank_log("%s carried %llu bytes", job->links, carried);
+    RANK_CHECK(carried > 0, "link %s carried nothing of the good allreduces (%d links)", job->links, nl);
   }
 
   if (rank == job->victim) {
@@ -351,13 +367,15 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   free(out);
 }
 
-static void run_leave(leave_t how, int victim, int use_env) {
-  job_t job = {how, victim, use_env};
+static void run_leave_on(leave_t how, int victim, int use_env, const char *links) {
+  job_t job = {how, victim, use_env, links};
   int expect[NRANKS];
   for (int r = 0; r < NRANKS; r++) expect[r] = EXPECT_OK;
   expect[victim] = how == LEAVE_EXIT ? EXPECT_EXIT0 : how == LEAVE_STALL ? EXPECT_ANY : EXPECT_SIGKILL;
   run_ranks(leave_rank, &job, expect, 6 * TIMEOUT_MS);
 }
+
+static void run_leave(leave_t how, int victim, int use_env) { run_leave_on(how, victim, use_env, NULL); }
 
 START_TEST(test_rank_exits) { run_leave(LEAVE_EXIT, 2, 0); }
 END_TEST
@@ -373,6 +391,16 @@ START_TEST(test_rank_stalls) {
 END_TEST
 
 START_TEST(test_rank_killed_mid_transfer) { run_leave(LEAVE_MIDKILL, 1, 0); }
+END_TEST
+
+/* The same over shared memory alone, in the default (peer-failure) mode: UCX's FIFOs with their
+ * error handling (lib/transports/ucx_host.c).  A survivor must neither abort (no SIGBUS from the
+ * dead rank's segment, no UCX assertion) nor hang: REMOTE_ERROR or TIMEOUT within the timeout. */
+START_TEST(test_rank_killed_mid_transfer_shm) { run_leave_on(LEAVE_MIDKILL, 1, 0, "shm"); }
+END_TEST
+
+/* And a rank killed between collectives, shared memory alone. */
+START_TEST(test_rank_killed_shm) { run_leave_on(LEAVE_SIGKILL, 2, 0, "shm"); }
 END_TEST
 
 /* ---- init whose peer never comes --------------------------------------------------------------- */
@@ -765,6 +793,8 @@ static Suite *failure_suite(void) {
   tcase_add_test(dead, test_rank_killed);
   tcase_add_test(dead, test_rank_stalls);
   tcase_add_test(dead, test_rank_killed_mid_transfer);
+  tcase_add_test(dead, test_rank_killed_mid_transfer_shm);
+  tcase_add_test(dead, test_rank_killed_shm);
   tcase_add_test(dead, test_init_peer_missing);
   suite_add_tcase(s, dead);
 

@@ -1,6 +1,7 @@
 /* test_links.c — host collectives over several links at once (FlexLink on host memory).
  *
- * With FLEXCOLL_UCX_PEER_FAILURE=0 both host links exist: `shm` (UCX shared memory) and `tcp`.
+ * Both host links exist: `shm` (UCX shared memory) and `tcp` (with UCX 1.13 or later also in the
+ * default peer-failure mode; these tests use FLEXCOLL_UCX_PEER_FAILURE=0 where they compare links).
  * Every collective runs split across them, by the balancer and at fixed shares
  * (FLEXCOLL_LINK_SHARES), for 2, 3 and 4 ranks, and its results must be bitwise the same as over
  * `shm` alone (the reduction order of an element never depends on its link) and right against the
@@ -284,9 +285,10 @@ static int bad_args_rank(hx_rank_t *r) {
     (void)msg;
     if (cases[i].res != FLEXCOLL_INVALID_ARGUMENT) hx_fail(r, "get_link_stats with %s returned %d", cases[i].what, cases[i].res);
   }
-  if (flexcoll_comm_get_link_stats(r->comm, st, 1, &n) != FLEXCOLL_SUCCESS || n != r->nranks - 1)
-    hx_fail(r, "get_link_stats with room for 1: n = %d, expected %d (tcp only)", n, r->nranks - 1);
-  else if (strcmp(st[0].name, "tcp") || st[0].peer == r->rank)
+  /* The default links: shm (with peer-failure handling, UCX 1.13 and later) and tcp. */
+  if (flexcoll_comm_get_link_stats(r->comm, st, 1, &n) != FLEXCOLL_SUCCESS || n != 2 * (r->nranks - 1))
+    hx_fail(r, "get_link_stats with room for 1: n = %d, expected %d (shm and tcp)", n, 2 * (r->nranks - 1));
+  else if (strcmp(st[0].name, "shm") || st[0].peer == r->rank)
     hx_fail(r, "get_link_stats: first entry \"%s\" peer %d", st[0].name, st[0].peer);
   return 0;
 }
@@ -301,6 +303,7 @@ END_TEST
 typedef struct {
   const char *env, *needle;
   flexcoll_result_t code;
+  const char *env2; /* a second variable, or NULL */
 } bad_env_t;
 
 static int bad_env_proc(void *arg) {
@@ -321,11 +324,12 @@ START_TEST(test_bad_settings) {
       {"FLEXCOLL_LINKS=shm,bogus", "bogus", FLEXCOLL_INVALID_ARGUMENT},
       {"FLEXCOLL_LINK_SHARES=tcp:2", "FLEXCOLL_LINK_SHARES", FLEXCOLL_INVALID_ARGUMENT},
       {"FLEXCOLL_LINK_SHARES=nvlink:1", "not an open link", FLEXCOLL_INVALID_ARGUMENT},
-      /* Peer-failure handling (the default) and UCX's shared memory exclude each other. */
-      {"FLEXCOLL_LINKS=shm", "cannot report a dead peer", FLEXCOLL_SYSTEM_ERROR},
+      /* Peer-failure handling (the default) needs UCX's shared-memory error handling, which
+       * flexcoll turns on unless the user turned it off. */
+      {"FLEXCOLL_LINKS=shm", "cannot report a dead peer", FLEXCOLL_SYSTEM_ERROR, "UCX_MM_ERROR_HANDLING=n"},
   };
   const bad_env_t *b = &cases[_i];
-  const char *env[] = {b->env, "CUDA_VISIBLE_DEVICES=", NULL};
+  const char *env[] = {b->env, "CUDA_VISIBLE_DEVICES=", b->env2, NULL};
   hx_opts_t o = {.label = b->env, .env = env};
   ck_assert_msg(hx_run_process(&o, bad_env_proc, (void *)b), "%s: see stderr", b->env);
 }

@@ -36,6 +36,8 @@
 #define FC_STAGE2_PROBE_AFTER 4
 #define FC_PROBE_PART 256
 
+FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
+
 static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp};
 #define FC_NREGISTRY ((int)(sizeof registry / sizeof registry[0]))
 /* Device links take the table as the engine moves onto it; they may be named already. */
@@ -203,7 +205,8 @@ static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l) {
   return res;
 }
 
-/* The cache key: the ranks' hosts, the rank count and the links, the same on every rank; and
+/* The cache key: the ranks' hosts, the rank count, the links and FLEXCOLL_UCX_PEER_FAILURE, the same
+ * on every rank; and
  * whether all ranks run on one host. */
 static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t *l, char *key, size_t len,
                                    int *one_host) {
@@ -225,6 +228,10 @@ static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t 
   int used = snprintf(key, len, "host-n%d-%016llx", comm->nranks, (unsigned long long)all);
   for (int i = 0; i < l->n && used > 0 && (size_t)used < len; i++)
     used += snprintf(key + used, len - (size_t)used, "-%s", l->link[i].ops->name);
+  /* With peer-failure handling shm copies through UCX's FIFOs (no cross-memory attach): other
+   * models than FLEXCOLL_UCX_PEER_FAILURE=0's shm, whose key (without "-pf") older caches hold. */
+  if (fc_param_ucx_peer_failure() != 0 && used > 0 && (size_t)used < len)
+    snprintf(key + used, len - (size_t)used, "-pf");
   return res;
 }
 
@@ -422,6 +429,13 @@ static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t 
               have ? (double)shares[i] / (double)ref : 0.0, l->probe[i] ? " (probe next)" : "");
   }
   free(all);
+  if (res != FLEXCOLL_SUCCESS) {
+    /* The bootstrap records its error for this thread only: the communicator must say it too
+     * (flexcoll_get_last_error(comm) after a collective that failed here, e.g. a peer died). */
+    char why[FC_ERROR_MSG_LEN];
+    snprintf(why, sizeof why, "%s", fc_thread_last_error());
+    res = fc_error(comm, res, "%s", why);
+  }
   return res;
 }
 

@@ -43,25 +43,75 @@ static flexcoll_result_t ucx_fail(struct flexcoll_comm *comm, const char *what, 
   return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "UCX %s failed: %s", what, ucs_status_string(st));
 }
 
-static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, const char *tls) {
+/* Shared memory with peer-failure handling.  UCX's shared-memory FIFO transports (sysv, posix)
+ * offer peer-failure handling only when asked, UCX_MM_ERROR_HANDLING=y (off by default, in 1.13
+ * and 1.22 alike): their endpoints then check that the peer process still lives (UCP keepalive,
+ * every UCX_KEEPALIVE_INTERVAL) and a dead peer's transfers fail with ENDPOINT_TIMEOUT.  UCP then
+ * leaves out cross-memory attach (cma, no peer-failure handling), whose reads from a dead process
+ * abort the survivor, so large messages go through the FIFO too (copy in, copy out).  Measured
+ * (docs/PERFORMANCE.md): 1.13.1 and 1.22.0 both connect ranks of one host so, and survivors of a
+ * rank killed mid-transfer return REMOTE_ERROR or TIMEOUT.  Returns 0 and says why when this UCX
+ * cannot be trusted with it. */
+static int shm_peer_failure_ok(char *why, size_t len) {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  if (major < 1 || (major == 1 && minor < 13)) {
+    snprintf(why, len,
+             "UCX %u.%u shared memory cannot report a dead peer (1.13 or later can; FLEXCOLL_UCX_PEER_FAILURE=0 enables "
+             "shm without that safety)",
+             major, minor);
+    return 0;
+  }
+  const char *user = getenv("UCX_MM_ERROR_HANDLING");
+  if (user && (user[0] == 'n' || user[0] == 'N' || user[0] == '0')) {
+    snprintf(why, len,
+             "UCX_MM_ERROR_HANDLING=%s: UCX shared memory cannot report a dead peer (FLEXCOLL_UCX_PEER_FAILURE=0 "
+             "enables shm without that safety)",
+             user);
+    return 0;
+  }
+  return 1;
+}
+
+/* The keepalive round in peer-failure mode: often enough that a dead peer fails its transfers
+ * well within FLEXCOLL_TIMEOUT_MS (UCX's default, 20 s, would leave that to the timeout). */
+static void keepalive_interval(const struct flexcoll_comm *comm, char *buf, size_t len) {
+  int ms = comm->timeout_ms > 0 && comm->timeout_ms / 4 < 1000 ? comm->timeout_ms / 4 : 1000;
+  snprintf(buf, len, "%dms", ms < 50 ? 50 : ms);
+}
+
+static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, const ucx_link_kind_t *kind) {
   ucp_config_t *config;
   ucs_status_t st = ucp_config_read(NULL, NULL, &config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
-  st = ucp_config_modify(config, "TLS", tls);
-  if (st != UCS_OK) {
-    ucp_config_release(config);
-    return ucx_fail(comm, "ucp_config_modify(TLS)", st);
-  }
-  /* With peer-failure handling (TCP, see connect_peers), UCX 1.13's TCP transport may complete a
-   * zero-copy send twice when its peer dies during it, and the survivor aborts on an assertion
-   * (`uct_iface.h:884 comp->count > 0` in uct_tcp_iface_progress): tests/test_failure's rank
-   * killed mid-transfer, 4 in 57 runs.  Without zero-copy sends: 0 in 75, at about half the host
-   * bandwidth from 1 MB (docs/PERFORMANCE.md).  A UCX_ZCOPY_THRESH of the user's is kept. */
-  if (fc_param_ucx_peer_failure() != 0 && !getenv("UCX_ZCOPY_THRESH")) {
-    st = ucp_config_modify(config, "ZCOPY_THRESH", "inf");
+  char ka[32];
+  keepalive_interval(comm, ka, sizeof ka);
+  int safe = fc_param_ucx_peer_failure() != 0;
+  /* Each setting applies only where the user left the UCX variable unset. */
+  const struct {
+    const char *name, *value;
+    int when;
+  } settings[] = {
+      {"TLS", kind->tls, 1},
+      /* With peer-failure handling (see connect_peers), UCX 1.13's TCP transport may complete a
+       * zero-copy send twice when its peer dies during it, and the survivor aborts on an assertion
+       * (`uct_iface.h:884 comp->count > 0` in uct_tcp_iface_progress): tests/test_failure's rank
+       * killed mid-transfer, 4 in 57 runs.  Without zero-copy sends: 0 in 75, at about half the
+       * host bandwidth from 1 MB (docs/PERFORMANCE.md). */
+      {"ZCOPY_THRESH", "inf", safe},
+      {"MM_ERROR_HANDLING", "y", safe && kind == &kind_shm},
+      {"KEEPALIVE_INTERVAL", ka, safe},
+  };
+  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+    char env[64];
+    snprintf(env, sizeof env, "UCX_%s", settings[i].name);
+    if (!settings[i].when || (i > 0 && getenv(env))) continue;
+    st = ucp_config_modify(config, settings[i].name, settings[i].value);
     if (st != UCS_OK) {
       ucp_config_release(config);
-      return ucx_fail(comm, "ucp_config_modify(ZCOPY_THRESH)", st);
+      char what[64];
+      snprintf(what, sizeof what, "ucp_config_modify(%s)", settings[i].name);
+      return ucx_fail(comm, what, st);
     }
   }
   ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
@@ -113,13 +163,14 @@ out:
 }
 
 /* Endpoints to every peer; *usable = 0 (why filled) when UCX finds no transport of this link to
- * some peer, e.g. shared memory with peer-failure handling in UCX 1.13. */
+ * some peer, e.g. shared memory with peer-failure handling where UCX_MM_ERROR_HANDLING=n. */
 static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const char *addrs, size_t stride,
                                        int *usable, char *why, size_t len) {
   /* With peer-failure handling, a peer that dies makes transfers fail instead of aborting this
-   * process (UCX's shared-memory copies, CMA, treat a vanished peer as fatal otherwise); but
-   * UCX 1.13 then keeps to transports that can report it, TCP, 2-3x slower than shared memory.
-   * FLEXCOLL_UCX_PEER_FAILURE=0 trades that safety for speed. */
+   * process (UCX's cross-memory attach, CMA, treats a vanished peer as fatal otherwise); UCX then
+   * keeps to transports that can report it: TCP, and shared memory's FIFOs when create_worker
+   * asked for their error handling.  FLEXCOLL_UCX_PEER_FAILURE=0 trades that safety for CMA's
+   * zero-copy speed on large messages. */
   int safe = fc_param_ucx_peer_failure() != 0;
   for (int r = 0; r < comm->nranks; r++) {
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
@@ -152,13 +203,11 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   u->nranks = comm->nranks;
   u->eps = calloc((size_t)comm->nranks, sizeof *u->eps);
   if (!u->eps) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  /* Without a worker this rank still takes part in the exchange (address length 0).  UCX's
-   * shared-memory transports cannot report a dead peer (1.13 to 1.22 at least): with
-   * peer-failure handling every endpoint would be refused, after a UCX ERROR line per peer. */
+  /* Without a worker this rank still takes part in the exchange (address length 0). */
   *usable = 0;
-  if (kind == &kind_shm && fc_param_ucx_peer_failure() != 0)
-    snprintf(why, len, "UCX shared memory cannot report a dead peer (FLEXCOLL_UCX_PEER_FAILURE=0 enables it)");
-  else if (create_worker(comm, u, kind->tls) != FLEXCOLL_SUCCESS)
+  if (kind == &kind_shm && fc_param_ucx_peer_failure() != 0 && !shm_peer_failure_ok(why, len)) {
+    /* left out: why says so */
+  } else if (create_worker(comm, u, kind) != FLEXCOLL_SUCCESS)
     snprintf(why, len, "%s", fc_thread_last_error());
   else
     *usable = 1;

@@ -87,6 +87,14 @@ void fc_topo_discover(fc_topo_t *t) {
   hwloc_topology_t topo;
   if (hwloc_topology_init(&topo) == 0) {
     hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+#if HWLOC_API_VERSION >= 0x00020100
+    /* CPUs, memory and PCI are all we read (a GPU's NUMA node by its bus id).  The components
+     * that name OS devices query vendor runtimes (OpenCL, OpenGL, CUDA, NVML, ROCm, Level Zero)
+     * at every communicator's creation; hwloc's CUDA component would even initialise CUDA. */
+    static const char *const unused[] = {"opencl", "gl", "cuda", "nvml", "rsmi", "levelzero"};
+    for (size_t i = 0; i < sizeof unused / sizeof unused[0]; i++)
+      hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, unused[i]);
+#endif
     if (hwloc_topology_load(topo) == 0) {
       ht = topo;
       t->numa_nodes = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);

@@ -6,7 +6,8 @@
  * same pair and direction (msg_off).  In round r the block first pushes message r of every pair
  * it sends on (once the receiver has consumed message r - S of it), then consumes message r of
  * every pair it receives on; so a push waits only for consumptions of earlier rounds, which every
- * rank does before its later pushes, and no cycle of waits can form whatever the pattern.
+ * rank does before its later pushes, and no cycle of waits can form within a batch, whatever its
+ * pattern (a send whose receive the peer posts only in a later batch waits for it, as NCCL's).
  * Counters only grow, so a stale value never satisfies a wait; a kernel ends once every receiver
  * has consumed all it was sent, so the next kernel finds its regions free. */
 #include "kernels/oneshot.cuh"

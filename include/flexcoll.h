@@ -146,6 +146,15 @@ flexcoll_result_t flexcoll_reduce(const void *sendbuf, void *recvbuf, size_t cou
 /* recvbuf[r*count + i] = rank r's sendbuf[rank*count + i] (sendbuf and recvbuf must not overlap). */
 flexcoll_result_t flexcoll_alltoall(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                     flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* The root's recvbuf[r*count + i] = rank r's sendbuf[i] (recvbuf is read on the root only; in
+ * place: the root's sendbuf at recvbuf + root*count).  Run as point-to-point transfers between
+ * the root and every rank, as NCCL's ncclGather: matched in order with flexcoll_send/recv. */
+flexcoll_result_t flexcoll_gather(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype, int root,
+                                  flexcoll_comm_t comm, flexcoll_stream_t stream);
+/* recvbuf[i] = the root's sendbuf[rank*count + i] (sendbuf is read on the root only; in place:
+ * the root's recvbuf at sendbuf + root*count).  As flexcoll_gather, point-to-point transfers. */
+flexcoll_result_t flexcoll_scatter(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype, int root,
+                                   flexcoll_comm_t comm, flexcoll_stream_t stream);
 /* Send count elements to rank peer, matched in order by peer's flexcoll_recv from this rank.
  * Inside a group, all sends and receives of a communicator run concurrently. */
 flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_datatype_t dtype, int peer,

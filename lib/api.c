@@ -156,12 +156,17 @@ static flexcoll_result_t check_overlap(const fc_call_t *c, size_t send_bytes, si
   }
 }
 
+/* The communicator of a call: live, or initialised earlier in this thread's group. */
+static flexcoll_result_t check_call_comm(flexcoll_comm_t comm, const char *fn) {
+  if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  if (fc_group_active() && fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING && fc_group_inits(comm))
+    return FLEXCOLL_SUCCESS;
+  return fc_comm_check(comm, fn);
+}
+
 static flexcoll_result_t check_call(const fc_call_t *c, const char *fn) {
   flexcoll_comm_t comm = c->comm;
-  if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
-  if (!(fc_group_active() && fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING &&
-        fc_group_inits(comm)))
-    FC_CHECK(fc_comm_check(comm, fn));
+  FC_CHECK(check_call_comm(comm, fn));
   if ((unsigned)c->dtype >= FLEXCOLL_NUM_DATATYPES)
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: datatype %d is not a flexcoll_datatype_t", fn, (int)c->dtype);
   if ((unsigned)c->op >= FLEXCOLL_NUM_OPS)
@@ -360,15 +365,85 @@ flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t
   return submit(&c, "flexcoll_recv");
 }
 
+/* ---- gather and scatter: point-to-point batches -------------------------------------------- */
+
+/* The root exchanges count elements with every rank, itself included, in one group of sends and
+ * receives (NCCL 2.28 defines ncclGather and ncclScatter alike, so they match flexcoll_send/recv
+ * in order as NCCL's do).  Every call is checked before any is queued, so an invalid argument
+ * leaves nothing half-issued; in place, the root's own block stays where it is. */
+static flexcoll_result_t rooted_exchange(int gather, const void *sendbuf, void *recvbuf, size_t count,
+                                         flexcoll_datatype_t dtype, int root, flexcoll_comm_t comm,
+                                         flexcoll_stream_t stream, const char *fn) {
+  FC_CHECK(check_call_comm(comm, fn));
+  if ((unsigned)dtype >= FLEXCOLL_NUM_DATATYPES)
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: datatype %d is not a flexcoll_datatype_t", fn, (int)dtype);
+  const int n = comm->nranks, me = comm->rank;
+  if (root < 0 || root >= n) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: root %d out of range [0, %d)", fn, root, n);
+  const size_t es = fc_dtype_size(dtype);
+  if (count > SIZE_MAX / (size_t)n / es || count * (size_t)n * es > (size_t)INT64_MAX)
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: count %zu overflows the byte size of the buffers", fn, count);
+  if (count == 0) return FLEXCOLL_SUCCESS; /* nothing moves, on every rank alike */
+  const size_t bytes = count * es;
+  /* The root's many-block buffer and its own block of it. */
+  const char *many = gather ? (const char *)recvbuf : (const char *)sendbuf;
+  const char *own = gather ? (const char *)sendbuf : (const char *)recvbuf;
+  if (me == root) {
+    if (!sendbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf is NULL on the root", fn);
+    if (!recvbuf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: recvbuf is NULL on the root", fn);
+    if (own != many + (size_t)root * bytes && own < many + (size_t)n * bytes && many < own + bytes)
+      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
+                      "%s: sendbuf and recvbuf overlap without being in place (the root's block at %s + root * count)",
+                      fn, gather ? "recvbuf" : "sendbuf");
+  } else if (!(gather ? sendbuf : recvbuf)) {
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: %s is NULL", fn, gather ? "sendbuf" : "recvbuf");
+  }
+  const int in_place = me == root && own == many + (size_t)root * bytes;
+  fc_call_t *calls = calloc((size_t)n + 1, sizeof *calls);
+  if (!calls) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "%s: out of memory", fn);
+  int k = 0;
+  const fc_call_kind_t to_root = gather ? FC_CALL_SEND : FC_CALL_RECV, from_root = gather ? FC_CALL_RECV : FC_CALL_SEND;
+  const fc_call_t base = {FC_COLL_ALLREDUCE, NULL, NULL, count, dtype, FLEXCOLL_SUM, root, comm, stream, to_root, NULL, NULL};
+  if (me != root || !in_place) {
+    /* Our block to (gather) or from (scatter) the root, the root's own included. */
+    calls[k] = base;
+    if (gather) calls[k].sendbuf = sendbuf;
+    else calls[k].recvbuf = recvbuf;
+    k++;
+  }
+  for (int q = 0; q < n && me == root; q++) {
+    if (q == root && in_place) continue;
+    calls[k] = base;
+    calls[k].kind = from_root;
+    calls[k].root = q;
+    if (gather) calls[k].recvbuf = (char *)recvbuf + (size_t)q * bytes;
+    else calls[k].sendbuf = (const char *)sendbuf + (size_t)q * bytes;
+    k++;
+  }
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = check_call(&calls[i], fn);
+  if (res == FLEXCOLL_SUCCESS && k) {
+    FC_CHECK_GOTO(flexcoll_group_start(), res, out);
+    for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = submit(&calls[i], fn);
+    flexcoll_result_t end = flexcoll_group_end();
+    if (res == FLEXCOLL_SUCCESS) res = end;
+  }
+out:
+  free(calls);
+  return res;
+}
+
+flexcoll_result_t flexcoll_gather(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype, int root,
+                                  flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  return rooted_exchange(1, sendbuf, recvbuf, count, dtype, root, comm, stream, "flexcoll_gather");
+}
+
+flexcoll_result_t flexcoll_scatter(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype, int root,
+                                   flexcoll_comm_t comm, flexcoll_stream_t stream) {
+  return rooted_exchange(0, sendbuf, recvbuf, count, dtype, root, comm, stream, "flexcoll_scatter");
+}
+
 /* ---- symmetric windows --------------------------------------------------------------------- */
 
-/* The communicator of a window call: live (or initialised earlier in this group). */
-static flexcoll_result_t check_window_comm(flexcoll_comm_t comm, const char *fn) {
-  if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
-  if (fc_group_active() && fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING && fc_group_inits(comm))
-    return FLEXCOLL_SUCCESS;
-  return fc_comm_check(comm, fn);
-}
 
 flexcoll_result_t fc_window_call_run(const fc_call_t *c) {
   flexcoll_comm_t comm = c->comm;
@@ -394,7 +469,7 @@ static flexcoll_result_t run_window_call(const fc_call_t *c, const char *fn) {
 
 flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window) {
   const char *fn = "flexcoll_window_register";
-  FC_CHECK(check_window_comm(comm, fn));
+  FC_CHECK(check_call_comm(comm, fn));
   if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
   *window = NULL;
   if (!buf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: buf is NULL", fn);
@@ -406,7 +481,7 @@ flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size
 
 flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window) {
   const char *fn = "flexcoll_window_deregister";
-  FC_CHECK(check_window_comm(comm, fn));
+  FC_CHECK(check_call_comm(comm, fn));
   if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
   fc_call_t c = {.comm = comm, .kind = FC_CALL_WINDOW_DEREGISTER, .window = window};
   if (fc_group_active()) return fc_group_enqueue_call(&c);

@@ -424,6 +424,20 @@ ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, nc
   return fwd_call(flexcoll_alltoall(sendbuff, recvbuff, count, dt, fc_comm(comm), stream));
 }
 
+ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                        ncclComm_t comm, cudaStream_t stream) {
+  flexcoll_datatype_t dt;
+  SHIM_CHECK(map_dtype(datatype, 1, "ncclGather", &dt));
+  return fwd_call(flexcoll_gather(sendbuff, recvbuff, count, dt, root, fc_comm(comm), stream));
+}
+
+ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                         ncclComm_t comm, cudaStream_t stream) {
+  flexcoll_datatype_t dt;
+  SHIM_CHECK(map_dtype(datatype, 1, "ncclScatter", &dt));
+  return fwd_call(flexcoll_scatter(sendbuff, recvbuff, count, dt, root, fc_comm(comm), stream));
+}
+
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                       cudaStream_t stream) {
   flexcoll_datatype_t dt;
@@ -476,6 +490,8 @@ ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo) {
 PNCCL(ncclAllGather)
 PNCCL(ncclAllReduce)
 PNCCL(ncclAlltoAll)
+PNCCL(ncclGather)
+PNCCL(ncclScatter)
 PNCCL(ncclBcast)
 PNCCL(ncclBroadcast)
 PNCCL(ncclCommAbort)

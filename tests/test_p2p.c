@@ -1,4 +1,5 @@
-/* test_p2p.c — flexcoll_send / flexcoll_recv / flexcoll_alltoall on host memory: forked ranks (over
+/* test_p2p.c — flexcoll_send / flexcoll_recv / flexcoll_alltoall / flexcoll_gather /
+ * flexcoll_scatter on host memory: forked ranks (over
  * TCP and over shared memory) and threads of one process, every datatype, counts 0, 1, odd and
  * large, fresh random data; ranks that take no part in a send keep their collectives in step;
  * bad input. */
@@ -61,6 +62,39 @@ static int alltoall_once(hx_rank_t *r, flexcoll_datatype_t dt, size_t count, uin
   return 0;
 }
 
+/* Gather (or scatter) to (from) root, in place or not: the root's many-block buffer is checked
+ * block by block against every rank's input, the others' buffers stay untouched. */
+static int rooted_once(hx_rank_t *r, int gather, flexcoll_datatype_t dt, size_t count, int root, int inplace,
+                       uint64_t call) {
+  size_t es = fc_dtype_size(dt), n = (size_t)r->nranks;
+  const int me = r->rank, is_root = me == root;
+  hx_data_t d = {dt, HX_GEN_BITS, r->seed, call, r->nranks};
+  hx_buf_t mb, ob; /* the root's n blocks; a rank's own block */
+  char *many = hx_buf_new(r, &mb, n * count * es), *own = hx_buf_new(r, &ob, count * es);
+  if (!many || !own) return 1;
+  char *mine = inplace && is_root ? many + (size_t)root * count * es : own;
+  if (!is_root) hx_buf_poison(&mb, 0, n * count * es);
+  if (gather) hx_fill(&d, me, mine, 0, count);
+  else if (is_root)
+    for (size_t q = 0; q < n; q++) hx_fill(&d, (int)q, many + q * count * es, 0, count);
+  snprintf(r->what, sizeof r->what, "%s %s count %zu root %d%s", gather ? "gather" : "scatter", fc_dtype_name(dt), count,
+           root, inplace ? " in place" : "");
+  flexcoll_result_t res = gather ? flexcoll_gather(mine, is_root ? many : NULL, count, dt, root, r->comm, NULL)
+                                 : flexcoll_scatter(is_root ? many : NULL, mine, count, dt, root, r->comm, NULL);
+  if (hx_ok(r, res, r->comm, gather ? "gather" : "scatter")) {
+    if (gather && is_root)
+      for (size_t q = 0; q < n; q++) hx_check_input(r, "gathered block", &d, (int)q, many + q * count * es, 0, count);
+    if (!gather) hx_check_input(r, "scattered block", &d, me, mine, 0, count);
+    /* A non-root's many-block buffer is not the call's: it stays poison. */
+    if (!is_root) hx_check_poisoned(r, "a non-root's unused buffer", many, n * count * es);
+  }
+  hx_buf_check_guards(r, "many", &mb);
+  hx_buf_check_guards(r, "own", &ob);
+  hx_buf_free(&mb);
+  hx_buf_free(&ob);
+  return 0;
+}
+
 /* Only ranks 0 and 1 exchange (outside a group, one direction each way in turn); then everybody
  * runs an allreduce, which must still match across ranks. */
 static int bystanders(hx_rank_t *r, uint64_t call) {
@@ -85,6 +119,11 @@ static int p2p_rank(hx_rank_t *r) {
       if (counts[c] > 1000 && dt % 3) continue; /* the large count for a few types only */
       ring_exchange(r, (flexcoll_datatype_t)dt, counts[c], call++);
       alltoall_once(r, (flexcoll_datatype_t)dt, counts[c], call++);
+      for (int g = 0; g < 2; g++) {
+        const int root = (int)(call % (uint64_t)r->nranks);
+        rooted_once(r, g, (flexcoll_datatype_t)dt, counts[c], root, (int)(call / 2 % 2), call);
+        call++;
+      }
     }
   if (r->nranks >= 2)
     for (int i = 0; i < 5; i++) bystanders(r, call++);
@@ -125,6 +164,16 @@ static int bad_input_rank(hx_rank_t *r) {
   res = flexcoll_alltoall(buf, buf + 1, 1, FLEXCOLL_INT8, r->comm, NULL);
   if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "overlap"))
     hx_fail(r, "overlapping alltoall: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_gather(buf, buf, 1, FLEXCOLL_INT8, r->nranks, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "root"))
+    hx_fail(r, "gather to root nranks: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_scatter(NULL, buf, 1, FLEXCOLL_INT8, r->rank, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "sendbuf"))
+    hx_fail(r, "scatter from NULL on the root: %d (%s)", res, flexcoll_get_last_error(NULL));
+  /* The root's own block not at its place in recvbuf, yet overlapping it. */
+  res = flexcoll_gather(buf + 1, buf, 4, FLEXCOLL_INT8, r->rank, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "overlap"))
+    hx_fail(r, "overlapping gather: %d (%s)", res, flexcoll_get_last_error(NULL));
   res = flexcoll_send(buf, 1, (flexcoll_datatype_t)77, 0, r->comm, NULL);
   if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "datatype"))
     hx_fail(r, "send of datatype 77: %d (%s)", res, flexcoll_get_last_error(NULL));

@@ -325,7 +325,7 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
   const struct fc_gpu *g = comm->gpu;
   const size_t esize = fc_dtype_size(dtype);
   if (!g->p2p) return "the GPUs have no peer access, so the call runs through host copies";
-  if (args->count == 0) return NULL;
+  if (args->count == 0 || args->nranks == 1) return NULL;
   if (!takes_oneshot(g, args, esize)) {
     if (fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
         fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
@@ -470,6 +470,13 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
     /* nothing moves */
+  } else if (args->nranks == 1) {
+    /* Every collective of one rank is a copy (AVG divides by 1). */
+    const size_t bytes = fc_coll_recv_count(args->coll, args->count, 1) * x.esize;
+    if (sendbuf != recvbuf && cudaMemcpyAsync(recvbuf, sendbuf, bytes, cudaMemcpyDeviceToDevice, user) != cudaSuccess)
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a one-rank %s: %s", fc_coll_name(args->coll),
+                     cudaGetErrorString(cudaGetLastError()));
+    goto out;
   } else if (takes_oneshot(g, args, x.esize)) {
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */

@@ -114,6 +114,14 @@ flexcoll_result_t flexcoll_comm_user_rank(flexcoll_comm_t comm, int *rank);
 /* CUDA device of comm, -1 on host-only communicators. */
 flexcoll_result_t flexcoll_comm_cu_device(flexcoll_comm_t comm, int *device);
 
+/* Communicator splitting (flexcoll_comm_split).  Collective over comm, like NCCL's ncclCommSplit:
+ * ranks passing the same color >= 0 form a new communicator, ranked by key, ties by their rank in
+ * comm; FLEXCOLL_SPLIT_NOCOLOR takes part but gets *newcomm = NULL.  config NULL (or a field left
+ * at FLEXCOLL_CONFIG_UNDEF) inherits comm's settings, its CUDA device included.  Not inside a group. */
+#define FLEXCOLL_SPLIT_NOCOLOR (-1)
+flexcoll_result_t flexcoll_comm_split(flexcoll_comm_t comm, int color, int key, flexcoll_comm_t *newcomm,
+                                      const flexcoll_config_t *config);
+
 /* One link from this rank to one peer, and what it carried (flexcoll_comm_get_link_stats). */
 typedef struct {
   char name[16];              /* "nvlink", "pcie", "rdma", "shm", "tcp" */

@@ -219,9 +219,12 @@ ncclResult_t pncclCommDestroy(ncclComm_t comm);
 /* Stops outstanding work without waiting for peers and frees comm. */
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t pncclCommAbort(ncclComm_t comm);
-/* Not supported by flexcoll: ncclInvalidUsage, *newcomm = NULL. */
+/* Collective over comm: ranks of one color form a new communicator, ordered by key (ties: rank
+ * in comm); NCCL_SPLIT_NOCOLOR gives *newcomm = NULL.  config NULL inherits comm's settings.
+ * Not inside a group (ncclInvalidUsage): call it from each rank's own thread. */
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
 ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config);
+/* Not supported by flexcoll: ncclInvalidUsage, *newcomm = NULL. */
 ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,
                             ncclConfig_t *config, int shrinkFlags);
 ncclResult_t pncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,

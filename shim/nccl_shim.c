@@ -240,11 +240,22 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return fwd(flexcoll_comm_destroy(fc_comm(comm)));
 }
 
+/* flexcoll_comm_split has ncclCommSplit's semantics.  config NULL inherits the parent's settings
+ * (as in NCCL); otherwise its defined fields apply (flexcoll reads `blocking`), and the device
+ * stays the parent's, as NCCL's split keeps it. */
+_Static_assert(NCCL_SPLIT_NOCOLOR == FLEXCOLL_SPLIT_NOCOLOR, "NCCL_SPLIT_NOCOLOR is passed through as it is");
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {
-  (void)comm, (void)color, (void)key, (void)config;
+  const char *fn = "ncclCommSplit";
   if (newcomm) *newcomm = NULL;
-  return unsupported("ncclCommSplit", "flexcoll cannot split communicators yet; create the new one with "
-                     "ncclGetUniqueId and ncclCommInitRank");
+  flexcoll_config_t fconfig;
+  if (config) {
+    SHIM_CHECK(read_config(config, fn, &fconfig));
+    fconfig.cuda_device = FLEXCOLL_CONFIG_UNDEF; /* the parent's */
+  }
+  flexcoll_comm_t c = NULL;
+  flexcoll_result_t res = flexcoll_comm_split(fc_comm(comm), color, key, newcomm ? &c : NULL, config ? &fconfig : NULL);
+  if (newcomm) *newcomm = nccl_comm(c);
+  return fwd(res);
 }
 
 ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,

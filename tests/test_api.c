@@ -6,7 +6,8 @@
  * receive buffers that overlap other than in place) and must return the documented code with a
  * last-error string that names the culprit; a count whose scratch cannot be allocated fails alone.  Also: version and
  * error strings, the getters, one-rank communicators for every collective, groups, and real
- * init_from_env runs (flexcoll and torchrun variables) with two forked processes.
+ * init_from_env runs (flexcoll and torchrun variables) with two forked processes, and
+ * flexcoll_comm_split with 4 ranks as processes and 3 as threads (tests/harness.c).
  *
  * Multi-process cases fork ranks from the (Check-forked) test process; a rank never calls
  * ck_assert (it is not the process Check watches): it records what went wrong in shared memory
@@ -1574,6 +1575,176 @@ START_TEST(test_settings_must_agree) {
 }
 END_TEST
 
+/* ---- flexcoll_comm_split ------------------------------------------------------------------------- */
+/* Ranks as processes and as threads (tests/harness.c); the checks inside a rank report through
+ * hx_fail, never ck_assert. */
+#include "harness.h"
+
+/* An expected failure of a split: code, *newcomm NULL, and a last error that mentions what. */
+static void split_expect_err(hx_rank_t *r, flexcoll_comm_t parent, int color, int key, int null_out,
+                             flexcoll_result_t code, const char *what) {
+  flexcoll_comm_t out = (flexcoll_comm_t)(uintptr_t)0x1;
+  flexcoll_result_t res = flexcoll_comm_split(parent, color, key, null_out ? NULL : &out, NULL);
+  const char *e = flexcoll_get_last_error(NULL);
+  if (res != code)
+    hx_fail(r, "split returned %d (%s), expected %d; last error: %s", (int)res, flexcoll_get_error_string(res),
+            (int)code, e ? e : "(null)");
+  else if (!e || !strstr(e, what))
+    hx_fail(r, "split's last error \"%s\" does not mention \"%s\"", e ? e : "(null)", what);
+  if (!null_out && out != NULL) hx_fail(r, "a failed split left *newcomm = %p, not NULL", (void *)out);
+}
+
+/* Allreduce of int64 on sub, whose members are the parent ranks q with member(q): the sum must be
+ * exactly over the members' inputs (q+1)*1000 + i*7 + tag. */
+static void split_check_allreduce(hx_rank_t *r, flexcoll_comm_t sub, int (*member)(int q, void *), void *arg,
+                                  int64_t tag) {
+  enum { N = 37 };
+  int64_t in[N], out[N];
+  for (int i = 0; i < N; i++) {
+    in[i] = (int64_t)(r->rank + 1) * 1000 + i * 7 + tag;
+    out[i] = -1;
+  }
+  if (!hx_ok(r, flexcoll_allreduce(in, out, N, FLEXCOLL_INT64, FLEXCOLL_SUM, sub, NULL), sub, "flexcoll_allreduce")) return;
+  for (int i = 0; i < N; i++) {
+    int64_t want = 0;
+    for (int q = 0; q < r->nranks; q++)
+      if (member(q, arg)) want += (int64_t)(q + 1) * 1000 + i * 7 + tag;
+    if (out[i] != want) {
+      hx_fail(r, "allreduce on the split communicator: element %d is %lld, expected %lld", i, (long long)out[i],
+              (long long)want);
+      return;
+    }
+  }
+}
+
+static int same_parity(int q, void *arg) { return q % 2 == *(int *)arg; }
+static int not_rank0(int q, void *arg) { (void)arg; return q != 0; }
+static int every_rank(int q, void *arg) { (void)q, (void)arg; return 1; }
+
+static int split_rank(hx_rank_t *r) {
+  flexcoll_comm_t parent = r->comm;
+  const int me = r->rank, n = r->nranks;
+
+  /* color = rank % 2, key = -rank: each half in reversed order. */
+  int color = me % 2;
+  snprintf(r->what, sizeof r->what, "split(color %d, key %d)", color, -me);
+  flexcoll_comm_t sub = NULL;
+  if (!hx_ok(r, flexcoll_comm_split(parent, color, -me, &sub, NULL), parent, "flexcoll_comm_split")) return 1;
+  if (!sub) return hx_fail(r, "newcomm is NULL after a split with color %d", color);
+  int want_count = 0, want_rank = 0, v = -5;
+  for (int q = 0; q < n; q++)
+    if (q % 2 == color) {
+      want_count++;
+      if (q > me) want_rank++; /* key -q: higher parent ranks come first */
+    }
+  if (hx_ok(r, flexcoll_comm_count(sub, &v), sub, "flexcoll_comm_count") && v != want_count)
+    hx_fail(r, "flexcoll_comm_count: %d, expected %d", v, want_count);
+  if (hx_ok(r, flexcoll_comm_user_rank(sub, &v), sub, "flexcoll_comm_user_rank") && v != want_rank)
+    hx_fail(r, "flexcoll_comm_user_rank: %d, expected %d", v, want_rank);
+  if (hx_ok(r, flexcoll_comm_cu_device(sub, &v), sub, "flexcoll_comm_cu_device") && v != -1)
+    hx_fail(r, "flexcoll_comm_cu_device: %d, expected the parent's -1", v);
+  snprintf(r->what, sizeof r->what, "allreduce on split(color %d)", color);
+  split_check_allreduce(r, sub, same_parity, &color, 11);
+
+  /* Rank 0 takes part without a color; the others, all one color with equal keys (ties: parent
+   * order), a config that changes the timeout only (the device is still inherited). */
+  snprintf(r->what, sizeof r->what, "split with rank 0 NOCOLOR");
+  flexcoll_comm_t sub2 = (flexcoll_comm_t)(uintptr_t)0x1;
+  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+  cfg.timeout_ms = 45000;
+  if (!hx_ok(r, flexcoll_comm_split(parent, me == 0 ? FLEXCOLL_SPLIT_NOCOLOR : 7, 3, &sub2, &cfg), parent,
+             "flexcoll_comm_split"))
+    return 1;
+  if (me == 0) {
+    if (sub2 != NULL) hx_fail(r, "NOCOLOR: newcomm is %p, expected NULL", (void *)sub2);
+  } else if (!sub2) {
+    hx_fail(r, "newcomm is NULL after a split with color 7");
+  } else {
+    if (hx_ok(r, flexcoll_comm_count(sub2, &v), sub2, "flexcoll_comm_count") && v != n - 1)
+      hx_fail(r, "flexcoll_comm_count: %d, expected %d", v, n - 1);
+    if (hx_ok(r, flexcoll_comm_user_rank(sub2, &v), sub2, "flexcoll_comm_user_rank") && v != me - 1)
+      hx_fail(r, "flexcoll_comm_user_rank: %d, expected %d", v, me - 1);
+    if (hx_ok(r, flexcoll_comm_cu_device(sub2, &v), sub2, "flexcoll_comm_cu_device") && v != -1)
+      hx_fail(r, "flexcoll_comm_cu_device: %d, expected the parent's -1", v);
+    snprintf(r->what, sizeof r->what, "allreduce on split without rank 0");
+    split_check_allreduce(r, sub2, not_rank0, NULL, 5);
+  }
+
+  /* Bad arguments on every rank: refused by name, nothing created. */
+  snprintf(r->what, sizeof r->what, "split with color -2");
+  split_expect_err(r, parent, -2, 0, 0, FLEXCOLL_INVALID_ARGUMENT, "color");
+  snprintf(r->what, sizeof r->what, "split with newcomm NULL");
+  split_expect_err(r, parent, 0, 0, 1, FLEXCOLL_INVALID_ARGUMENT, "newcomm");
+  /* On one rank only: it names its argument, the others name it; nobody waits for a timeout. */
+  snprintf(r->what, sizeof r->what, "split with color -5 on rank 1 only");
+  if (me == 1) split_expect_err(r, parent, -5, 0, 0, FLEXCOLL_INVALID_ARGUMENT, "color");
+  else split_expect_err(r, parent, 0, 0, 0, FLEXCOLL_INVALID_ARGUMENT, "rank 1");
+
+  /* The parent and the new communicators still work after all that. */
+  snprintf(r->what, sizeof r->what, "allreduce on the parent after the splits");
+  split_check_allreduce(r, parent, every_rank, NULL, 0);
+  snprintf(r->what, sizeof r->what, "allreduce on split(color %d) again", color);
+  split_check_allreduce(r, sub, same_parity, &color, 2);
+  if (!hx_ok(r, flexcoll_comm_destroy(sub), NULL, "flexcoll_comm_destroy(sub)")) return 1;
+  if (me != 0 && sub2 && !hx_ok(r, flexcoll_comm_destroy(sub2), NULL, "flexcoll_comm_destroy(sub2)")) return 1;
+  return 0;
+}
+
+START_TEST(test_split_procs) {
+  hx_opts_t o = {.label = "split_procs", .deadline_s = 150};
+  ck_assert_msg(hx_run_procs(4, &o, split_rank, NULL), "split, 4 ranks as processes: see stderr");
+}
+END_TEST
+
+START_TEST(test_split_threads) {
+  hx_opts_t o = {.label = "split_threads", .deadline_s = 150};
+  ck_assert_msg(hx_run_threads(3, &o, split_rank, NULL), "split, 3 ranks as threads: see stderr");
+}
+END_TEST
+
+/* The checks one rank can see alone: NULL and dead handles, groups, bad arguments, and a one-rank split. */
+START_TEST(test_split_local) {
+  flexcoll_comm_t out = (flexcoll_comm_t)(uintptr_t)0x1;
+  EXPECT_ERR(flexcoll_comm_split(NULL, 0, 0, &out, NULL), FLEXCOLL_INVALID_ARGUMENT, NULL, "comm");
+  ck_assert_ptr_null(out);
+  flexcoll_comm_t comm = make_comm1();
+  EXPECT_ERR(flexcoll_comm_split(comm, -2, 0, &out, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "color");
+  EXPECT_ERR(flexcoll_comm_split(comm, -1000, 0, &out, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "NOCOLOR");
+  EXPECT_ERR(flexcoll_comm_split(comm, 0, 0, NULL, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "newcomm");
+  flexcoll_config_t bad = FLEXCOLL_CONFIG_INITIALIZER;
+  bad.size = 0;
+  EXPECT_ERR(flexcoll_comm_split(comm, 0, 0, &out, &bad), FLEXCOLL_INVALID_ARGUMENT, comm, "config");
+  bad = (flexcoll_config_t)FLEXCOLL_CONFIG_INITIALIZER;
+  bad.timeout_ms = -3;
+  EXPECT_ERR(flexcoll_comm_split(comm, 0, 0, &out, &bad), FLEXCOLL_INVALID_ARGUMENT, comm, "timeout_ms");
+  ck_assert_ptr_null(out);
+  EXPECT_OK(flexcoll_group_start());
+  EXPECT_ERR(flexcoll_comm_split(comm, 0, 0, &out, NULL), FLEXCOLL_INVALID_USAGE, comm, "group");
+  EXPECT_OK(flexcoll_group_end());
+  out = (flexcoll_comm_t)(uintptr_t)0x1;
+  EXPECT_OK(flexcoll_comm_split(comm, FLEXCOLL_SPLIT_NOCOLOR, 0, &out, NULL));
+  ck_assert_ptr_null(out);
+  EXPECT_OK(flexcoll_comm_split(comm, 12345, -7, &out, NULL));
+  ck_assert_ptr_nonnull(out);
+  int v = -5;
+  EXPECT_OK(flexcoll_comm_count(out, &v));
+  ck_assert_int_eq(v, 1);
+  EXPECT_OK(flexcoll_comm_user_rank(out, &v));
+  ck_assert_int_eq(v, 0);
+  int in[3] = {4, 5, 6}, res[3] = {0};
+  EXPECT_OK(flexcoll_allreduce(in, res, 3, FLEXCOLL_INT32, FLEXCOLL_SUM, out, NULL));
+  ck_assert_int_eq(res[0] + res[1] + res[2], 15);
+  /* A split of a split. */
+  flexcoll_comm_t out2 = NULL;
+  EXPECT_OK(flexcoll_comm_split(out, 0, 0, &out2, NULL));
+  ck_assert_ptr_nonnull(out2);
+  EXPECT_OK(flexcoll_comm_destroy(out2));
+  EXPECT_OK(flexcoll_comm_destroy(out));
+  EXPECT_OK(flexcoll_comm_destroy(comm));
+  EXPECT_ERR(flexcoll_comm_split(comm, 0, 0, &out, NULL), FLEXCOLL_INVALID_USAGE, NULL, "live");
+}
+END_TEST
+
 /* ---- main ---------------------------------------------------------------------------------------- */
 
 static Suite *api_suite(void) {
@@ -1638,6 +1809,13 @@ static Suite *api_suite(void) {
   tcase_add_test(env, test_init_from_env_flexcoll_vars);
   tcase_add_test(env, test_init_from_env_torchrun_vars);
   suite_add_tcase(s, env);
+
+  TCase *split = tcase_create("split");
+  tcase_set_timeout(split, 180);
+  tcase_add_test(split, test_split_local);
+  tcase_add_test(split, test_split_procs);
+  tcase_add_test(split, test_split_threads);
+  suite_add_tcase(s, split);
   return s;
 }
 

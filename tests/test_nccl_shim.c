@@ -11,6 +11,9 @@
  *   - communicators initialised inside a group from one thread (non-blocking config), with a
  *     collective queued on them in the same group; ncclCommInitAll(comms, 2, NULL);
  *     ncclCommInitRankScalable; ncclCommAbort;
+ *   - ncclCommSplit of 2 and 3 ranks (one thread per rank): by parity with reversed keys, and with
+ *     NCCL_SPLIT_NOCOLOR for rank 0 and a config; ranks, counts and an AllReduce on each new
+ *     communicator checked; refused inside a group;
  *   - the calls flexcoll cannot do return ncclInvalidUsage with a message in ncclGetLastError,
  *     bad arguments return ncclInvalidArgument, the no-op calls succeed (a default window is a
  *     hint; a symmetric one on host memory is refused).
@@ -630,10 +633,6 @@ static void check_unsupported(ncclComm_t comm) {
   ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
   float scalar = 2, buf[4];
   int exclude = 0;
-  NCCL_FAILS(ncclInvalidUsage, ncclCommSplit(comm, 0, 0, &newcomm, NULL));
-  CHECK(newcomm == NULL, "ncclCommSplit left a communicator");
-  CHECK(strstr(ncclGetLastError(comm), "ncclCommSplit") != NULL, "message: %s", ncclGetLastError(comm));
-  newcomm = comm;
   NCCL_FAILS(ncclInvalidUsage, ncclCommShrink(comm, &exclude, 1, &newcomm, NULL, NCCL_SHRINK_DEFAULT));
   CHECK(newcomm == NULL, "ncclCommShrink left a communicator");
   NCCL_FAILS(ncclInvalidUsage, ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, comm));
@@ -655,7 +654,7 @@ static void check_unsupported(ncclComm_t comm) {
   /* ... which ended the group: there is none left to end. */
   NCCL_FAILS(ncclInvalidUsage, ncclGroupEnd());
   /* A later flexcoll error replaces the shim's message. */
-  NCCL_FAILS(ncclInvalidUsage, ncclCommSplit(comm, 0, 0, &newcomm, NULL));
+  NCCL_FAILS(ncclInvalidUsage, ncclCommShrink(comm, &exclude, 1, &newcomm, NULL, NCCL_SHRINK_DEFAULT));
   NCCL_FAILS(ncclInvalidArgument, ncclCommCount(comm, NULL));
   CHECK(strstr(ncclGetLastError(NULL), "not supported") == NULL, "stale message: %s", ncclGetLastError(NULL));
   int version = 0;
@@ -664,6 +663,117 @@ static void check_unsupported(ncclComm_t comm) {
   CHECK(strcmp(ncclGetErrorString(ncclInvalidUsage), ncclGetErrorString(ncclSuccess)) != 0 &&
             *ncclGetErrorString(ncclInvalidUsage),
         "error strings");
+}
+
+/* ---- ncclCommSplit ---------------------------------------------------------------------------- */
+
+typedef struct {
+  ncclComm_t parent, sub;
+  int color, key, use_config;
+  ncclResult_t res;
+  pthread_t t;
+} split_thread_t;
+
+static void *split_main(void *arg) {
+  split_thread_t *t = arg;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  t->sub = (ncclComm_t)t; /* must be overwritten */
+  t->res = ncclCommSplit(t->parent, t->color, t->key, &t->sub, t->use_config ? &config : NULL);
+  return NULL;
+}
+
+typedef struct {
+  ncclComm_t comm;
+  float in[64], out[64];
+  ncclResult_t res;
+  pthread_t t;
+} split_reduce_t;
+
+static void *split_reduce_main(void *arg) {
+  split_reduce_t *t = arg;
+  t->res = ncclAllReduce(t->in, t->out, 64, ncclFloat, ncclSum, t->comm, 0);
+  return NULL;
+}
+
+/* One split of w's ranks (one thread per rank, as NCCL requires outside groups), checked: ranks
+ * and counts, NOCOLOR, and an AllReduce over each new communicator that sums its members only. */
+static void split_once(world_t *w, const int *color, const int *key, int use_config, const char *what) {
+  int n = w->nranks;
+  split_thread_t t[MAXR];
+  for (int r = 0; r < n; r++) {
+    t[r] = (split_thread_t){w->comms[r], NULL, color[r], key[r], use_config, ncclSuccess, 0};
+    if (pthread_create(&t[r].t, NULL, split_main, &t[r])) split_main(&t[r]), t[r].t = 0;
+  }
+  for (int r = 0; r < n; r++)
+    if (t[r].t) pthread_join(t[r].t, NULL);
+  int ok = 1;
+  for (int r = 0; r < n; r++) {
+    CHECK(t[r].res == ncclSuccess, "%s, %d ranks: ncclCommSplit of rank %d returned %d: %s", what, n, r, (int)t[r].res,
+          ncclGetLastError(NULL));
+    ok &= t[r].res == ncclSuccess;
+  }
+  if (!ok) return;
+  split_reduce_t red[MAXR];
+  int nred = 0;
+  for (int r = 0; r < n; r++) {
+    if (color[r] == NCCL_SPLIT_NOCOLOR) {
+      CHECK(t[r].sub == NULL, "%s: NCCL_SPLIT_NOCOLOR gave rank %d a communicator", what, r);
+      continue;
+    }
+    int want_count = 0, want_rank = 0, count = -1, rank = -1;
+    for (int q = 0; q < n; q++)
+      if (color[q] == color[r]) {
+        want_count++;
+        if (key[q] < key[r] || (key[q] == key[r] && q < r)) want_rank++;
+      }
+    NCCL_OK(ncclCommCount(t[r].sub, &count));
+    NCCL_OK(ncclCommUserRank(t[r].sub, &rank));
+    CHECK(count == want_count && rank == want_rank, "%s: rank %d is rank %d of %d, expected %d of %d", what, r, rank, count,
+          want_rank, want_count);
+    red[nred] = (split_reduce_t){.comm = t[r].sub};
+    for (int i = 0; i < 64; i++) red[nred].in[i] = (float)((r + 1) * 100 + i);
+    nred++;
+  }
+  for (int k = 0; k < nred; k++)
+    if (pthread_create(&red[k].t, NULL, split_reduce_main, &red[k])) split_reduce_main(&red[k]), red[k].t = 0;
+  for (int k = 0; k < nred; k++)
+    if (red[k].t) pthread_join(red[k].t, NULL);
+  for (int r = 0, k = 0; r < n; r++) {
+    if (color[r] == NCCL_SPLIT_NOCOLOR) continue;
+    CHECK(red[k].res == ncclSuccess, "%s: AllReduce on rank %d's new communicator returned %d", what, r, (int)red[k].res);
+    int bad = 0;
+    for (int i = 0; i < 64; i++) {
+      float want = 0;
+      for (int q = 0; q < n; q++)
+        if (color[q] == color[r]) want += (float)((q + 1) * 100 + i);
+      bad += red[k].out[i] != want;
+    }
+    CHECK(bad == 0, "%s: AllReduce on rank %d's new communicator: %d wrong elements", what, r, bad);
+    k++;
+  }
+  world_t sub = {.nranks = 0};
+  for (int r = 0; r < n; r++)
+    if (t[r].sub) sub.comms[sub.nranks++] = t[r].sub;
+  destroy_all(&sub);
+}
+
+static void check_split(world_t *w) {
+  int n = w->nranks, before = failures;
+  int color[MAXR], key[MAXR];
+  for (int r = 0; r < n; r++) color[r] = r % 2, key[r] = -r;
+  split_once(w, color, key, 0, "split by parity, reversed");
+  for (int r = 0; r < n; r++) color[r] = r == 0 ? NCCL_SPLIT_NOCOLOR : 5, key[r] = 0;
+  split_once(w, color, key, 1, "split without rank 0, with a config");
+  /* Inside a group flexcoll refuses the split at once (one thread cannot wait for all ranks). */
+  ncclComm_t newcomm = w->comms[0];
+  NCCL_OK(ncclGroupStart());
+  NCCL_FAILS(ncclInvalidUsage, ncclCommSplit(w->comms[0], 0, 0, &newcomm, NULL));
+  NCCL_OK(ncclGroupEnd());
+  CHECK(newcomm == NULL, "a refused ncclCommSplit left a communicator");
+  CHECK(strstr(ncclGetLastError(NULL), "group") != NULL, "message: %s", ncclGetLastError(NULL));
+  printf("%s ncclCommSplit, %d ranks: ranks, NOCOLOR, AllReduce on the new communicators%s\n",
+         failures == before ? "ok  " : "FAIL", n, failures == before ? "" : " (see above)");
 }
 
 /* ---- the parts --------------------------------------------------------------------------------- */
@@ -705,6 +815,7 @@ static void host_part(void) {
     w.threads = 0;
     run_suite(&w);
     if (n == 2) check_bad_arguments(w.comms[0], n), check_unsupported(w.comms[1]);
+    check_split(&w);
     destroy_all(&w);
   }
   world_t g = {.nranks = MAXR, .label = "host, group init"};

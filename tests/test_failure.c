@@ -298,6 +298,11 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
       case LEAVE_SIGKILL: raise(SIGKILL); break;
       case LEAVE_STALL: for (;;) pause();
       case LEAVE_MIDKILL: {
+        /* One more allreduce first: it completes only once every survivor has finished the last
+         * good one (each has sent its part of this one), so the kill cannot land in that one
+         * however slow a loaded machine makes it (a 3-rank 64 MB AllReduce on 2 busy cores
+         * took longer than the killer's delay: the survivors failed the good allreduce). */
+        flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
         pthread_t t;
         pthread_create(&t, NULL, killer_thread, (void *)(intptr_t)300);
         for (;;) flexcoll_allreduce(in, out, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);

@@ -68,8 +68,15 @@ static flexcoll_result_t init_rank(flexcoll_comm_t *comm, int nranks, const flex
     *comm = c;
     return FLEXCOLL_SUCCESS;
   }
+  if (c->init_config.blocking == 0) {
+    /* Returns at once; flexcoll_comm_get_async_error says IN_PROGRESS until the initialisation
+     * ends, then its result (a failed communicator is handed out, so the caller can read why). */
+    flexcoll_result_t res = fc_comm_init_in_background(c);
+    if (res != FLEXCOLL_IN_PROGRESS) { flexcoll_comm_destroy(c); return res; }
+    *comm = c;
+    return res;
+  }
   flexcoll_result_t res = fc_comm_init(c);
-  /* A failed communicator is still handed out in non-blocking mode so the caller can read why. */
   if (res != FLEXCOLL_SUCCESS) { flexcoll_comm_destroy(c); return res; }
   *comm = c;
   return FLEXCOLL_SUCCESS;

@@ -117,7 +117,9 @@ flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn) {
   switch (atomic_load(&comm->state)) {
     case FC_COMM_READY: return FLEXCOLL_SUCCESS;
     case FC_COMM_PENDING:
-      return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: comm is still being initialised (its group has not ended)", fn);
+      return fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                      "%s: comm is still being initialised (its group has not ended, or its non-blocking initialisation "
+                      "is in progress: flexcoll_comm_get_async_error says when it is done)", fn);
     case FC_COMM_ABORTED: return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: comm was aborted; only destroy is allowed", fn);
     default: return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: comm failed to initialise; only destroy is allowed", fn);
   }
@@ -208,7 +210,9 @@ flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   c->p2p_received = c->p2p_sent + c->nranks;
   FC_CHECK_GOTO(fc_links_open(c), res, fail);
   FC_CHECK_GOTO(fc_gpu_comm_init(c), res, fail);
-  atomic_store(&c->state, FC_COMM_READY);
+  /* Unless aborted meanwhile (a non-blocking initialisation): that stays. */
+  int pending = FC_COMM_PENDING;
+  atomic_compare_exchange_strong(&c->state, &pending, FC_COMM_READY);
   FC_INFO(FC_SUB_INIT, "comm %p rank %d/%d ready (cuda device %d, timeout %d ms)", (void *)c, c->rank, c->nranks,
           c->cuda_device, c->timeout_ms);
   return FLEXCOLL_SUCCESS;
@@ -226,10 +230,35 @@ void fc_comm_fail_init(flexcoll_comm_t c, flexcoll_result_t res) {
   /* Leave the bootstrap ring now: ranks still initialising with us see it closed at once
    * instead of waiting out their timeout. */
   if (c->bootstrap) { fc_bootstrap_close(c->bootstrap); c->bootstrap = NULL; }
-  atomic_store(&c->state, FC_COMM_FAILED);
+  int pending = FC_COMM_PENDING;
+  atomic_compare_exchange_strong(&c->state, &pending, FC_COMM_FAILED);
+}
+
+#define FC_INIT_IN_BACKGROUND "flexcoll_comm_init_rank (non-blocking, still initialising)"
+
+static void *init_thread_main(void *arg) {
+  flexcoll_comm_t c = arg;
+  fc_comm_init(c);
+  fc_comm_leave(c); /* the thread's last access to c */
+  return NULL;
+}
+
+flexcoll_result_t fc_comm_init_in_background(flexcoll_comm_t c) {
+  /* Held by the initialising thread: other calls on c are refused naming it, and destroy waits
+   * for it once the communicator is aborted. */
+  FC_CHECK(fc_comm_enter(c, FC_INIT_IN_BACKGROUND));
+  int err = pthread_create(&c->init_thread, NULL, init_thread_main, c);
+  if (err) {
+    fc_comm_leave(c);
+    return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "flexcoll_comm_init_rank: cannot start the initialising thread: %s",
+                    strerror(err));
+  }
+  c->init_thread_started = 1;
+  return FLEXCOLL_IN_PROGRESS;
 }
 
 static void comm_free(flexcoll_comm_t c, int force) {
+  if (c->init_thread_started) pthread_join(c->init_thread, NULL); /* it has left the communicator */
   fc_gpu_comm_fini(c);
   fc_links_close(c, force);
   fc_bootstrap_stop_root(c->root);
@@ -293,8 +322,13 @@ flexcoll_result_t flexcoll_comm_abort(flexcoll_comm_t comm) {
   if (!registry_pin(comm))
     return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "flexcoll_comm_abort: comm %p is not a live communicator", (void *)comm);
   atomic_store(&comm->abort_flag, 1);
-  atomic_store(&comm->state, FC_COMM_ABORTED);
-  fc_gpu_comm_abort(comm);
+  /* Still initialising (a group's, or in the background): nothing was enqueued, and the device
+   * state may be half built; the flag ends the initialisation's waits. */
+  int pending = FC_COMM_PENDING;
+  if (!atomic_compare_exchange_strong(&comm->state, &pending, FC_COMM_ABORTED)) {
+    atomic_store(&comm->state, FC_COMM_ABORTED);
+    fc_gpu_comm_abort(comm);
+  }
   unpin(comm);
   return FLEXCOLL_SUCCESS;
 }

@@ -14,7 +14,7 @@
 #define FC_COMM_MAGIC 0x666c6578636f6c6cULL /* "flexcoll" */
 
 typedef enum {
-  FC_COMM_PENDING, /* created inside a group; initialised at group end */
+  FC_COMM_PENDING, /* created inside a group, initialised at its end; or initialising in the background */
   FC_COMM_READY,
   FC_COMM_FAILED,  /* initialisation failed; only destroy is allowed */
   FC_COMM_ABORTED
@@ -59,6 +59,10 @@ struct flexcoll_comm {
   /* Deferred initialisation (inside a group). */
   flexcoll_unique_id_t init_id;
   flexcoll_config_t init_config;
+  /* Non-blocking initialisation (config.blocking = 0): the thread running it, which holds the
+   * communicator (in_call) until it is done; joined when the communicator is freed. */
+  pthread_t init_thread;
+  int init_thread_started;
 };
 
 /* Whether comm is a live handle (created and not destroyed). */
@@ -76,6 +80,9 @@ void fc_comm_leave(flexcoll_comm_t comm);
 void fc_comm_fail_init(flexcoll_comm_t comm, flexcoll_result_t res);
 /* Run the initialisation of a communicator allocated (state PENDING) by fc_comm_alloc. */
 flexcoll_result_t fc_comm_init(flexcoll_comm_t comm);
+/* The same in a thread of its own (non-blocking mode): FLEXCOLL_IN_PROGRESS once it started
+ * (flexcoll_comm_get_async_error says when it is done), else the error of starting it. */
+flexcoll_result_t fc_comm_init_in_background(flexcoll_comm_t comm);
 flexcoll_result_t fc_comm_alloc(flexcoll_comm_t *out, int nranks, int rank, const flexcoll_unique_id_t *id,
                                 const flexcoll_config_t *config);
 /* flexcoll_comm_init_rank, plus root (may be NULL): a root listener this rank started, which the

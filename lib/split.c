@@ -135,7 +135,8 @@ static flexcoll_result_t split(flexcoll_comm_t comm, int color, int key, flexcol
   FC_INFO(FC_SUB_INIT, "%s: rank %d color %d key %d -> rank %d of %d (leader %d)", SPLIT_FN, me, color, key, newrank,
           nnew, leader);
   res = flexcoll_comm_init_rank(newcomm, nnew, ids[leader].id, newrank, &cfg);
-  if (res != FLEXCOLL_SUCCESS) keep_on_comm(comm, res);
+  /* IN_PROGRESS: a non-blocking config; the new communicator initialises in the background. */
+  if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_IN_PROGRESS) keep_on_comm(comm, res);
 out:
   free(all);
   free(ids);

@@ -172,7 +172,8 @@ static ncclResult_t read_config(const ncclConfig_t *config, const char *fn, flex
                      fn, config->size, config->magic);
   if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
     return shim_fail(ncclInvalidArgument, "%s: config->blocking is %d, not 0 or 1", fn, config->blocking);
-  /* Non-blocking is allowed; flexcoll completes (or defers to the group's end) all the same. */
+  /* Non-blocking: flexcoll_comm_init_rank returns IN_PROGRESS (ncclInProgress) at once and
+   * initialises in a thread; ncclCommGetAsyncError says when it is done, as NCCL's. */
   out->blocking = config->blocking;
   return ncclSuccess;
 }

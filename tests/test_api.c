@@ -1234,6 +1234,78 @@ START_TEST(test_group_init_and_calls) {
 }
 END_TEST
 
+/* Non-blocking initialisation (config.blocking = 0), as ncclCommInitRankConfig's: init returns
+ * IN_PROGRESS at once, get_async_error says IN_PROGRESS until the communicator is ready, then
+ * SUCCESS; meanwhile calls on it are refused naming the initialisation. */
+typedef struct {
+  flexcoll_unique_id_t id;
+  int rank;
+  flexcoll_comm_t comm;
+  flexcoll_result_t init, ready;
+} nb_rank_t;
+
+static void *nb_init_main(void *arg) {
+  nb_rank_t *r = arg;
+  flexcoll_config_t cfg = host_config(10000);
+  cfg.blocking = 0;
+  r->init = flexcoll_comm_init_rank(&r->comm, 2, r->id, r->rank, &cfg);
+  r->ready = FLEXCOLL_IN_PROGRESS;
+  for (int i = 0; i < 2000 && r->ready == FLEXCOLL_IN_PROGRESS && r->comm; i++) {
+    if (flexcoll_comm_get_async_error(r->comm, &r->ready) != FLEXCOLL_SUCCESS) break;
+    struct timespec ms = {0, 5000000};
+    nanosleep(&ms, NULL);
+  }
+  return NULL;
+}
+
+START_TEST(test_init_nonblocking) {
+  nb_rank_t r[2] = {{.rank = 0}, {.rank = 1}};
+  EXPECT_OK(flexcoll_get_unique_id(&r[0].id));
+  r[1].id = r[0].id;
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) ck_assert_int_eq(pthread_create(&t[i], NULL, nb_init_main, &r[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_msg(r[i].init == FLEXCOLL_IN_PROGRESS, "rank %d: non-blocking init returned %d, not IN_PROGRESS", i,
+                  r[i].init);
+    ck_assert_msg(r[i].ready == FLEXCOLL_SUCCESS, "rank %d: get_async_error ended at %d (%s)", i, r[i].ready,
+                  flexcoll_get_last_error(r[i].comm));
+  }
+  float in[2][3] = {{1, 2, 3}, {10, 20, 30}}, out[2][3] = {{0}};
+  EXPECT_OK(flexcoll_group_start());
+  for (int i = 0; i < 2; i++) EXPECT_OK(flexcoll_allreduce(in[i], out[i], 3, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r[i].comm, NULL));
+  EXPECT_OK(flexcoll_group_end());
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 3; k++) ck_assert_float_eq(out[i][k], in[0][k] + in[1][k]);
+  flexcoll_comm_t c[2] = {r[0].comm, r[1].comm};
+  destroy_concurrently(c, 2);
+}
+END_TEST
+
+/* A non-blocking initialisation whose peer never comes: IN_PROGRESS meanwhile, calls and destroy
+ * refused naming it; abort ends it and destroy then frees the communicator promptly. */
+START_TEST(test_init_nonblocking_abandoned) {
+  flexcoll_unique_id_t id;
+  EXPECT_OK(flexcoll_get_unique_id(&id));
+  flexcoll_config_t cfg = host_config(20000);
+  cfg.blocking = 0;
+  flexcoll_comm_t comm = NULL;
+  ck_assert_int_eq(flexcoll_comm_init_rank(&comm, 2, id, 0, &cfg), FLEXCOLL_IN_PROGRESS);
+  ck_assert_ptr_nonnull(comm);
+  flexcoll_result_t ae = FLEXCOLL_SUCCESS;
+  EXPECT_OK(flexcoll_comm_get_async_error(comm, &ae));
+  ck_assert_int_eq(ae, FLEXCOLL_IN_PROGRESS);
+  float x = 1;
+  EXPECT_ERR(flexcoll_allreduce(&x, &x, 1, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL), FLEXCOLL_INVALID_USAGE, comm,
+             "non-blocking");
+  EXPECT_ERR(flexcoll_comm_destroy(comm), FLEXCOLL_INVALID_USAGE, comm, "abort");
+  double t0 = ta_now_ms();
+  EXPECT_OK(flexcoll_comm_abort(comm));
+  EXPECT_OK(flexcoll_comm_destroy(comm));
+  ck_assert_msg(ta_now_ms() - t0 < 5000, "abort + destroy of an abandoned non-blocking init took %.0f ms", ta_now_ms() - t0);
+}
+END_TEST
+
 START_TEST(test_group_destroy_pending) {
   /* Destroying a communicator whose initialisation is still queued in this thread's group: either
    * destroy refuses (INVALID_USAGE) and the group initialises it, or destroy takes it and the group
@@ -1796,6 +1868,8 @@ static Suite *api_suite(void) {
   tcase_add_test(life, test_group_misuse);
   tcase_add_test(life, test_group_nested_deferred);
   tcase_add_test(life, test_group_init_and_calls);
+  tcase_add_test(life, test_init_nonblocking);
+  tcase_add_test(life, test_init_nonblocking_abandoned);
   tcase_add_test(life, test_group_destroy_pending);
   tcase_add_test(life, test_group_destroy_queued);
   suite_add_tcase(s, life);

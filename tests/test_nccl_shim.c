@@ -197,9 +197,9 @@ typedef struct {
 } world_t;
 
 typedef enum { C_ALLREDUCE, C_ALLREDUCE_INPLACE, C_REDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BROADCAST, C_BCAST,
-               C_ALLTOALL, C_SENDRECV } coll_t;
+               C_ALLTOALL, C_SENDRECV, C_GATHER, C_SCATTER } coll_t;
 static const char *coll_names[] = {"AllReduce", "AllReduce(in place)", "Reduce", "ReduceScatter", "AllGather",
-                                   "Broadcast", "Bcast", "AlltoAll", "Send/Recv"};
+                                   "Broadcast", "Bcast", "AlltoAll", "Send/Recv", "Gather", "Scatter"};
 
 typedef struct {
   coll_t coll;
@@ -244,6 +244,8 @@ static void sizes(job_t *j) {
     if (j->c.coll == C_REDUCE_SCATTER) s = cnt * n;
     if (j->c.coll == C_ALLGATHER) v = cnt * n;
     if (j->c.coll == C_ALLTOALL) s = v = cnt * n;
+    if (j->c.coll == C_GATHER) v = r == j->c.root ? cnt * n : 0; /* recvbuff: the root's only */
+    if (j->c.coll == C_SCATTER) s = cnt * n;
     if (j->c.coll == C_SENDRECV) s = p2p_offset(&j->c, n, r, n, 1), v = p2p_offset(&j->c, n, r, n, 0);
     j->send_n[r] = s;
     j->recv_n[r] = v;
@@ -285,6 +287,8 @@ static void reference_movement(job_t *j) {
       switch (j->c.coll) {
         case C_ALLGATHER: memcpy(e + q * cnt * es, src, cnt * es); break;
         case C_ALLTOALL: memcpy(e + q * cnt * es, src + r * cnt * es, cnt * es); break;
+        case C_GATHER: if (r == j->c.root) memcpy(e + q * cnt * es, src, cnt * es); break;
+        case C_SCATTER: if (q == j->c.root) memcpy(e, src + r * cnt * es, cnt * es); break;
         case C_SENDRECV:
           memcpy(e + p2p_offset(&j->c, n, r, q, 0) * es, src + p2p_offset(&j->c, n, q, r, 1) * es,
                  p2p_count(&j->c, n, q, r) * es);
@@ -392,6 +396,8 @@ static ncclResult_t issue(job_t *j, int r) {
     case C_BROADCAST: return ncclBroadcast(s, v, c->count, c->dt, c->root, comm, st);
     case C_BCAST: return ncclBcast(v, c->count, c->dt, c->root, comm, st);
     case C_ALLTOALL: return ncclAlltoAll(s, v, c->count, c->dt, comm, st);
+    case C_GATHER: return ncclGather(s, r == c->root ? v : NULL, c->count, c->dt, c->root, comm, st);
+    case C_SCATTER: return ncclScatter(r == c->root ? s : NULL, v, c->count, c->dt, c->root, comm, st);
     default: return issue_p2p(j, r);
   }
 }
@@ -488,6 +494,8 @@ static void run_suite(const world_t *w) {
       {C_ALLTOALL, ncclFloat32, 0, 0, 301},                {C_ALLTOALL, ncclInt64, 0, 0, 17},
       {C_ALLTOALL, ncclFloat8e5m2, 0, 0, 64},              {C_SENDRECV, ncclFloat32, 0, 0, 100},
       {C_SENDRECV, ncclInt8, 0, 0, 1},                     {C_SENDRECV, ncclFloat64, 0, 0, 50000},
+      {C_GATHER, ncclFloat32, 0, n - 1, 1001},             {C_GATHER, ncclUint8, 0, 0, 7},
+      {C_SCATTER, ncclInt64, 0, 0, 333},                   {C_SCATTER, ncclBfloat16, 0, 1 % n, 4099},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(w, &cases[i], &rng);
   printf("%s %s, %d ranks, %s: every collective checked%s\n", failures == before ? "ok  " : "FAIL", w->label, n,

@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "comm.h"
 #include "sched/sched.h"
 
 #define KiB ((size_t)1 << 10)
@@ -516,6 +517,34 @@ START_TEST(test_cache_dir) {
 }
 END_TEST
 
+/* Stage 2 learns only from large operations: a small collective's or batch's deliveries cost
+ * their latency, not their bytes, and would drag a link's bandwidth down in the next exchange. */
+START_TEST(test_stage2_keeps_large_operations_only) {
+  struct flexcoll_comm comm;
+  fc_links_t l;
+  unsigned long long call_bytes[4] = {0};
+  memset(&comm, 0, sizeof comm);
+  memset(&l, 0, sizeof l);
+  l.n = 2;
+  l.call_bytes = call_bytes;
+  comm.nranks = 2;
+  comm.links = &l;
+  fc_links_record(&l, 2, 0, 1, 4096, 40.0, 0); /* a delivery of a small collective */
+  ck_assert_int_eq(fc_links_after_collective(&comm, 4096), FLEXCOLL_SUCCESS);
+  ck_assert(l.meas_parts[0] == 0 && l.meas_bytes[0] == 0 && l.meas_us[0] == 0);
+  fc_links_record(&l, 2, 1, 1, 1 << 20, 300.0, 0); /* one of a large collective (no exchange yet) */
+  ck_assert_int_eq(fc_links_after_collective(&comm, 4u << 20), FLEXCOLL_SUCCESS);
+  ck_assert(l.meas_parts[1] == 1 && l.meas_bytes[1] == (double)(1 << 20) && l.meas_us[1] == 300.0);
+  fc_links_record(&l, 2, 0, 1, 512, 20.0, 0); /* a small batch of sends and receives */
+  fc_links_after_p2p(&comm, 512);
+  ck_assert(l.meas_parts[0] == 0);
+  fc_links_record(&l, 2, 0, 1, 2 << 20, 500.0, 0); /* a large one */
+  fc_links_after_p2p(&comm, 2 << 20);
+  ck_assert(l.meas_parts[0] == 1 && l.meas_us[0] == 500.0);
+  ck_assert(l.op_parts[0] == 0 && l.op_parts[1] == 0);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("balance");
   TCase *tc = tcase_create("balance");
@@ -534,6 +563,7 @@ int main(void) {
   tcase_add_test(tm, test_cache_round_trip);
   tcase_add_test(tm, test_cache_refuses_bad_files);
   tcase_add_test(tm, test_cache_dir);
+  tcase_add_test(tm, test_stage2_keeps_large_operations_only);
   suite_add_tcase(s, tm);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_ENV);

@@ -380,5 +380,10 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
 flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs) {
   FC_CHECK(fc_algo_build_p2p(&comm->schedule, ops, nops));
   fc_exec_t x = {.comm = comm, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs, .p2p = 1};
-  return execute(&x, &comm->schedule);
+  FC_CHECK(execute(&x, &comm->schedule));
+  size_t largest = 0;
+  for (int i = 0; i < nops; i++)
+    if (ops[i].count > largest) largest = ops[i].count;
+  fc_links_after_p2p(comm, largest);
+  return FLEXCOLL_SUCCESS;
 }

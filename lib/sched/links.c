@@ -375,9 +375,25 @@ void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, d
   /* Stage 2 learns from arrivals: a send may complete as soon as its bytes are buffered (TCP),
    * or only once the receiver pulled them (shared memory), so only the receiver sees when a
    * part was delivered; all parts of a transfer are posted together, so these are finish times. */
-  l->meas_parts[i] += 1;
-  l->meas_bytes[i] += (double)bytes;
-  l->meas_us[i] += us;
+  l->op_parts[i] += 1;
+  l->op_bytes[i] += (double)bytes;
+  l->op_us[i] += us;
+}
+
+/* The operation's measurements into stage 2's (keep) or away. */
+static void end_operation(fc_links_t *l, int keep) {
+  for (int i = 0; i < l->n; i++) {
+    if (keep) {
+      l->meas_parts[i] += l->op_parts[i];
+      l->meas_bytes[i] += l->op_bytes[i];
+      l->meas_us[i] += l->op_us[i];
+    }
+    l->op_parts[i] = l->op_bytes[i] = l->op_us[i] = 0;
+  }
+}
+
+void fc_links_after_p2p(struct flexcoll_comm *comm, size_t bytes) {
+  if (comm->links) end_operation(comm->links, bytes >= FC_STAGE2_MIN_BYTES);
 }
 
 void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us) {
@@ -450,6 +466,7 @@ flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t b
         l->link[i].stats[q].share = (double)l->call_bytes[(size_t)i * n + q] / (double)total;
     }
   memset(l->call_bytes, 0, (size_t)l->n * n * sizeof *l->call_bytes);
+  end_operation(l, bytes >= FC_STAGE2_MIN_BYTES);
   if (bytes < FC_STAGE2_MIN_BYTES) return FLEXCOLL_SUCCESS;
   if (l->n < 2 || l->fixed_set) {
     for (int i = 0; i < l->n; i++) l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;

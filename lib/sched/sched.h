@@ -105,6 +105,9 @@ typedef struct fc_links {
   /* Stage 2: what this rank measured since the last exchange, per link: parts sent, their bytes
    * and microseconds from post to completion. */
   double meas_parts[FC_MAX_LINKS], meas_bytes[FC_MAX_LINKS], meas_us[FC_MAX_LINKS];
+  /* The same for the operation under way, kept (added to meas_*) only when it was large: a small
+   * one's parts cost their latency, not their bytes, and would drag a link's bandwidth down. */
+  double op_parts[FC_MAX_LINKS], op_bytes[FC_MAX_LINKS], op_us[FC_MAX_LINKS];
   double throttle[FC_MAX_LINKS]; /* tests: measured times are multiplied by it (0: 1) */
   int idle[FC_MAX_LINKS];   /* exchanges in a row without a share */
   int probe[FC_MAX_LINKS];  /* this window gives the link a small probe share */
@@ -130,7 +133,11 @@ void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *by
  * every rank of comm must do the same. */
 void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);
 /* After a host collective that moved `bytes` per rank (the same on every rank): per-peer shares
- * for the statistics, and every few large ones stage 2 (an exchange over the bootstrap). */
+ * for the statistics, its measurements kept if it was large, and every few large ones stage 2
+ * (an exchange over the bootstrap). */
 flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t bytes);
+/* After a host batch of sends and receives whose largest transfer was `bytes`: its measurements
+ * kept if that was large (no exchange: the ranks of a batch differ). */
+void fc_links_after_p2p(struct flexcoll_comm *comm, size_t bytes);
 
 #endif

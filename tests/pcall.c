@@ -21,6 +21,14 @@ void pcall_describe(char *buf, size_t n, const pcall_t *p) {
            p->inplace ? "in place" : "out of place", p->d.call);
 }
 
+/* A new buffer of `elems` elements in b holding this rank's inputs (fill 0: left unfilled); NULL
+ * when out of memory. */
+static void *own_data(hx_rank_t *r, pcall_t *p, hx_buf_t *b, size_t elems, int fill) {
+  void *buf = hx_buf_new(r, b, elems * fc_dtype_size(p->dtype));
+  if (buf && fill) hx_fill(&p->d, p->rank, buf, 0, elems);
+  return buf;
+}
+
 /* Allocate and fill the buffers of p for rank p->rank.  Returns 0, or -1 when out of memory. */
 int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
   const int n = p->nranks, me = p->rank, c = p->coll;
@@ -34,16 +42,17 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
   const int is_root = me == p->root;
   switch (c) {
     case C_ALLREDUCE:
+    case C_REDUCE:
       if (p->inplace) {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        hx_fill(&p->d, me, p->recv, 0, cnt);
+        if (!(p->recv = own_data(r, p, &p->rb, cnt, 1))) return -1;
         p->send = p->recv;
-      } else {
-        void *s = hx_buf_new(r, &p->sb, cnt * es);
-        if (!s || !(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        hx_fill(&p->d, me, s, 0, cnt);
-        p->send = s;
+        break;
       }
+      if (!(p->send = own_data(r, p, &p->sb, cnt, 1))) return -1;
+      /* Reduce's non-roots: NULL when the root is the last rank, else a poisoned buffer that must
+       * stay so. */
+      if (c == C_ALLREDUCE || is_root || p->root != n - 1)
+        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
       break;
     case C_ALLGATHER:
       if (!(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es))) return -1;
@@ -51,61 +60,34 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
         void *slot = (char *)p->recv + (size_t)me * cnt * es;
         hx_fill(&p->d, me, slot, 0, cnt);
         p->send = slot;
-      } else {
-        void *s = hx_buf_new(r, &p->sb, cnt * es);
-        if (!s) return -1;
-        hx_fill(&p->d, me, s, 0, cnt);
-        p->send = s;
+      } else if (!(p->send = own_data(r, p, &p->sb, cnt, 1))) {
+        return -1;
       }
       break;
     case C_REDUCE_SCATTER: {
-      void *s = hx_buf_new(r, &p->sb, (size_t)n * cnt * es);
+      char *s = own_data(r, p, &p->sb, (size_t)n * cnt, 1);
       if (!s) return -1;
-      hx_fill(&p->d, me, s, 0, (size_t)n * cnt);
       p->send = s;
-      if (p->inplace) p->recv = (char *)s + (size_t)me * cnt * es;
+      if (p->inplace) p->recv = s + (size_t)me * cnt * es;
       else if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
       break;
     }
     case C_BROADCAST:
       if (p->inplace) {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        if (is_root) hx_fill(&p->d, me, p->recv, 0, cnt);
+        if (!(p->recv = own_data(r, p, &p->rb, cnt, is_root))) return -1;
         p->send = p->recv;
-      } else {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        /* Non-roots: NULL when the root is the last rank, else a buffer of their own data that
-         * must be ignored (and left alone). */
-        if (is_root || p->root != n - 1) {
-          void *s = hx_buf_new(r, &p->sb, cnt * es);
-          if (!s) return -1;
-          hx_fill(&p->d, me, s, 0, cnt);
-          p->send = s;
-        }
+        break;
       }
+      if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
+      /* Non-roots: NULL when the root is the last rank, else a buffer of their own data that
+       * must be ignored (and left alone). */
+      if ((is_root || p->root != n - 1) && !(p->send = own_data(r, p, &p->sb, cnt, 1))) return -1;
       break;
-    case C_REDUCE:
-      if (p->inplace) {
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-        hx_fill(&p->d, me, p->recv, 0, cnt);
-        p->send = p->recv;
-      } else {
-        void *s = hx_buf_new(r, &p->sb, cnt * es);
-        if (!s) return -1;
-        hx_fill(&p->d, me, s, 0, cnt);
-        p->send = s;
-        /* Non-roots: NULL when the root is the last rank, else a poisoned buffer that must stay so. */
-        if (is_root || p->root != n - 1)
-          if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-      }
+    case C_ALLTOALL: /* never in place (the API refuses overlapping buffers) */
+      if (!(p->send = own_data(r, p, &p->sb, (size_t)n * cnt, 1)) ||
+          !(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es)))
+        return -1;
       break;
-    case C_ALLTOALL: { /* never in place (the API refuses overlapping buffers) */
-      void *s = hx_buf_new(r, &p->sb, (size_t)n * cnt * es);
-      if (!s || !(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es))) return -1;
-      hx_fill(&p->d, me, s, 0, (size_t)n * cnt);
-      p->send = s;
-      break;
-    }
   }
   return 0;
 }

@@ -36,8 +36,6 @@
 #define FC_STAGE2_PROBE_AFTER 4
 #define FC_PROBE_PART 256
 
-FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
-
 static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp};
 #define FC_NREGISTRY ((int)(sizeof registry / sizeof registry[0]))
 /* Device links take the table as the engine moves onto it; they may be named already. */
@@ -230,7 +228,7 @@ static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t 
     used += snprintf(key + used, len - (size_t)used, "-%s", l->link[i].ops->name);
   /* With peer-failure handling shm copies through UCX's FIFOs (no cross-memory attach): other
    * models than FLEXCOLL_UCX_PEER_FAILURE=0's shm, whose key (without "-pf") older caches hold. */
-  if (fc_param_ucx_peer_failure() != 0 && used > 0 && (size_t)used < len)
+  if (fc_ucx_peer_failure() && used > 0 && (size_t)used < len)
     snprintf(key + used, len - (size_t)used, "-pf");
   return res;
 }

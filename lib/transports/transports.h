@@ -60,6 +60,10 @@ struct fc_link {
 
 /* The transports this build knows, in the order FLEXCOLL_LINKS lists them by default. */
 extern const fc_link_ops_t fc_link_shm, fc_link_tcp;
+/* Whether the host links run with UCX's peer-failure handling (FLEXCOLL_UCX_PEER_FAILURE, on by
+ * default): shared memory then copies through UCX's FIFOs instead of cross-memory attach, so its
+ * calibrated models are not those of the other mode. */
+int fc_ucx_peer_failure(void);
 
 /* Whether name is a link FLEXCOLL_LINKS may name (host or device, built here or not). */
 int fc_link_name_known(const char *name);

@@ -16,6 +16,8 @@
 
 FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
 
+int fc_ucx_peer_failure(void) { return fc_param_ucx_peer_failure() != 0; }
+
 typedef struct {
   ucp_context_h context;
   ucp_worker_h worker;

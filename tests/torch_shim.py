@@ -19,6 +19,8 @@ per process) and requires flexcoll's INFO lines for both ranks' communicators.
 torch.cuda.nccl.version() is printed too, but PyTorch computes it from the NCCL headers it was
 compiled with, not from the library it runs with, so it proves nothing about the shim.
 
+FC_TORCH_SAME_GPU=1 puts both processes on GPU 0 (for a machine with one GPU).
+
 Exit status: 0 pass, 1 fail, 77 skipped (no torch, or fewer than 2 GPUs).
 """
 import ctypes
@@ -194,6 +196,12 @@ def run_all_to_all(rank, world, checks, dev):
     checks.close("all_to_all_single unequal splits", out, torch.cat(pieces))
 
 
+def same_gpu():
+    """FC_TORCH_SAME_GPU=1: both ranks on GPU 0 (flexcoll lets ranks share a GPU; NCCL does not),
+    so the test runs where only one GPU is lent."""
+    return os.environ.get("FC_TORCH_SAME_GPU", "0") == "1"
+
+
 def worker(rank, world, port, outdir):
     import torch
     import torch.distributed as dist
@@ -202,7 +210,7 @@ def worker(rank, world, port, outdir):
     checks = Checks(rank)
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(0 if same_gpu() else rank)
         dist.init_process_group("nccl", init_method="env://", timeout=datetime.timedelta(seconds=TIMEOUT_S // 2))
         run_collectives(rank, world, checks)
         dist.destroy_process_group()
@@ -300,7 +308,7 @@ def main():
         print("SKIP: PyTorch is not installed (%s)" % e)
         return SKIP
     ngpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if ngpus < 2 or not dist.is_available() or not dist.is_nccl_available():
+    if ngpus < (1 if same_gpu() else 2) or not dist.is_available() or not dist.is_nccl_available():
         print("SKIP: needs 2 GPUs and PyTorch's NCCL backend (%d GPU(s), nccl %s)" % (
             ngpus, dist.is_available() and dist.is_nccl_available()))
         return SKIP

@@ -289,9 +289,16 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
   flexcoll_comm_t comm = calls[0].comm;
   FC_CHECK(fc_comm_check(comm, "flexcoll_send/recv"));
   FC_CHECK(check_not_failed(comm, "flexcoll_send/recv"));
-  for (int i = 0; i < n; i++)
-    if (fc_gpu_stream_capturing(calls[i].stream))
-      return refuse_capture(comm, "flexcoll_send/recv", "sends and receives are not captured yet");
+  /* A batch runs as one kernel on the first call's stream: captured, it must all be on that one. */
+  int capturing = 0, streams = 1;
+  for (int i = 0; i < n; i++) {
+    int c = fc_gpu_stream_capturing(calls[i].stream);
+    if (c == 2) return refuse_capture(comm, "flexcoll_send/recv", "another stream's capture forbids using this one meanwhile");
+    if (c) capturing = 1;
+    if (calls[i].stream != calls[0].stream) streams = 2;
+  }
+  if (capturing && streams > 1)
+    return refuse_capture(comm, "flexcoll_send/recv", "the batch's calls are on several streams; capture them on one");
   fc_log_set_rank(comm->rank);
   fc_p2p_op_t ops[FC_P2P_MAX_OPS];
   void *bufs[FC_P2P_MAX_OPS];
@@ -302,7 +309,13 @@ flexcoll_result_t fc_p2p_run(const fc_call_t *calls, int n) {
   }
   fc_mem_t mem;
   FC_CHECK(locate(comm, (const void *const *)bufs, n, "flexcoll_send/recv", &mem));
-  if (mem == FC_MEM_DEVICE) return fc_gpu_run_p2p(comm, ops, n, bufs, calls[0].stream);
+  if (capturing) {
+    if (mem != FC_MEM_DEVICE)
+      return refuse_capture(comm, "flexcoll_send/recv", "its buffers are in host memory, and such a call runs at once");
+    const char *why = fc_gpu_p2p_graph_refusal(comm, calls[0].stream);
+    if (why) return refuse_capture(comm, "flexcoll_send/recv", why);
+  }
+  if (mem == FC_MEM_DEVICE) return fc_gpu_run_p2p(comm, ops, n, bufs, calls[0].stream, capturing);
   return fc_host_run_p2p(comm, ops, n, bufs);
 }
 
@@ -310,10 +323,13 @@ static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
   if (fc_group_active()) {
     /* Only queued: the group's end holds the communicator while the call runs.  A group runs
      * its calls at its end, maybe in other threads, in an order that the capture's same-stream
-     * condition (fc_gpu_graph_refusal) cannot be checked against now: refused at the call, so
-     * that the group never holds half a collective. */
+     * condition (fc_gpu_graph_refusal) cannot be checked against now: a collective is refused
+     * at the call, so that the group never holds half a collective.  Sends and receives are
+     * checked at the group's end (fc_p2p_run), where their batch forms: every rank decides
+     * alike there, from communicator constants and its own stream. */
     FC_CHECK(check_call(c, fn));
-    if (fc_gpu_stream_capturing(c->stream)) return refuse_capture(c->comm, fn, "calls inside a group cannot be captured");
+    if (fc_gpu_stream_capturing(c->stream) && c->kind == FC_CALL_COLL)
+      return refuse_capture(c->comm, fn, "collectives inside a group cannot be captured");
     return fc_group_enqueue_call(c);
   }
   /* Entered first: the checks read the communicator, which another thread could be using. */

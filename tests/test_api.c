@@ -1713,8 +1713,10 @@ static int split_rank(hx_rank_t *r) {
     hx_fail(r, "flexcoll_comm_count: %d, expected %d", v, want_count);
   if (hx_ok(r, flexcoll_comm_user_rank(sub, &v), sub, "flexcoll_comm_user_rank") && v != want_rank)
     hx_fail(r, "flexcoll_comm_user_rank: %d, expected %d", v, want_rank);
-  if (hx_ok(r, flexcoll_comm_cu_device(sub, &v), sub, "flexcoll_comm_cu_device") && v != -1)
-    hx_fail(r, "flexcoll_comm_cu_device: %d, expected the parent's -1", v);
+  int parent_device = -5;
+  if (!hx_ok(r, flexcoll_comm_cu_device(parent, &parent_device), parent, "flexcoll_comm_cu_device")) return 1;
+  if (hx_ok(r, flexcoll_comm_cu_device(sub, &v), sub, "flexcoll_comm_cu_device") && v != parent_device)
+    hx_fail(r, "flexcoll_comm_cu_device: %d, expected the parent's %d", v, parent_device);
   snprintf(r->what, sizeof r->what, "allreduce on split(color %d)", color);
   split_check_allreduce(r, sub, same_parity, &color, 11);
 
@@ -1736,8 +1738,8 @@ static int split_rank(hx_rank_t *r) {
       hx_fail(r, "flexcoll_comm_count: %d, expected %d", v, n - 1);
     if (hx_ok(r, flexcoll_comm_user_rank(sub2, &v), sub2, "flexcoll_comm_user_rank") && v != me - 1)
       hx_fail(r, "flexcoll_comm_user_rank: %d, expected %d", v, me - 1);
-    if (hx_ok(r, flexcoll_comm_cu_device(sub2, &v), sub2, "flexcoll_comm_cu_device") && v != -1)
-      hx_fail(r, "flexcoll_comm_cu_device: %d, expected the parent's -1", v);
+    if (hx_ok(r, flexcoll_comm_cu_device(sub2, &v), sub2, "flexcoll_comm_cu_device") && v != parent_device)
+      hx_fail(r, "flexcoll_comm_cu_device: %d, expected the parent's %d", v, parent_device);
     snprintf(r->what, sizeof r->what, "allreduce on split without rank 0");
     split_check_allreduce(r, sub2, not_rank0, NULL, 5);
   }

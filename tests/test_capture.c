@@ -2,13 +2,14 @@
  *
  * The one-shot and ring kernels (and the pipelined ones, which two ranks on one GPU do not use,
  * so they are not reached here) keep their sequence state on the device: a captured call
- * replays correctly, and eager calls between replays stay in step with it.  Captured, each
- * collective at LL, plain one-shot and ring sizes (reduce: ring at every size; alltoall: its
- * own kernel) is replayed
+ * replays correctly, and eager calls between replays stay in step with it; so do the alltoall
+ * and point-to-point kernels.  Captured, each
+ * collective at LL, plain one-shot and ring sizes (reduce: ring at every size; alltoall, a group
+ * of a send and a receive, and gather: their own kernels) is replayed
  * hundreds to thousands of times on fresh inputs (written outside the graph, different per
  * replay and rank) and its results checked exactly, with eager calls in between.  Every other
  * path (host memory, a staged schedule — with FLEXCOLL_RING_KERNEL=0 large calls, reduce and
- * alltoall take it —, direct mode, send/recv, a call in a group, a capture on another stream
+ * alltoall and send/recv take it —, direct mode, a collective in a group, a capture on another stream
  * than the communicator's previous kernel) would replay stale host counters or not be in the
  * graph at all: it must be refused
  * with FLEXCOLL_INVALID_USAGE and a message that says why, before enqueuing anything, so the
@@ -27,6 +28,7 @@
 #include <string.h>
 
 #include "flexcoll.h"
+#include "gpu_serial.h"
 
 #define NRANKS 2
 #define COUNT 1000
@@ -107,8 +109,12 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
   EXPECT(r, ce == cudaSuccess, "cudaStreamBeginCapture: %s", cudaGetErrorString(ce));
   if (ce != cudaSuccess) return;
   const int peer = (r->rank + 1) % NRANKS;
-  expect_refused(r, comm, flexcoll_send(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send");
-  expect_refused(r, comm, flexcoll_recv(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "recv");
+  /* The staged schedule runs sends and receives without the point-to-point kernel. */
+  if (!g_ring) {
+    expect_refused(r, comm, flexcoll_send(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send (staged schedule)");
+    expect_refused(r, comm, flexcoll_recv(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "recv (staged schedule)");
+  }
+  expect_refused(r, comm, flexcoll_send(b->host, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send from host memory");
   expect_refused(r, comm, flexcoll_allreduce(b->host, b->host, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
                  "allreduce on host memory");
   if (!g_ring) {
@@ -153,7 +159,7 @@ static void refused_other_stream(rank_t *r, flexcoll_comm_t comm, float *dev, cu
 
 /* ---- captured one-shot calls, replayed ---- */
 
-typedef enum { K_ALLREDUCE, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST, K_REDUCE, K_ALLTOALL } kind_t;
+typedef enum { K_ALLREDUCE, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST, K_REDUCE, K_ALLTOALL, K_SENDRECV, K_GATHER } kind_t;
 typedef struct {
   const char *name;
   kind_t kind;
@@ -169,6 +175,8 @@ static const coll_t colls[] = {
     {"broadcast float32 root 1", K_BROADCAST, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
     {"reduce int32 sum root 1", K_REDUCE, FLEXCOLL_INT32, FLEXCOLL_SUM},
     {"alltoall int32", K_ALLTOALL, FLEXCOLL_INT32, FLEXCOLL_SUM},
+    {"send/recv in a group bfloat16", K_SENDRECV, FLEXCOLL_BFLOAT16, FLEXCOLL_SUM},
+    {"gather float32 root 1", K_GATHER, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
 };
 #define NCOLLS (sizeof colls / sizeof colls[0])
 /* LL sizes (up to 64 KiB per rank), a plain one, and one above the one-shot limit of 2 ranks
@@ -189,7 +197,9 @@ static int value(int q, int v, size_t i) { return (int)((i * 7 + (size_t)v * 13 
 
 static size_t dt_size(flexcoll_datatype_t dt) { return dt == FLEXCOLL_BFLOAT16 ? 2 : 4; }
 static size_t send_elems(const coll_t *c, size_t n) { return c->kind == K_REDUCE_SCATTER || c->kind == K_ALLTOALL ? NRANKS * n : n; }
-static size_t recv_elems(const coll_t *c, size_t n) { return c->kind == K_ALLGATHER || c->kind == K_ALLTOALL ? NRANKS * n : n; }
+static size_t recv_elems(const coll_t *c, size_t n) {
+  return c->kind == K_ALLGATHER || c->kind == K_ALLTOALL || c->kind == K_GATHER ? NRANKS * n : n;
+}
 
 static void put(flexcoll_datatype_t dt, void *buf, size_t i, int x) {
   if (dt == FLEXCOLL_INT32) {
@@ -221,6 +231,10 @@ static int expected(const coll_t *c, int rank, int v, size_t n, size_t i) {
     case K_ALLGATHER: return value((int)(i / n), v, i % n);
     case K_BROADCAST: return value(ROOT, v, i);
     case K_ALLTOALL: return value((int)(i / n), v, (size_t)rank * n + i % n); /* rank q's block for us */
+    case K_SENDRECV: return value((rank + NRANKS - 1) % NRANKS, v, i);                 /* from the left */
+    case K_GATHER:
+      if (rank != ROOT) return 1 << 30; /* the poison: recvbuf is the root's only */
+      return value((int)(i / n), v, i % n);
     case K_REDUCE:
       /* recvbuf is the root's only: still the poison, as get reads it */
       if (rank != ROOT) return c->dt == FLEXCOLL_INT32 ? 0x7f7f7f7f : 1 << 30;
@@ -256,6 +270,18 @@ static flexcoll_result_t issue(const coll_t *c, size_t n, const void *send, void
     case K_BROADCAST: return flexcoll_broadcast(send, recv, n, c->dt, ROOT, comm, s);
     case K_REDUCE: return flexcoll_reduce(send, recv, n, c->dt, c->op, ROOT, comm, s);
     case K_ALLTOALL: return flexcoll_alltoall(send, recv, n, c->dt, comm, s);
+    case K_GATHER: return flexcoll_gather(send, recv, n, c->dt, ROOT, comm, s);
+    case K_SENDRECV: {
+      /* A ring exchange, as frameworks' pipeline stages batch it: one group, one kernel. */
+      int rank = 0, nranks = 0;
+      flexcoll_comm_user_rank(comm, &rank);
+      flexcoll_comm_count(comm, &nranks);
+      flexcoll_group_start();
+      flexcoll_result_t a = flexcoll_send(send, n, c->dt, (rank + 1) % nranks, comm, s);
+      flexcoll_result_t b = flexcoll_recv(recv, n, c->dt, (rank + nranks - 1) % nranks, comm, s);
+      flexcoll_result_t e = flexcoll_group_end();
+      return a != FLEXCOLL_SUCCESS ? a : b != FLEXCOLL_SUCCESS ? b : e;
+    }
     default: return flexcoll_allreduce(send, recv, n, c->dt, c->op, comm, s);
   }
 }
@@ -478,6 +504,7 @@ int main(void) {
             ce != cudaSuccess ? cudaGetErrorString(ce) : "no CUDA device");
     return 77;
   }
+  fc_test_gpu_serialize("[test_capture]");
   flexcoll_unique_id_t id;
   if (flexcoll_get_unique_id(&id) != FLEXCOLL_SUCCESS) {
     fprintf(stderr, "[test_capture] get_unique_id: %s\n", flexcoll_get_last_error(NULL));

@@ -100,6 +100,7 @@
 
 #include "dtype.h"
 #include "harness.h"
+#include "gpu_serial.h"
 
 enum { C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, NCOLLS };
 static const char *const coll_names[NCOLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce"};
@@ -1707,6 +1708,7 @@ int main(void) {
     fprintf(stderr, "[test_gpu] %s: skipped\n", n < 0 ? why : "no GPU: cudaGetDeviceCount reports 0 devices");
     return 77;
   }
+  fc_test_gpu_serialize("[test_gpu]");
   g_ngpus = n;
   g_verbose = getenv("FC_TEST_VERBOSE") && atoi(getenv("FC_TEST_VERBOSE"));
   g_no_big = getenv("FC_TEST_NO_BIG") && atoi(getenv("FC_TEST_NO_BIG"));

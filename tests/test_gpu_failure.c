@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "flexcoll.h"
+#include "gpu_serial.h"
 
 #define TAG "[test_gpu_failure]"
 #define TIMEOUT_MS 4000
@@ -728,6 +729,7 @@ int main(void) {
   if (!sel || !*sel) sel = "kill-2,kill-3,abort,silent";
   const int p = probe();
   if (p == 77) return 77;
+  fc_test_gpu_serialize(TAG);
   if (p != 0) {
     fprintf(stderr, TAG " the GPU probe failed (%d)\n", p);
     return 1;

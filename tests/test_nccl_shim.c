@@ -40,6 +40,7 @@
 #include <cuda_runtime.h>
 
 #include "nccl.h"
+#include "gpu_serial.h"
 
 #define MAXR 3
 #define CHILD_TIMEOUT_S 600
@@ -948,6 +949,7 @@ int main(void) {
   printf("test_nccl_shim: seed 0x%llx (FC_TEST_SEED to repeat)\n", (unsigned long long)seed);
   setenv("FLEXCOLL_TIMEOUT_MS", "60000", 0);
   int ngpus = count_gpus();
+  if (ngpus > 0) fc_test_gpu_serialize("[test_nccl_shim]");
   int ok = run_child("host", host_part, 1);
   printf("%s host part\n", ok ? "PASS" : "FAIL");
   if (ngpus >= 2) {

@@ -56,6 +56,7 @@
 #include <unistd.h>
 
 #include "flexcoll.h"
+#include "gpu_serial.h"
 
 #define TAG "[test_onegpu]"
 #define GUARD 256
@@ -991,6 +992,7 @@ int main(void) {
   }
   const int probe = pid < 0 ? -1 : wait_child(pid, 120);
   if (probe == 77) return 77;
+  fc_test_gpu_serialize(TAG);
   if (probe != 0) {
     fprintf(stderr, TAG " the GPU probe failed\n");
     return 1;

@@ -93,13 +93,15 @@ class Checks:
                 tuple(got.shape), tuple(want.shape), first,
                 got.flatten()[first].item() if first >= 0 else "-", want.flatten()[first].item() if first >= 0 else "-")
         self.results.append({"name": name, "ok": ok, "detail": detail})
+        # As it goes, so that a run that hangs shows how far each rank got.
+        print("rank %d: %s %s" % (self.rank, "ok" if ok else "FAIL", name), file=sys.stderr, flush=True)
 
 
 def run_collectives(rank, world, checks):
     import torch
     import torch.distributed as dist
 
-    dev = torch.device("cuda", rank)
+    dev = torch.device("cuda", gpu_of(rank))
     n = 1 << 16
     ar = torch.arange(n, dtype=torch.float64, device=dev)
 
@@ -202,6 +204,10 @@ def same_gpu():
     return os.environ.get("FC_TORCH_SAME_GPU", "0") == "1"
 
 
+def gpu_of(rank):
+    return 0 if same_gpu() else rank
+
+
 def worker(rank, world, port, outdir):
     import torch
     import torch.distributed as dist
@@ -210,7 +216,7 @@ def worker(rank, world, port, outdir):
     checks = Checks(rank)
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-        torch.cuda.set_device(0 if same_gpu() else rank)
+        torch.cuda.set_device(gpu_of(rank))
         dist.init_process_group("nccl", init_method="env://", timeout=datetime.timedelta(seconds=TIMEOUT_S // 2))
         run_collectives(rank, world, checks)
         dist.destroy_process_group()
@@ -290,9 +296,9 @@ def verify_log(world, logdir):
         print("  | ... %d more" % (len(info) - 40))
     ok = True
     for rank in range(world):
-        ready = [l for l in info if "[%d]" % rank in l and "ready" in l and "cuda device %d" % rank in l]
+        ready = [l for l in info if "[%d]" % rank in l and "ready" in l and "cuda device %d" % gpu_of(rank) in l]
         if not ready:
-            print("FAIL no flexcoll line says that rank %d's communicator is ready on CUDA device %d" % (rank, rank))
+            print("FAIL no flexcoll line says that rank %d's communicator is ready on CUDA device %d" % (rank, gpu_of(rank)))
             ok = False
     warns = [l for l in info if " flexcoll WARN " in l]
     if warns:

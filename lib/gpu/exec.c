@@ -433,14 +433,55 @@ static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, i
   return kernel_order_after(x, stream);
 }
 
+/* One rank's batch: its k-th send to itself lands in its k-th receive from itself (the order
+ * in which the pair's messages match on every path), as copies on the stream. */
+static flexcoll_result_t p2p_self_copies(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                         cudaStream_t stream) {
+  int recv = 0;
+  for (int s = 0; s < nops; s++) {
+    if (!ops[s].is_send) continue;
+    while (recv < nops && ops[recv].is_send) recv++;
+    if (recv == nops)
+      return fc_error(x->comm, FLEXCOLL_INVALID_USAGE, "flexcoll_send to itself (op %d) has no matching flexcoll_recv "
+                      "in the same group", s);
+    if (ops[recv].count != ops[s].count)
+      return fc_error(x->comm, FLEXCOLL_INVALID_USAGE, "flexcoll_send of %zu bytes to itself met a flexcoll_recv "
+                      "of %zu bytes", ops[s].count, ops[recv].count);
+    if (ops[s].count && bufs[recv] != bufs[s])
+      CUDA_TRY(x->comm, cudaMemcpyAsync(bufs[recv], bufs[s], ops[s].count, cudaMemcpyDeviceToDevice, stream));
+    recv++;
+  }
+  while (recv < nops && ops[recv].is_send) recv++;
+  if (recv < nops)
+    return fc_error(x->comm, FLEXCOLL_INVALID_USAGE, "flexcoll_recv from itself (op %d) has no matching flexcoll_send "
+                    "in the same group", recv);
+  return FLEXCOLL_SUCCESS;
+}
+
+const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream_t stream) {
+  const struct fc_gpu *g = comm->gpu;
+  if (!g->p2p) return "the GPUs have no peer access, so the batch runs through host copies";
+  if (comm->nranks == 1) return NULL;
+  if (!p2p_kernel(g))
+    return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or FLEXCOLL_ALGO forced), which keeps its counters on "
+           "the host";
+  if (g->oneshot_seq && g->oneshot_stream != (cudaStream_t)stream)
+    return "the communicator's previous kernel ran on another stream, and the graph cannot wait for work outside "
+           "its capture (capture on the stream of the previous call)";
+  return NULL;
+}
+
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
-                                 flexcoll_stream_t stream) {
+                                 flexcoll_stream_t stream, int capturing) {
   struct fc_gpu *g = comm->gpu;
   cudaStream_t user = (cudaStream_t)stream;
   int prev = enter_device(g);
-  fc_dexec_t x = {.comm = comm, .g = g, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs};
+  fc_dexec_t x = {.comm = comm, .g = g, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs,
+                  .capturing = capturing};
   flexcoll_result_t res;
-  if (!g->p2p) {
+  if (comm->nranks == 1) {
+    res = p2p_self_copies(&x, ops, nops, bufs, user);
+  } else if (!g->p2p) {
     res = p2p_through_host(&x, ops, nops, bufs, user);
   } else if (p2p_kernel(g)) {
     res = run_p2p_kernel(&x, ops, nops, bufs, user);

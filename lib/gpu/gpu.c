@@ -590,9 +590,13 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
   return "this build has no CUDA";
 }
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
-                                 flexcoll_stream_t stream) {
-  (void)ops; (void)nops; (void)bufs; (void)stream;
+                                 flexcoll_stream_t stream, int capturing) {
+  (void)ops; (void)nops; (void)bufs; (void)stream; (void)capturing;
   return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
+}
+const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream_t stream) {
+  (void)comm; (void)stream;
+  return "this build has no CUDA";
 }
 /* Communicators of a build without CUDA are host-only: api.c refuses windows before these. */
 flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out) {

@@ -43,9 +43,14 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
 const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                  const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream);
 
-/* Enqueue a batch of point-to-point sends and receives (counts in bytes) over device buffers. */
+/* Enqueue a batch of point-to-point sends and receives (counts in bytes) over device buffers
+ * (capturing: as fc_gpu_run's, allowed by fc_gpu_p2p_graph_refusal). */
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,
-                                 flexcoll_stream_t stream);
+                                 flexcoll_stream_t stream, int capturing);
+/* Why a batch of sends and receives on device memory cannot be captured on stream (a phrase),
+ * or NULL: it can when the point-to-point kernel (or, for one rank, a copy) runs it, right after
+ * the communicator's previous kernel on the same stream.  Enqueues nothing. */
+const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream_t stream);
 
 /* Symmetric windows (flexcoll_window_register/deregister; collective; arguments checked by api.c). */
 flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out);

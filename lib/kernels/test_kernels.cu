@@ -26,6 +26,7 @@ extern "C" {
 }
 #include "dtype.h"
 #include "kernels/kernels.h"
+#include "../../tests/gpu_serial.h"
 
 #define CK(call)                                                                                   \
   do {                                                                                             \
@@ -946,6 +947,7 @@ int main(void) {
     printf("SKIP: no GPU (%s)\n", probe != cudaSuccess ? cudaGetErrorName(probe) : "0 devices");
     return 77;
   }
+  fc_test_gpu_serialize("[test_kernels]");
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("%d GPU(s); GPU 0: %s, %d SMs, sm_%d%d\n", ngpu, prop.name, prop.multiProcessorCount, prop.major, prop.minor);

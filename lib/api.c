@@ -536,6 +536,8 @@ flexcoll_result_t flexcoll_comm_get_link_stats(flexcoll_comm_t comm, flexcoll_li
       }
       n++;
     }
+  /* The device links (the ring kernels' lanes), after the host ones. */
+  n += fc_gpu_link_stats(comm, n < max_links ? stats + n : NULL, n < max_links ? max_links - n : 0);
   *nlinks = n;
   return FLEXCOLL_SUCCESS;
 }

@@ -37,6 +37,13 @@
  *   d  CUDA_DEVICE_MAX_CONNECTIONS=1 FLEXCOLL_ONESHOT_MAX_BYTES=0, one stream per rank in
  *      lockstep (g_lockstep says why)
  *   e  CUDA_DEVICE_MAX_CONNECTIONS=1, likewise
+ *   f  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_LINK_SHARES=nvlink:0.5,pcie:0.5: every ring chunk
+ *      half through host memory (the pcie link), half over the peers' device memory
+ *   g  FLEXCOLL_LINKS=pcie,shm,tcp (no nvlink), 1 MiB host areas: every collective the ring
+ *      kernels run goes through host memory whole, at every size
+ *   h  CUDA_DEVICE_MAX_CONNECTIONS=1, lockstep, FLEXCOLL_ONESHOT_MAX_BYTES=0,
+ *      FLEXCOLL_LINK_SHARES=nvlink:0.9,pcie:0.1
+ * In f, g and h the links' statistics must show bytes on pcie (and none on nvlink in g).
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only),
  * FC_ONEGPU_ALL=1 (every collective in d and e too, see only_one_kernel_colls).  Every wait is
  * bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
@@ -668,6 +675,30 @@ static size_t max_footprint(int nranks, case_t *cases) {
   return m;
 }
 
+/* Where the environment puts a share on the pcie link, the statistics must show bytes on it
+ * (the ring calls above carried them); nvlink's must be there in every environment. */
+static void check_link_stats(rank_t *r) {
+  flexcoll_link_stats_t st[16];
+  int n = 0;
+  flexcoll_result_t res = flexcoll_comm_get_link_stats(r->comm, st, 16, &n);
+  if (res != FLEXCOLL_SUCCESS) {
+    FAIL(r, "comm_get_link_stats: %s", flexcoll_get_last_error(r->comm));
+    return;
+  }
+  unsigned long long nv = 0, pc = 0;
+  int have_nv = 0, have_pc = 0;
+  for (int i = 0; i < n && i < 16; i++) {
+    if (!strcmp(st[i].name, "nvlink")) have_nv = 1, nv += st[i].bytes;
+    if (!strcmp(st[i].name, "pcie")) have_pc = 1, pc += st[i].bytes;
+  }
+  const char *links = getenv("FLEXCOLL_LINKS");
+  const int want_pc = g_env == 'f' || g_env == 'g' || g_env == 'h';
+  if (!have_nv && !(links && !strstr(links, "nvlink"))) FAIL(r, "no nvlink link in the statistics (%d links)", n);
+  if (want_pc && (!have_pc || pc == 0))
+    FAIL(r, "the pcie link carried %llu bytes (%s in the statistics)", pc, have_pc ? "listed" : "not listed");
+  if (g_env == 'g' && nv != 0) FAIL(r, "FLEXCOLL_LINKS without nvlink, yet the ring calls put %llu bytes on it", nv);
+}
+
 static void *rank_main(void *arg) {
   rank_t *r = arg;
   cudaSetDevice(0);
@@ -711,6 +742,9 @@ static void *rank_main(void *arg) {
       tpdp(r);
       phase_end(r);
     }
+    phase_begin(r, "links");
+    check_link_stats(r);
+    phase_end(r);
   }
 
   phase_begin(r, "destroy");
@@ -872,7 +906,7 @@ static int run_hang(void) {
 
 typedef struct {
   char key;
-  const char *vars[3][2];
+  const char *vars[4][2];
   int one_queue; /* CUDA_DEVICE_MAX_CONNECTIONS=1: see only_one_kernel_colls */
 } env_t;
 /* a-c: 32 hardware queues, so that the ranks' 3 streams each (and the library's own) get queues
@@ -887,6 +921,12 @@ static const env_t envs[] = {
     {'c', {Q32, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_RING_KERNEL", "0"}}, 0},
     {'d', {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}}, 1},
     {'e', {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}}, 1},
+    /* The pcie link (host staging): half of every ring chunk through host memory; all of it
+     * (FLEXCOLL_LINKS without nvlink: every size through the ring kernels); a sliver of it with
+     * one hardware queue. */
+    {'f', {Q32, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_LINK_SHARES", "nvlink:0.5,pcie:0.5"}}, 0},
+    {'g', {Q32, {"FLEXCOLL_LINKS", "pcie,shm,tcp"}, {"FLEXCOLL_PCIE_AREA_BYTES", "1M"}}, 0},
+    {'h', {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_LINK_SHARES", "nvlink:0.9,pcie:0.1"}}, 1},
 };
 #define NENVS (int)(sizeof envs / sizeof envs[0])
 
@@ -919,7 +959,10 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   unsetenv("FLEXCOLL_ONESHOT_MAX_BYTES");
   unsetenv("FLEXCOLL_RING_KERNEL");
   unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  for (int k = 0; k < 3; k++)
+  unsetenv("FLEXCOLL_LINK_SHARES");
+  unsetenv("FLEXCOLL_LINKS");
+  unsetenv("FLEXCOLL_PCIE_AREA_BYTES");
+  for (int k = 0; k < 4; k++)
     if (e->vars[k][0]) setenv(e->vars[k][0], e->vars[k][1], 1);
   g_env = e->key;
   g_lockstep = e->one_queue;
@@ -976,7 +1019,7 @@ int main(void) {
   const int nranks_list = parse_ranks(ranks);
   if (nranks_list < 0) return 1;
   const char *sel = getenv("FC_ONEGPU_ENVS");
-  if (!sel || !*sel) sel = "a,b,c,d,e";
+  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h";
   setvbuf(stderr, NULL, _IONBF, 0);
 
   /* The GPU probe in a child too: the parent's CUDA state would not survive a fork. */

@@ -8,6 +8,7 @@
 
 #include "gpu.h"
 #include "kernels/kernels.h"
+#include "sched/sched.h"
 
 /* Stream memory operations through the driver's entry points (no link to libcuda). */
 typedef CUresult (*fc_wait_value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -69,6 +70,22 @@ typedef struct {
   uint64_t sent, received;
 } fc_peer_t;
 
+/* The pcie link of the ring kernels (pcie.c): host staging areas, ours and our ring
+ * neighbours', mapped here, and the two lanes' cost models. */
+typedef struct {
+  int on;                  /* on every rank */
+  int only;                /* FLEXCOLL_LINKS names pcie but not nvlink: ring calls go through it whole */
+  size_t bytes;            /* of every rank's area: counters, then the ring area */
+  size_t ctr_bytes, area_bytes;
+  unsigned blocks;         /* most blocks of a ring grid on this lane */
+  char *own_host, *next_host, *prev_host; /* the mappings (prev_host == next_host with 2 ranks) */
+  char *own, *next, *prev;                /* the same as device pointers */
+  double fixed;            /* FLEXCOLL_LINK_SHARES's pcie fraction; < 0: the balancer's */
+  fc_link_model_t model[2];/* nvlink, pcie: identical on every rank */
+  unsigned long long sent[2]; /* bytes this rank pushed to the next one on each lane */
+  double share[2];         /* of the last ring call's bytes */
+} fc_pcie_t;
+
 struct fc_gpu {
   int device;
   int p2p;                 /* every peer reachable by NVLink/PCIe peer access */
@@ -100,6 +117,7 @@ struct fc_gpu {
   int ring;
   size_t ring_off, ring_bytes, ring_ctr_off;
   unsigned ring_blocks, ring_subslots;
+  fc_pcie_t pcie;              /* their second lane, through host memory (pcie.c) */
   /* The point-to-point kernel (lib/kernels/p2p.cu): counters before the slots, the area (one
    * region per sender) after the ring area, the pair counts and the peers' pointers on the
    * device, its grid. */
@@ -135,6 +153,16 @@ struct fc_gpu {
   fc_write_value32_fn write_value32;
   fc_get_address_range_fn get_address_range;
 };
+
+/* The pcie link (pcie.c).  Open: collective, after the peers are connected; the link is on only
+ * where every rank could map its areas (else one INFO line says why; not an error).  Split: the
+ * bytes of a ring chunk the pcie lane carries (a multiple of 16, or the whole chunk), a pure
+ * function of communicator constants and the shared models. */
+flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g);
+void fc_pcie_close(struct fc_gpu *g);
+size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk);
+/* The ring kernels' arguments of this communicator, without a pcie share (exec.c). */
+void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a);
 
 /* Return a CUDA failure (runtime or driver) from the enclosing function as
  * FLEXCOLL_UNHANDLED_CUDA_ERROR, naming the call. */

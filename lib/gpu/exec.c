@@ -226,7 +226,7 @@ static flexcoll_result_t run_oneshot(fc_dexec_t *x, const fc_algo_args_t *args, 
 /* Whether the pipelined kernels take this call (2 ranks, above the one-shot limit, buffers
  * that direct mode did not take). */
 static int pipelined(const struct fc_gpu *g, const fc_algo_args_t *args) {
-  return g->pipeline && args->nranks == 2 &&
+  return g->pipeline && args->nranks == 2 && !g->pcie.only &&
          (args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER ||
           args->coll == FC_COLL_REDUCE_SCATTER || args->coll == FC_COLL_BROADCAST);
 }
@@ -255,26 +255,60 @@ static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
           args->coll == FC_COLL_BROADCAST || args->coll == FC_COLL_REDUCE);
 }
 
+void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a) {
+  const int n = comm->nranks, me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
+  const fc_pcie_t *p = &g->pcie;
+  *a = (fc_ring_args_t){.rank = me, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
+                        .area_next = g->peers[next].stage + g->ring_off,
+                        .ctr = (uint64_t *)(g->stage + g->ring_ctr_off),
+                        .ctr_next = (uint64_t *)(g->peers[next].stage + g->ring_ctr_off),
+                        .ctr_prev = (uint64_t *)(g->peers[prev].stage + g->ring_ctr_off),
+                        .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
+                        .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+  if (p->on) {
+    a->pc_area = p->own + p->ctr_bytes;
+    a->pc_area_next = p->next + p->ctr_bytes;
+    a->pc_ctr = (uint64_t *)p->own;
+    a->pc_ctr_next = (uint64_t *)p->next;
+    a->pc_ctr_prev = (uint64_t *)p->prev;
+    a->pc_area_bytes = p->area_bytes;
+    a->pc_blocks = p->blocks;
+  }
+}
+
+/* The links' statistics of a ring call: what this rank pushes to the next rank on each lane. */
+static void count_ring_bytes(struct fc_gpu *g, fc_ring_coll_t coll, const fc_algo_args_t *args, size_t bytes,
+                             size_t pc_chunk) {
+  const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
+  const unsigned long long pushes = (unsigned long long)fc_ring_pushes(coll, args->rank, args->nranks, args->root);
+  /* Allreduce's last chunk may be short: its lanes are cut at the same offset, so the pcie lane
+   * (the chunk's first bytes) loses least; counted as full chunks (statistics only). */
+  const unsigned long long pc = pc_chunk < chunk ? pc_chunk : chunk;
+  g->pcie.sent[1] += pushes * pc;
+  g->pcie.sent[0] += pushes * (chunk - pc);
+  g->pcie.share[1] = chunk ? (double)pc / (double)chunk : 0;
+  g->pcie.share[0] = chunk ? 1 - g->pcie.share[1] : 0;
+}
+
 static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
                                   cudaStream_t stream) {
   struct fc_gpu *g = x->g;
-  const int n = args->nranks, me = args->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
   const fc_ring_coll_t coll = args->coll == FC_COLL_ALLREDUCE        ? FC_RING_ALLREDUCE
                               : args->coll == FC_COLL_ALLGATHER      ? FC_RING_ALLGATHER
                               : args->coll == FC_COLL_REDUCE_SCATTER ? FC_RING_REDUCE_SCATTER
                               : args->coll == FC_COLL_BROADCAST      ? FC_RING_BROADCAST
                                                                      : FC_RING_REDUCE;
-  fc_ring_args_t a = {.rank = me, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
-                      .area_next = g->peers[next].stage + g->ring_off,
-                      .ctr = (uint64_t *)(g->stage + g->ring_ctr_off),
-                      .ctr_next = (uint64_t *)(g->peers[next].stage + g->ring_ctr_off),
-                      .ctr_prev = (uint64_t *)(g->peers[prev].stage + g->ring_ctr_off),
-                      .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
-                      .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+  fc_ring_args_t a;
+  fc_gpu_ring_args(x->comm, g, &a);
+  const size_t bytes = args->count * x->esize;
+  /* The split is a function of the size and the shared models: the same on every rank. */
+  a.pc_chunk_bytes = fc_pcie_split(g, fc_ring_chunk_bytes(coll, bytes, args->nranks));
+  if (a.pc_chunk_bytes) FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: pcie carries %zu bytes of each ring chunk",
+                                 fc_coll_name(args->coll), bytes, a.pc_chunk_bytes);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   FC_CHECK(kernel_order_before(x, stream));
-  CUDA_TRY(x->comm, fc_kernel_ring_collective(&a, coll, send, recv, args->count * x->esize, x->dtype, x->op,
-                                              args->root, stream));
+  CUDA_TRY(x->comm, fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream));
+  count_ring_bytes(g, coll, args, bytes, a.pc_chunk_bytes);
   return kernel_order_after(x, stream);
 }
 
@@ -310,8 +344,14 @@ static size_t largest_count(const fc_algo_args_t *args) {
 
 /* Whether the one-shot kernels take the collective (sizes only: a graph's replays take the
  * path of its capture). */
+/* With FLEXCOLL_LINKS naming pcie and not nvlink, what the ring kernels can run goes through
+ * them (and so through host memory) whatever its size: not the one-shot, pipelined or direct paths. */
+static int ring_only(const struct fc_gpu *g, const fc_algo_args_t *args) {
+  return g->pcie.only && args->coll != FC_COLL_ALLTOALL;
+}
+
 static int takes_oneshot(const struct fc_gpu *g, const fc_algo_args_t *args, size_t esize) {
-  return args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL &&
+  return args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL && !ring_only(g, args) &&
          oneshot_bytes(args, largest_count(args)) * esize <= g->oneshot_slot && args->nranks <= FC_ONESHOT_MAX_RANKS;
 }
 
@@ -327,7 +367,7 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
   if (!g->p2p) return "the GPUs have no peer access, so the call runs through host copies";
   if (args->count == 0 || args->nranks == 1) return NULL;
   if (!takes_oneshot(g, args, esize)) {
-    if (fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
+    if (!ring_only(g, args) && fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
         fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
       return "it would take direct mode (buffers in windows, or FLEXCOLL_DIRECT=2), which keeps its counters on the host";
     if (!pipelined(g, args) && !ring_takes(g, args) && !alltoall_kernel(g, args))
@@ -526,7 +566,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
      * error flag, and two CUDA calls fewer matter at a few microseconds per call. */
     goto out;
   } else {
-    if (fc_tuner_direct(args->coll, largest * x.esize, args->nranks)) {
+    if (!ring_only(g, args) && fc_tuner_direct(args->coll, largest * x.esize, args->nranks)) {
       int done = 0;
       res = fc_gpu_direct_run(comm, args, sendbuf, recvbuf, dtype, op, user, &done);
       /* Once the peers count on the call, a failure leaves them waiting: the communicator is done. */

@@ -444,6 +444,7 @@ static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   if (g->p2p) FC_CHECK(upload_p2p_peers(comm, g));
   /* Peers must not write into staging areas before their owners have cleared the flags. */
   FC_CHECK(fc_bootstrap_barrier(comm->bootstrap));
+  FC_CHECK(fc_pcie_open(comm, g));
   calibrate_engine(comm, g);
   return FLEXCOLL_SUCCESS;
 }
@@ -498,6 +499,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   cudaEventDestroy(g->ev_recv);
   cudaEventDestroy(g->ev_oneshot);
   for (int i = 0; i < 64; i++) cudaEventDestroy(g->inflight_ev[i]);
+  fc_pcie_close(g);
   cudaFree(g->stage);
   cudaFree(g->epoch);
   cudaFree(g->p2p_base);
@@ -597,6 +599,10 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
 const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream_t stream) {
   (void)comm; (void)stream;
   return "this build has no CUDA";
+}
+int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max) {
+  (void)comm; (void)stats; (void)max;
+  return 0;
 }
 /* Communicators of a build without CUDA are host-only: api.c refuses windows before these. */
 flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out) {

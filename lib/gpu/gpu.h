@@ -52,6 +52,11 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
  * the communicator's previous kernel on the same stream.  Enqueues nothing. */
 const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream_t stream);
 
+/* The device links' statistics (nvlink, and pcie where it is on) toward the next rank of the
+ * ring, as flexcoll_comm_get_link_stats reports them: written into stats up to max, the number
+ * there are returned. */
+int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max);
+
 /* Symmetric windows (flexcoll_window_register/deregister; collective; arguments checked by api.c). */
 flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out);
 flexcoll_result_t fc_gpu_window_deregister(struct flexcoll_comm *comm, struct flexcoll_window *w);

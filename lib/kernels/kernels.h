@@ -178,6 +178,15 @@ typedef struct {
   unsigned subslots;       /* messages in flight per block and edge (2..8) */
   uint64_t timeout_cycles;
   int *error;              /* host-mapped, as the one-shot kernels' */
+  /* The pcie lane: the same ring through pinned host memory, which every rank's GPU reaches over
+   * PCIe (a ring area and counters per rank, laid out as above, mapped here).  Blocks after the
+   * NVLink lane's carry the first pc_chunk_bytes of every chunk (at most pc_blocks of them, each
+   * with its own counters); the NVLink lane the rest.  pc_chunk_bytes 0: no lane in this call. */
+  char *pc_area, *pc_area_next;
+  uint64_t *pc_ctr, *pc_ctr_next, *pc_ctr_prev;
+  size_t pc_area_bytes;    /* a multiple of 16 */
+  unsigned pc_blocks;      /* 1..FC_MAX_BLOCKS / 2 */
+  size_t pc_chunk_bytes;   /* a multiple of 16, or the whole chunk (fc_ring_chunk_bytes) */
 } fc_ring_args_t;
 typedef enum { FC_RING_ALLREDUCE, FC_RING_ALLGATHER, FC_RING_REDUCE_SCATTER, FC_RING_BROADCAST, FC_RING_REDUCE } fc_ring_coll_t;
 /* `bytes`: allreduce, broadcast and reduce the buffer, allgather the send buffer,
@@ -188,6 +197,13 @@ int fc_kernel_ring_collective(const fc_ring_args_t *args, fc_ring_coll_t coll, c
                               size_t bytes, flexcoll_datatype_t dtype, flexcoll_op_t op, int root,
                               flexcoll_stream_t stream);
 int fc_kernels_preload_ring(void);
+/* The bytes of one chunk of a ring call (the unit that pc_chunk_bytes splits between the lanes):
+ * allreduce the buffer's n-th (rounded up to 16), allgather and reduce_scatter one rank's block,
+ * broadcast and reduce the buffer. */
+size_t fc_ring_chunk_bytes(fc_ring_coll_t coll, size_t bytes, int nranks);
+/* How many chunk messages this rank pushes to the next rank in a call (each carries one chunk's
+ * slices), for the links' statistics. */
+int fc_ring_pushes(fc_ring_coll_t coll, int rank, int nranks, int root);
 
 /* AllToAll (alltoall.cu) for up to FC_ONESHOT_MAX_RANKS ranks, one kernel per rank and call:
  * each rank stores its block for peer q into its own slots of q's one-shot staging area (the two

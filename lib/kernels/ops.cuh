@@ -142,6 +142,20 @@ template <typename T> static __device__ __forceinline__ fc_vec<T> fc_vec_ld_cg(c
   v.raw = __ldcg((const uint4 *)p);
   return v;
 }
+/* Loads of host memory that another GPU (or this one's other kernel) writes: .cv fetches again
+ * at every load, so no line of an earlier message kept in a cache is read back. */
+template <typename T> static __device__ __forceinline__ T fc_ld_cv(const void *p) {
+  typedef typename fc_bits<sizeof(T)>::type B;
+  const B b = __ldcv((const B *)p);
+  T t;
+  memcpy(&t, &b, sizeof t);
+  return t;
+}
+template <typename T> static __device__ __forceinline__ fc_vec<T> fc_vec_ld_cv(const void *p) {
+  fc_vec<T> v;
+  v.raw = __ldcv((const uint4 *)p);
+  return v;
+}
 
 /* ---- (datatype, op) dispatch ----
  * Calls f.template run<V, D, Op>() where V is the type the operator runs on (the unsigned type

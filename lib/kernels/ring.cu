@@ -49,15 +49,55 @@ struct fc_ring_io {
   size_t chunk;        /* bytes per chunk */
   size_t own_stride;   /* from one chunk's own operand to the next (0: the one send buffer) */
   size_t out_stride;   /* from one chunk's place in recv to the next (0: the one receive buffer) */
-  size_t part;         /* a block's share of a chunk (a multiple of 16) */
-  size_t step;         /* bytes per message (a multiple of 16) */
-  size_t room;         /* bytes per sub-slot (a multiple of 16, >= step) */
-  unsigned nslices;    /* per block */
+  /* Per lane (0: NVLink, the blocks first; 1: pcie, the blocks after them): its bytes of a
+   * chunk [start, end), its blocks, a block's part of them (a multiple of 16), bytes per
+   * message and per sub-slot (multiples of 16, room >= step), slices per block. */
+  size_t start[2], end[2];
+  unsigned blocks[2];
+  size_t part[2], step[2], room[2];
+  unsigned nslices[2];
   unsigned steps;      /* ring steps per slice */
   unsigned coll;       /* fc_ring_coll_t */
   int root;
-  unsigned long long msgs; /* messages per block and edge in the call: the epoch's advance */
+  unsigned long long msgs; /* most messages of a block and edge in the call: the epoch's advance */
 };
+
+/* What a block of the grid uses: its lane's areas and counters (its own ready and ack at
+ * ctr[b] and ctr[FC_MAX_BLOCKS + b], b its index in the lane), and its bytes of a chunk. */
+struct fc_ring_lane {
+  char *area, *area_next;
+  uint64_t *ready, *ack;            /* ours */
+  uint64_t *ready_next, *ack_prev;  /* the neighbours' we raise */
+  unsigned idx, blocks;
+  size_t lo, hi;                    /* of a chunk, before the chunk's own end */
+  size_t step, room;
+  unsigned nslices;
+  bool sys;                         /* the area is host memory */
+};
+
+__device__ __forceinline__ fc_ring_lane fc_ring_lane_of(const fc_ring_args_t &a, const fc_ring_io &io) {
+  fc_ring_lane l;
+  const int L = blockIdx.x < io.blocks[0] ? 0 : 1;
+  l.idx = L == 0 ? blockIdx.x : blockIdx.x - io.blocks[0];
+  l.blocks = io.blocks[L];
+  char *area = L == 0 ? a.area : a.pc_area, *area_next = L == 0 ? a.area_next : a.pc_area_next;
+  uint64_t *ctr = L == 0 ? a.ctr : a.pc_ctr, *ctr_next = L == 0 ? a.ctr_next : a.pc_ctr_next;
+  uint64_t *ctr_prev = L == 0 ? a.ctr_prev : a.pc_ctr_prev;
+  l.area = area;
+  l.area_next = area_next;
+  l.ready = ctr + l.idx;
+  l.ack = ctr + FC_MAX_BLOCKS + l.idx;
+  l.ready_next = ctr_next + l.idx;
+  l.ack_prev = ctr_prev + FC_MAX_BLOCKS + l.idx;
+  l.lo = io.start[L] + (size_t)l.idx * io.part[L];
+  if (l.lo > io.end[L]) l.lo = io.end[L];
+  l.hi = l.lo + io.part[L] < io.end[L] ? l.lo + io.part[L] : io.end[L];
+  l.step = io.step[L];
+  l.room = io.room[L];
+  l.nslices = io.nslices[L];
+  l.sys = L == 1;
+  return l;
+}
 
 /* What a rank does in ring step s of a slice. */
 struct fc_ring_role {
@@ -138,14 +178,15 @@ __device__ __forceinline__ void fc_ring_epoch(const fc_ring_args_t &a, unsigned 
 
 /* Thread 0 waits for our ready counter (recv) and ack counter (before a push), then a system
  * fence (the acquire side); false in every thread after a timeout or abort (*error set). */
-__device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, uint64_t ready_target, uint64_t ack_target) {
+__device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, const fc_ring_lane &l, uint64_t ready_target,
+                                             uint64_t ack_target) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
     const long long start = clock64();
     long long last_abort_check = start;
     int ok = 1;
-    if (ready_target) ok = fc_poll(a, a.ctr + blockIdx.x, ready_target, start, &last_abort_check);
-    if (ok && ack_target) ok = fc_poll(a, a.ctr + FC_MAX_BLOCKS + blockIdx.x, ack_target, start, &last_abort_check);
+    if (ready_target) ok = fc_poll(a, l.ready, ready_target, start, &last_abort_check);
+    if (ok && ack_target) ok = fc_poll(a, l.ack, ack_target, start, &last_abort_check);
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
     __threadfence_system();
     ok_shared = ok;
@@ -156,12 +197,12 @@ __device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, uint64_t r
 
 /* After the block's accesses of a step: raise the next rank's ready (a push) and the previous
  * rank's ack (a receive), behind a system fence (as fc_post_flags). */
-__device__ __forceinline__ void fc_ring_signal(const fc_ring_args_t &a, uint64_t ready_value, uint64_t ack_value) {
+__device__ __forceinline__ void fc_ring_signal(const fc_ring_lane &l, uint64_t ready_value, uint64_t ack_value) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    if (ready_value) fc_st_release_sys(a.ctr_next + blockIdx.x, ready_value);
-    if (ack_value) fc_st_release_sys(a.ctr_prev + FC_MAX_BLOCKS + blockIdx.x, ack_value);
+    if (ready_value) fc_st_release_sys(l.ready_next, ready_value);
+    if (ack_value) fc_st_release_sys(l.ack_prev, ack_value);
   }
 }
 
@@ -169,12 +210,14 @@ __device__ __forceinline__ void fc_ring_signal(const fc_ring_args_t &a, uint64_t
  * finishes here, stored to out and nxt (each may be NULL).  16-byte vectors when every pointer
  * is aligned, four of them loaded before any store (the stores may go over NVLink: more in
  * flight); the rest in units of V. */
-template <typename V, typename D, class Op, bool AVG>
+template <typename V, typename D, class Op, bool AVG, bool SYS>
 __device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, char *out, char *nxt, size_t n,
                                              bool fin, typename fc_divisor<D>::type dn) {
   typedef fc_vec<V> vec;
   const char *first = in ? in : own;
   const char *second = in ? own : nullptr;
+  /* Only what arrived can be host memory (SYS: the pcie lane); our own operand never is. */
+  const bool first_sys = SYS && in;
   const uintptr_t al = (uintptr_t)first | (uintptr_t)second | (uintptr_t)out | (uintptr_t)nxt;
   const size_t vend = (al & 15u) == 0 ? n & ~(size_t)15 : 0;
   const bool divide = AVG && fin;
@@ -183,7 +226,7 @@ __device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, ch
   for (; i + 3 * stride < vend; i += 4 * stride) {
     vec v[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) v[j] = fc_vec_ld_cg<V>(first + i + j * stride);
+    for (int j = 0; j < 4; j++) v[j] = first_sys ? fc_vec_ld_cv<V>(first + i + j * stride) : fc_vec_ld_cg<V>(first + i + j * stride);
     if (second) {
       vec w[4];
 #pragma unroll
@@ -201,7 +244,7 @@ __device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, ch
     }
   }
   for (; i < vend; i += stride) {
-    vec v = fc_vec_ld_cg<V>(first + i);
+    vec v = first_sys ? fc_vec_ld_cv<V>(first + i) : fc_vec_ld_cg<V>(first + i);
     if (second) v = fc_vec_apply<V, Op>(v, fc_vec_ld_cg<V>(second + i));
     if (divide)
 #pragma unroll
@@ -210,7 +253,7 @@ __device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, ch
     if (nxt) *(uint4 *)(nxt + i) = v.raw;
   }
   for (size_t k = vend + sizeof(V) * threadIdx.x; k < n; k += sizeof(V) * blockDim.x) {
-    V v = fc_ld_cg<V>(first + k);
+    V v = first_sys ? fc_ld_cv<V>(first + k) : fc_ld_cg<V>(first + k);
     if (second) v = Op::apply(v, fc_ld_cg<V>(second + k));
     if (divide) v = fc_avg<V, D>(v, dn);
     if (out) *(V *)(out + k) = v;
@@ -223,33 +266,35 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
   const unsigned S = a.subslots;
   const uint64_t base = fc_ring_base();
   const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
+  const fc_ring_lane l = fc_ring_lane_of(a, io);
   uint64_t pushed = 0, received = 0; /* this call's messages on our two edges, this block */
-  for (unsigned k = 0; k < io.nslices; k++) {
+  for (unsigned k = 0; k < l.nslices; k++) {
     for (unsigned s = 0; s < io.steps; s++) {
       const fc_ring_role r = fc_ring_step_role(a, io, s);
       /* This slice's bytes of the chunk: [lo, hi) of it. */
       const size_t cstart = (size_t)r.chunk * io.chunk;
       const size_t clen = cstart >= io.total ? 0 : (io.total - cstart < io.chunk ? io.total - cstart : io.chunk);
-      const size_t pend = ((size_t)blockIdx.x + 1) * io.part < clen ? ((size_t)blockIdx.x + 1) * io.part : clen;
-      size_t lo = (size_t)blockIdx.x * io.part + (size_t)k * io.step;
+      const size_t pend = l.hi < clen ? l.hi : clen;
+      size_t lo = l.lo + (size_t)k * l.step;
       if (lo > pend) lo = pend;
-      const size_t hi = lo + io.step < pend ? lo + io.step : pend;
+      const size_t hi = lo + l.step < pend ? lo + l.step : pend;
       const uint64_t ready_target = r.recv ? base + received + 1 : 0;
       const uint64_t ack_target = r.push && pushed >= S ? base + pushed - S + 1 : 0;
-      if ((ready_target || ack_target) && !fc_ring_wait(a, ready_target, ack_target)) return;
-      const char *in = r.recv ? a.area + ((size_t)(received % S) * gridDim.x + blockIdx.x) * io.room : nullptr;
-      char *nxt = r.push ? a.area_next + ((size_t)(pushed % S) * gridDim.x + blockIdx.x) * io.room : nullptr;
+      if ((ready_target || ack_target) && !fc_ring_wait(a, l, ready_target, ack_target)) return;
+      const char *in = r.recv ? l.area + ((size_t)(received % S) * l.blocks + l.idx) * l.room : nullptr;
+      char *nxt = r.push ? l.area_next + ((size_t)(pushed % S) * l.blocks + l.idx) * l.room : nullptr;
       const char *own = r.own ? io.send + (size_t)r.chunk * io.own_stride + lo : nullptr;
       char *out = r.out ? io.recv + (size_t)r.chunk * io.out_stride + lo : nullptr;
       if (out == own && !r.recv) out = nullptr; /* our own data, in place: already there */
-      fc_ring_xfer<V, D, Op, AVG>(in, own, out, nxt, hi - lo, r.fin, dn);
+      if (l.sys) fc_ring_xfer<V, D, Op, AVG, true>(in, own, out, nxt, hi - lo, r.fin, dn);
+      else fc_ring_xfer<V, D, Op, AVG, false>(in, own, out, nxt, hi - lo, r.fin, dn);
       if (r.push) pushed++;
       if (r.recv) received++;
-      if (r.push || r.recv) fc_ring_signal(a, r.push ? base + pushed : 0, r.recv ? base + received : 0);
+      if (r.push || r.recv) fc_ring_signal(l, r.push ? base + pushed : 0, r.recv ? base + received : 0);
     }
   }
   /* Everything we sent has been consumed: the next call may reuse the next rank's area. */
-  if (pushed) fc_ring_wait(a, 0, base + pushed);
+  if (pushed) fc_ring_wait(a, l, 0, base + pushed);
 }
 
 template <typename V, typename D, class Op, bool AVG>
@@ -268,7 +313,7 @@ bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, in
   switch (coll) {
     case FC_RING_ALLREDUCE:
       io->total = bytes;
-      io->chunk = ((bytes + 15) / 16 + (size_t)n - 1) / (size_t)n * 16;
+      io->chunk = fc_ring_chunk_bytes(coll, bytes, n);
       io->own_stride = io->out_stride = io->chunk;
       io->steps = 2 * (unsigned)n - 1;
       io->msgs = 2 * (unsigned)n - 2;
@@ -289,22 +334,42 @@ bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, in
       io->msgs = 1;
       break;
   }
-  size_t g = (io->chunk + FC_RING_MIN_PART - 1) / FC_RING_MIN_PART;
-  if (g < 1) g = 1;
-  if (g > a->blocks) g = a->blocks;
-  *grid = (unsigned)g;
-  io->part = ((io->chunk + 15) / 16 + g - 1) / g * 16;
-  io->room = a->area_bytes / (g * a->subslots) / 16 * 16;
-  if (io->room < 16) return false;
-  size_t want = io->part;
-  if (chain) {
-    want = (io->part / (2 * (size_t)n) + 15) / 16 * 16;
-    if (want < FC_RING_CHAIN_MIN_STEP) want = FC_RING_CHAIN_MIN_STEP;
+  /* The pcie lane carries the chunk's first pc bytes, the NVLink lane the rest; each lane is
+   * cut among its own blocks as a whole chunk would be. */
+  const size_t pc = a->pc_chunk_bytes < io->chunk ? a->pc_chunk_bytes : io->chunk;
+  io->start[1] = 0;
+  io->end[1] = io->start[0] = pc;
+  io->end[0] = io->chunk;
+  const unsigned pc_max = pc ? a->pc_blocks : 0;
+  const unsigned cap[2] = {a->blocks > pc_max ? a->blocks - pc_max : 1, pc_max};
+  const size_t area[2] = {a->area_bytes, a->pc_area_bytes};
+  const unsigned long long per_slice = io->msgs;
+  io->msgs = 0;
+  for (int L = 0; L < 2; L++) {
+    const size_t lane = io->end[L] - io->start[L];
+    io->blocks[L] = 0;
+    io->part[L] = io->step[L] = io->room[L] = 0;
+    io->nslices[L] = 0;
+    if (!lane) continue;
+    size_t g = (lane + FC_RING_MIN_PART - 1) / FC_RING_MIN_PART;
+    if (g < 1) g = 1;
+    if (g > cap[L]) g = cap[L];
+    io->blocks[L] = (unsigned)g;
+    io->part[L] = ((lane + 15) / 16 + g - 1) / g * 16;
+    io->room[L] = area[L] / (g * a->subslots) / 16 * 16;
+    if (io->room[L] < 16) return false;
+    size_t want = io->part[L];
+    if (chain) {
+      want = (io->part[L] / (2 * (size_t)n) + 15) / 16 * 16;
+      if (want < FC_RING_CHAIN_MIN_STEP) want = FC_RING_CHAIN_MIN_STEP;
+    }
+    if (want < 16) want = 16;
+    io->step[L] = want < io->room[L] ? want : io->room[L];
+    io->nslices[L] = (unsigned)((io->part[L] + io->step[L] - 1) / io->step[L]);
+    if (io->nslices[L] < 1) io->nslices[L] = 1;
+    if (per_slice * io->nslices[L] > io->msgs) io->msgs = per_slice * io->nslices[L];
   }
-  io->step = want < io->room ? want : io->room;
-  io->nslices = (unsigned)((io->part + io->step - 1) / io->step);
-  if (io->nslices < 1) io->nslices = 1;
-  io->msgs *= io->nslices;
+  *grid = io->blocks[0] + io->blocks[1];
   return true;
 }
 
@@ -346,7 +411,11 @@ bool fc_ring_args_ok(const fc_ring_args_t *a) {
   return a && a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
          a->area && a->area_next && a->ctr && a->ctr_next && a->ctr_prev && ((uintptr_t)a->area & 15u) == 0 &&
          ((uintptr_t)a->area_next & 15u) == 0 && (a->area_bytes & 15u) == 0 && a->blocks >= 1 &&
-         a->blocks <= FC_MAX_BLOCKS && a->subslots >= 2 && a->subslots <= 8;
+         a->blocks <= FC_MAX_BLOCKS && a->subslots >= 2 && a->subslots <= 8 &&
+         (!a->pc_chunk_bytes ||
+          (a->pc_area && a->pc_area_next && a->pc_ctr && a->pc_ctr_next && a->pc_ctr_prev &&
+           (((uintptr_t)a->pc_area | (uintptr_t)a->pc_area_next | a->pc_area_bytes) & 15u) == 0 && a->pc_blocks >= 1 &&
+           2 * a->pc_blocks <= a->blocks));
 }
 
 }  // namespace
@@ -379,6 +448,21 @@ int fc_ring_visit_all(int *per_sm) {
 }  // namespace
 
 extern "C" int fc_kernels_preload_ring(void) { return fc_ring_visit_all(nullptr); }
+
+extern "C" size_t fc_ring_chunk_bytes(fc_ring_coll_t coll, size_t bytes, int nranks) {
+  if (coll == FC_RING_ALLREDUCE) return ((bytes + 15) / 16 + (size_t)nranks - 1) / (size_t)nranks * 16;
+  return bytes;
+}
+
+extern "C" int fc_ring_pushes(fc_ring_coll_t coll, int rank, int nranks, int root) {
+  switch (coll) {
+    case FC_RING_ALLREDUCE: return 2 * nranks - 2;
+    case FC_RING_ALLGATHER:
+    case FC_RING_REDUCE_SCATTER: return nranks - 1;
+    case FC_RING_BROADCAST: return ((rank - root) % nranks + nranks) % nranks < nranks - 1;
+    default: return ((rank - root - 1) % nranks + nranks) % nranks < nranks - 1;
+  }
+}
 
 extern "C" int fc_kernels_ring_blocks_per_sm(void) {
   int per_sm = 0;

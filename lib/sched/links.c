@@ -82,6 +82,7 @@ static flexcoll_result_t fixed_shares(struct flexcoll_comm *comm, fc_links_t *l)
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s);
   double sum = 0;
+  int fixes_host = 0;
   for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
     char *colon = strchr(tok, ':'), *end = NULL;
     double f = colon ? strtod(colon + 1, &end) : NAN;
@@ -89,13 +90,19 @@ static flexcoll_result_t fixed_shares(struct flexcoll_comm *comm, fc_links_t *l)
       return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_LINK_SHARES=%s: \"%s\" is not name:fraction in [0, 1]", s,
                       tok);
     *colon = 0;
+    /* The device links' fractions are the ring kernels' (lib/gpu/pcie.c), on a communicator
+     * that may have a GPU; elsewhere they name a link that is not open. */
+    if ((!strcmp(tok, "nvlink") || !strcmp(tok, "pcie")) && comm->init_config.cuda_device != -1 && fc_gpu_count() > 0)
+      continue;
     int found = 0;
     for (int i = 0; i < l->n; i++)
       if (!strcmp(l->link[i].ops->name, tok)) { l->fixed[i] = f; found = 1; }
     if (!found)
       return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_LINK_SHARES=%s: \"%s\" is not an open link here", s, tok);
     sum += f;
+    fixes_host = 1;
   }
+  if (sum == 0 && !fixes_host) return FLEXCOLL_SUCCESS; /* device links only */
   if (!(sum > 0)) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_LINK_SHARES=%s: the fractions sum to 0", s);
   for (int i = 0; i < l->n; i++) l->fixed[i] /= sum;
   l->fixed_set = 1;

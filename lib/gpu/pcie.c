@@ -41,7 +41,7 @@ FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 4)
 /* Whether FLEXCOLL_LINKS (unset: every link) names `name`. */
 static int links_name(const char *name) {
   const char *s = fc_param_str("FLEXCOLL_LINKS", NULL);
-  if (!s) return 1;
+  if (!s || !*s) return 1;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s);
   for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save))

@@ -438,7 +438,13 @@ int perf_run_threads(const perf_opts_t *o) {
   flexcoll_comm_t *comms = calloc((size_t)n, sizeof *comms);
   perf_rank_t *ranks = calloc((size_t)n, sizeof *ranks);
   pthread_t *threads = calloc((size_t)n, sizeof *threads);
-  flexcoll_result_t res = o->device ? flexcoll_comm_init_all(comms, n, NULL) : init_host_ranks(comms, n);
+  /* More ranks than GPUs share them round-robin (flexcoll lets ranks share a GPU). */
+  int *devs = calloc((size_t)n, sizeof *devs), ngpus = o->device ? perf_gpu_count() : 0;
+  for (int i = 0; devs && i < n; i++) devs[i] = ngpus > 0 ? i % ngpus : 0;
+  flexcoll_result_t res = !devs               ? FLEXCOLL_SYSTEM_ERROR
+                          : o->device         ? flexcoll_comm_init_all(comms, n, ngpus >= n ? NULL : devs)
+                                              : init_host_ranks(comms, n);
+  free(devs);
   if (res != FLEXCOLL_SUCCESS) {
     fprintf(stderr, "flexcoll-perf: init of %d ranks failed: %s\n", n, flexcoll_get_last_error(NULL));
     return 1;

@@ -188,14 +188,16 @@ static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, 
   return best;
 }
 
-/* Fit both lanes' models from two sizes (bytes pushed per rank against time); 0 on failure. */
+/* Fit both lanes' models from two sizes (bytes pushed per rank against time); 0 on failure.
+ * The buffer is the staging allocation's slots (the staged schedule's, idle during creation):
+ * cudaMalloc and cudaFree may wait for the whole device, where other communicators' kernels
+ * (TP and DP groups being created at the same time) may wait for this very thread. */
 static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model_t *m) {
-  const size_t sizes[2] = {(size_t)256 << 10, (size_t)4 << 20};
-  char *buf = NULL;
-  if (cudaMalloc((void **)&buf, sizes[1] * (size_t)comm->nranks) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
+  size_t room = (size_t)g->nslots * g->slice_bytes; /* per rank */
+  size_t big = room < ((size_t)4 << 20) ? room / 16 * 16 : (size_t)4 << 20;
+  const size_t sizes[2] = {big / 16, big};
+  char *buf = g->stage + g->slots_off;
+  if (sizes[0] < 16) return 0;
   int ok = 1;
   for (int lane = 0; lane < 2 && ok; lane++) {
     double x[2], y[2];
@@ -207,7 +209,6 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
     m[lane] = (fc_link_model_t){.alpha_us = 0, .beta = 0, .min_bytes = lane ? 64 << 10 : 0, .port = -1};
     if (ok) ok = fc_cost_fit(&m[lane], x, y, 2) == FLEXCOLL_SUCCESS;
   }
-  cudaFree(buf);
   cudaGetLastError();
   return ok;
 }

@@ -903,6 +903,10 @@ static int run_hang(int timeout_ms, int use_abort) {
 int main(void) {
   setvbuf(stderr, NULL, _IONBF, 0);
   signal(SIGALRM, on_alarm);
+  /* Ranks of one process on one GPU share its hardware queues: one per rank's stream, or a rank's
+   * kernel can wait behind a peer's that waits for it (docs/ARCHITECTURE.md, "Hardware queues").
+   * Set before anything touches CUDA. */
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const char *q = getenv("FC_MOE_QUICK");
   g_quick = q && *q && strcmp(q, "0") != 0;
   int failed = run_host_checks();
@@ -910,9 +914,6 @@ int main(void) {
   fprintf(stderr, TAG " %s (host-only build: no device part)\n", failed ? "FAILED" : "passed");
   return failed ? 1 : 0;
 #else
-  /* Ranks of one process on one GPU share its hardware queues: one per rank's stream, or a rank's
-   * kernel can wait behind a peer's that waits for it (docs/ARCHITECTURE.md, "Hardware queues"). */
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   int ngpus = 0;
   cudaError_t ce = cudaGetDeviceCount(&ngpus);
   if (ce != cudaSuccess || ngpus == 0) {

@@ -161,7 +161,10 @@ int perf_moe_sweep(const perf_opts_t *o, flexcoll_comm_t comm, int rank, int nra
   m.a2a_recv = perf_alloc(rows * m.row, device);
   m.cnt_send = perf_alloc((size_t)nranks * sizeof(int), device);
   m.cnt_recv = perf_alloc((size_t)nranks * sizeof(int), device);
-  const size_t host_bytes = rows * m.row > maxT * (size_t)o->moe_top_k * sizeof(float) ? rows * m.row : 64;
+  /* Zeros for the device buffers, then the weights; the routing after them. */
+  const size_t wbytes = maxT * (size_t)o->moe_top_k * sizeof(float);
+  size_t host_bytes = rows * m.row > wbytes ? rows * m.row : wbytes;
+  if (host_bytes < (size_t)nranks * sizeof(int)) host_bytes = (size_t)nranks * sizeof(int);
   char *host = calloc(1, host_bytes + maxT * (size_t)o->moe_top_k * sizeof(int));
   int ok = m.tok && m.ids && m.w && m.eout && m.out && m.a2a_send && m.a2a_recv && m.cnt_send && m.cnt_recv && host;
   if (ok) { /* zeros everywhere: tokens, expert outputs, the baseline's buffers */

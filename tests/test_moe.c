@@ -42,6 +42,9 @@
 #endif
 
 #include "flexcoll.h"
+#ifdef FC_TEST_CUDA
+#include "gpu_serial.h"
+#endif
 
 #define TAG "[test_moe]"
 #define MAX_RANKS 8
@@ -920,6 +923,7 @@ int main(void) {
     fprintf(stderr, TAG " no GPU (%s): device part skipped\n", ce != cudaSuccess ? cudaGetErrorString(ce) : "no device");
     return failed ? 1 : 77;
   }
+  fc_test_gpu_serialize(TAG); /* one GPU test at a time under make check -j */
   const char *rv = getenv("FC_MOE_REPLAYS");
   g_replays = rv && *rv ? atoi(rv) : g_quick ? 1000 : 10000;
   const char *list = getenv("FC_MOE_RANKS");

@@ -24,7 +24,8 @@
  *    and output checked.
  * Then the failure cases with 2 ranks: rank 1 never calls dispatch → rank 0's async error is
  * FLEXCOLL_TIMEOUT within the timeout plus 10 s; with a long timeout, flexcoll_comm_abort
- * releases rank 0's waiting kernel within 10 s.  FC_MOE_QUICK=1 runs fewer cases.  Every phase is
+ * releases rank 0's waiting kernel within 10 s.  FC_MOE_QUICK=1 runs fewer cases; FC_MOE_GPUS=G
+ * puts rank r on GPU r % G (default 1: all on GPU 0).  Every phase is
  * bounded by a watchdog (alarm) that prints "HANG: <phase>".  Exit 77 (skip) on a CUDA build
  * without a GPU once the host-only checks passed. */
 #define _GNU_SOURCE
@@ -740,12 +741,14 @@ static const moe_case_t g_graph_cases[] = {
 };
 static int g_replays;
 
+static int g_ngpus = 1; /* FC_MOE_GPUS: rank r on GPU r % g_ngpus */
+
 static void *rank_main(void *arg) {
   rank_t *r = arg;
-  cudaSetDevice(0);
+  cudaSetDevice(r->rank % g_ngpus);
   cudaStreamCreateWithFlags(&r->s, cudaStreamNonBlocking);
   flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
-  config.cuda_device = 0;
+  config.cuda_device = r->rank % g_ngpus;
   config.timeout_ms = 20000; /* a lost peer fails the test, not hangs it */
   if (flexcoll_comm_init_rank(&r->comm, g_nranks, g_id, r->rank, &config) != FLEXCOLL_SUCCESS)
     FAIL(r->rank, "comm_init_rank: %s", flexcoll_get_last_error(NULL));
@@ -814,11 +817,11 @@ static pthread_barrier_t g_hang_barrier;
 
 static void *hang_main(void *arg) {
   hang_t *h = arg;
-  cudaSetDevice(0);
+  cudaSetDevice(h->rank % g_ngpus);
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
-  config.cuda_device = 0;
+  config.cuda_device = h->rank % g_ngpus;
   config.timeout_ms = h->timeout_ms;
   flexcoll_comm_t comm = NULL;
   flexcoll_moe_t m = NULL;
@@ -924,6 +927,14 @@ int main(void) {
     return failed ? 1 : 77;
   }
   fc_test_gpu_serialize(TAG); /* one GPU test at a time under make check -j */
+  const char *gv = getenv("FC_MOE_GPUS");
+  if (gv && *gv) {
+    g_ngpus = atoi(gv);
+    if (g_ngpus < 1 || g_ngpus > ngpus) {
+      fprintf(stderr, TAG " FC_MOE_GPUS=%s: between 1 and the %d visible GPU(s)\n", gv, ngpus);
+      return 1;
+    }
+  }
   const char *rv = getenv("FC_MOE_REPLAYS");
   g_replays = rv && *rv ? atoi(rv) : g_quick ? 1000 : 10000;
   const char *list = getenv("FC_MOE_RANKS");

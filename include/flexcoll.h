@@ -186,6 +186,41 @@ flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size
  * on every rank the buffer may be freed. */
 flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window);
 
+/* MoE dispatch and combine (flexcoll_moe_create(3)): tokens go straight into the receive buffers
+ * of the ranks holding their experts, over the peers' NVLink mappings, and the expert outputs
+ * come back summed.  All ranks of comm must reach each other's device memory (one node).
+ * Always start from FLEXCOLL_MOE_CONFIG_INITIALIZER. */
+typedef struct flexcoll_moe *flexcoll_moe_t;
+typedef enum { FLEXCOLL_MOE_FENCE, FLEXCOLL_MOE_SENTINEL, FLEXCOLL_MOE_AUTO } flexcoll_moe_sync_t;
+#define FLEXCOLL_MOE_CONFIG_VERSION 1
+typedef struct {
+  size_t size; unsigned version;      /* FLEXCOLL_MOE_CONFIG_INITIALIZER */
+  int max_tokens;                     /* per rank per call, 1..65536 */
+  int hidden;                         /* elements per token (hidden * element size: a multiple of 16 bytes) */
+  flexcoll_datatype_t dtype;          /* payload type: bfloat16, float16, float32, int8 */
+  int top_k;                          /* experts per token, 1..15 */
+  int num_experts;                    /* across all ranks, experts rank-major: expert e lives on rank e / (num_experts / nranks) */
+  flexcoll_moe_sync_t sync;
+} flexcoll_moe_config_t;
+#define FLEXCOLL_MOE_CONFIG_INITIALIZER \
+  { sizeof(flexcoll_moe_config_t), FLEXCOLL_MOE_CONFIG_VERSION, 0, 0, FLEXCOLL_BFLOAT16, 0, 0, FLEXCOLL_MOE_AUTO }
+/* A received row's meta word (recv_meta): the sender's token index and which of its top_k
+ * experts (bit k: expert_ids[t][k]) live on this rank. */
+#define FLEXCOLL_MOE_META_TOKEN(m) ((int)((unsigned)(m) & 0xffffu))
+#define FLEXCOLL_MOE_META_MASK(m) ((int)((unsigned)(m) >> 16))
+flexcoll_result_t flexcoll_moe_create(flexcoll_comm_t comm, const flexcoll_moe_config_t *cfg, flexcoll_moe_t *moe);   /* collective */
+flexcoll_result_t flexcoll_moe_destroy(flexcoll_moe_t moe);                                                          /* collective */
+/* Send each token (tokens[T][hidden]) to the ranks of its top_k experts (expert_ids[T][top_k], -1 = none),
+ * once per destination rank. On return (stream-ordered) recv_tokens points at this rank's rank-major receive
+ * buffer [nranks][max_tokens][hidden] in device memory, recv_counts[nranks] (device) says how many rows came from
+ * each source, recv_meta[nranks][max_tokens] (device) gives for each row its source token index and top_k mask. */
+flexcoll_result_t flexcoll_moe_dispatch(flexcoll_moe_t moe, const void *tokens, const int *expert_ids, int T,
+                                        void **recv_tokens, int **recv_counts, int **recv_meta, flexcoll_stream_t stream);
+/* The expert outputs, in the same rank-major layout as the receive buffer, go back to their source tokens:
+ * out[T][hidden] = sum over the token's top_k experts of weights[t][k] * expert_out row, accumulated in fp32. */
+flexcoll_result_t flexcoll_moe_combine(flexcoll_moe_t moe, const void *expert_out, const float *weights, void *out,
+                                       flexcoll_stream_t stream);
+
 /* Queue the following calls of this thread until the matching flexcoll_group_end. */
 flexcoll_result_t flexcoll_group_start(void);
 /* Run the calls queued since flexcoll_group_start (the outermost end runs them). */

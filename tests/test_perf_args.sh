@@ -57,12 +57,21 @@ refuse "unexpected argument 'allreduce'" -m host allreduce
 refuse "-r (--root) 2: the root must be below the rank count, 2" -m host -t 2 -r 2
 refuse "--plot $tmp/no/such/dir/p.png" -m host -t 2 -e 64 --plot "$tmp/no/such/dir/p.png"
 refuse "-J (--json) $tmp/no/such/dir/r.json" -m host -t 2 -e 64 -J "$tmp/no/such/dir/r.json"
+# MoE: device memory only, its own options checked by name.
+refuse "--coll moe_dispatch: MoE dispatch and combine move device memory" -m host --coll moe_dispatch
+refuse "--top_k 16" -m host --coll moe_dispatch --top_k 16
+refuse "--tokens 0" -m host --coll moe_dispatch --tokens 0
+refuse "--hidden x" -m host --coll moe_dispatch --hidden x
+refuse "--moe_sync always" -m host --coll moe_dispatch --moe_sync always
+refuse "-d (--datatype) int8: combine sums" -m host --coll moe_combine -d int8
+refuse "-d (--datatype) float64: MoE payloads" -m host --coll moe_dispatch -d float64
+refuse "--baseline nccl: --coll moe_dispatch" -m host --coll moe_dispatch --baseline nccl
 
 # --help: a line for every option, short and long.
 "$perf" --help >"$tmp/help" 2>&1 || { fail=$((fail + 1)); echo "FAIL: --help exited non-zero"; }
 for opt in "-b, --minbytes" "-e, --maxbytes" "-f, --stepfactor" "-i, --stepbytes" "-n, --iters" "-w, --warmup_iters" \
            "-c, --check" "-d, --datatype" "-o, --op" "-r, --root" "-t, --nthreads" "-g, --ngpus" "-m, --memory" \
-           "-a, --algo" "-R, --local_register" "-G, --cudagraph" "-J, --json" "--coll" "--nranks" "--baseline" "--links" "--plot" "-h, --help"; do
+           "-a, --algo" "-R, --local_register" "-G, --cudagraph" "-J, --json" "--coll" "--nranks" "--baseline" "--links" "--plot" "--hidden" "--top_k" "--experts" "--tokens" "--moe_sync" "-h, --help"; do
   if grep -qF -e "$opt" "$tmp/help"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: --help lacks $opt"; fi
 done
 

@@ -14,6 +14,7 @@
 static perf_opts_t opts = {
     .coll = "allreduce", .minbytes = 8, .maxbytes = 64 << 20, .step = 2, .dtype = FLEXCOLL_FLOAT32,
     .op = FLEXCOLL_SUM, .root = 0, .warmup = 5, .iters = 20, .nranks = 0, .memory = NULL, .check = 1, .windows = 1,
+    .moe_hidden = 7168, .moe_top_k = 8, .moe_experts = 256, .moe_tokens = 4096, .moe_sync = FLEXCOLL_MOE_AUTO,
 };
 
 static int launched(void) {
@@ -44,6 +45,8 @@ int main(int argc, char **argv) {
   if (opts.device && ngpus == 0) perf_usage_error("-m (--memory) device, but no GPU is visible: use -m host");
   if (opts.graph && !opts.device)
     perf_usage_error("-G %d: a CUDA graph captures device work, and the buffers are in host memory", opts.graph);
+  if (perf_coll_is_moe(perf_coll_from_name(opts.coll)) && !opts.device)
+    perf_usage_error("--coll %s: MoE dispatch and combine move device memory: use -m device (a GPU per rank)", opts.coll);
   if (launched()) {
     if (opts.nranks > 1 || opts.nthreads > 1 || opts.ngpus > 1)
       perf_usage_error("under a launcher every process is one rank: -t, -g and --nranks above 1 do not apply");

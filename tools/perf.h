@@ -21,6 +21,11 @@ typedef struct {
   int nthreads, ngpus;    /* -t and -g as given; 0: not given */
   int windows;            /* register device buffers as symmetric windows (-R) */
   const char *memory, *json, *baseline, *plot;
+  int dtype_given;        /* -d was given (moe: bfloat16 otherwise) */
+  /* --coll moe_dispatch|moe_combine (perf_moe.c): the layer's shape, the largest token count per
+   * rank (the sweep runs 1, f, f^2 ... up to it) and the synchronisation mode. */
+  int moe_hidden, moe_top_k, moe_experts, moe_tokens;
+  flexcoll_moe_sync_t moe_sync;
 } perf_opts_t;
 
 /* One size's measurements, as rank 0 reports them (stdout, JSON, the plot). */
@@ -67,8 +72,15 @@ void perf_parse_args(int argc, char **argv, perf_opts_t *o);
 /* "flexcoll-perf: <message>" and a pointer to --help on stderr, then exit status 2. */
 void perf_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
-enum { PERF_ALLREDUCE, PERF_ALLGATHER, PERF_REDUCE_SCATTER, PERF_BROADCAST, PERF_REDUCE, PERF_ALLTOALL, PERF_NUM_COLLS };
+enum { PERF_ALLREDUCE, PERF_ALLGATHER, PERF_REDUCE_SCATTER, PERF_BROADCAST, PERF_REDUCE, PERF_ALLTOALL,
+       PERF_MOE_DISPATCH, PERF_MOE_COMBINE, PERF_NUM_COLLS };
 int perf_coll_from_name(const char *name);
+/* MoE dispatch or combine: the token sweep of perf_moe.c instead of the size sweep. */
+int perf_coll_is_moe(int coll);
+/* One rank's MoE sweep (perf_moe.c) on device memory; its own table on rank 0's stdout, the same
+ * exchange through flexcoll_alltoall (counts, then rows padded to the call's token count) in the
+ * same run as the baseline.  Returns nonzero on a failure or a wrong count. */
+int perf_moe_sweep(const perf_opts_t *o, flexcoll_comm_t comm, int rank, int nranks, int device, void *stream);
 
 /* Run the sweep with one rank per process (launcher) or nranks threads. Exit status. */
 int perf_run_launched(const perf_opts_t *o);

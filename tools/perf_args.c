@@ -14,7 +14,7 @@
 #include "perf.h"
 
 /* Long-only options: keys above any character. */
-enum { OPT_COLL = 256, OPT_NRANKS, OPT_BASELINE, OPT_LINKS, OPT_PLOT };
+enum { OPT_COLL = 256, OPT_NRANKS, OPT_BASELINE, OPT_LINKS, OPT_PLOT, OPT_HIDDEN, OPT_TOP_K, OPT_EXPERTS, OPT_TOKENS, OPT_MOE_SYNC };
 
 typedef struct {
   int key;          /* the short flag, or an OPT_* key */
@@ -25,7 +25,7 @@ typedef struct {
 
 /* One table for getopt, for --help and for the names in error messages. */
 static const perf_flag_t flags[] = {
-    {OPT_COLL, "coll", "NAME", "allreduce, allgather, reduce_scatter, broadcast, reduce or alltoall (allreduce)"},
+    {OPT_COLL, "coll", "NAME", "allreduce, allgather, reduce_scatter, broadcast, reduce, alltoall, moe_dispatch or moe_combine (allreduce)"},
     {'b', "minbytes", "SIZE", "smallest size in bytes, K/M/G: binary multiples (8)"},
     {'e', "maxbytes", "SIZE", "largest size (64M)"},
     {'f', "stepfactor", "F", "multiply the size by F (> 1) from one size to the next (2)"},
@@ -47,6 +47,11 @@ static const perf_flag_t flags[] = {
     {OPT_BASELINE, "baseline", "nccl", "also run every size through NCCL (dlopen)"},
     {OPT_PLOT, "plot", "FILE.png", "draw busbw against size (and the links' shares) into FILE.png (needs zlib)"},
     {OPT_LINKS, "links", "LIST", "the links to use (FLEXCOLL_LINKS): nvlink,pcie,rdma,shm,tcp (all that work)"},
+    {OPT_HIDDEN, "hidden", "N", "moe: elements per token (7168)"},
+    {OPT_TOP_K, "top_k", "K", "moe: experts per token, 1..15 (8)"},
+    {OPT_EXPERTS, "experts", "E", "moe: experts over all ranks, a multiple of the rank count (256)"},
+    {OPT_TOKENS, "tokens", "N", "moe: tokens per rank, swept 1, f, f^2 ... up to N, f from -f (4096)"},
+    {OPT_MOE_SYNC, "moe_sync", "MODE", "moe: fence, sentinel or auto (auto)"},
     {'h', "help", NULL, "print this help and exit"},
 };
 #define NFLAGS (sizeof flags / sizeof flags[0])
@@ -143,7 +148,7 @@ static int word_option(perf_opts_t *o, int key, const char *v) {
     case OPT_COLL:
       if (perf_coll_from_name(v) < 0)
         perf_usage_error("--coll %s: unknown collective; one of allreduce, allgather, reduce_scatter, broadcast, "
-                         "reduce, alltoall", v);
+                         "reduce, alltoall, moe_dispatch, moe_combine", v);
       o->coll = v;
       return 1;
     case 'd':
@@ -151,6 +156,7 @@ static int word_option(perf_opts_t *o, int key, const char *v) {
         perf_usage_error("%s %s: unknown type; one of int8 uint8 int32 uint32 int64 uint64 float16 bfloat16 "
                          "float32 float64", flag_str(key), v);
       o->dtype = (flexcoll_datatype_t)fc_dtype_from_name(v);
+      o->dtype_given = 1;
       return 1;
     case 'o':
       if (fc_op_from_name(v) < 0) perf_usage_error("%s %s: unknown reduction; one of sum prod max min avg", flag_str(key), v);
@@ -175,6 +181,12 @@ static int word_option(perf_opts_t *o, int key, const char *v) {
       return 1;
     case OPT_LINKS:
       links_option(v);
+      return 1;
+    case OPT_MOE_SYNC:
+      if (!strcmp(v, "fence")) o->moe_sync = FLEXCOLL_MOE_FENCE;
+      else if (!strcmp(v, "sentinel")) o->moe_sync = FLEXCOLL_MOE_SENTINEL;
+      else if (!strcmp(v, "auto")) o->moe_sync = FLEXCOLL_MOE_AUTO;
+      else perf_usage_error("--moe_sync %s: the mode is fence, sentinel or auto", v);
       return 1;
     case OPT_PLOT:
       /* Refused before the run rather than after it: the user wants the picture. */
@@ -208,6 +220,10 @@ static void number_option(perf_opts_t *o, int key, const char *v) {
       o->check = (int)int_value(key, v, 0, 1, "the check (nccl-tests' check count: 0 or 1 here)");
       break;
     case 'G': o->graph = (int)int_value(key, v, 0, 1 << 30, "the graph launch count"); break;
+    case OPT_HIDDEN: o->moe_hidden = (int)int_value(key, v, 1, 1 << 24, "the hidden size"); break;
+    case OPT_TOP_K: o->moe_top_k = (int)int_value(key, v, 1, 15, "the experts per token"); break;
+    case OPT_EXPERTS: o->moe_experts = (int)int_value(key, v, 1, 1 << 20, "the expert count"); break;
+    case OPT_TOKENS: o->moe_tokens = (int)int_value(key, v, 1, 65536, "the largest token count"); break;
     default: perf_usage_error("option %s is not handled", flag_str(key));
   }
 }
@@ -227,6 +243,18 @@ static void check_combinations(const perf_opts_t *o) {
   if (o->minbytes > o->maxbytes)
     perf_usage_error("-b (--minbytes) %zu is above -e (--maxbytes) %zu", o->minbytes, o->maxbytes);
   if (o->nranks && (o->nthreads || o->ngpus)) perf_usage_error("--nranks replaces -t and -g: give one or the other");
+  const int coll = perf_coll_from_name(o->coll);
+  if (perf_coll_is_moe(coll)) {
+    const flexcoll_datatype_t dt = o->dtype_given ? o->dtype : FLEXCOLL_BFLOAT16;
+    if (dt != FLEXCOLL_BFLOAT16 && dt != FLEXCOLL_FLOAT16 && dt != FLEXCOLL_FLOAT32 && dt != FLEXCOLL_INT8)
+      perf_usage_error("-d (--datatype) %s: MoE payloads are bfloat16, float16, float32 or int8", fc_dtype_name(dt));
+    if (coll == PERF_MOE_COMBINE && dt == FLEXCOLL_INT8)
+      perf_usage_error("-d (--datatype) int8: combine sums into a float type; int8 is for --coll moe_dispatch");
+    if (o->moe_sync == FLEXCOLL_MOE_SENTINEL && dt == FLEXCOLL_INT8)
+      perf_usage_error("--moe_sync sentinel: int8 has no value to spare as a sentinel; fence or auto");
+    if (o->baseline) perf_usage_error("--baseline nccl: --coll %s compares with flexcoll's own alltoall, always", o->coll);
+    if (o->json || o->plot) perf_usage_error("-J and --plot are not written for --coll %s (its table is on stdout)", o->coll);
+  }
 }
 
 void perf_parse_args(int argc, char **argv, perf_opts_t *o) {

@@ -13,7 +13,9 @@
 #include "perf.h"
 
 static const char *coll_names[PERF_NUM_COLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast", "reduce",
-                                                 "alltoall"};
+                                                 "alltoall",  "moe_dispatch", "moe_combine"};
+
+int perf_coll_is_moe(int coll) { return coll == PERF_MOE_DISPATCH || coll == PERF_MOE_COMBINE; }
 
 int perf_coll_from_name(const char *name) {
   for (int i = 0; i < PERF_NUM_COLLS; i++)
@@ -360,6 +362,11 @@ static void *rank_main(void *arg) {
   }
   /* Rank 0 alone writes the files; the sweep below stops every rank when it cannot. */
   if (r->rank == 0) open_outputs(r);
+  if (perf_coll_is_moe(perf_coll_from_name(o->coll))) {
+    if (perf_moe_sweep(o, r->comm, r->rank, r->nranks, r->device, r->stream)) r->status = 1;
+    if (r->stream) perf_stream_destroy(r->stream, r->device);
+    return NULL;
+  }
   perf_device_t *devs = gather_devices(r);
   perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL, .devices = devs};
   if (r->rank == 0 && !r->status && devs) perf_print_header(o, &ri);

@@ -8,8 +8,10 @@ shim instead of NVIDIA's libnccl.so.2 (same soname: the dynamic linker takes the
 
 Two processes (torch.multiprocessing spawn, backend "nccl", env:// rendezvous on a free port) run
 all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast, send/recv,
-batch_isend_irecv, all_to_all_single (equal and unequal splits) and barrier on CUDA tensors and
-check every answer.  To show that flexcoll did the work, each process also reports
+batch_isend_irecv, all_to_all_single (equal and unequal splits) and barrier on CUDA tensors,
+all_reduce on a new_group, 20 steps of DistributedDataParallel (losses against the same run on a
+gloo group, to 1e-5) and an all_reduce captured with torch.cuda.graph and replayed 100 times with
+new inputs, and check every answer.  To show that flexcoll did the work, each process also reports
   - where the process's global symbol lookup (the one that bound libtorch_cuda.so's NCCL imports)
     finds ncclAllReduce (dladdr): the shim (PyTorch may also map NVIDIA's libnccl from its wheel,
     listed from /proc/self/maps; with the shim preloaded its symbols are never the ones bound);
@@ -145,6 +147,81 @@ def run_collectives(rank, world, checks):
     dist.all_reduce(t)
     checks.close("barrier, then all_reduce", t, torch.full((1,), float(world)))
     torch.cuda.synchronize(dev)
+
+    run_new_group(rank, world, checks, dev)
+    run_ddp(rank, world, checks, dev)
+    run_graph(rank, world, checks, dev)
+
+
+def run_new_group(rank, world, checks, dev):
+    """A subgroup (PyTorch builds it with ncclCommSplit or a new communicator)."""
+    import torch
+    import torch.distributed as dist
+
+    members = list(range(world - 1, -1, -1))  # every rank, in reverse order
+    sub = dist.new_group(members)
+    t = torch.full((4099,), float(rank + 1), device=dev)
+    dist.all_reduce(t, group=sub)
+    checks.close("new_group all_reduce", t, torch.full((4099,), float(sum(range(1, world + 1)))))
+
+
+def run_ddp(rank, world, checks, dev):
+    """20 steps of DistributedDataParallel on the shim against the same run on gloo (the reference
+    where NCCL cannot have two ranks on one GPU): losses equal to 1e-5."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    gloo = dist.new_group(list(range(world)), backend="gloo")
+
+    def train(group):
+        torch.manual_seed(7)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)).to(dev)
+        ddp = DDP(model, device_ids=[dev.index], process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        gen = torch.Generator(device="cpu").manual_seed(100 + rank)
+        losses = []
+        for _ in range(20):
+            x = torch.randn(16, 32, generator=gen).to(dev)
+            y = x.sum(1, keepdim=True).sin()
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return torch.tensor(losses, dtype=torch.float64)
+
+    on_shim = train(None)
+    on_gloo = train(gloo)
+    checks.close("DDP 20 steps: losses on the shim = on gloo", on_shim, on_gloo, atol=1e-5)
+
+
+def run_graph(rank, world, checks, dev):
+    """all_reduce captured with torch.cuda.graph, replayed 100 times with new inputs."""
+    import torch
+    import torch.distributed as dist
+
+    n = 1 << 14
+    static = torch.zeros(n, device=dev)
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):  # warm up outside the capture, as PyTorch asks
+        for _ in range(3):
+            dist.all_reduce(static)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(static)
+    ramp = torch.arange(n, dtype=torch.float32, device=dev)
+    bad = 0
+    for i in range(100):
+        static.copy_(ramp * (rank + 1) + i)
+        graph.replay()
+        want = ramp * sum(range(1, world + 1)) + i * world
+        bad += int((static != want).sum().item())
+    checks.close("torch.cuda.graph all_reduce replayed 100 times: wrong elements", torch.tensor([float(bad)]),
+                 torch.tensor([0.0]))
 
 
 def run_point_to_point(rank, world, checks, dev):

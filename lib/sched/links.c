@@ -36,10 +36,11 @@
 #define FC_STAGE2_PROBE_AFTER 4
 #define FC_PROBE_PART 256
 
-static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp};
+/* rdma last: where no device exists it is left out and the others are as before. */
+static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp, &fc_link_rdma};
 #define FC_NREGISTRY ((int)(sizeof registry / sizeof registry[0]))
 /* Device links take the table as the engine moves onto it; they may be named already. */
-static const char *const device_links[] = {"nvlink", "pcie", "rdma"};
+static const char *const device_links[] = {"nvlink", "pcie"};
 
 int fc_link_name_known(const char *name) {
   for (int i = 0; i < FC_NREGISTRY; i++)

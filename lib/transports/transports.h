@@ -60,6 +60,8 @@ struct fc_link {
 
 /* The transports this build knows, in the order FLEXCOLL_LINKS lists them by default. */
 extern const fc_link_ops_t fc_link_shm, fc_link_tcp;
+/* RDMA through libibverbs, loaded at run time (rdma.c, verbs.h); absent without a device. */
+extern const fc_link_ops_t fc_link_rdma;
 /* Whether the host links run with UCX's peer-failure handling (FLEXCOLL_UCX_PEER_FAILURE, on by
  * default): shared memory then copies through UCX's FIFOs instead of cross-memory attach, so its
  * calibrated models are not those of the other mode. */

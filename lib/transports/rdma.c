@@ -19,6 +19,11 @@
  * rendezvous that writes straight into the receive buffer), device memory (dma-buf), ranks on
  * other hosts, several NICs, the NIC's place in the cost model. */
 #define _GNU_SOURCE
+#include "config.h"
+
+#include "transports.h"
+
+#if HAVE_VERBS_H
 #include "verbs.h"
 
 #include <arpa/inet.h>
@@ -991,3 +996,23 @@ static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
 }
 
 const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, rdma_isend, rdma_irecv, rdma_progress, rdma_test, rdma_cancel};
+
+#else /* !HAVE_VERBS_H */
+
+/* Built without <infiniband/verbs.h>: the link exists by name and is absent everywhere. */
+static const char *no_header = "built without infiniband/verbs.h (install libibverbs-dev and reconfigure)";
+
+void fc_rdma_report(FILE *out) { fprintf(out, "RDMA devices: none (%s)\n", no_header); }
+
+static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
+  (void)comm;
+  link->state = NULL;
+  *usable = 0;
+  snprintf(why, len, "%s", no_header);
+  return FLEXCOLL_SUCCESS;
+}
+static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
+
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL};
+
+#endif

@@ -16,6 +16,7 @@
 #define FC_TRANSPORTS_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "flexcoll.h"
@@ -62,6 +63,8 @@ struct fc_link {
 extern const fc_link_ops_t fc_link_shm, fc_link_tcp;
 /* RDMA through libibverbs, loaded at run time (rdma.c, verbs.h); absent without a device. */
 extern const fc_link_ops_t fc_link_rdma;
+/* flexcoll-info: the RDMA devices, their ports, state and speed, or why there are none. */
+void fc_rdma_report(FILE *out);
 /* Whether the host links run with UCX's peer-failure handling (FLEXCOLL_UCX_PEER_FAILURE, on by
  * default): shared memory then copies through UCX's FIFOs instead of cross-memory attach, so its
  * calibrated models are not those of the other mode. */

@@ -45,7 +45,4 @@ typedef struct {
  * NULL with the reason in why when it cannot be loaded: no rdma link, which is not an error. */
 const fc_verbs_t *fc_verbs_load(char *why, size_t len);
 
-/* flexcoll-info: the RDMA devices, their ports, state and speed, or why there are none. */
-void fc_rdma_report(FILE *out);
-
 #endif

@@ -1,0 +1,412 @@
+/* test_rdma.c — the rdma link (lib/transports/rdma.c) against the fake verbs provider.
+ *
+ * With FLEXCOLL_VERBS_PROVIDER=fake (tests/fake_verbs.c: RC queue pairs between processes of this
+ * host, shared memory as the wire): every host collective and send/recv over `rdma` alone for 2, 3
+ * and 4 ranks (processes, and threads of one process), several datatypes, counts 0, 1, 7, odd and
+ * large, checked against the reference, with the bytes on links named "rdma"; `shm,rdma` at fixed
+ * shares bitwise equal to `shm` alone with both links carrying bytes; every injected fault
+ * (FLEXCOLL_VERBS_FAKE_FAULT) ends in an error on every rank within the timeout, never a crash, a
+ * hang or a wrong result; no device is no link; no descriptor or shared-memory segment is left.
+ *
+ * FC_TEST_RDMA_REAL=1 runs the collective and bitwise cases with the real provider (libibverbs)
+ * instead, for machines with a NIC, and exits 77 where there is no device
+ * (tests/test_rdma_real.sh). */
+#define _GNU_SOURCE
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "flexcoll.h"
+#include "harness.h"
+#include "pcall.h"
+#include "transports/verbs.h"
+
+static char g_dir[256]; /* the ranks' result digests */
+static int g_real;      /* the real provider instead of the fake */
+
+static const size_t counts[] = {0, 1, 7, 1001, 300007};
+#define NCOUNTS (sizeof counts / sizeof counts[0])
+static const flexcoll_datatype_t dtypes[] = {FLEXCOLL_FLOAT32, FLEXCOLL_INT32, FLEXCOLL_FLOAT64, FLEXCOLL_UINT8};
+#define NDTYPES (sizeof dtypes / sizeof dtypes[0])
+
+static const char *provider_env(void) { return g_real ? "FLEXCOLL_VERBS_PROVIDER=" : "FLEXCOLL_VERBS_PROVIDER=fake"; }
+
+static uint64_t digest(const void *buf, size_t bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; buf && i < bytes; i++) h = (h ^ ((const unsigned char *)buf)[i]) * 1099511628211ULL;
+  return h;
+}
+
+/* Bytes this rank sent over links named `name`, and how many (link, peer) entries there are. */
+static unsigned long long link_bytes(hx_rank_t *r, flexcoll_comm_t comm, const char *name, int *entries, int *total) {
+  flexcoll_link_stats_t st[64];
+  int n = 0;
+  unsigned long long bytes = 0;
+  *entries = 0;
+  if (!hx_ok(r, flexcoll_comm_get_link_stats(comm, st, 64, &n), comm, "get_link_stats")) return 0;
+  *total = n;
+  for (int i = 0; i < n && i < 64; i++)
+    if (!strcmp(st[i].name, name)) {
+      bytes += st[i].bytes;
+      (*entries)++;
+    }
+  return bytes;
+}
+
+/* A ring exchange of send/recv in a group: to the next rank, from the previous one. */
+static void p2p_ring(hx_rank_t *r, flexcoll_datatype_t dt, size_t count, uint64_t call, FILE *f) {
+  size_t es = fc_dtype_size(dt);
+  int next = (r->rank + 1) % r->nranks, prev = (r->rank + r->nranks - 1) % r->nranks;
+  hx_data_t d = {dt, HX_GEN_BITS, r->seed, call, r->nranks};
+  hx_buf_t sb, rb;
+  char *send = hx_buf_new(r, &sb, count * es), *recv = hx_buf_new(r, &rb, count * es);
+  if (!send || !recv) return;
+  hx_fill(&d, r->rank, send, 0, count);
+  snprintf(r->what, sizeof r->what, "send/recv ring %s count %zu", fc_dtype_name(dt), count);
+  flexcoll_group_start();
+  flexcoll_result_t a = flexcoll_send(send, count, dt, next, r->comm, NULL);
+  flexcoll_result_t b = flexcoll_recv(recv, count, dt, prev, r->comm, NULL);
+  flexcoll_result_t e = flexcoll_group_end();
+  if (hx_ok(r, a, r->comm, "send") && hx_ok(r, b, r->comm, "recv") && hx_ok(r, e, r->comm, "group_end"))
+    hx_check_input(r, "from prev", &d, prev, recv, 0, count);
+  hx_buf_check_guards(r, "recv", &rb);
+  if (f) fprintf(f, "p2p %d %zu %016llx\n", (int)dt, count, (unsigned long long)digest(recv, count * es));
+  hx_buf_free(&sb);
+  hx_buf_free(&rb);
+}
+
+/* Every collective x dtype x count, and send/recv, checked; digests into g_dir/<label>.rank<r>
+ * when the run has a label (arg). */
+static int matrix_rank(hx_rank_t *r) {
+  const char *label = r->arg;
+  FILE *f = NULL;
+  if (label) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s.rank%d", g_dir, label, r->rank);
+    if (!(f = fopen(path, "w"))) return hx_fail(r, "cannot write %s", path);
+  }
+  uint64_t call = 0;
+  for (size_t d = 0; d < NDTYPES; d++)
+    for (size_t c = 0; c < NCOUNTS; c++) {
+      for (int coll = 0; coll < NCOLLS; coll++, call++) {
+        pcall_t p = {.coll = coll, .dtype = dtypes[d], .op = coll_reduces(coll) ? FLEXCOLL_SUM : FLEXCOLL_SUM,
+                     .count = counts[c], .root = (int)(call % (uint64_t)r->nranks), .inplace = (int)(call % 3 == 0),
+                     .rank = r->rank, .nranks = r->nranks};
+        if (dtypes[d] == FLEXCOLL_UINT8 && coll_reduces(coll)) p.op = FLEXCOLL_MAX;
+        if (pcall_prepare(r, &p, r->seed, call) != 0) return 1;
+        pcall_describe(r->what, sizeof r->what, &p);
+        flexcoll_result_t res = pcall_issue(&p, r->comm);
+        if (!hx_ok(r, res, r->comm, coll_names[coll])) {
+          pcall_free(&p);
+          if (f) fclose(f);
+          return 1;
+        }
+        if (f && p.recv) {
+          size_t elems = coll == C_ALLGATHER || coll == C_ALLTOALL ? (size_t)r->nranks * p.count : p.count;
+          int has = !(coll == C_REDUCE && r->rank != p.root);
+          fprintf(f, "%s %zu %zu %016llx\n", coll_names[coll], d, c,
+                  has ? (unsigned long long)digest(p.recv, elems * fc_dtype_size(p.dtype)) : 0ull);
+        }
+        pcall_check(r, &p);
+      }
+      p2p_ring(r, dtypes[d], counts[c], call++, f);
+    }
+  if (f) fclose(f);
+  int entries = 0, total = 0;
+  unsigned long long rdma = link_bytes(r, r->comm, "rdma", &entries, &total);
+  unsigned long long shm = 0;
+  int shm_entries = 0;
+  shm = link_bytes(r, r->comm, "shm", &shm_entries, &total);
+  const char *links = getenv("FLEXCOLL_LINKS");
+  fprintf(stderr, "[test_rdma] %s rank %d: rdma sent %llu bytes (%d entries), shm %llu\n", label ? label : "-", r->rank,
+          rdma, entries, shm);
+  if (links && strstr(links, "rdma")) {
+    if (entries != r->nranks - 1) hx_fail(r, "%d rdma link entries, expected %d", entries, r->nranks - 1);
+    if (!rdma) hx_fail(r, "FLEXCOLL_LINKS=%s: rdma carried nothing", links);
+    if (strchr(links, ',') && !shm) hx_fail(r, "FLEXCOLL_LINKS=%s at fixed shares: shm carried nothing", links);
+  }
+  return 0;
+}
+
+static int run(int nranks, int threads, const char *label, const char *links, const char *shares) {
+  char e1[64], e2[96];
+  snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", links);
+  snprintf(e2, sizeof e2, "FLEXCOLL_LINK_SHARES=%s", shares ? shares : "");
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", e1, e2, NULL};
+  /* One label per rank count: it salts the seed, and compared runs must see the same data. */
+  char same[32];
+  snprintf(same, sizeof same, "rdma-%d", nranks);
+  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+  fprintf(stderr, "[test_rdma] %s: %d ranks (%s), FLEXCOLL_LINKS=%s FLEXCOLL_LINK_SHARES=%s\n", label ? label : "-", nranks,
+          threads ? "threads" : "processes", links, shares ? shares : "");
+  return threads ? hx_run_threads(nranks, &o, matrix_rank, (void *)label) : hx_run_procs(nranks, &o, matrix_rank, (void *)label);
+}
+
+START_TEST(test_collectives) {
+  int nranks = 2 + _i;
+  ck_assert_msg(run(nranks, 0, NULL, "rdma", NULL), "%d ranks over rdma: see stderr", nranks);
+}
+END_TEST
+
+START_TEST(test_collectives_threads) {
+  ck_assert_msg(run(3, 1, NULL, "rdma", NULL), "3 thread ranks over rdma: see stderr");
+}
+END_TEST
+
+/* Whether every rank's digests of run a equal those of run b. */
+static int same_digests(int nranks, const char *a, const char *b) {
+  for (int q = 0; q < nranks; q++) {
+    char pa[400], pb[400], la[160], lb[160];
+    snprintf(pa, sizeof pa, "%s/%s.rank%d", g_dir, a, q);
+    snprintf(pb, sizeof pb, "%s/%s.rank%d", g_dir, b, q);
+    FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
+    int same = fa && fb, lines = 0;
+    while (same && fgets(la, sizeof la, fa)) {
+      same = fgets(lb, sizeof lb, fb) && !strcmp(la, lb);
+      if (!same) fprintf(stderr, "[test_rdma] rank %d: %s has \"%.*s\" where %s has \"%.*s\"\n", q, a, (int)strcspn(la, "\n"),
+                         la, b, (int)strcspn(lb, "\n"), lb);
+      lines++;
+    }
+    if (same && fgets(lb, sizeof lb, fb)) same = 0;
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    if (!same || lines == 0) return 0;
+  }
+  return 1;
+}
+
+START_TEST(test_bitwise_with_shm) {
+  int nranks = 2 + _i;
+  char shm[32], half[32], most[32];
+  snprintf(shm, sizeof shm, "shm-%d", nranks);
+  snprintf(half, sizeof half, "half-%d", nranks);
+  snprintf(most, sizeof most, "most-%d", nranks);
+  ck_assert_msg(run(nranks, 0, shm, "shm", NULL), "%d ranks over shm: see stderr", nranks);
+  ck_assert_msg(run(nranks, 0, half, "shm,rdma", "shm:0.5,rdma:0.5"), "%d ranks, shm:0.5,rdma:0.5: see stderr", nranks);
+  ck_assert_msg(same_digests(nranks, shm, half), "%d ranks: shm,rdma at 0.5 differ from shm alone", nranks);
+  ck_assert_msg(run(nranks, 0, most, "shm,rdma", "shm:0.01,rdma:0.99"), "%d ranks, rdma:0.99: see stderr", nranks);
+  ck_assert_msg(same_digests(nranks, shm, most), "%d ranks: shm,rdma at 0.99 differ from shm alone", nranks);
+}
+END_TEST
+
+/* ---- faults ------------------------------------------------------------------------------------ */
+
+/* Allreduces until one fails; every one that succeeds must be right.  The fault must end the
+ * run in an error: all calls succeeding is a failure (unless the case expects success). */
+static int fault_rank(hx_rank_t *r) {
+  int expect_ok = *(const int *)r->arg;
+  size_t count = 100003;
+  for (uint64_t call = 0; call < 40; call++) {
+    pcall_t p = {.coll = call % 2 ? C_ALLGATHER : C_ALLREDUCE, .dtype = FLEXCOLL_FLOAT32, .op = FLEXCOLL_SUM,
+                 .count = count, .rank = r->rank, .nranks = r->nranks};
+    if (pcall_prepare(r, &p, r->seed, call) != 0) return 1;
+    pcall_describe(r->what, sizeof r->what, &p);
+    flexcoll_result_t res = pcall_issue(&p, r->comm);
+    if (res != FLEXCOLL_SUCCESS) {
+      pcall_free(&p);
+      if (expect_ok) return hx_fail(r, "call %llu failed: %d %s", (unsigned long long)call, res, flexcoll_get_last_error(r->comm));
+      if (res != FLEXCOLL_REMOTE_ERROR && res != FLEXCOLL_TIMEOUT && res != FLEXCOLL_SYSTEM_ERROR)
+        return hx_fail(r, "call %llu returned %d (%s), not an error of the link", (unsigned long long)call, res,
+                       flexcoll_get_last_error(r->comm));
+      fprintf(stderr, "[test_rdma] rank %d: call %llu ended in %s: %s\n", r->rank, (unsigned long long)call,
+              flexcoll_get_error_string(res), flexcoll_get_last_error(r->comm));
+      return 0;
+    }
+    pcall_check(r, &p);
+  }
+  if (!expect_ok) return hx_fail(r, "every call succeeded despite FLEXCOLL_VERBS_FAKE_FAULT=%s", getenv("FLEXCOLL_VERBS_FAKE_FAULT"));
+  return 0;
+}
+
+static const struct {
+  const char *fault;
+  int ok; /* the calls must all succeed (a delay within the timeout) */
+} faults[] = {
+    {"post:30", 0}, {"post:1", 0}, {"drop:45", 0}, {"kill:25", 0}, {"delay:4000", 0}, {"delay:3", 1},
+};
+
+START_TEST(test_fault) {
+  char f[96];
+  snprintf(f, sizeof f, "FLEXCOLL_VERBS_FAKE_FAULT=%s", faults[_i].fault);
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", f, NULL};
+  int ok = faults[_i].ok;
+  /* A short timeout: a dropped completion or a long delay is only ever found by it. */
+  hx_opts_t o = {.label = faults[_i].fault, .env = env, .timeout_ms = 2000, .deadline_s = 60, .expect_fail = 0};
+  double t0 = hx_now();
+  ck_assert_msg(hx_run_procs(3, &o, fault_rank, &ok), "fault %s: see stderr", faults[_i].fault);
+  fprintf(stderr, "[test_rdma] fault %s: every rank done in %.1f s\n", faults[_i].fault, hx_now() - t0);
+}
+END_TEST
+
+/* ---- no device, bad settings --------------------------------------------------------------------- */
+
+typedef struct {
+  const char *env[4];
+  flexcoll_result_t code;
+  const char *needle; /* in the last error; NULL: creation succeeds without an rdma link */
+} nodev_t;
+
+static int nodev_proc(void *arg) {
+  const nodev_t *b = arg;
+  flexcoll_comm_t comms[2];
+  flexcoll_result_t res = flexcoll_comm_init_all(comms, 2, NULL);
+  const char *msg = flexcoll_get_last_error(NULL);
+  if (res != b->code || (b->needle && !strstr(msg, b->needle))) {
+    fprintf(stderr, "[test_rdma] %s: init returned %d \"%s\", expected %d naming \"%s\"\n", b->env[0], res, msg, b->code,
+            b->needle ? b->needle : "");
+    return 1;
+  }
+  if (res != FLEXCOLL_SUCCESS) return 0;
+  flexcoll_link_stats_t st[8];
+  int n = 0, bad = 0;
+  if (flexcoll_comm_get_link_stats(comms[0], st, 8, &n) != FLEXCOLL_SUCCESS) bad = 1;
+  for (int i = 0; i < n && i < 8; i++)
+    if (!strcmp(st[i].name, "rdma")) bad = 1;
+  if (bad || n != 1) fprintf(stderr, "[test_rdma] %s: %d links, an rdma link where there is no device\n", b->env[0], n);
+  if (!hx_destroy_concurrently(comms, 2)) bad = 1;
+  return bad || n != 1;
+}
+
+START_TEST(test_no_device) {
+  static const nodev_t cases[] = {
+      /* No device: the link is absent (one INFO line), the others work as before. */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=nodev", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_VERBS_PROVIDER=fake", NULL}, FLEXCOLL_SUCCESS, NULL},
+      /* rdma alone without a device: creation fails and says why. */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=nodev", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_PROVIDER=fake", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "no RDMA device"},
+      {{"FLEXCOLL_VERBS_PROVIDER=/nonexistent/libibverbs.so", "FLEXCOLL_LINKS=rdma", NULL, NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "cannot load /nonexistent/libibverbs.so"},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_LIB=", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "FLEXCOLL_VERBS_FAKE_LIB"},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=mlx5_7", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "FLEXCOLL_IB_HCA"},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_FAULT=bogus:1", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "no RDMA device"},
+  };
+  const nodev_t *b = &cases[_i];
+  const char *env[] = {b->env[0], b->env[1], b->env[2], "CUDA_VISIBLE_DEVICES=", NULL};
+  if (!b->env[2]) env[2] = "CUDA_VISIBLE_DEVICES=";
+  hx_opts_t o = {.label = b->env[0], .env = env};
+  ck_assert_msg(hx_run_process(&o, nodev_proc, (void *)b), "%s %s: see stderr", b->env[0], b->env[1]);
+}
+END_TEST
+
+/* ---- leaks --------------------------------------------------------------------------------------- */
+
+static int count_dir(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.' && !strncmp(e->d_name, prefix, strlen(prefix))) n++;
+  closedir(d);
+  return n;
+}
+
+/* A communicator split off, used over rdma and destroyed: no descriptor and no segment more. */
+static int leak_rank(hx_rank_t *r) {
+  char mine[64];
+  snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
+  int fds0 = count_dir("/proc/self/fd", ""), shm0 = count_dir("/dev/shm", mine);
+  for (int round = 0; round < 3; round++) {
+    flexcoll_comm_t sub = NULL;
+    if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
+    if (count_dir("/dev/shm", mine) != shm0 + 1) hx_fail(r, "the split communicator has no fake device segment");
+    float a[1000], b[1000];
+    for (int i = 0; i < 1000; i++) a[i] = (float)(i + r->rank);
+    hx_ok(r, flexcoll_allreduce(a, b, 1000, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, sub, NULL), sub, "allreduce");
+    float want = 0;
+    for (int q = 0; q < r->nranks; q++) want += (float)(7 + q);
+    if (b[7] != want) hx_fail(r, "allreduce on the split communicator: %g, want %g", b[7], want);
+    hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy");
+  }
+  int fds1 = count_dir("/proc/self/fd", ""), shm1 = count_dir("/dev/shm", mine);
+  if (fds1 != fds0) hx_fail(r, "%d open descriptors before three split communicators, %d after", fds0, fds1);
+  if (shm1 != shm0) hx_fail(r, "%d fake device segments before three split communicators, %d after", shm0, shm1);
+  return 0;
+}
+
+START_TEST(test_no_leaks) {
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", NULL};
+  hx_opts_t o = {.label = "leaks", .env = env, .exit_barrier = 1};
+  ck_assert_msg(hx_run_procs(3, &o, leak_rank, NULL), "leaks: see stderr");
+}
+END_TEST
+
+/* Segments of the fake left by processes that no longer exist: leaks of the runs above. */
+static int stale_segments(void) {
+  DIR *d = opendir("/dev/shm");
+  int n = 0;
+  if (!d) return 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    int pid = 0;
+    unsigned serial = 0;
+    if (sscanf(e->d_name, "fcfv-%d-%u", &pid, &serial) == 2 && pid > 0 && kill(pid, 0) && errno == ESRCH) {
+      fprintf(stderr, "[test_rdma] /dev/shm/%s outlived its process\n", e->d_name);
+      n++;
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+/* The real provider: whether it has a device (else the tests skip). */
+static int real_devices(void) {
+  char why[300] = "";
+  unsetenv("FLEXCOLL_VERBS_PROVIDER");
+  const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
+  if (!v) {
+    fprintf(stderr, "[test_rdma] no real verbs provider: %s\n", why);
+    return 0;
+  }
+  int n = 0;
+  struct ibv_device **list = v->get_device_list(&n);
+  if (list) v->free_device_list(list);
+  if (!list || n == 0) fprintf(stderr, "[test_rdma] no RDMA device (%s)\n", strerror(errno));
+  return list && n > 0;
+}
+
+int main(void) {
+  g_real = getenv("FC_TEST_RDMA_REAL") && *getenv("FC_TEST_RDMA_REAL") == '1';
+  if (g_real && !real_devices()) return 77;
+#ifdef FC_FAKE_VERBS_LIB
+  /* make check's build of the fake; a user's setting wins. */
+  setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 0);
+#endif
+  snprintf(g_dir, sizeof g_dir, "/tmp/fc-test-rdma-XXXXXX");
+  if (!mkdtemp(g_dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  Suite *s = suite_create("rdma");
+  TCase *tc = tcase_create("collectives");
+  tcase_set_timeout(tc, 900);
+  tcase_add_loop_test(tc, test_collectives, 0, 3);
+  tcase_add_test(tc, test_collectives_threads);
+  tcase_add_loop_test(tc, test_bitwise_with_shm, 0, 3);
+  suite_add_tcase(s, tc);
+  if (!g_real) {
+    tc = tcase_create("faults");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
+    tcase_add_loop_test(tc, test_no_device, 0, 6);
+    tcase_add_test(tc, test_no_leaks);
+    suite_add_tcase(s, tc);
+  }
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  int stale = g_real ? 0 : stale_segments();
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (!failed && system(cmd) != 0) fprintf(stderr, "[test_rdma] could not remove %s\n", g_dir);
+  return failed || stale ? EXIT_FAILURE : EXIT_SUCCESS;
+}

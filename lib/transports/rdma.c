@@ -590,6 +590,10 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
   if (p < 0 || p >= r->nranks || p == r->rank) return;
   peer_t *e = &r->peers[p];
   e->wr_out--;
+  /* The peer's reason first, so that its requests fail with it. */
+  if (wc->status != IBV_WC_SUCCESS)
+    peer_break(r, p, "%s completion: %s (vendor error %u)", credit ? "credit" : "write", wc_status(r->v, wc->status),
+               wc->vendor_err);
   if (!credit && slot < (unsigned)r->nslots) {
     rdma_req_t *q = e->slot_req[slot];
     e->slot_busy[slot] = 0;
@@ -602,9 +606,6 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
         q->state = REQ_DONE;
     }
   }
-  if (wc->status != IBV_WC_SUCCESS)
-    peer_break(r, p, "%s completion: %s (vendor error %u)", credit ? "credit" : "write", wc_status(r->v, wc->status),
-               wc->vendor_err);
 }
 
 static void poll_async(rdma_t *r) {
@@ -913,14 +914,14 @@ static flexcoll_result_t peer_ok(struct flexcoll_comm *comm, rdma_t *r, int peer
   if (peer < 0 || peer >= r->nranks || peer == r->rank || !r->peers[peer].qp)
     return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "rdma %s: no queue pair to rank %d", what, peer);
   if (r->peers[peer].broken)
-    return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "rdma %s to rank %d: %s", what, peer, r->peers[peer].why);
+    return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "rdma %s rank %d: %s", what, peer, r->peers[peer].why);
   return FLEXCOLL_SUCCESS;
 }
 
 static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
                                    uint64_t tag, fc_link_req_t *req) {
   rdma_t *r = link->state;
-  FC_CHECK(peer_ok(comm, r, peer, "send"));
+  FC_CHECK(peer_ok(comm, r, peer, "send to"));
   rdma_req_t *q = calloc(1, sizeof *q);
   if (!q) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   q->peer = peer;
@@ -936,7 +937,7 @@ static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link,
 static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
                                     uint64_t tag, fc_link_req_t *req) {
   rdma_t *r = link->state;
-  FC_CHECK(peer_ok(comm, r, peer, "receive"));
+  FC_CHECK(peer_ok(comm, r, peer, "receive from"));
   peer_t *e = &r->peers[peer];
   rdma_req_t *q = calloc(1, sizeof *q);
   if (!q) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");

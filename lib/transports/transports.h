@@ -4,9 +4,10 @@
  * A link moves bytes between this rank and its peers; it never chooses what to send (the
  * scheduler in lib/sched splits each transfer over the links, the executors post the parts).
  * Every usable link of the list FLEXCOLL_LINKS is kept (NCCL keeps the first), so that a transfer
- * can run over several at once.  Host memory has two today, both through UCX and each its own UCP
- * context and worker restricted to one kind of transport: `shm` (shared memory) and `tcp`.  The
- * device links (nvlink, pcie, rdma) take the same table as the engine moves onto it
+ * can run over several at once.  Host memory has three: two through UCX, each its own UCP
+ * context and worker restricted to one kind of transport, `shm` (shared memory) and `tcp`; and
+ * `rdma` (RC queue pairs through libibverbs, loaded at run time; absent without a device).  The
+ * device links (nvlink, pcie) take the same table as the engine moves onto it
  * (docs/ARCHITECTURE.md, "The FlexLink engine").
  *
  * Messages are tagged, nonblocking, point to point; every wait is the caller's (requests are

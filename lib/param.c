@@ -62,7 +62,7 @@ static const fc_param_def_t table[] = {
      0, 0, NULL},
     {"FLEXCOLL_VERBS_FAKE_LIB", FC_PK_TEXT, "(unset)", "the test suite's fake verbs provider, for FLEXCOLL_VERBS_PROVIDER=fake", 0,
      0, 0, NULL},
-    {"FLEXCOLL_VERBS_FAKE_FAULT", FC_PK_TEXT, "(none)", "faults the fake verbs provider injects: post:N,drop:N,kill:N,delay:MS",
+    {"FLEXCOLL_VERBS_FAKE_FAULT", FC_PK_TEXT, "(none)", "faults the fake verbs provider injects: post:N,drop:N,kill:N,portdown:N,delay:MS,nodev",
      0, 0, 0, NULL},
     {"FLEXCOLL_IB_HCA", FC_PK_TEXT, "(first active)", "RDMA device of the rdma link: name or name:port", 0, 0, 0, NULL},
     {"FLEXCOLL_CACHE_DIR", FC_PK_TEXT, "(XDG cache)", "where calibrated link models are kept", 0, 0, 0, NULL},

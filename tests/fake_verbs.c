@@ -23,6 +23,8 @@
  *   drop:N   the Nth completion the process would produce vanishes
  *   kill:N   at the Nth ibv_post_send the QP goes to ERR (flush) with an IBV_EVENT_QP_FATAL
  *   delay:MS every send work request starts MS milliseconds after it was posted
+ *   portdown:N at the Nth ibv_post_send the port goes down: IBV_EVENT_PORT_ERR, and every QP of
+ *            the context fails (RETRY_EXC_ERR, then flushes), as when the link drops
  *   nodev    no device at all (ibv_get_device_list gives NULL, ENOSYS)
  *
  * Callers pass a whole struct ibv_port_attr to ibv_query_port (the rdma link does). */
@@ -56,7 +58,7 @@
 /* ---- faults ------------------------------------------------------------------------------------ */
 
 static struct {
-  long post_fail, drop, kill, delay_ms;
+  long post_fail, drop, kill, delay_ms, portdown;
   int nodev, bad;
 } fault;
 static atomic_long posts, completions;
@@ -77,9 +79,10 @@ static void parse_faults(void) {
     else if (!strcmp(t, "drop")) fault.drop = v;
     else if (!strcmp(t, "kill")) fault.kill = v;
     else if (!strcmp(t, "delay")) fault.delay_ms = v;
+    else if (!strcmp(t, "portdown")) fault.portdown = v;
     else fault.bad = 1;
   }
-  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, nodev\n", s);
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, nodev\n", s);
 }
 
 static double now_ms(void) {
@@ -107,7 +110,8 @@ typedef struct {
   uint32_t dst_qpn, src_qpn;
   union ibv_gid src_gid;
   uint64_t seq, raddr;
-  uint32_t rkey, imm, has_imm, status, len, pad;
+  uint32_t rkey, imm, has_imm, status, len;
+  uint32_t rnr_retry; /* the requester's: how long the responder may keep it waiting */
 } fv_msg_t;
 
 static void box_lock(fv_box_t *b) {
@@ -236,6 +240,7 @@ struct fv_ctx {
   fv_ack_t *acks_head, *acks_tail;
   struct ibv_async_event events[FV_MAX_EVENTS];
   int nevents;
+  int port_down;
 };
 
 static struct ibv_device fv_device;
@@ -249,6 +254,7 @@ static void raise_event(fv_ctx_t *c, enum ibv_event_type type, void *element) {
   memset(e, 0, sizeof *e);
   e->event_type = type;
   if (type == IBV_EVENT_CQ_ERR) e->element.cq = element;
+  else if (type == IBV_EVENT_PORT_ERR) e->element.port_num = 1;
   else e->element.qp = element;
   uint64_t one = 1;
   if (write(c->ctx.async_fd, &one, sizeof one) < 0) { /* the queue above is what counts */ }
@@ -395,7 +401,7 @@ static void respond(fv_qp_t *q) {
     if (st == IBV_WC_SUCCESS && m->has_imm && q->rq_n == 0) {
       /* Receiver not ready: the requester retries (rnr_retry 7: forever). */
       if (!q->rnr_since) q->rnr_since = now_ms();
-      if (q->rnr_retry == 7 || now_ms() - q->rnr_since < 10.0 * (q->rnr_retry + 1)) return;
+      if (m->rnr_retry == 7 || now_ms() - q->rnr_since < 10.0 * (m->rnr_retry + 1)) return;
       st = IBV_WC_RNR_RETRY_EXC_ERR;
     }
     q->rnr_since = 0;
@@ -462,6 +468,7 @@ static void push_sends(fv_qp_t *q) {
     m.imm = w->imm;
     m.has_imm = (uint32_t)w->has_imm;
     m.len = w->len;
+    m.rnr_retry = (uint32_t)q->rnr_retry;
     if (box_push(q->rbox, &m, (const void *)(uintptr_t)w->laddr)) return;
     w->pushed = 1;
   }
@@ -535,6 +542,12 @@ static int fv_post_send(struct ibv_qp *qp_, struct ibv_send_wr *wr, struct ibv_s
     if (fault.kill && n == fault.kill && q->qp.state == IBV_QPS_RTS) {
       qp_to_err(q, IBV_WC_WR_FLUSH_ERR);
       raise_event(q->ctx, IBV_EVENT_QP_FATAL, qp_);
+    }
+    if (fault.portdown && n == fault.portdown && !q->ctx->port_down) {
+      q->ctx->port_down = 1;
+      raise_event(q->ctx, IBV_EVENT_PORT_ERR, NULL);
+      for (fv_qp_t *x = q->ctx->qps; x; x = x->next)
+        if (x->qp.state == IBV_QPS_RTS || x->qp.state == IBV_QPS_RTR) qp_to_err(x, IBV_WC_RETRY_EXC_ERR);
     }
     if (q->qp.state != IBV_QPS_RTS && q->qp.state != IBV_QPS_ERR) return *bad = wr, EINVAL;
     if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return *bad = wr, EINVAL;
@@ -684,11 +697,10 @@ FV_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *
 }
 
 FV_EXPORT int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *attr_) {
-  (void)ctx;
   struct ibv_port_attr *attr = (struct ibv_port_attr *)attr_;
   if (port != 1) return EINVAL;
   memset(attr, 0, sizeof *attr);
-  attr->state = IBV_PORT_ACTIVE;
+  attr->state = ctx_of(ctx)->port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
   attr->max_mtu = attr->active_mtu = IBV_MTU_4096;
   attr->gid_tbl_len = 1;
   attr->max_msg_sz = 1u << 30;

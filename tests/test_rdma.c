@@ -13,6 +13,7 @@
  * (tests/test_rdma_real.sh). */
 #define _GNU_SOURCE
 #include <check.h>
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -229,7 +230,7 @@ static const struct {
   const char *fault;
   int ok; /* the calls must all succeed (a delay within the timeout) */
 } faults[] = {
-    {"post:30", 0}, {"post:1", 0}, {"drop:45", 0}, {"kill:25", 0}, {"delay:4000", 0}, {"delay:3", 1},
+    {"post:30", 0}, {"post:1", 0}, {"drop:45", 0}, {"kill:25", 0}, {"portdown:20", 0}, {"delay:4000", 0}, {"delay:3", 1},
 };
 
 START_TEST(test_fault) {
@@ -340,6 +341,274 @@ START_TEST(test_no_leaks) {
 }
 END_TEST
 
+/* ---- the fake itself: what it claims to model ------------------------------------------------ */
+
+typedef struct {
+  const fc_verbs_t *v;
+  struct ibv_context *ctx[2];
+  struct ibv_pd *pd[2];
+  struct ibv_cq *cq[2];
+  struct ibv_mr *mr[2];
+  char buf[2][4096];
+} fm_t;
+
+/* Poll every CQ of m (each poll also runs that context's "NIC") until `want` completions of cq
+ * `which` arrived or 2 s passed; returns how many, into wc. */
+static int fm_poll(fm_t *m, struct ibv_cq *extra, int which, struct ibv_wc *wc, int want) {
+  int got = 0;
+  struct ibv_cq *cqs[3] = {m->cq[0], m->cq[1], extra};
+  struct ibv_cq *target = which < 2 ? m->cq[which] : extra;
+  for (double t0 = hx_now(); got < want && hx_now() - t0 < 2;) {
+    for (int i = 0; i < 3; i++) {
+      if (!cqs[i]) continue;
+      if (cqs[i] == target) {
+        int n = ibv_poll_cq(cqs[i], want - got, wc + got);
+        ck_assert_int_ge(n, 0);
+        got += n;
+      } else {
+        struct ibv_wc none[1];
+        /* Other CQs are only driven here: nothing must complete on them. */
+        ck_assert_int_eq(ibv_poll_cq(cqs[i], 0, none), 0);
+      }
+    }
+  }
+  return got;
+}
+
+static struct ibv_qp *fm_qp(fm_t *m, int side, struct ibv_cq *cq, int sends, int recvs) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof ia);
+  ia.send_cq = ia.recv_cq = cq ? cq : m->cq[side];
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = (uint32_t)sends;
+  ia.cap.max_recv_wr = (uint32_t)recvs;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  struct ibv_qp *qp = m->v->create_qp(m->pd[side], &ia);
+  ck_assert_ptr_nonnull(qp);
+  return qp;
+}
+
+static int fm_init(fm_t *m, struct ibv_qp *qp) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  return m->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+/* INIT -> RTR -> RTS toward `to` (of context `side`); rnr_retry as given. */
+static void fm_connect(fm_t *m, struct ibv_qp *qp, struct ibv_qp *to, int side, int rnr_retry) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = to->qp_num;
+  a.min_rnr_timer = 1;
+  a.max_dest_rd_atomic = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.port_num = 1;
+  ck_assert_int_eq(m->v->query_gid(m->ctx[side], 1, 0, &a.ah_attr.grh.dgid), 0);
+  ck_assert_int_eq(m->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+                   0);
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = (uint8_t)rnr_retry;
+  a.max_rd_atomic = 1;
+  ck_assert_int_eq(m->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC),
+                   0);
+}
+
+/* A write of `len` bytes from side 0's buffer to side 1's at offset off; imm < 0: none. */
+static int fm_write(fm_t *m, struct ibv_qp *qp, uint64_t id, size_t off, uint32_t len, long imm, uint32_t lkey,
+                    uint32_t rkey) {
+  struct ibv_sge sge = {.addr = (uintptr_t)m->buf[0] + off, .length = len, .lkey = lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = imm >= 0 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl((uint32_t)(imm >= 0 ? imm : 0));
+  wr.wr.rdma.remote_addr = (uintptr_t)m->buf[1] + off;
+  wr.wr.rdma.rkey = rkey;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+static int fm_recv(struct ibv_qp *qp, uint64_t id) {
+  struct ibv_recv_wr wr = {.wr_id = id, .sg_list = NULL, .num_sge = 0}, *bad = NULL;
+  return ibv_post_recv(qp, &wr, &bad);
+}
+
+START_TEST(test_fake_model) {
+  char why[300] = "", mine[64];
+  setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+  unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
+  fm_t m;
+  memset(&m, 0, sizeof m);
+  m.v = fc_verbs_load(why, sizeof why);
+  ck_assert_msg(m.v != NULL, "the fake does not load: %s", why);
+  int n = 0;
+  struct ibv_device **list = m.v->get_device_list(&n);
+  ck_assert_msg(list && n == 1, "the fake lists %d devices", n);
+  for (int s = 0; s < 2; s++) {
+    ck_assert_ptr_nonnull(m.ctx[s] = m.v->open_device(list[0]));
+    ck_assert_ptr_nonnull(m.pd[s] = m.v->alloc_pd(m.ctx[s]));
+    ck_assert_ptr_nonnull(m.cq[s] = m.v->create_cq(m.ctx[s], 64, NULL, NULL, 0));
+    ck_assert_ptr_nonnull(m.mr[s] = m.v->reg_mr(m.pd[s], m.buf[s], sizeof m.buf[s], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  }
+  m.v->free_device_list(list);
+  snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
+  ck_assert_int_eq(count_dir("/dev/shm", mine), 2);
+  /* Remote write without local write: refused, as by every provider. */
+  ck_assert_ptr_null(m.v->reg_mr(m.pd[0], m.buf[0], 64, IBV_ACCESS_REMOTE_WRITE));
+  struct ibv_qp *a = fm_qp(&m, 0, NULL, 4, 2), *b = fm_qp(&m, 1, NULL, 4, 2);
+  /* The state machine: no skipping INIT, INIT needs its attributes, no posting before. */
+  struct ibv_qp_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.qp_state = IBV_QPS_RTR;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), EINVAL);
+  attr.qp_state = IBV_QPS_INIT;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), EINVAL);
+  ck_assert_int_eq(fm_recv(a, 1), EINVAL);
+  ck_assert_int_eq(fm_write(&m, a, 1, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), EINVAL);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  ck_assert_int_eq(fm_init(&m, b), 0);
+  ck_assert_int_eq(fm_write(&m, a, 1, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), EINVAL); /* INIT: no sends */
+  attr.qp_state = IBV_QPS_RTS;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), EINVAL); /* INIT -> RTS skips RTR */
+  /* Receive queue depth. */
+  ck_assert_int_eq(fm_recv(b, 100), 0);
+  ck_assert_int_eq(fm_recv(b, 101), 0);
+  ck_assert_int_eq(fm_recv(b, 102), ENOMEM);
+  fm_connect(&m, a, b, 1, 7);
+  fm_connect(&m, b, a, 0, 7);
+  /* A write with immediate lands, consumes a receive, completes on both sides. */
+  for (int i = 0; i < 64; i++) m.buf[0][i] = (char)(i * 3 + 1);
+  ck_assert_int_eq(fm_write(&m, a, 7, 0, 64, 0x1234, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  struct ibv_wc wc[8];
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_SUCCESS);
+  ck_assert_int_eq(wc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  ck_assert_uint_eq(wc[0].wr_id, 100);
+  ck_assert_uint_eq(ntohl(wc[0].imm_data), 0x1234);
+  ck_assert_uint_eq(wc[0].byte_len, 64);
+  ck_assert_int_eq(memcmp(m.buf[0], m.buf[1], 64), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_SUCCESS);
+  ck_assert_uint_eq(wc[0].wr_id, 7);
+  /* RNR: the second write with immediate waits for a receive (rnr_retry 7: forever). */
+  ck_assert_int_eq(fm_write(&m, a, 8, 64, 8, 1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_write(&m, a, 9, 128, 8, 2, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 2), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 101);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 2), 1); /* only the first is acknowledged */
+  ck_assert_int_eq(fm_recv(b, 103), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 103);
+  ck_assert_uint_eq(ntohl(wc[0].imm_data), 2);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 9);
+  /* Send queue depth: four in flight, the fifth refused. */
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(fm_write(&m, a, 20 + (uint64_t)i, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_write(&m, a, 24, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), ENOMEM);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 4), 4);
+  /* A wrong rkey: remote access error, the QP in ERR, what follows flushed. */
+  ck_assert_int_eq(fm_write(&m, a, 30, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey + 1), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+  ck_assert_int_eq(fm_write(&m, a, 31, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+  ck_assert_uint_eq(wc[0].wr_id, 31);
+  /* Out of range of the remote region: the same error. Back through RESET first. */
+  attr.qp_state = IBV_QPS_RESET;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  fm_connect(&m, a, b, 1, 7);
+  {
+    /* The local side in range, the remote one past its region's end. */
+    struct ibv_sge sge = {.addr = (uintptr_t)m.buf[0], .length = 200, .lkey = m.mr[0]->lkey};
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof wr);
+    wr.wr_id = 32;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = (uintptr_t)m.buf[1] + 4000;
+    wr.wr.rdma.rkey = m.mr[1]->rkey;
+    ck_assert_int_eq(ibv_post_send(a, &wr, &bad), 0);
+  }
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+  /* A wrong lkey: local protection error. */
+  attr.qp_state = IBV_QPS_RESET;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  fm_connect(&m, a, b, 1, 7);
+  ck_assert_int_eq(fm_write(&m, a, 33, 0, 8, -1, m.mr[0]->lkey + 7, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_LOC_PROT_ERR);
+  /* RNR with rnr_retry 0: the retries run out. */
+  attr.qp_state = IBV_QPS_RESET;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  fm_connect(&m, a, b, 1, 0);
+  ck_assert_int_eq(fm_write(&m, a, 34, 0, 8, 5, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+  /* Moving b to ERR flushes its receives (none left) and refuses nothing: posts are flushed. */
+  attr.qp_state = IBV_QPS_ERR;
+  ck_assert_int_eq(m.v->modify_qp(b, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_recv(b, 104), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+  ck_assert_uint_eq(wc[0].wr_id, 104);
+  /* CQ overrun: a one-entry CQ given two completions raises IBV_EVENT_CQ_ERR. */
+  struct ibv_cq *small = m.v->create_cq(m.ctx[0], 1, NULL, NULL, 0);
+  ck_assert_ptr_nonnull(small);
+  struct ibv_qp *c = fm_qp(&m, 0, small, 4, 1), *d = fm_qp(&m, 1, NULL, 4, 1);
+  ck_assert_int_eq(fm_init(&m, c), 0);
+  ck_assert_int_eq(fm_init(&m, d), 0);
+  fm_connect(&m, c, d, 1, 7);
+  fm_connect(&m, d, c, 0, 7);
+  ck_assert_int_eq(fm_write(&m, c, 40, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_write(&m, c, 41, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  struct ibv_async_event ev;
+  int have = 0;
+  for (double t0 = hx_now(); !have && hx_now() - t0 < 2;) {
+    /* Polling runs each context's "NIC": d's answers, then c's completions. */
+    struct ibv_wc none[1];
+    ck_assert_int_eq(ibv_poll_cq(m.cq[1], 0, none), 0);
+    ck_assert_int_eq(ibv_poll_cq(small, 0, none), 0);
+    have = m.v->get_async_event(m.ctx[0], &ev) == 0;
+  }
+  ck_assert_msg(have, "no async event after a CQ overrun");
+  ck_assert_int_eq(ev.event_type, IBV_EVENT_CQ_ERR);
+  m.v->ack_async_event(&ev);
+  ck_assert_int_eq(m.v->get_async_event(m.ctx[0], &ev), -1);
+  /* Destroy order: a CQ or PD still used is busy. */
+  ck_assert_int_eq(m.v->destroy_cq(small), EBUSY);
+  ck_assert_int_eq(m.v->dealloc_pd(m.pd[0]), EBUSY);
+  struct ibv_qp *qps[] = {a, b, c, d};
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(m.v->destroy_qp(qps[i]), 0);
+  ck_assert_int_eq(m.v->destroy_cq(small), 0);
+  for (int s = 0; s < 2; s++) {
+    ck_assert_int_eq(m.v->dereg_mr(m.mr[s]), 0);
+    ck_assert_int_eq(m.v->destroy_cq(m.cq[s]), 0);
+    ck_assert_int_eq(m.v->dealloc_pd(m.pd[s]), 0);
+    ck_assert_int_eq(m.v->close_device(m.ctx[s]), 0);
+  }
+  ck_assert_int_eq(count_dir("/dev/shm", mine), 0);
+}
+END_TEST
+
 /* Segments of the fake left by processes that no longer exist: leaks of the runs above. */
 static int stale_segments(void) {
   DIR *d = opendir("/dev/shm");
@@ -398,6 +667,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
     tcase_add_loop_test(tc, test_no_device, 0, 6);
     tcase_add_test(tc, test_no_leaks);
+    tcase_add_test(tc, test_fake_model);
     suite_add_tcase(s, tc);
   }
   SRunner *sr = srunner_create(s);

@@ -16,10 +16,12 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -243,6 +245,93 @@ START_TEST(test_fault) {
   double t0 = hx_now();
   ck_assert_msg(hx_run_procs(3, &o, fault_rank, &ok), "fault %s: see stderr", faults[_i].fault);
   fprintf(stderr, "[test_rdma] fault %s: every rank done in %.1f s\n", faults[_i].fault, hx_now() - t0);
+}
+END_TEST
+
+/* ---- a rank killed ------------------------------------------------------------------------------- */
+
+#define KILL_RANKS 3
+#define KILL_TIMEOUT_MS 3000
+typedef struct {
+  int victim_pid;
+  int res[KILL_RANKS];
+  double took_ms[KILL_RANKS];
+} kill_report_t;
+static kill_report_t *g_kill;
+
+static void *killer(void *arg) {
+  usleep((useconds_t)(intptr_t)arg * 1000);
+  raise(SIGKILL);
+  return NULL;
+}
+
+/* Rank 1 dies (between collectives, or from a thread while a large allreduce moves data); the
+ * others' next allreduce must fail with REMOTE_ERROR or TIMEOUT within the timeout. */
+static int kill_rank(hx_rank_t *r) {
+  int mid = *(const int *)r->arg;
+  size_t count = 1 << 20;
+  float *a = malloc(count * sizeof *a), *b = malloc(count * sizeof *b);
+  if (!a || !b) return hx_fail(r, "out of memory");
+  for (size_t i = 0; i < count; i++) a[i] = (float)(i % 17);
+  for (int k = 0; k < 3; k++) {
+    snprintf(r->what, sizeof r->what, "good allreduce %d", k);
+    if (!hx_ok(r, flexcoll_allreduce(a, b, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce")) return 1;
+  }
+  if (r->rank == 1) {
+    g_kill->victim_pid = (int)getpid();
+    if (!mid) {
+      usleep(200 * 1000);
+      raise(SIGKILL);
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, killer, (void *)(intptr_t)200);
+    for (;;) flexcoll_allreduce(a, b, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL);
+  }
+  flexcoll_result_t res;
+  double t0;
+  int calls = 0;
+  do {
+    t0 = hx_now();
+    res = flexcoll_allreduce(a, b, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL);
+    calls++;
+  } while (mid && res == FLEXCOLL_SUCCESS && calls < 10000);
+  g_kill->res[r->rank] = res;
+  g_kill->took_ms[r->rank] = (hx_now() - t0) * 1e3;
+  fprintf(stderr, "[test_rdma] rank %d: allreduce #%d after the kill: %s in %.0f ms (%s)\n", r->rank, calls,
+          flexcoll_get_error_string(res), g_kill->took_ms[r->rank], flexcoll_get_last_error(r->comm));
+  free(a);
+  free(b);
+  return 0;
+}
+
+START_TEST(test_rank_killed) {
+  int mid = _i;
+  g_kill = mmap(NULL, sizeof *g_kill, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(g_kill, MAP_FAILED);
+  memset(g_kill, 0, sizeof *g_kill);
+  for (int q = 0; q < KILL_RANKS; q++) g_kill->res[q] = -1;
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", NULL};
+  hx_opts_t o = {.label = mid ? "killed mid-transfer" : "killed", .env = env, .timeout_ms = KILL_TIMEOUT_MS,
+                 .deadline_s = 60, .expect_fail = 1};
+  double t0 = hx_now();
+  /* The victim never exits 0: the run "fails"; what counts is how the others ended. */
+  (void)hx_run_procs(KILL_RANKS, &o, kill_rank, &mid);
+  double took = hx_now() - t0;
+  for (int q = 0; q < KILL_RANKS; q++) {
+    if (q == 1) continue;
+    ck_assert_msg(g_kill->res[q] == FLEXCOLL_REMOTE_ERROR || g_kill->res[q] == FLEXCOLL_TIMEOUT,
+                  "rank %d: the allreduce after the kill returned %d (-1: never returned)", q, g_kill->res[q]);
+    ck_assert_msg(g_kill->took_ms[q] < 3.0 * KILL_TIMEOUT_MS, "rank %d: the failed allreduce took %.0f ms", q,
+                  g_kill->took_ms[q]);
+  }
+  ck_assert_msg(took < 45, "the ranks took %.1f s", took);
+  /* Nobody unlinks a SIGKILLed process's segments but someone else. */
+  if (g_kill->victim_pid > 0) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -f /dev/shm/fcfv-%d-*", g_kill->victim_pid);
+    if (system(cmd) != 0) fprintf(stderr, "[test_rdma] %s failed\n", cmd);
+  }
+  munmap(g_kill, sizeof *g_kill);
 }
 END_TEST
 
@@ -668,6 +757,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_no_device, 0, 6);
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);
+    tcase_add_loop_test(tc, test_rank_killed, 0, 2);
     suite_add_tcase(s, tc);
   }
   SRunner *sr = srunner_create(s);

@@ -326,6 +326,12 @@ static void peer_break(rdma_t *r, int p, const char *fmt, ...) {
     va_end(ap);
     e->broken = 1;
     FC_INFO(FC_SUB_NET, "rank %d: rdma link to rank %d broken: %s", r->rank, p, e->why);
+    /* ERR flushes what is in flight here, and the peer's next write fails at once instead of
+     * waiting for a receive that is never posted again. */
+    if (e->qp) {
+      struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+      r->v->modify_qp(e->qp, &a, IBV_QP_STATE);
+    }
   }
   for (rdma_req_t *q = e->sq_head; q; q = q->next) req_fail(q, e->why);
   for (rdma_req_t *q = e->rq_head; q; q = q->next) req_fail(q, e->why);

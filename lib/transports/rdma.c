@@ -690,7 +690,11 @@ static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t le
     const char *name = r->v->get_device_name(list[i]);
     struct ibv_context *ctx = r->v->open_device(list[i]);
     struct ibv_device_attr da;
-    if (!ctx) continue;
+    if (!ctx) {
+      /* Most often the permissions of /dev/infiniband: say so rather than "no active port". */
+      snprintf(why, len, "cannot open RDMA device %s: %s", name, strerror(errno));
+      continue;
+    }
     if (r->v->query_device(ctx, &da) == 0)
       for (int p = 1; p <= da.phys_port_cnt && !r->ctx; p++) {
         memset(pa, 0, sizeof *pa);

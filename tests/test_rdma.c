@@ -248,6 +248,51 @@ START_TEST(test_fault) {
 }
 END_TEST
 
+/* ---- ranks that disagree on the count ------------------------------------------------------------- */
+
+static const struct {
+  int coll;
+  size_t count[2];
+  int must_fail[2];
+} mismatches[] = {
+    {C_ALLREDUCE, {4, 8}, {1, 1}},
+    {C_ALLREDUCE, {100003, 100000}, {1, 1}}, /* several fragments; the larger one cut short */
+    {C_BROADCAST, {4, 8}, {0, 1}},           /* rank 1 expects 8 elements from root 0, which sends 4 */
+    {C_BROADCAST, {300000, 299999}, {0, 1}}, /* more than rank 1 has room for: nothing past its buffer */
+    {C_ALLGATHER, {4, 8}, {1, 1}},
+};
+
+/* A rank that receives another length than it expects never reports success, never writes past
+ * its buffer, and ends within the timeout. */
+static int mismatch_rank(hx_rank_t *r) {
+  int i = *(const int *)r->arg;
+  pcall_t p = {.coll = mismatches[i].coll, .dtype = FLEXCOLL_INT32, .op = FLEXCOLL_SUM, .count = mismatches[i].count[r->rank],
+               .root = 0, .rank = r->rank, .nranks = r->nranks};
+  if (pcall_prepare(r, &p, r->seed, 0) != 0) return 1;
+  pcall_describe(r->what, sizeof r->what, &p);
+  double t0 = hx_now();
+  flexcoll_result_t res = pcall_issue(&p, r->comm);
+  double took = hx_now() - t0;
+  fprintf(stderr, "[test_rdma] %s, rank %d: %s in %.0f ms (%s)\n", r->what, r->rank, flexcoll_get_error_string(res),
+          took * 1e3, res ? flexcoll_get_last_error(r->comm) : "");
+  if (mismatches[i].must_fail[r->rank] && res == FLEXCOLL_SUCCESS) hx_fail(r, "succeeded with mismatched counts");
+  if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_INVALID_USAGE && res != FLEXCOLL_TIMEOUT && res != FLEXCOLL_REMOTE_ERROR)
+    hx_fail(r, "returned %d (%s)", res, flexcoll_get_error_string(res));
+  if (took > 4.5) hx_fail(r, "took %.1f s (timeout 1.5 s)", took);
+  if (p.recv) hx_buf_check_guards(r, "recv", &p.rb);
+  pcall_free(&p);
+  return 0;
+}
+
+START_TEST(test_count_mismatch) {
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", NULL};
+  int i = _i;
+  hx_opts_t o = {.label = "count mismatch", .env = env, .timeout_ms = 1500, .deadline_s = 60};
+  ck_assert_msg(hx_run_procs(2, &o, mismatch_rank, &i), "%s counts %zu/%zu: see stderr", coll_names[mismatches[i].coll],
+                mismatches[i].count[0], mismatches[i].count[1]);
+}
+END_TEST
+
 /* ---- a rank killed ------------------------------------------------------------------------------- */
 
 #define KILL_RANKS 3
@@ -758,6 +803,7 @@ int main(void) {
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);
+    tcase_add_loop_test(tc, test_count_mismatch, 0, (int)(sizeof mismatches / sizeof mismatches[0]));
     suite_add_tcase(s, tc);
   }
   SRunner *sr = srunner_create(s);

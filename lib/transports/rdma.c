@@ -861,7 +861,8 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
    * ring, four or five in flight; a margin on top. */
   r->max_send_wr = r->max_recv_wr = r->nslots + 8;
   r->peers = calloc((size_t)comm->nranks, sizeof *r->peers);
-  size_t per = sizeof(conn_hdr_t) + sizeof(uint32_t) * (size_t)comm->nranks;
+  /* Each rank's record rounded up to 8 bytes: every header in the gathered array stays aligned. */
+  size_t per = (sizeof(conn_hdr_t) + sizeof(uint32_t) * (size_t)comm->nranks + 7) & ~(size_t)7;
   char *all = calloc((size_t)comm->nranks, per);
   if (!r->peers || !all) {
     free(all);

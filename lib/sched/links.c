@@ -301,7 +301,7 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
     if (mask & (1 << r)) FC_CHECK(open_one(comm, l, r, dropped, sizeof dropped));
   if (l->n == 0)
     return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "no host link works on every rank (FLEXCOLL_LINKS=%s)%s%s",
-                    fc_param_str("FLEXCOLL_LINKS", "shm,tcp"), *dropped ? ": " : "", dropped);
+                    fc_param_str("FLEXCOLL_LINKS", "shm,tcp,rdma"), *dropped ? ": " : "", dropped);
   l->call_bytes = calloc((size_t)l->n * (size_t)comm->nranks, sizeof *l->call_bytes);
   if (!l->call_bytes) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   for (int i = 0; i < l->n; i++) l->model[i] = (fc_link_model_t){.beta = 1, .port = -1};

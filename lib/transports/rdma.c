@@ -384,6 +384,7 @@ static void unexp_remove(peer_t *e, unexp_t *u) {
       break;
     }
   if (e->cur_unexp == u) e->cur_unexp = NULL; /* the rest of it is dropped as it arrives */
+  if (u->req) u->req->from = NULL;
   free(u->data);
   free(u);
 }

@@ -63,23 +63,32 @@ static unsigned long long link_bytes(hx_rank_t *r, flexcoll_comm_t comm, const c
   return bytes;
 }
 
-/* A ring exchange of send/recv in a group: to the next rank, from the previous one. */
+/* A ring exchange of send/recv in a group: to the next rank, from the previous one, and a message
+ * to itself (received before it is sent). */
 static void p2p_ring(hx_rank_t *r, flexcoll_datatype_t dt, size_t count, uint64_t call, FILE *f) {
   size_t es = fc_dtype_size(dt);
   int next = (r->rank + 1) % r->nranks, prev = (r->rank + r->nranks - 1) % r->nranks;
   hx_data_t d = {dt, HX_GEN_BITS, r->seed, call, r->nranks};
-  hx_buf_t sb, rb;
+  hx_buf_t sb, rb, selfb;
   char *send = hx_buf_new(r, &sb, count * es), *recv = hx_buf_new(r, &rb, count * es);
-  if (!send || !recv) return;
+  char *self = hx_buf_new(r, &selfb, count * es);
+  if (!send || !recv || !self) return;
   hx_fill(&d, r->rank, send, 0, count);
   snprintf(r->what, sizeof r->what, "send/recv ring %s count %zu", fc_dtype_name(dt), count);
   flexcoll_group_start();
   flexcoll_result_t a = flexcoll_send(send, count, dt, next, r->comm, NULL);
   flexcoll_result_t b = flexcoll_recv(recv, count, dt, prev, r->comm, NULL);
+  flexcoll_result_t c = flexcoll_recv(self, count, dt, r->rank, r->comm, NULL);
+  flexcoll_result_t s = flexcoll_send(send, count, dt, r->rank, r->comm, NULL);
   flexcoll_result_t e = flexcoll_group_end();
-  if (hx_ok(r, a, r->comm, "send") && hx_ok(r, b, r->comm, "recv") && hx_ok(r, e, r->comm, "group_end"))
+  if (hx_ok(r, a, r->comm, "send") && hx_ok(r, b, r->comm, "recv") && hx_ok(r, c, r->comm, "recv self") &&
+      hx_ok(r, s, r->comm, "send self") && hx_ok(r, e, r->comm, "group_end")) {
     hx_check_input(r, "from prev", &d, prev, recv, 0, count);
+    hx_check_input(r, "from self", &d, r->rank, self, 0, count);
+  }
   hx_buf_check_guards(r, "recv", &rb);
+  hx_buf_check_guards(r, "recv self", &selfb);
+  hx_buf_free(&selfb);
   if (f) fprintf(f, "p2p %d %zu %016llx\n", (int)dt, count, (unsigned long long)digest(recv, count * es));
   hx_buf_free(&sb);
   hx_buf_free(&rb);

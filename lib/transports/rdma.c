@@ -923,10 +923,41 @@ static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
 /* ---- the table's requests --------------------------------------------------------------------- */
 
 static flexcoll_result_t peer_ok(struct flexcoll_comm *comm, rdma_t *r, int peer, const char *what) {
-  if (peer < 0 || peer >= r->nranks || peer == r->rank || !r->peers[peer].qp)
-    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "rdma %s: no queue pair to rank %d", what, peer);
+  if (peer == r->rank) return FLEXCOLL_SUCCESS; /* messages to self never touch the NIC */
+  if (peer < 0 || peer >= r->nranks || !r->peers[peer].qp)
+    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "rdma %s rank %d: no queue pair", what, peer);
   if (r->peers[peer].broken)
     return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "rdma %s rank %d: %s", what, peer, r->peers[peer].why);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* A message to this rank itself (a batch of send/recv may hold one): copied into the matching
+ * receive, or kept as an unexpected message; the send is done either way. */
+static flexcoll_result_t send_self(struct flexcoll_comm *comm, rdma_t *r, rdma_req_t *q) {
+  peer_t *e = &r->peers[r->rank];
+  q->state = REQ_DONE;
+  for (rdma_req_t *w = e->rq_head; w; w = w->next)
+    if (w->tag == q->tag) {
+      list_remove(&e->rq_head, &e->rq_tail, w);
+      if (q->bytes && w->bytes) memcpy(w->buf, q->buf, q->bytes < w->bytes ? q->bytes : w->bytes);
+      finish_recv(w, q->bytes);
+      return FLEXCOLL_SUCCESS;
+    }
+  unexp_t *u = calloc(1, sizeof *u);
+  char *data = u ? malloc(q->bytes ? q->bytes : 1) : NULL;
+  if (!data) {
+    free(u);
+    q->state = REQ_FAILED;
+    snprintf(q->why, sizeof q->why, "out of memory for a message to self");
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: out of memory for a message of %zu bytes to self", q->bytes);
+  }
+  if (q->bytes) memcpy(data, q->buf, q->bytes);
+  u->tag = q->tag;
+  u->total = u->got = q->bytes;
+  u->data = data;
+  if (e->uq_tail) e->uq_tail->next = u;
+  else e->uq_head = u;
+  e->uq_tail = u;
   return FLEXCOLL_SUCCESS;
 }
 
@@ -940,6 +971,15 @@ static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link,
   q->tag = tag;
   q->buf = (char *)buf;
   q->bytes = bytes;
+  *req = q;
+  if (peer == r->rank) {
+    flexcoll_result_t res = send_self(comm, r, q);
+    if (res != FLEXCOLL_SUCCESS) {
+      free(q);
+      *req = NULL;
+    }
+    return res;
+  }
   list_append(&r->peers[peer].sq_head, &r->peers[peer].sq_tail, q);
   pump(r, peer);
   *req = q;

@@ -730,7 +730,8 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
   struct ibv_device_attr da;
   if (r->v->query_device(r->ctx, &da)) return snprintf(why, len, "ibv_query_device: %s", strerror(errno)), -1;
   int peers = r->nranks - 1;
-  long cqe = (long)peers * (r->max_send_wr + r->max_recv_wr);
+  /* One rank alone has no queue pair (its messages to itself never reach the NIC): a CQ of one. */
+  long cqe = peers ? (long)peers * (r->max_send_wr + r->max_recv_wr) : 1;
   if (cqe > da.max_cqe || peers > da.max_qp || r->max_send_wr > da.max_qp_wr)
     return snprintf(why, len, "the device is too small for %d ranks (%ld CQ entries, %d queue pairs)", r->nranks, cqe,
                     peers), -1;
@@ -872,8 +873,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   conn_hdr_t *me = (conn_hdr_t *)(all + (size_t)comm->rank * per);
   *usable = 0;
   /* Every rank takes part in the exchange, with or without a device. */
-  int ok = comm->nranks > 1 && setup_local(r, me, (uint32_t *)(me + 1), why, len) == 0;
-  if (comm->nranks == 1) snprintf(why, len, "one rank: nothing to connect");
+  int ok = setup_local(r, me, (uint32_t *)(me + 1), why, len) == 0;
   me->usable = (uint8_t)ok;
   conn_hdr_t mine = *me;
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per);

@@ -27,9 +27,11 @@
  *            the context fails (RETRY_EXC_ERR, then flushes), as when the link drops
  *   nodev    no device at all (ibv_get_device_list gives NULL, ENOSYS)
  *
- * Callers pass a whole struct ibv_port_attr to ibv_query_port (the rdma link does). */
+ * Callers pass a whole struct ibv_port_attr to ibv_query_port (the rdma link does).  Inboxes of
+ * processes that died without closing their device are unlinked at the next ibv_open_device. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -612,8 +614,26 @@ FV_EXPORT void ibv_free_device_list(struct ibv_device **list) { free(list); }
 
 FV_EXPORT const char *ibv_get_device_name(struct ibv_device *dev) { return dev->name; }
 
+/* A process that died (SIGKILL, _exit without closing its device) cannot unlink its inboxes; a
+ * kernel driver reclaims a dead process's resources, so the fake does it here for them. */
+static void reclaim_dead_inboxes(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    int pid = 0;
+    unsigned serial = 0;
+    char name[300];
+    if (sscanf(e->d_name, "fcfv-%d-%u", &pid, &serial) != 2 || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    snprintf(name, sizeof name, "/%s", e->d_name);
+    shm_unlink(name);
+  }
+  closedir(d);
+}
+
 FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
   if (dev != &fv_device) return errno = ENODEV, NULL;
+  reclaim_dead_inboxes();
   fv_ctx_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
   uint32_t serial = atomic_fetch_add(&serials, 1), pid = (uint32_t)getpid();

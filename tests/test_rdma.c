@@ -39,6 +39,8 @@ static const size_t counts[] = {0, 1, 7, 1001, 300007};
 static const flexcoll_datatype_t dtypes[] = {FLEXCOLL_FLOAT32, FLEXCOLL_INT32, FLEXCOLL_FLOAT64, FLEXCOLL_UINT8};
 #define NDTYPES (sizeof dtypes / sizeof dtypes[0])
 
+static int count_dir(const char *dir, const char *prefix);
+
 static const char *provider_env(void) { return g_real ? "FLEXCOLL_VERBS_PROVIDER=" : "FLEXCOLL_VERBS_PROVIDER=fake"; }
 
 static uint64_t digest(const void *buf, size_t bytes) {
@@ -379,11 +381,22 @@ START_TEST(test_rank_killed) {
                   g_kill->took_ms[q]);
   }
   ck_assert_msg(took < 45, "the ranks took %.1f s", took);
-  /* Nobody unlinks a SIGKILLed process's segments but someone else. */
+  /* A SIGKILLed process cannot unlink its segments: the fake's next device open does (as a
+   * driver reclaims a dead process's resources). */
   if (g_kill->victim_pid > 0) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -f /dev/shm/fcfv-%d-*", g_kill->victim_pid);
-    if (system(cmd) != 0) fprintf(stderr, "[test_rdma] %s failed\n", cmd);
+    char why[300], mine[64];
+    setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+    const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
+    ck_assert_msg(v != NULL, "%s", why);
+    int n = 0;
+    struct ibv_device **list = v->get_device_list(&n);
+    ck_assert_msg(list && n == 1, "the fake lists no device");
+    struct ibv_context *ctx = v->open_device(list[0]);
+    ck_assert_ptr_nonnull(ctx);
+    snprintf(mine, sizeof mine, "fcfv-%d-", g_kill->victim_pid);
+    ck_assert_msg(count_dir("/dev/shm", mine) == 0, "the killed rank's segments are still there after a device open");
+    v->close_device(ctx);
+    v->free_device_list(list);
   }
   munmap(g_kill, sizeof *g_kill);
 }

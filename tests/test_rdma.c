@@ -407,7 +407,8 @@ END_TEST
 typedef struct {
   const char *env[4];
   flexcoll_result_t code;
-  const char *needle; /* in the last error; NULL: creation succeeds without an rdma link */
+  const char *needle; /* in the last error; NULL: creation succeeds, with one link */
+  int want_rdma;      /* that link is rdma (else another) */
 } nodev_t;
 
 static int nodev_proc(void *arg) {
@@ -425,8 +426,10 @@ static int nodev_proc(void *arg) {
   int n = 0, bad = 0;
   if (flexcoll_comm_get_link_stats(comms[0], st, 8, &n) != FLEXCOLL_SUCCESS) bad = 1;
   for (int i = 0; i < n && i < 8; i++)
-    if (!strcmp(st[i].name, "rdma")) bad = 1;
-  if (bad || n != 1) fprintf(stderr, "[test_rdma] %s: %d links, an rdma link where there is no device\n", b->env[0], n);
+    if ((strcmp(st[i].name, "rdma") == 0) != b->want_rdma) bad = 1;
+  if (bad || n != 1)
+    fprintf(stderr, "[test_rdma] %s %s: %d links, %s\n", b->env[0], b->env[2] ? b->env[2] : "", n,
+            b->want_rdma ? "expected the rdma link alone" : "an rdma link where there is no device");
   if (!hx_destroy_concurrently(comms, 2)) bad = 1;
   return bad || n != 1;
 }
@@ -434,18 +437,23 @@ static int nodev_proc(void *arg) {
 START_TEST(test_no_device) {
   static const nodev_t cases[] = {
       /* No device: the link is absent (one INFO line), the others work as before. */
-      {{"FLEXCOLL_VERBS_FAKE_FAULT=nodev", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_VERBS_PROVIDER=fake", NULL}, FLEXCOLL_SUCCESS, NULL},
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=nodev", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_VERBS_PROVIDER=fake", NULL}, FLEXCOLL_SUCCESS, NULL, 0},
       /* rdma alone without a device: creation fails and says why. */
       {{"FLEXCOLL_VERBS_FAKE_FAULT=nodev", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_PROVIDER=fake", NULL}, FLEXCOLL_SYSTEM_ERROR,
-       "no RDMA device"},
+       "no RDMA device", 0},
       {{"FLEXCOLL_VERBS_PROVIDER=/nonexistent/libibverbs.so", "FLEXCOLL_LINKS=rdma", NULL, NULL}, FLEXCOLL_SYSTEM_ERROR,
-       "cannot load /nonexistent/libibverbs.so"},
+       "cannot load /nonexistent/libibverbs.so", 0},
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_LIB=", NULL}, FLEXCOLL_SYSTEM_ERROR,
-       "FLEXCOLL_VERBS_FAKE_LIB"},
+       "FLEXCOLL_VERBS_FAKE_LIB", 0},
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=mlx5_7", NULL}, FLEXCOLL_SYSTEM_ERROR,
-       "FLEXCOLL_IB_HCA"},
+       "FLEXCOLL_IB_HCA", 0},
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_FAULT=bogus:1", NULL}, FLEXCOLL_SYSTEM_ERROR,
-       "no RDMA device"},
+       "no RDMA device", 0},
+      /* FLEXCOLL_IB_HCA naming the device, with and without its port; a port it does not have. */
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0", NULL}, FLEXCOLL_SUCCESS, NULL, 1},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:1", NULL}, FLEXCOLL_SUCCESS, NULL, 1},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:2", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "FLEXCOLL_IB_HCA", 0},
   };
   const nodev_t *b = &cases[_i];
   const char *env[] = {b->env[0], b->env[1], b->env[2], "CUDA_VISIBLE_DEVICES=", NULL};
@@ -821,7 +829,7 @@ int main(void) {
     tc = tcase_create("faults");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
-    tcase_add_loop_test(tc, test_no_device, 0, 6);
+    tcase_add_loop_test(tc, test_no_device, 0, 9);
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);

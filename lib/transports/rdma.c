@@ -164,6 +164,21 @@ static int hca_wanted(const char *dev, int port) {
   return s[n] != ':' || atoi(s + n + 1) == port;
 }
 
+/* The NUMA node of a device's PCI function (sysfs), -1 when unknown: the GPUs nearest to it are
+ * those flexcoll-info lists on the same node. */
+static int device_numa(const struct ibv_device *d) {
+  char path[sizeof d->ibdev_path + 32];
+  int node = -1;
+  if (!d->ibdev_path[0]) return -1;
+  snprintf(path, sizeof path, "%s/device/numa_node", d->ibdev_path);
+  FILE *f = fopen(path, "r");
+  if (f) {
+    if (fscanf(f, "%d", &node) != 1) node = -1;
+    fclose(f);
+  }
+  return node;
+}
+
 void fc_rdma_report(FILE *out) {
   char why[300] = "";
   const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
@@ -190,7 +205,11 @@ void fc_rdma_report(FILE *out) {
       if (ctx) v->close_device(ctx);
       continue;
     }
-    fprintf(out, "  %s: %d port(s), %d queue pairs, %d CQ entries\n", name, da.phys_port_cnt, da.max_qp, da.max_cqe);
+    int node = device_numa(list[i]);
+    char where[32] = "NUMA node unknown";
+    if (node >= 0) snprintf(where, sizeof where, "NUMA node %d", node);
+    fprintf(out, "  %s: %s, %d port(s), %d queue pairs, %d CQ entries\n", name, where, da.phys_port_cnt, da.max_qp,
+            da.max_cqe);
     for (int p = 1; p <= da.phys_port_cnt; p++) {
       struct ibv_port_attr pa;
       memset(&pa, 0, sizeof pa);

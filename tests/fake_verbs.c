@@ -15,7 +15,7 @@
  * rkey checks (LOC_PROT_ERR, REM_ACCESS_ERR), queue depths (ENOMEM beyond max_send_wr /
  * max_recv_wr), CQ overrun (an IBV_EVENT_CQ_ERR async event, completions lost), RNR (a write with
  * immediate waits for a posted receive, rnr_retry 7 forever, else RNR_RETRY_EXC_ERR), a target
- * that is gone (RETRY_EXC_ERR), error flushes (WR_FLUSH_ERR for everything outstanding once a QP
+ * that is gone (RETRY_EXC_ERR), completions of different QPs in varying order, error flushes (WR_FLUSH_ERR for everything outstanding once a QP
  * is in ERR), destroy order (a CQ or PD still in use is EBUSY).
  *
  * FLEXCOLL_VERBS_FAKE_FAULT (comma list, read at the first device list of the process):
@@ -243,6 +243,7 @@ struct fv_ctx {
   struct ibv_async_event events[FV_MAX_EVENTS];
   int nevents;
   int port_down;
+  unsigned rounds;
 };
 
 static struct ibv_device fv_device;
@@ -515,9 +516,19 @@ static void engine(fv_ctx_t *c) {
     respond(q);
     flush_acks(c);
   }
-  for (fv_qp_t *q = c->qps; q; q = q->next) {
-    respond(q);
-    push_sends(q);
+  /* Each round starts at another queue pair, so completions of different queue pairs come in
+   * varying orders, as on a NIC (only those of one queue pair are ordered). */
+  int nqps = 0;
+  for (fv_qp_t *q = c->qps; q; q = q->next) nqps++;
+  int first = nqps ? (int)(c->rounds++ % (unsigned)nqps) : 0;
+  fv_qp_t *start = c->qps;
+  for (int j = 0; j < first; j++) start = start->next;
+  for (int pass = 0; pass < 2 && nqps; pass++) {
+    fv_qp_t *q = start;
+    for (int k = 0; k < nqps; k++, q = q->next ? q->next : c->qps) {
+      if (pass == 0) respond(q);
+      else push_sends(q);
+    }
   }
   flush_acks(c);
 }

@@ -15,6 +15,7 @@
 #include "param.h"
 #include "sched/sched.h"
 #include "topo.h"
+#include "transports/transports.h"
 #if HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -142,6 +143,8 @@ int main(int argc, char **argv) {
   fc_topo_discover(&t);
   fc_topo_print(&t, stdout);
   gpu_reason(t.ngpus);
+  /* What the rdma link would find: its own loader (libibverbs or FLEXCOLL_VERBS_PROVIDER). */
+  fc_rdma_report(stdout);
   bootstrap_interface();
   int invalid = settings();
   cached_links();

@@ -36,10 +36,11 @@
 #define FC_STAGE2_PROBE_AFTER 4
 #define FC_PROBE_PART 256
 
-static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp};
+/* rdma last: where no device exists it is left out and the others are as before. */
+static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp, &fc_link_rdma};
 #define FC_NREGISTRY ((int)(sizeof registry / sizeof registry[0]))
 /* Device links take the table as the engine moves onto it; they may be named already. */
-static const char *const device_links[] = {"nvlink", "pcie", "rdma"};
+static const char *const device_links[] = {"nvlink", "pcie"};
 
 int fc_link_name_known(const char *name) {
   for (int i = 0; i < FC_NREGISTRY; i++)
@@ -307,7 +308,7 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
     if (mask & (1 << r)) FC_CHECK(open_one(comm, l, r, dropped, sizeof dropped));
   if (l->n == 0)
     return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "no host link works on every rank (FLEXCOLL_LINKS=%s)%s%s",
-                    fc_param_str("FLEXCOLL_LINKS", "shm,tcp"), *dropped ? ": " : "", dropped);
+                    fc_param_str("FLEXCOLL_LINKS", "shm,tcp,rdma"), *dropped ? ": " : "", dropped);
   l->call_bytes = calloc((size_t)l->n * (size_t)comm->nranks, sizeof *l->call_bytes);
   if (!l->call_bytes) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   for (int i = 0; i < l->n; i++) l->model[i] = (fc_link_model_t){.beta = 1, .port = -1};

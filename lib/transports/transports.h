@@ -4,9 +4,10 @@
  * A link moves bytes between this rank and its peers; it never chooses what to send (the
  * scheduler in lib/sched splits each transfer over the links, the executors post the parts).
  * Every usable link of the list FLEXCOLL_LINKS is kept (NCCL keeps the first), so that a transfer
- * can run over several at once.  Host memory has two today, both through UCX and each its own UCP
- * context and worker restricted to one kind of transport: `shm` (shared memory) and `tcp`.  The
- * device links (nvlink, pcie, rdma) take the same table as the engine moves onto it
+ * can run over several at once.  Host memory has three: two through UCX, each its own UCP
+ * context and worker restricted to one kind of transport, `shm` (shared memory) and `tcp`; and
+ * `rdma` (RC queue pairs through libibverbs, loaded at run time; absent without a device).  The
+ * device links (nvlink, pcie) take the same table as the engine moves onto it
  * (docs/ARCHITECTURE.md, "The FlexLink engine").
  *
  * Messages are tagged, nonblocking, point to point; every wait is the caller's (requests are
@@ -16,6 +17,7 @@
 #define FC_TRANSPORTS_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "flexcoll.h"
@@ -60,6 +62,10 @@ struct fc_link {
 
 /* The transports this build knows, in the order FLEXCOLL_LINKS lists them by default. */
 extern const fc_link_ops_t fc_link_shm, fc_link_tcp;
+/* RDMA through libibverbs, loaded at run time (rdma.c, verbs.h); absent without a device. */
+extern const fc_link_ops_t fc_link_rdma;
+/* flexcoll-info: the RDMA devices, their ports, state and speed, or why there are none. */
+void fc_rdma_report(FILE *out);
 /* Whether the host links run with UCX's peer-failure handling (FLEXCOLL_UCX_PEER_FAILURE, on by
  * default): shared memory then copies through UCX's FIFOs instead of cross-memory attach, so its
  * calibrated models are not those of the other mode. */

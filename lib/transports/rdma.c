@@ -1,0 +1,1090 @@
+/* rdma.c — the `rdma` link: tagged messages over RC queue pairs of libibverbs, host memory.
+ *
+ * libibverbs is reached only through the table of verbs.h (dlopen), so a machine without it (or
+ * without a device: ibv_get_device_list gives nothing) simply has no rdma link, said in one INFO
+ * line.  One RC queue pair per peer, one completion queue per link and communicator.
+ *
+ * Data path (eager, through bounce slots).  Every rank keeps, for each peer, a receive ring of
+ * `nslots` slots registered for remote writes, and a send area of as many slots of its own.  A
+ * message is cut into fragments of one slot each (a header: tag, total length, offset, length;
+ * then the bytes); the sender copies a fragment into its send slot k and writes it with RDMA WRITE
+ * WITH IMMEDIATE into the peer's ring slot k (imm: the slot).  The receiver, polling its CQ, copies
+ * the fragment out (into the matching receive, else into the unexpected-message queue) and so
+ * frees the slot; every quarter of the ring it returns a credit (a zero-length write with an
+ * immediate that carries the count of slots freed).  Slots are used round the ring in order, and
+ * an RC queue pair delivers in order, so a count is all a credit needs to say.  A sender sends one
+ * message's fragments after another's, per peer, so fragments of a message arrive together.
+ *
+ * What this does not do yet (docs/ARCHITECTURE.md): zero-copy (a registration cache and a
+ * rendezvous that writes straight into the receive buffer), device memory (dma-buf), ranks on
+ * other hosts, several NICs, the NIC's place in the cost model. */
+#define _GNU_SOURCE
+#include "config.h"
+
+#include "transports.h"
+
+#if HAVE_VERBS_H
+#include "verbs.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "error.h"
+#include "log.h"
+#include "param.h"
+#include "transports.h"
+
+/* ---- the provider's table ----------------------------------------------------------------- */
+
+#define FC_VERBS_MAX_PROVIDERS 4
+static pthread_mutex_t verbs_lock = PTHREAD_MUTEX_INITIALIZER;
+static fc_verbs_t verbs_loaded[FC_VERBS_MAX_PROVIDERS];
+static char verbs_paths[FC_VERBS_MAX_PROVIDERS][512];
+static int verbs_n;
+
+/* The library the environment selects: libibverbs, the test suite's fake, or a path. */
+static const char *provider_path(char *why, size_t len) {
+  const char *p = fc_param_str("FLEXCOLL_VERBS_PROVIDER", NULL);
+  if (!p) return "libibverbs.so.1";
+  if (strcmp(p, "fake")) return p;
+  const char *lib = fc_param_str("FLEXCOLL_VERBS_FAKE_LIB", NULL);
+  if (!lib)
+    snprintf(why, len,
+             "FLEXCOLL_VERBS_PROVIDER=fake needs FLEXCOLL_VERBS_FAKE_LIB, the test suite's fake provider "
+             "(make check sets it)");
+  return lib;
+}
+
+const fc_verbs_t *fc_verbs_load(char *why, size_t len) {
+  const char *path = provider_path(why, len);
+  if (!path) return NULL;
+  pthread_mutex_lock(&verbs_lock);
+  const fc_verbs_t *found = NULL;
+  for (int i = 0; i < verbs_n && !found; i++)
+    if (!strcmp(verbs_paths[i], path)) found = &verbs_loaded[i];
+  if (found || verbs_n == FC_VERBS_MAX_PROVIDERS) {
+    if (!found) snprintf(why, len, "more than %d verbs providers in one process", FC_VERBS_MAX_PROVIDERS);
+    pthread_mutex_unlock(&verbs_lock);
+    return found;
+  }
+  /* Never closed: contexts of the provider may live as long as the process. */
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(why, len, "cannot load %s: %s", path, dlerror());
+    pthread_mutex_unlock(&verbs_lock);
+    return NULL;
+  }
+  fc_verbs_t *v = &verbs_loaded[verbs_n];
+  const struct {
+    void **slot;
+    const char *name;
+    int optional;
+  } syms[] = {
+      {(void **)&v->get_device_list, "ibv_get_device_list", 0}, {(void **)&v->free_device_list, "ibv_free_device_list", 0},
+      {(void **)&v->get_device_name, "ibv_get_device_name", 0}, {(void **)&v->open_device, "ibv_open_device", 0},
+      {(void **)&v->close_device, "ibv_close_device", 0},       {(void **)&v->query_device, "ibv_query_device", 0},
+      {(void **)&v->query_port, "ibv_query_port", 0},           {(void **)&v->query_gid, "ibv_query_gid", 0},
+      {(void **)&v->alloc_pd, "ibv_alloc_pd", 0},               {(void **)&v->dealloc_pd, "ibv_dealloc_pd", 0},
+      {(void **)&v->reg_mr, "ibv_reg_mr", 0},                   {(void **)&v->dereg_mr, "ibv_dereg_mr", 0},
+      {(void **)&v->create_cq, "ibv_create_cq", 0},             {(void **)&v->destroy_cq, "ibv_destroy_cq", 0},
+      {(void **)&v->create_qp, "ibv_create_qp", 0},             {(void **)&v->modify_qp, "ibv_modify_qp", 0},
+      {(void **)&v->destroy_qp, "ibv_destroy_qp", 0},           {(void **)&v->get_async_event, "ibv_get_async_event", 0},
+      {(void **)&v->ack_async_event, "ibv_ack_async_event", 0}, {(void **)&v->wc_status_str, "ibv_wc_status_str", 1},
+  };
+  for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+    *syms[i].slot = dlsym(h, syms[i].name);
+    if (!*syms[i].slot && !syms[i].optional) {
+      snprintf(why, len, "%s has no %s", path, syms[i].name);
+      dlclose(h);
+      memset(v, 0, sizeof *v);
+      pthread_mutex_unlock(&verbs_lock);
+      return NULL;
+    }
+  }
+  snprintf(verbs_paths[verbs_n], sizeof verbs_paths[0], "%s", path);
+  v->path = verbs_paths[verbs_n];
+  verbs_n++;
+  pthread_mutex_unlock(&verbs_lock);
+  return v;
+}
+
+static const char *wc_status(const fc_verbs_t *v, enum ibv_wc_status st) {
+  return v->wc_status_str ? v->wc_status_str(st) : "error";
+}
+
+/* ---- device choice -------------------------------------------------------------------------- */
+
+static const char *mtu_name(enum ibv_mtu m) {
+  switch (m) {
+    case IBV_MTU_256: return "256";
+    case IBV_MTU_512: return "512";
+    case IBV_MTU_1024: return "1024";
+    case IBV_MTU_2048: return "2048";
+    case IBV_MTU_4096: return "4096";
+    default: return "?";
+  }
+}
+
+/* Gb/s per lane of ibv_port_attr.active_speed, times the lanes of active_width. */
+static double port_gbps(const struct ibv_port_attr *a) {
+  double lane = 0;
+  switch (a->active_speed) {
+    case 1: lane = 2.5; break;
+    case 2: lane = 5; break;
+    case 4: case 8: lane = 10; break;
+    case 16: lane = 14; break;
+    case 32: lane = 25; break;
+    case 64: lane = 50; break;
+    case 128: lane = 100; break;
+    default: lane = 0;
+  }
+  int lanes = a->active_width == 1 ? 1 : a->active_width == 2 ? 4 : a->active_width == 4 ? 8 : a->active_width == 8 ? 12
+              : a->active_width == 16 ? 2 : 0;
+  return lane * lanes;
+}
+
+/* FLEXCOLL_IB_HCA: "name" or "name:port"; NULL: the first device with an active port. */
+static int hca_wanted(const char *dev, int port) {
+  const char *s = fc_param_str("FLEXCOLL_IB_HCA", NULL);
+  if (!s) return 1;
+  size_t n = strcspn(s, ":");
+  if (strlen(dev) != n || strncmp(s, dev, n)) return 0;
+  return s[n] != ':' || atoi(s + n + 1) == port;
+}
+
+/* The NUMA node of a device's PCI function (sysfs), -1 when unknown: the GPUs nearest to it are
+ * those flexcoll-info lists on the same node. */
+static int device_numa(const struct ibv_device *d) {
+  char path[sizeof d->ibdev_path + 32];
+  int node = -1;
+  if (!d->ibdev_path[0]) return -1;
+  snprintf(path, sizeof path, "%s/device/numa_node", d->ibdev_path);
+  FILE *f = fopen(path, "r");
+  if (f) {
+    if (fscanf(f, "%d", &node) != 1) node = -1;
+    fclose(f);
+  }
+  return node;
+}
+
+void fc_rdma_report(FILE *out) {
+  char why[300] = "";
+  const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
+  if (!v) {
+    fprintf(out, "RDMA devices: none (%s)\n", why);
+    return;
+  }
+  int n = 0;
+  errno = 0;
+  struct ibv_device **list = v->get_device_list(&n);
+  if (!list || n == 0) {
+    fprintf(out, "RDMA devices: none (%s: %s)\n", v->path,
+            !list ? (errno ? strerror(errno) : "no device list") : "no device");
+    if (list) v->free_device_list(list);
+    return;
+  }
+  fprintf(out, "RDMA devices (%s): %d\n", v->path, n);
+  for (int i = 0; i < n; i++) {
+    const char *name = v->get_device_name(list[i]);
+    struct ibv_context *ctx = v->open_device(list[i]);
+    struct ibv_device_attr da;
+    if (!ctx || v->query_device(ctx, &da)) {
+      fprintf(out, "  %s: cannot open (%s)\n", name, strerror(errno));
+      if (ctx) v->close_device(ctx);
+      continue;
+    }
+    int node = device_numa(list[i]);
+    char where[32] = "NUMA node unknown";
+    if (node >= 0) snprintf(where, sizeof where, "NUMA node %d", node);
+    fprintf(out, "  %s: %s, %d port(s), %d queue pairs, %d CQ entries\n", name, where, da.phys_port_cnt, da.max_qp,
+            da.max_cqe);
+    for (int p = 1; p <= da.phys_port_cnt; p++) {
+      struct ibv_port_attr pa;
+      memset(&pa, 0, sizeof pa);
+      if (v->query_port(ctx, (uint8_t)p, &pa)) continue;
+      fprintf(out, "    port %d: %s, %s, MTU %s, %.0f Gb/s%s\n", p,
+              pa.state == IBV_PORT_ACTIVE ? "active" : pa.state == IBV_PORT_DOWN ? "down" : "not active",
+              pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", mtu_name(pa.active_mtu), port_gbps(&pa),
+              hca_wanted(name, p) ? "" : " (not chosen by FLEXCOLL_IB_HCA)");
+    }
+    v->close_device(ctx);
+  }
+  v->free_device_list(list);
+}
+
+/* ---- the link's state ---------------------------------------------------------------------- */
+
+/* A slot: this header, then the fragment's bytes. */
+typedef struct {
+  uint64_t tag, total, offset;
+  uint32_t len, magic;
+} slot_hdr_t;
+#define SLOT_MAGIC 0xfc4d5a11u
+/* Slot size: big enough that the header and the per-fragment work are small against the copy,
+ * small enough that many peers' rings stay a few MiB. */
+#define SLOT_BYTES (64u << 10)
+#define SLOT_DATA (SLOT_BYTES - sizeof(slot_hdr_t))
+#define IMM_CREDIT 0x80000000u
+/* Most completions taken per poll. */
+#define POLL_BATCH 32
+/* Unexpected messages larger than this are a broken peer, not an allocation. */
+#define MAX_MESSAGE ((uint64_t)1 << 40)
+
+enum { REQ_PENDING, REQ_DONE, REQ_FAILED };
+
+typedef struct rdma_req rdma_req_t;
+typedef struct unexp unexp_t;
+struct rdma_req {
+  int is_recv, peer, state, orphan;
+  uint64_t tag;
+  char *buf;
+  size_t bytes;   /* send: the length; recv: the room */
+  size_t total;   /* recv: the length the sender announced */
+  size_t posted;  /* send: bytes handed to slots */
+  int frags_out;  /* send: fragments posted, not completed */
+  int nfrags_posted;
+  unexp_t *from;  /* recv: bound to an unexpected message still arriving */
+  rdma_req_t *next;
+  char why[160];
+};
+
+struct unexp {
+  uint64_t tag;
+  size_t total, got;
+  char *data;
+  rdma_req_t *req; /* a receive waiting for the rest */
+  unexp_t *next;
+};
+
+typedef struct {
+  struct ibv_qp *qp;
+  uint64_t raddr; /* the peer's ring for this rank */
+  uint32_t rkey;
+  int broken;
+  char why[160];
+  /* sending */
+  uint64_t sent, credited;      /* fragments written; slots the peer has freed */
+  rdma_req_t **slot_req;        /* send slot -> its request while the write is in flight */
+  unsigned char *slot_busy;
+  rdma_req_t *sq_head, *sq_tail; /* sends with fragments left to post, in order */
+  int wr_out;                   /* send WRs in flight (data and credits) */
+  /* receiving */
+  uint64_t consumed, credit_sent;
+  rdma_req_t *rq_head, *rq_tail; /* receives not matched yet */
+  unexp_t *uq_head, *uq_tail;   /* messages nobody asked for yet */
+  rdma_req_t *cur_req;           /* the message arriving now: its receive, */
+  unexp_t *cur_unexp;            /* or its unexpected entry */
+  uint64_t cur_tag;
+  size_t cur_total, cur_got;
+  int cur_open;
+} peer_t;
+
+typedef struct {
+  const fc_verbs_t *v;
+  struct flexcoll_comm *comm;
+  int nranks, rank, nslots, max_send_wr, max_recv_wr;
+  struct ibv_context *ctx;
+  struct ibv_pd *pd;
+  struct ibv_cq *cq;
+  struct ibv_mr *ring_mr, *send_mr;
+  char *ring, *send; /* nranks * nslots slots each (own rank's unused) */
+  peer_t *peers;
+  uint8_t port;
+  int fatal;
+  char fatal_why[160];
+  unsigned progress_calls;
+} rdma_t;
+
+/* What each rank publishes at open (the bootstrap all-gather), then one queue pair number per rank. */
+typedef struct {
+  union ibv_gid gid;
+  uint64_t ring_addr;
+  uint32_t rkey, nslots;
+  uint16_t lid;
+  uint8_t mtu, global, usable, pad[3];
+} conn_hdr_t;
+
+static char *ring_slot(rdma_t *r, int peer, uint64_t k) {
+  return r->ring + ((size_t)peer * (size_t)r->nslots + (size_t)(k % (uint64_t)r->nslots)) * SLOT_BYTES;
+}
+static char *send_slot(rdma_t *r, int peer, uint64_t k) {
+  return r->send + ((size_t)peer * (size_t)r->nslots + (size_t)(k % (uint64_t)r->nslots)) * SLOT_BYTES;
+}
+
+static void req_fail(rdma_req_t *q, const char *why) {
+  if (q->state != REQ_PENDING) return;
+  q->state = REQ_FAILED;
+  snprintf(q->why, sizeof q->why, "%s", why);
+}
+
+static void req_release(rdma_req_t *q) {
+  if (q->frags_out == 0) free(q);
+  else q->orphan = 1; /* the completions of its fragments free it */
+}
+
+/* A peer is unusable from now on: every request that needs it fails with the reason. */
+static void peer_break(rdma_t *r, int p, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void peer_break(rdma_t *r, int p, const char *fmt, ...) {
+  peer_t *e = &r->peers[p];
+  if (!e->broken) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->why, sizeof e->why, fmt, ap);
+    va_end(ap);
+    e->broken = 1;
+    FC_INFO(FC_SUB_NET, "rank %d: rdma link to rank %d broken: %s", r->rank, p, e->why);
+    /* ERR flushes what is in flight here, and the peer's next write fails at once instead of
+     * waiting for a receive that is never posted again. */
+    if (e->qp) {
+      struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+      r->v->modify_qp(e->qp, &a, IBV_QP_STATE);
+    }
+  }
+  for (rdma_req_t *q = e->sq_head; q; q = q->next) req_fail(q, e->why);
+  for (rdma_req_t *q = e->rq_head; q; q = q->next) req_fail(q, e->why);
+  for (unexp_t *u = e->uq_head; u; u = u->next)
+    if (u->req) req_fail(u->req, e->why);
+  if (e->cur_req) req_fail(e->cur_req, e->why);
+  for (int k = 0; k < r->nslots; k++)
+    if (e->slot_req[k]) req_fail(e->slot_req[k], e->why);
+}
+
+static void link_fatal(rdma_t *r, const char *why) {
+  if (!r->fatal) {
+    r->fatal = 1;
+    snprintf(r->fatal_why, sizeof r->fatal_why, "%s", why);
+    /* The whole device is gone for this communicator, not one transfer. */
+    fc_comm_set_async_error(r->comm, FLEXCOLL_REMOTE_ERROR);
+  }
+  for (int p = 0; p < r->nranks; p++)
+    if (p != r->rank) peer_break(r, p, "%s", why);
+}
+
+/* ---- requests ----------------------------------------------------------------------------------- */
+
+static void list_remove(rdma_req_t **head, rdma_req_t **tail, rdma_req_t *q) {
+  rdma_req_t *prev = NULL;
+  for (rdma_req_t *x = *head; x; prev = x, x = x->next)
+    if (x == q) {
+      if (prev) prev->next = x->next;
+      else *head = x->next;
+      if (*tail == x) *tail = prev;
+      x->next = NULL;
+      return;
+    }
+}
+
+static void list_append(rdma_req_t **head, rdma_req_t **tail, rdma_req_t *q) {
+  q->next = NULL;
+  if (*tail) (*tail)->next = q;
+  else *head = q;
+  *tail = q;
+}
+
+static void unexp_remove(peer_t *e, unexp_t *u) {
+  unexp_t *prev = NULL;
+  for (unexp_t *x = e->uq_head; x; prev = x, x = x->next)
+    if (x == u) {
+      if (prev) prev->next = x->next;
+      else e->uq_head = x->next;
+      if (e->uq_tail == x) e->uq_tail = prev;
+      break;
+    }
+  if (e->cur_unexp == u) e->cur_unexp = NULL; /* the rest of it is dropped as it arrives */
+  if (u->req) u->req->from = NULL;
+  free(u->data);
+  free(u);
+}
+
+/* Nothing of the link refers to q any more, except send slots whose writes are in flight. */
+static void req_detach(rdma_t *r, rdma_req_t *q) {
+  peer_t *e = &r->peers[q->peer];
+  if (q->is_recv) list_remove(&e->rq_head, &e->rq_tail, q);
+  else list_remove(&e->sq_head, &e->sq_tail, q);
+  if (e->cur_req == q) e->cur_req = NULL;
+  if (q->from) {
+    q->from->req = NULL;
+    q->from = NULL;
+  }
+}
+
+/* ---- posting --------------------------------------------------------------------------------- */
+
+#define RECV_ID (1ull << 63)
+
+static int post_recv_wr(rdma_t *r, int p) {
+  struct ibv_recv_wr wr = {.wr_id = RECV_ID | (uint64_t)p, .sg_list = NULL, .num_sge = 0}, *bad = NULL;
+  int rc = ibv_post_recv(r->peers[p].qp, &wr, &bad);
+  if (rc) peer_break(r, p, "ibv_post_recv failed: %s", strerror(rc));
+  return rc;
+}
+
+/* wr_id of a send: peer, kind (data or credit) and slot. */
+static uint64_t send_id(int p, int credit, uint64_t slot) {
+  return ((uint64_t)(uint32_t)p << 32) | ((uint64_t)(credit != 0) << 31) | (slot & 0x7fffffff);
+}
+
+/* One RDMA WRITE WITH IMMEDIATE to peer p: send slot k's first `bytes` into its ring slot k (a
+ * credit carries no bytes). */
+static int post_write(rdma_t *r, int p, int credit, uint64_t k, uint32_t imm, size_t bytes) {
+  peer_t *e = &r->peers[p];
+  uint64_t slot = k % (uint64_t)r->nslots;
+  struct ibv_sge sge = {.addr = (uintptr_t)send_slot(r, p, k), .length = (uint32_t)bytes, .lkey = r->send_mr->lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = send_id(p, credit, slot);
+  wr.sg_list = bytes ? &sge : NULL;
+  wr.num_sge = bytes ? 1 : 0;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(imm);
+  wr.wr.rdma.remote_addr = e->raddr + (credit ? 0 : slot * SLOT_BYTES);
+  wr.wr.rdma.rkey = e->rkey;
+  int rc = ibv_post_send(e->qp, &wr, &bad);
+  if (rc) {
+    peer_break(r, p, "ibv_post_send failed: %s", strerror(rc));
+    return rc;
+  }
+  e->wr_out++;
+  return 0;
+}
+
+/* Post what peer p's queued sends can: one fragment per free slot, message after message. */
+static void pump(rdma_t *r, int p) {
+  peer_t *e = &r->peers[p];
+  while (!e->broken && e->sq_head) {
+    rdma_req_t *q = e->sq_head;
+    uint64_t k = e->sent;
+    unsigned slot = (unsigned)(k % (uint64_t)r->nslots);
+    if (k - e->credited >= (uint64_t)r->nslots || e->slot_busy[slot] || e->wr_out >= r->max_send_wr) return;
+    size_t len = q->bytes - q->posted < SLOT_DATA ? q->bytes - q->posted : SLOT_DATA;
+    slot_hdr_t h = {.tag = q->tag, .total = q->bytes, .offset = q->posted, .len = (uint32_t)len, .magic = SLOT_MAGIC};
+    char *s = send_slot(r, p, k);
+    memcpy(s, &h, sizeof h);
+    if (len) memcpy(s + sizeof h, q->buf + q->posted, len);
+    if (post_write(r, p, 0, k, slot, sizeof h + len)) return;
+    e->slot_busy[slot] = 1;
+    e->slot_req[slot] = q;
+    q->frags_out++;
+    q->nfrags_posted++;
+    q->posted += len;
+    e->sent++;
+    if (q->posted == q->bytes) list_remove(&e->sq_head, &e->sq_tail, q);
+  }
+}
+
+/* Tell peer p which slots of its ring here are free again: every quarter of the ring (a sender
+ * stalls only with the whole ring in use, so a quarter is always reached). */
+static void send_credit(rdma_t *r, int p) {
+  peer_t *e = &r->peers[p];
+  uint64_t owed = e->consumed - e->credit_sent, every = r->nslots >= 4 ? (uint64_t)r->nslots / 4 : 1;
+  if (e->broken || owed < every || e->wr_out >= r->max_send_wr) return;
+  if (post_write(r, p, 1, 0, IMM_CREDIT | (uint32_t)(e->consumed & 0x7fffffff), 0) == 0) e->credit_sent = e->consumed;
+}
+
+/* ---- arrivals ------------------------------------------------------------------------------------ */
+
+static void finish_recv(rdma_req_t *q, size_t total) {
+  q->total = total;
+  if (q->state == REQ_PENDING) q->state = REQ_DONE;
+}
+
+/* The fragment in ring slot `consumed` of peer p: into its receive, or the unexpected queue. */
+static void land(rdma_t *r, int p, uint32_t byte_len) {
+  peer_t *e = &r->peers[p];
+  const char *s = ring_slot(r, p, e->consumed);
+  slot_hdr_t h;
+  memcpy(&h, s, sizeof h);
+  if (h.magic != SLOT_MAGIC || h.len > SLOT_DATA || byte_len != sizeof h + h.len || h.total > MAX_MESSAGE ||
+      h.offset + h.len > h.total) {
+    peer_break(r, p, "malformed fragment from rank %d (magic %08x, %u bytes)", p, h.magic, byte_len);
+    return;
+  }
+  if (h.offset == 0) {
+    if (e->cur_open) {
+      /* A new message before the last one ended: the sender gave up on that one (cancelled). */
+      if (e->cur_req) req_fail(e->cur_req, "the sender cancelled the message");
+      if (e->cur_unexp) {
+        if (e->cur_unexp->req) req_fail(e->cur_unexp->req, "the sender cancelled the message");
+        unexp_remove(e, e->cur_unexp);
+      }
+      e->cur_req = NULL;
+    }
+    e->cur_open = 1;
+    e->cur_tag = h.tag;
+    e->cur_total = h.total;
+    e->cur_got = 0;
+    e->cur_req = NULL;
+    e->cur_unexp = NULL;
+    for (rdma_req_t *q = e->rq_head; q; q = q->next)
+      if (q->tag == h.tag) {
+        list_remove(&e->rq_head, &e->rq_tail, q);
+        e->cur_req = q;
+        q->total = h.total;
+        break;
+      }
+    if (!e->cur_req) {
+      unexp_t *u = calloc(1, sizeof *u);
+      char *data = u ? malloc(h.total ? h.total : 1) : NULL;
+      if (!data) {
+        free(u);
+        peer_break(r, p, "out of memory for an unexpected message of %llu bytes", (unsigned long long)h.total);
+        return;
+      }
+      u->tag = h.tag;
+      u->total = h.total;
+      u->data = data;
+      if (e->uq_tail) e->uq_tail->next = u;
+      else e->uq_head = u;
+      e->uq_tail = u;
+      e->cur_unexp = u;
+    }
+  } else if (!e->cur_open || h.tag != e->cur_tag || h.offset != e->cur_got || h.total != e->cur_total) {
+    peer_break(r, p, "fragment out of order from rank %d (tag %llx offset %llu)", p, (unsigned long long)h.tag,
+               (unsigned long long)h.offset);
+    return;
+  }
+  const char *data = s + sizeof h;
+  rdma_req_t *q = e->cur_req;
+  if (q && h.offset < q->bytes && h.len) {
+    size_t n = q->bytes - h.offset < h.len ? q->bytes - h.offset : h.len;
+    memcpy(q->buf + h.offset, data, n);
+  }
+  unexp_t *u = e->cur_unexp;
+  if (u && h.len) memcpy(u->data + h.offset, data, h.len);
+  e->cur_got += h.len;
+  if (u) u->got = e->cur_got;
+  if (e->cur_got < e->cur_total) return;
+  e->cur_open = 0;
+  if (q) finish_recv(q, e->cur_total);
+  e->cur_req = NULL;
+  if (u && u->req) {
+    rdma_req_t *w = u->req;
+    if (u->total && w->bytes) memcpy(w->buf, u->data, u->total < w->bytes ? u->total : w->bytes);
+    w->from = NULL;
+    finish_recv(w, u->total);
+    unexp_remove(e, u);
+  }
+  e->cur_unexp = NULL;
+}
+
+static int peer_of_qp(rdma_t *r, const struct ibv_qp *qp) {
+  for (int p = 0; p < r->nranks; p++)
+    if (r->peers[p].qp == qp) return p;
+  return -1;
+}
+
+static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
+  if (wc->wr_id & RECV_ID) {
+    int p = (int)(wc->wr_id & 0xffffffff);
+    if (p < 0 || p >= r->nranks || p == r->rank) return;
+    peer_t *e = &r->peers[p];
+    if (wc->status != IBV_WC_SUCCESS) {
+      peer_break(r, p, "receive completion: %s", wc_status(r->v, wc->status));
+      return;
+    }
+    if (e->broken) return;
+    post_recv_wr(r, p);
+    uint32_t imm = ntohl(wc->imm_data);
+    if (imm & IMM_CREDIT) {
+      e->credited += ((imm & 0x7fffffff) - (uint32_t)(e->credited & 0x7fffffff)) & 0x7fffffff;
+      return;
+    }
+    if (imm != (uint32_t)(e->consumed % (uint64_t)r->nslots)) {
+      peer_break(r, p, "rank %d wrote slot %u where slot %u was next", p, imm,
+                 (unsigned)(e->consumed % (uint64_t)r->nslots));
+      return;
+    }
+    land(r, p, wc->byte_len);
+    if (!e->broken) e->consumed++;
+    return;
+  }
+  int p = (int)(wc->wr_id >> 32), credit = (int)((wc->wr_id >> 31) & 1);
+  unsigned slot = (unsigned)(wc->wr_id & 0x7fffffff);
+  if (p < 0 || p >= r->nranks || p == r->rank) return;
+  peer_t *e = &r->peers[p];
+  e->wr_out--;
+  /* The peer's reason first, so that its requests fail with it. */
+  if (wc->status != IBV_WC_SUCCESS)
+    peer_break(r, p, "%s completion: %s (vendor error %u)", credit ? "credit" : "write", wc_status(r->v, wc->status),
+               wc->vendor_err);
+  if (!credit && slot < (unsigned)r->nslots) {
+    rdma_req_t *q = e->slot_req[slot];
+    e->slot_busy[slot] = 0;
+    e->slot_req[slot] = NULL;
+    if (q) {
+      q->frags_out--;
+      if (wc->status != IBV_WC_SUCCESS) req_fail(q, "write failed");
+      if (q->orphan && q->frags_out == 0) free(q);
+      else if (q->frags_out == 0 && q->posted == q->bytes && q->nfrags_posted && q->state == REQ_PENDING)
+        q->state = REQ_DONE;
+    }
+  }
+}
+
+static void poll_async(rdma_t *r) {
+  struct ibv_async_event ev;
+  for (int n = 0; n < 64 && r->v->get_async_event(r->ctx, &ev) == 0; n++) {
+    char why[120];
+    int p;
+    switch (ev.event_type) {
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+        p = peer_of_qp(r, ev.element.qp);
+        if (p >= 0) peer_break(r, p, "queue pair error (async event %d)", (int)ev.event_type);
+        break;
+      case IBV_EVENT_CQ_ERR:
+      case IBV_EVENT_PORT_ERR:
+      case IBV_EVENT_DEVICE_FATAL:
+        snprintf(why, sizeof why, "%s",
+                 ev.event_type == IBV_EVENT_CQ_ERR    ? "completion queue overrun"
+                 : ev.event_type == IBV_EVENT_PORT_ERR ? "port went down"
+                                                       : "device fatal error");
+        link_fatal(r, why);
+        break;
+      default: FC_INFO(FC_SUB_NET, "rank %d: rdma async event %d", r->rank, (int)ev.event_type);
+    }
+    r->v->ack_async_event(&ev);
+  }
+}
+
+static int rdma_progress(fc_link_t *link) {
+  rdma_t *r = link->state;
+  int events = 0;
+  /* Async events are rare and cost a system call each look: every 128th call. */
+  if ((++r->progress_calls & 127) == 0) poll_async(r);
+  struct ibv_wc wc[POLL_BATCH];
+  for (int round = 0; round < 8; round++) {
+    int n = ibv_poll_cq(r->cq, POLL_BATCH, wc);
+    if (n < 0) {
+      link_fatal(r, "ibv_poll_cq failed");
+      break;
+    }
+    for (int i = 0; i < n; i++) on_completion(r, &wc[i]);
+    events += n;
+    if (n < POLL_BATCH) break;
+  }
+  for (int p = 0; p < r->nranks; p++)
+    if (p != r->rank && r->peers[p].qp) {
+      pump(r, p);
+      send_credit(r, p);
+    }
+  return events > 0;
+}
+
+/* ---- open and close -------------------------------------------------------------------------- */
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* The first active port of a device FLEXCOLL_IB_HCA allows: opens r->ctx.  0, or -1 with why. */
+static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t len) {
+  int n = 0;
+  errno = 0;
+  struct ibv_device **list = r->v->get_device_list(&n);
+  if (!list || n <= 0) {
+    snprintf(why, len, "no RDMA device (%s: %s)", r->v->path,
+             !list && errno ? strerror(errno) : "the device list is empty");
+    if (list) r->v->free_device_list(list);
+    return -1;
+  }
+  snprintf(why, len, "no active port on %d RDMA device(s)%s", n,
+           fc_param_str("FLEXCOLL_IB_HCA", NULL) ? " that FLEXCOLL_IB_HCA allows" : "");
+  for (int i = 0; i < n && !r->ctx; i++) {
+    const char *name = r->v->get_device_name(list[i]);
+    struct ibv_context *ctx = r->v->open_device(list[i]);
+    struct ibv_device_attr da;
+    if (!ctx) {
+      /* Most often the permissions of /dev/infiniband: say so rather than "no active port". */
+      snprintf(why, len, "cannot open RDMA device %s: %s", name, strerror(errno));
+      continue;
+    }
+    if (r->v->query_device(ctx, &da) == 0)
+      for (int p = 1; p <= da.phys_port_cnt && !r->ctx; p++) {
+        memset(pa, 0, sizeof *pa);
+        if (r->v->query_port(ctx, (uint8_t)p, pa) || pa->state != IBV_PORT_ACTIVE || !hca_wanted(name, p)) continue;
+        r->ctx = ctx;
+        r->port = (uint8_t)p;
+        FC_INFO(FC_SUB_NET, "rank %d: rdma on %s port %d (%s, MTU %s, %.0f Gb/s)", r->rank, name, p,
+                pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", mtu_name(pa->active_mtu),
+                port_gbps(pa));
+      }
+    if (!r->ctx) r->v->close_device(ctx);
+  }
+  r->v->free_device_list(list);
+  return r->ctx ? 0 : -1;
+}
+
+/* This rank's side: device, memory, completion queue, queue pairs in INIT with receives posted. */
+static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size_t len) {
+  r->v = fc_verbs_load(why, len);
+  if (!r->v) return -1;
+  struct ibv_port_attr pa;
+  if (choose_port(r, &pa, why, len)) return -1;
+  /* Async events are read in progress(), never waited for. */
+  int fl = fcntl(r->ctx->async_fd, F_GETFL);
+  if (fl < 0 || fcntl(r->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) < 0)
+    return snprintf(why, len, "async events: fcntl: %s", strerror(errno)), -1;
+  me->lid = pa.lid;
+  me->mtu = (uint8_t)pa.active_mtu;
+  me->global = pa.link_layer == IBV_LINK_LAYER_ETHERNET || pa.lid == 0;
+  if (me->global && r->v->query_gid(r->ctx, r->port, 0, &me->gid))
+    return snprintf(why, len, "ibv_query_gid: %s", strerror(errno)), -1;
+  struct ibv_device_attr da;
+  if (r->v->query_device(r->ctx, &da)) return snprintf(why, len, "ibv_query_device: %s", strerror(errno)), -1;
+  int peers = r->nranks - 1;
+  /* One rank alone has no queue pair (its messages to itself never reach the NIC): a CQ of one. */
+  long cqe = peers ? (long)peers * (r->max_send_wr + r->max_recv_wr) : 1;
+  if (cqe > da.max_cqe || peers > da.max_qp || r->max_send_wr > da.max_qp_wr)
+    return snprintf(why, len, "the device is too small for %d ranks (%ld CQ entries, %d queue pairs)", r->nranks, cqe,
+                    peers), -1;
+  r->pd = r->v->alloc_pd(r->ctx);
+  if (!r->pd) return snprintf(why, len, "ibv_alloc_pd: %s", strerror(errno)), -1;
+  r->cq = r->v->create_cq(r->ctx, (int)cqe, NULL, NULL, 0);
+  if (!r->cq) return snprintf(why, len, "ibv_create_cq(%ld): %s", cqe, strerror(errno)), -1;
+  size_t area = (size_t)r->nranks * (size_t)r->nslots * SLOT_BYTES;
+  if (posix_memalign((void **)&r->ring, 4096, area) || posix_memalign((void **)&r->send, 4096, area)) {
+    return snprintf(why, len, "out of memory for %zu bytes of rdma slots", 2 * area), -1;
+  }
+  memset(r->ring, 0, area);
+  r->ring_mr = r->v->reg_mr(r->pd, r->ring, area, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  r->send_mr = r->ring_mr ? r->v->reg_mr(r->pd, r->send, area, IBV_ACCESS_LOCAL_WRITE) : NULL;
+  if (!r->send_mr) return snprintf(why, len, "ibv_reg_mr(%zu bytes): %s", area, strerror(errno)), -1;
+  me->ring_addr = (uint64_t)(uintptr_t)r->ring;
+  me->rkey = r->ring_mr->rkey;
+  me->nslots = (uint32_t)r->nslots;
+  for (int p = 0; p < r->nranks; p++) {
+    if (p == r->rank) continue;
+    peer_t *e = &r->peers[p];
+    e->slot_req = calloc((size_t)r->nslots, sizeof *e->slot_req);
+    e->slot_busy = calloc((size_t)r->nslots, 1);
+    if (!e->slot_req || !e->slot_busy) return snprintf(why, len, "out of memory"), -1;
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof ia);
+    ia.send_cq = ia.recv_cq = r->cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = (uint32_t)r->max_send_wr;
+    ia.cap.max_recv_wr = (uint32_t)r->max_recv_wr;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    e->qp = r->v->create_qp(r->pd, &ia);
+    if (!e->qp) return snprintf(why, len, "ibv_create_qp: %s", strerror(errno)), -1;
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = r->port;
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    int rc = r->v->modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (rc) return snprintf(why, len, "queue pair to INIT: %s", strerror(rc)), -1;
+    /* Receives first: a peer may write as soon as both ends are ready to send. */
+    for (int k = 0; k < r->max_recv_wr; k++)
+      if (post_recv_wr(r, p)) return snprintf(why, len, "%s", e->why), -1;
+    qpn[p] = e->qp->qp_num;
+  }
+  return 0;
+}
+
+/* INIT -> RTR -> RTS toward peer p, whose side is c (its queue pair for this rank: qpn). */
+static int connect_peer(rdma_t *r, int p, const conn_hdr_t *me, const conn_hdr_t *c, uint32_t qpn, char *why,
+                        size_t len) {
+  peer_t *e = &r->peers[p];
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = (enum ibv_mtu)(c->mtu < me->mtu ? c->mtu : me->mtu);
+  a.dest_qp_num = qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.dlid = c->lid;
+  a.ah_attr.port_num = r->port;
+  if (me->global) {
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = c->gid;
+    a.ah_attr.grh.sgid_index = 0;
+    a.ah_attr.grh.hop_limit = 1;
+  }
+  int rc = r->v->modify_qp(e->qp, &a,
+                           IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (rc) return snprintf(why, len, "queue pair to rank %d, RTR: %s", p, strerror(rc)), -1;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;   /* 4.096 us * 2^14: 67 ms per try */
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;  /* a receiver without a posted receive is waited for: they are reposted at every poll */
+  a.sq_psn = 0;
+  a.max_rd_atomic = 1;
+  rc = r->v->modify_qp(e->qp, &a,
+                       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                           IBV_QP_MAX_QP_RD_ATOMIC);
+  if (rc) return snprintf(why, len, "queue pair to rank %d, RTS: %s", p, strerror(rc)), -1;
+  e->raddr = c->ring_addr + (uint64_t)r->rank * (uint64_t)r->nslots * SLOT_BYTES;
+  e->rkey = c->rkey;
+  return 0;
+}
+
+static void rdma_free(rdma_t *r) {
+  if (r->peers)
+    for (int p = 0; p < r->nranks; p++) {
+      peer_t *e = &r->peers[p];
+      if (e->qp) r->v->destroy_qp(e->qp);
+      /* Requests whose owner let go while their writes were in flight. */
+      for (int k = 0; e->slot_req && k < r->nslots; k++) {
+        rdma_req_t *q = e->slot_req[k];
+        if (!q) continue;
+        for (int j = k; j < r->nslots; j++)
+          if (e->slot_req[j] == q) e->slot_req[j] = NULL;
+        if (q->orphan) free(q);
+      }
+      while (e->uq_head) unexp_remove(e, e->uq_head);
+      free(e->slot_req);
+      free(e->slot_busy);
+    }
+  /* Deregistered only once no queue pair can write into it. */
+  if (r->ring_mr) r->v->dereg_mr(r->ring_mr);
+  if (r->send_mr) r->v->dereg_mr(r->send_mr);
+  if (r->cq) r->v->destroy_cq(r->cq);
+  if (r->pd) r->v->dealloc_pd(r->pd);
+  if (r->ctx) r->v->close_device(r->ctx);
+  free(r->ring);
+  free(r->send);
+  free(r->peers);
+  free(r);
+}
+
+static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
+  rdma_t *r = calloc(1, sizeof *r);
+  if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  link->state = r;
+  r->comm = comm;
+  r->nranks = comm->nranks;
+  r->rank = comm->rank;
+  /* 16 slots (1 MiB) per peer keep a 1 MiB slice streaming; beyond 16 peers the rings would
+   * grow past 16 MiB per rank, so fewer. */
+  r->nslots = comm->nranks <= 17 ? 16 : 4;
+  /* Data writes in flight are at most nslots (credits); credits at most one per quarter of the
+   * ring, four or five in flight; a margin on top. */
+  r->max_send_wr = r->max_recv_wr = r->nslots + 8;
+  r->peers = calloc((size_t)comm->nranks, sizeof *r->peers);
+  /* Each rank's record rounded up to 8 bytes: every header in the gathered array stays aligned. */
+  size_t per = (sizeof(conn_hdr_t) + sizeof(uint32_t) * (size_t)comm->nranks + 7) & ~(size_t)7;
+  char *all = calloc((size_t)comm->nranks, per);
+  if (!r->peers || !all) {
+    free(all);
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  }
+  conn_hdr_t *me = (conn_hdr_t *)(all + (size_t)comm->rank * per);
+  *usable = 0;
+  /* Every rank takes part in the exchange, with or without a device. */
+  int ok = setup_local(r, me, (uint32_t *)(me + 1), why, len) == 0;
+  me->usable = (uint8_t)ok;
+  conn_hdr_t mine = *me;
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per);
+  for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS && ok; q++) {
+    const conn_hdr_t *c = (const conn_hdr_t *)(all + (size_t)q * per);
+    if (!c->usable || c->nslots != mine.nslots) {
+      ok = 0;
+      snprintf(why, len, "not available on rank %d", q);
+    }
+  }
+  for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS && ok; q++) {
+    if (q == comm->rank) continue;
+    const conn_hdr_t *c = (const conn_hdr_t *)(all + (size_t)q * per);
+    if (connect_peer(r, q, &mine, c, ((const uint32_t *)(c + 1))[comm->rank], why, len)) ok = 0;
+  }
+  free(all);
+  /* Nobody writes into a queue pair before its peer's is ready to receive. */
+  if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
+  *usable = ok && res == FLEXCOLL_SUCCESS;
+  return res;
+}
+
+/* Never waits on a peer for long: what is in flight gets a bounded time to complete (a peer that
+ * has left fails it at once), then the queue pairs go to the error state (flushing the rest) and
+ * are destroyed before their memory is deregistered. */
+static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
+  rdma_t *r = link->state;
+  if (!r) return;
+  if (!force && r->cq && !r->fatal) {
+    double bound = comm->timeout_ms > 0 && comm->timeout_ms < 2000 ? comm->timeout_ms : 2000, t0 = now_ms();
+    for (;;) {
+      int busy = 0;
+      for (int p = 0; p < r->nranks; p++) busy |= r->peers[p].qp && !r->peers[p].broken && r->peers[p].wr_out > 0;
+      if (!busy || now_ms() - t0 > bound) break;
+      if (!rdma_progress(link)) sched_yield();
+    }
+  }
+  for (int p = 0; p < r->nranks && r->peers; p++)
+    if (r->peers[p].qp) {
+      struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+      r->v->modify_qp(r->peers[p].qp, &a, IBV_QP_STATE);
+    }
+  rdma_free(r);
+  link->state = NULL;
+}
+
+/* ---- the table's requests --------------------------------------------------------------------- */
+
+static flexcoll_result_t peer_ok(struct flexcoll_comm *comm, rdma_t *r, int peer, const char *what) {
+  if (peer == r->rank) return FLEXCOLL_SUCCESS; /* messages to self never touch the NIC */
+  if (peer < 0 || peer >= r->nranks || !r->peers[peer].qp)
+    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "rdma %s rank %d: no queue pair", what, peer);
+  if (r->peers[peer].broken)
+    return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "rdma %s rank %d: %s", what, peer, r->peers[peer].why);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* A message to this rank itself (a batch of send/recv may hold one): copied into the matching
+ * receive, or kept as an unexpected message; the send is done either way. */
+static flexcoll_result_t send_self(struct flexcoll_comm *comm, rdma_t *r, rdma_req_t *q) {
+  peer_t *e = &r->peers[r->rank];
+  q->state = REQ_DONE;
+  for (rdma_req_t *w = e->rq_head; w; w = w->next)
+    if (w->tag == q->tag) {
+      list_remove(&e->rq_head, &e->rq_tail, w);
+      if (q->bytes && w->bytes) memcpy(w->buf, q->buf, q->bytes < w->bytes ? q->bytes : w->bytes);
+      finish_recv(w, q->bytes);
+      return FLEXCOLL_SUCCESS;
+    }
+  unexp_t *u = calloc(1, sizeof *u);
+  char *data = u ? malloc(q->bytes ? q->bytes : 1) : NULL;
+  if (!data) {
+    free(u);
+    q->state = REQ_FAILED;
+    snprintf(q->why, sizeof q->why, "out of memory for a message to self");
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: out of memory for a message of %zu bytes to self", q->bytes);
+  }
+  if (q->bytes) memcpy(data, q->buf, q->bytes);
+  u->tag = q->tag;
+  u->total = u->got = q->bytes;
+  u->data = data;
+  if (e->uq_tail) e->uq_tail->next = u;
+  else e->uq_head = u;
+  e->uq_tail = u;
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
+                                   uint64_t tag, fc_link_req_t *req) {
+  rdma_t *r = link->state;
+  FC_CHECK(peer_ok(comm, r, peer, "send to"));
+  rdma_req_t *q = calloc(1, sizeof *q);
+  if (!q) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  q->peer = peer;
+  q->tag = tag;
+  q->buf = (char *)buf;
+  q->bytes = bytes;
+  *req = q;
+  if (peer == r->rank) {
+    flexcoll_result_t res = send_self(comm, r, q);
+    if (res != FLEXCOLL_SUCCESS) {
+      free(q);
+      *req = NULL;
+    }
+    return res;
+  }
+  list_append(&r->peers[peer].sq_head, &r->peers[peer].sq_tail, q);
+  pump(r, peer);
+  *req = q;
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
+                                    uint64_t tag, fc_link_req_t *req) {
+  rdma_t *r = link->state;
+  FC_CHECK(peer_ok(comm, r, peer, "receive from"));
+  peer_t *e = &r->peers[peer];
+  rdma_req_t *q = calloc(1, sizeof *q);
+  if (!q) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  q->is_recv = 1;
+  q->peer = peer;
+  q->tag = tag;
+  q->buf = buf;
+  q->bytes = bytes;
+  *req = q;
+  for (unexp_t *u = e->uq_head; u; u = u->next) {
+    if (u->tag != tag || u->req) continue;
+    if (u->got == u->total && u != e->cur_unexp) {
+      if (u->total && bytes) memcpy(buf, u->data, u->total < bytes ? u->total : bytes);
+      finish_recv(q, u->total);
+      unexp_remove(e, u);
+    } else {
+      u->req = q;
+      q->from = u;
+    }
+    return FLEXCOLL_SUCCESS;
+  }
+  list_append(&e->rq_head, &e->rq_tail, q);
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t rdma_test(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
+                                   int *done) {
+  rdma_t *r = link->state;
+  rdma_req_t *q = *req;
+  *done = 1;
+  if (!q) return FLEXCOLL_SUCCESS;
+  if (q->state == REQ_PENDING) {
+    *done = 0;
+    return FLEXCOLL_SUCCESS;
+  }
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (q->state == REQ_FAILED)
+    res = fc_error(comm, FLEXCOLL_REMOTE_ERROR, "rdma %s %s rank %d failed: %s", q->is_recv ? "receive" : "send",
+                   q->is_recv ? "from" : "to", q->peer, q->why);
+  else if (q->is_recv && expect != SIZE_MAX && q->total != expect)
+    res = fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                   "a peer sent %zu bytes where this rank expects %zu: the ranks called different collectives or counts",
+                   q->total, expect);
+  req_detach(r, q);
+  req_release(q);
+  *req = NULL;
+  return res;
+}
+
+static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
+  rdma_t *r = link->state;
+  rdma_req_t *q = *req;
+  if (!q) return;
+  req_detach(r, q);
+  req_release(q);
+  *req = NULL;
+}
+
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, rdma_isend, rdma_irecv, rdma_progress, rdma_test, rdma_cancel};
+
+#else /* !HAVE_VERBS_H */
+
+/* Built without <infiniband/verbs.h>: the link exists by name and is absent everywhere. */
+static const char *no_header = "built without infiniband/verbs.h (install libibverbs-dev and reconfigure)";
+
+void fc_rdma_report(FILE *out) { fprintf(out, "RDMA devices: none (%s)\n", no_header); }
+
+static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
+  (void)comm;
+  link->state = NULL;
+  *usable = 0;
+  snprintf(why, len, "%s", no_header);
+  return FLEXCOLL_SUCCESS;
+}
+static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
+
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL};
+
+#endif

@@ -1,0 +1,946 @@
+/* fake_verbs.c — a verbs provider for the tests: the ibv_* functions the rdma link uses, moving
+ * bytes between processes (and threads) of one host through shared memory.
+ *
+ * Loaded by the rdma link where FLEXCOLL_VERBS_PROVIDER=fake (from FLEXCOLL_VERBS_FAKE_LIB), never
+ * by the library otherwise.  Each opened device context is one RoCE-like port: its GID names the
+ * process and the context, and its "wire" is an inbox in POSIX shared memory (/fcfv-PID-N) that
+ * other contexts append messages to under a process-shared robust mutex.  An RDMA write is a
+ * message to the target context; the target applies it when it polls a CQ (checks the rkey and
+ * the range, writes the bytes into its registered memory, consumes a posted receive for an
+ * immediate, makes the receive completion) and answers with an acknowledgement, which makes the
+ * sender's completion — RC semantics: a send completes once the responder took it.
+ *
+ * Modelled because it bites in real verbs: the QP state machine (RESET, INIT, RTR, RTS, ERR; other
+ * transitions and missing attributes are EINVAL; posting in the wrong state is EINVAL), lkey and
+ * rkey checks (LOC_PROT_ERR, REM_ACCESS_ERR), queue depths (ENOMEM beyond max_send_wr /
+ * max_recv_wr), CQ overrun (an IBV_EVENT_CQ_ERR async event, completions lost), RNR (a write with
+ * immediate waits for a posted receive, rnr_retry 7 forever, else RNR_RETRY_EXC_ERR), a target
+ * that is gone (RETRY_EXC_ERR), completions of different QPs in varying order, error flushes (WR_FLUSH_ERR for everything outstanding once a QP
+ * is in ERR), destroy order (a CQ or PD still in use is EBUSY).
+ *
+ * FLEXCOLL_VERBS_FAKE_FAULT (comma list, read at the first device list of the process):
+ *   post:N   the Nth ibv_post_send of the process fails (EIO)
+ *   drop:N   the Nth completion the process would produce vanishes
+ *   kill:N   at the Nth ibv_post_send the QP goes to ERR (flush) with an IBV_EVENT_QP_FATAL
+ *   delay:MS every send work request starts MS milliseconds after it was posted
+ *   portdown:N at the Nth ibv_post_send the port goes down: IBV_EVENT_PORT_ERR, and every QP of
+ *            the context fails (RETRY_EXC_ERR, then flushes), as when the link drops
+ *   nodev    no device at all (ibv_get_device_list gives NULL, ENOSYS)
+ *
+ * Callers pass a whole struct ibv_port_attr to ibv_query_port (the rdma link does).  Inboxes of
+ * processes that died without closing their device are unlinked at the next ibv_open_device. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+#undef ibv_get_device_list
+#undef ibv_query_port
+#undef ibv_reg_mr
+
+#define FV_EXPORT __attribute__((visibility("default")))
+#define FV_BOX_BYTES (8u << 20)
+#define FV_BOX_MAGIC 0xfcfe0001u
+#define FV_MAX_BOXES 64
+#define FV_MAX_EVENTS 64
+
+/* ---- faults ------------------------------------------------------------------------------------ */
+
+static struct {
+  long post_fail, drop, kill, delay_ms, portdown;
+  int nodev, bad;
+} fault;
+static atomic_long posts, completions;
+static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
+
+static void parse_faults(void) {
+  const char *s = getenv("FLEXCOLL_VERBS_FAKE_FAULT");
+  if (!s || !*s) return;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *colon = strchr(t, ':'), *end = NULL;
+    long v = colon ? strtol(colon + 1, &end, 10) : 0;
+    if (!strcmp(t, "nodev")) { fault.nodev = 1; continue; }
+    if (!colon || end == colon + 1 || *end || v <= 0) { fault.bad = 1; continue; }
+    *colon = 0;
+    if (!strcmp(t, "post")) fault.post_fail = v;
+    else if (!strcmp(t, "drop")) fault.drop = v;
+    else if (!strcmp(t, "kill")) fault.kill = v;
+    else if (!strcmp(t, "delay")) fault.delay_ms = v;
+    else if (!strcmp(t, "portdown")) fault.portdown = v;
+    else fault.bad = 1;
+  }
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, nodev\n", s);
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* ---- the wire: one inbox per context ------------------------------------------------------------ */
+
+typedef struct {
+  pthread_mutex_t lock;
+  uint32_t magic;
+  atomic_int closed;
+  pid_t pid;
+  uint64_t head, tail, cap;
+  char data[];
+} fv_box_t;
+
+enum { FV_WRITE = 1, FV_ACK = 2 };
+
+typedef struct {
+  uint32_t bytes; /* header and payload, rounded up to 8 */
+  uint32_t kind;
+  uint32_t dst_qpn, src_qpn;
+  union ibv_gid src_gid;
+  uint64_t seq, raddr;
+  uint32_t rkey, imm, has_imm, status, len;
+  uint32_t rnr_retry; /* the requester's: how long the responder may keep it waiting */
+} fv_msg_t;
+
+static void box_lock(fv_box_t *b) {
+  /* A process that died holding the lock leaves it to the next one, consistent (the ring's
+   * head and tail move only after a whole message is copied). */
+  if (pthread_mutex_lock(&b->lock) == EOWNERDEAD) pthread_mutex_consistent(&b->lock);
+}
+
+static void ring_copy_in(fv_box_t *b, uint64_t at, const void *src, size_t n) {
+  size_t off = (size_t)(at % b->cap), first = b->cap - off < n ? b->cap - off : n;
+  memcpy(b->data + off, src, first);
+  memcpy(b->data, (const char *)src + first, n - first);
+}
+
+static void ring_copy_out(fv_box_t *b, uint64_t at, void *dst, size_t n) {
+  size_t off = (size_t)(at % b->cap), first = b->cap - off < n ? b->cap - off : n;
+  memcpy(dst, b->data + off, first);
+  memcpy((char *)dst + first, b->data, n - first);
+}
+
+/* 0, or -1 when the inbox has no room now (the caller retries later, as a NIC would). */
+static int box_push(fv_box_t *b, fv_msg_t *m, const void *payload) {
+  m->bytes = (uint32_t)((sizeof *m + m->len + 7) & ~(size_t)7);
+  box_lock(b);
+  int ok = b->cap - (b->head - b->tail) >= m->bytes;
+  if (ok) {
+    ring_copy_in(b, b->head, m, sizeof *m);
+    if (m->len) ring_copy_in(b, b->head + sizeof *m, payload, m->len);
+    b->head += m->bytes;
+  }
+  pthread_mutex_unlock(&b->lock);
+  return ok ? 0 : -1;
+}
+
+/* The next message, payload in *payload (malloc'ed); 0 when there is none. */
+static int box_pop(fv_box_t *b, fv_msg_t *m, char **payload) {
+  box_lock(b);
+  int have = b->head != b->tail;
+  *payload = NULL;
+  if (have) {
+    ring_copy_out(b, b->tail, m, sizeof *m);
+    *payload = malloc(m->len ? m->len : 1);
+    if (*payload && m->len) ring_copy_out(b, b->tail + sizeof *m, *payload, m->len);
+    if (*payload) b->tail += m->bytes;
+    else have = 0;
+  }
+  pthread_mutex_unlock(&b->lock);
+  return have;
+}
+
+static void box_name(char *buf, size_t n, const union ibv_gid *g) {
+  uint32_t pid, serial;
+  memcpy(&pid, g->raw + 8, 4);
+  memcpy(&serial, g->raw + 12, 4);
+  snprintf(buf, n, "/fcfv-%u-%u", ntohl(pid), ntohl(serial));
+}
+
+/* ---- objects ------------------------------------------------------------------------------------- */
+
+typedef struct fv_ctx fv_ctx_t;
+
+typedef struct {
+  uint64_t wr_id, seq, raddr;
+  double start;
+  uint32_t imm, rkey, len, lkey;
+  uint64_t laddr;
+  int signaled, has_imm, pushed;
+} fv_swr_t;
+
+typedef struct fv_in {
+  fv_msg_t m;
+  char *data;
+  struct fv_in *next;
+} fv_in_t;
+
+typedef struct fv_qp {
+  struct ibv_qp qp;
+  fv_ctx_t *ctx;
+  int max_send, max_recv, access, rnr_retry;
+  fv_swr_t *sq;
+  int sq_head, sq_n;
+  uint64_t *rq;
+  int rq_head, rq_n;
+  uint64_t next_seq;
+  union ibv_gid dgid;
+  uint32_t dqpn;
+  fv_box_t *rbox;
+  int rbox_failed;
+  double rnr_since, next_alive_check;
+  fv_in_t *in_head, *in_tail;
+  struct fv_qp *next;
+} fv_qp_t;
+
+typedef struct fv_mr {
+  struct ibv_mr mr;
+  int access;
+  struct fv_mr *next;
+} fv_mr_t;
+
+typedef struct {
+  struct ibv_cq cq;
+  struct ibv_wc *ring;
+  int cap, head, n, overrun;
+} fv_cq_t;
+
+typedef struct fv_ack {
+  fv_msg_t m;
+  fv_box_t *to;
+  struct fv_ack *next;
+} fv_ack_t;
+
+struct fv_ctx {
+  struct ibv_context ctx;
+  union ibv_gid gid;
+  char name[64];
+  fv_box_t *box;
+  fv_qp_t *qps;
+  fv_mr_t *mrs;
+  int npds, ncqs;
+  uint32_t next_qpn, next_key;
+  struct {
+    union ibv_gid gid;
+    fv_box_t *box;
+  } boxes[FV_MAX_BOXES];
+  int nboxes;
+  fv_ack_t *acks_head, *acks_tail;
+  struct ibv_async_event events[FV_MAX_EVENTS];
+  int nevents;
+  int port_down;
+  unsigned rounds;
+};
+
+static struct ibv_device fv_device;
+static atomic_uint serials;
+
+static fv_ctx_t *ctx_of(struct ibv_context *c) { return (fv_ctx_t *)c; }
+
+static void raise_event(fv_ctx_t *c, enum ibv_event_type type, void *element) {
+  if (c->nevents == FV_MAX_EVENTS) return;
+  struct ibv_async_event *e = &c->events[c->nevents++];
+  memset(e, 0, sizeof *e);
+  e->event_type = type;
+  if (type == IBV_EVENT_CQ_ERR) e->element.cq = element;
+  else if (type == IBV_EVENT_PORT_ERR) e->element.port_num = 1;
+  else e->element.qp = element;
+  uint64_t one = 1;
+  if (write(c->ctx.async_fd, &one, sizeof one) < 0) { /* the queue above is what counts */ }
+}
+
+static void push_cqe(struct ibv_cq *cq_, const struct ibv_wc *wc) {
+  fv_cq_t *cq = (fv_cq_t *)cq_;
+  if (fault.drop && atomic_fetch_add(&completions, 1) + 1 == fault.drop) return;
+  if (cq->n == cq->cap) {
+    if (!cq->overrun) raise_event(ctx_of(cq->cq.context), IBV_EVENT_CQ_ERR, cq_);
+    cq->overrun = 1;
+    return;
+  }
+  cq->ring[(cq->head + cq->n) % cq->cap] = *wc;
+  cq->n++;
+}
+
+static void send_cqe(fv_qp_t *q, const fv_swr_t *w, enum ibv_wc_status st) {
+  if (st == IBV_WC_SUCCESS && !w->signaled) return;
+  struct ibv_wc wc;
+  memset(&wc, 0, sizeof wc);
+  wc.wr_id = w->wr_id;
+  wc.status = st;
+  wc.opcode = IBV_WC_RDMA_WRITE;
+  wc.qp_num = q->qp.qp_num;
+  push_cqe(q->qp.send_cq, &wc);
+}
+
+static void recv_cqe(fv_qp_t *q, uint64_t wr_id, enum ibv_wc_status st, const fv_msg_t *m) {
+  struct ibv_wc wc;
+  memset(&wc, 0, sizeof wc);
+  wc.wr_id = wr_id;
+  wc.status = st;
+  wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+  wc.qp_num = q->qp.qp_num;
+  if (m) {
+    wc.byte_len = m->len;
+    wc.imm_data = m->imm;
+    wc.wc_flags = IBV_WC_WITH_IMM;
+    wc.src_qp = m->src_qpn;
+  }
+  push_cqe(q->qp.recv_cq, &wc);
+}
+
+/* ERR: everything outstanding completes with WR_FLUSH_ERR (the first send with `first`). */
+static void qp_to_err(fv_qp_t *q, enum ibv_wc_status first) {
+  q->qp.state = IBV_QPS_ERR;
+  while (q->sq_n) {
+    send_cqe(q, &q->sq[q->sq_head], first);
+    first = IBV_WC_WR_FLUSH_ERR;
+    q->sq_head = (q->sq_head + 1) % q->max_send;
+    q->sq_n--;
+  }
+  while (q->rq_n) {
+    recv_cqe(q, q->rq[q->rq_head], IBV_WC_WR_FLUSH_ERR, NULL);
+    q->rq_head = (q->rq_head + 1) % q->max_recv;
+    q->rq_n--;
+  }
+  while (q->in_head) {
+    fv_in_t *i = q->in_head;
+    q->in_head = i->next;
+    free(i->data);
+    free(i);
+  }
+  q->in_tail = NULL;
+}
+
+static fv_box_t *open_box(fv_ctx_t *c, const union ibv_gid *g) {
+  for (int i = 0; i < c->nboxes; i++)
+    if (!memcmp(&c->boxes[i].gid, g, sizeof *g)) return c->boxes[i].box;
+  if (!memcmp(&c->gid, g, sizeof *g)) return c->box;
+  if (c->nboxes == FV_MAX_BOXES) return NULL;
+  char name[64];
+  box_name(name, sizeof name, g);
+  int fd = shm_open(name, O_RDWR, 0);
+  if (fd < 0) return NULL;
+  void *p = mmap(NULL, sizeof(fv_box_t) + FV_BOX_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return NULL;
+  fv_box_t *b = p;
+  if (b->magic != FV_BOX_MAGIC) {
+    munmap(p, sizeof(fv_box_t) + FV_BOX_BYTES);
+    return NULL;
+  }
+  c->boxes[c->nboxes].gid = *g;
+  c->boxes[c->nboxes++].box = b;
+  return b;
+}
+
+static fv_mr_t *find_mr(fv_ctx_t *c, int by_rkey, uint32_t key, uint64_t addr, uint32_t len, int need) {
+  for (fv_mr_t *m = c->mrs; m; m = m->next) {
+    if ((by_rkey ? m->mr.rkey : m->mr.lkey) != key) continue;
+    uint64_t lo = (uint64_t)(uintptr_t)m->mr.addr;
+    if (addr < lo || addr + len > lo + m->mr.length || (m->access & need) != need) return NULL;
+    return m;
+  }
+  return NULL;
+}
+
+static fv_qp_t *find_qp(fv_ctx_t *c, uint32_t qpn) {
+  for (fv_qp_t *q = c->qps; q; q = q->next)
+    if (q->qp.qp_num == qpn) return q;
+  return NULL;
+}
+
+static void send_ack(fv_ctx_t *c, const fv_msg_t *w, enum ibv_wc_status st) {
+  fv_ack_t *a = calloc(1, sizeof *a);
+  if (!a) return;
+  a->m.kind = FV_ACK;
+  a->m.dst_qpn = w->src_qpn;
+  a->m.src_qpn = w->dst_qpn;
+  a->m.src_gid = c->gid;
+  a->m.seq = w->seq;
+  a->m.status = (uint32_t)st;
+  a->to = open_box(c, &w->src_gid);
+  if (!a->to) {
+    free(a);
+    return;
+  }
+  if (c->acks_tail) c->acks_tail->next = a;
+  else c->acks_head = a;
+  c->acks_tail = a;
+}
+
+static int flush_acks(fv_ctx_t *c) {
+  while (c->acks_head) {
+    fv_ack_t *a = c->acks_head;
+    if (box_push(a->to, &a->m, NULL)) return -1;
+    c->acks_head = a->next;
+    if (!c->acks_head) c->acks_tail = NULL;
+    free(a);
+  }
+  return 0;
+}
+
+/* The responder: apply q's arrivals in order while it can. */
+static void respond(fv_qp_t *q) {
+  fv_ctx_t *c = q->ctx;
+  while (q->in_head) {
+    fv_in_t *i = q->in_head;
+    fv_msg_t *m = &i->m;
+    enum ibv_wc_status st = IBV_WC_SUCCESS;
+    if (m->len && !find_mr(c, 1, m->rkey, m->raddr, m->len, IBV_ACCESS_REMOTE_WRITE)) st = IBV_WC_REM_ACCESS_ERR;
+    if (st == IBV_WC_SUCCESS && m->has_imm && q->rq_n == 0) {
+      /* Receiver not ready: the requester retries (rnr_retry 7: forever). */
+      if (!q->rnr_since) q->rnr_since = now_ms();
+      if (m->rnr_retry == 7 || now_ms() - q->rnr_since < 10.0 * (m->rnr_retry + 1)) return;
+      st = IBV_WC_RNR_RETRY_EXC_ERR;
+    }
+    q->rnr_since = 0;
+    if (st == IBV_WC_SUCCESS) {
+      if (m->len) memcpy((void *)(uintptr_t)m->raddr, i->data, m->len);
+      if (m->has_imm) {
+        uint64_t id = q->rq[q->rq_head];
+        q->rq_head = (q->rq_head + 1) % q->max_recv;
+        q->rq_n--;
+        recv_cqe(q, id, IBV_WC_SUCCESS, m);
+      }
+    }
+    send_ack(c, m, st);
+    q->in_head = i->next;
+    if (!q->in_head) q->in_tail = NULL;
+    free(i->data);
+    free(i);
+  }
+}
+
+/* The requester: an acknowledgement for the oldest write in flight. */
+static void on_ack(fv_qp_t *q, const fv_msg_t *m) {
+  if (!q->sq_n || !q->sq[q->sq_head].pushed || q->sq[q->sq_head].seq != m->seq) return; /* stale (after ERR) */
+  fv_swr_t w = q->sq[q->sq_head];
+  q->sq_head = (q->sq_head + 1) % q->max_send;
+  q->sq_n--;
+  if (m->status == IBV_WC_SUCCESS) send_cqe(q, &w, IBV_WC_SUCCESS);
+  else {
+    send_cqe(q, &w, (enum ibv_wc_status)m->status);
+    qp_to_err(q, IBV_WC_WR_FLUSH_ERR);
+  }
+}
+
+/* The requester: hand the queued writes whose time has come to the wire. */
+static void push_sends(fv_qp_t *q) {
+  if (q->qp.state != IBV_QPS_RTS) return;
+  fv_ctx_t *c = q->ctx;
+  if (!q->rbox && !q->rbox_failed) {
+    q->rbox = open_box(c, &q->dgid);
+    q->rbox_failed = !q->rbox;
+  }
+  for (int k = 0; k < q->sq_n; k++) {
+    fv_swr_t *w = &q->sq[(q->sq_head + k) % q->max_send];
+    if (w->pushed) continue;
+    if (now_ms() < w->start) return;
+    if (q->rbox_failed) {
+      qp_to_err(q, IBV_WC_RETRY_EXC_ERR);
+      return;
+    }
+    if (w->len && !find_mr(c, 0, w->lkey, w->laddr, w->len, 0)) {
+      /* Earlier writes still wait for their acknowledgements; a real NIC fails this one in order. */
+      qp_to_err(q, k == 0 ? IBV_WC_LOC_PROT_ERR : IBV_WC_WR_FLUSH_ERR);
+      return;
+    }
+    fv_msg_t m;
+    memset(&m, 0, sizeof m);
+    m.kind = FV_WRITE;
+    m.dst_qpn = q->dqpn;
+    m.src_qpn = q->qp.qp_num;
+    m.src_gid = c->gid;
+    m.seq = w->seq;
+    m.raddr = w->raddr;
+    m.rkey = w->rkey;
+    m.imm = w->imm;
+    m.has_imm = (uint32_t)w->has_imm;
+    m.len = w->len;
+    m.rnr_retry = (uint32_t)q->rnr_retry;
+    if (box_push(q->rbox, &m, (const void *)(uintptr_t)w->laddr)) return;
+    w->pushed = 1;
+  }
+  /* Writes in flight to a target that is gone never get an answer: retries exhausted. */
+  if (q->sq_n && q->sq[q->sq_head].pushed && now_ms() >= q->next_alive_check) {
+    q->next_alive_check = now_ms() + 100;
+    if (atomic_load(&q->rbox->closed) || (kill(q->rbox->pid, 0) && errno == ESRCH)) qp_to_err(q, IBV_WC_RETRY_EXC_ERR);
+  }
+}
+
+/* What a NIC does by itself: take the wire's messages, answer them, send what is queued. */
+static void engine(fv_ctx_t *c) {
+  fv_msg_t m;
+  char *data;
+  int budget = 256;
+  flush_acks(c);
+  while (budget-- > 0 && !c->acks_head && box_pop(c->box, &m, &data)) {
+    fv_qp_t *q = find_qp(c, m.dst_qpn);
+    if (m.kind == FV_ACK) {
+      if (q) on_ack(q, &m);
+      free(data);
+      continue;
+    }
+    if (!q || (q->qp.state != IBV_QPS_RTR && q->qp.state != IBV_QPS_RTS)) {
+      /* No such queue pair, or not receiving: the requester's retries run out. */
+      send_ack(c, &m, IBV_WC_RETRY_EXC_ERR);
+      free(data);
+      flush_acks(c);
+      continue;
+    }
+    fv_in_t *i = malloc(sizeof *i);
+    if (!i) {
+      free(data);
+      continue;
+    }
+    i->m = m;
+    i->data = data;
+    i->next = NULL;
+    if (q->in_tail) q->in_tail->next = i;
+    else q->in_head = i;
+    q->in_tail = i;
+    respond(q);
+    flush_acks(c);
+  }
+  /* Each round starts at another queue pair, so completions of different queue pairs come in
+   * varying orders, as on a NIC (only those of one queue pair are ordered). */
+  int nqps = 0;
+  for (fv_qp_t *q = c->qps; q; q = q->next) nqps++;
+  int first = nqps ? (int)(c->rounds++ % (unsigned)nqps) : 0;
+  fv_qp_t *start = c->qps;
+  for (int j = 0; j < first; j++) start = start->next;
+  for (int pass = 0; pass < 2 && nqps; pass++) {
+    fv_qp_t *q = start;
+    for (int k = 0; k < nqps; k++, q = q->next ? q->next : c->qps) {
+      if (pass == 0) respond(q);
+      else push_sends(q);
+    }
+  }
+  flush_acks(c);
+}
+
+/* ---- the context's ops (ibv_post_send, ibv_post_recv, ibv_poll_cq are inline over them) ---------- */
+
+static int fv_poll_cq(struct ibv_cq *cq_, int n, struct ibv_wc *wc) {
+  fv_cq_t *cq = (fv_cq_t *)cq_;
+  engine(ctx_of(cq_->context));
+  int got = 0;
+  while (got < n && cq->n) {
+    wc[got++] = cq->ring[cq->head];
+    cq->head = (cq->head + 1) % cq->cap;
+    cq->n--;
+  }
+  return got;
+}
+
+static int fv_post_send(struct ibv_qp *qp_, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+  fv_qp_t *q = (fv_qp_t *)qp_;
+  for (; wr; wr = wr->next) {
+    long n = atomic_fetch_add(&posts, 1) + 1;
+    if (fault.post_fail && n == fault.post_fail) return *bad = wr, EIO;
+    if (fault.kill && n == fault.kill && q->qp.state == IBV_QPS_RTS) {
+      qp_to_err(q, IBV_WC_WR_FLUSH_ERR);
+      raise_event(q->ctx, IBV_EVENT_QP_FATAL, qp_);
+    }
+    if (fault.portdown && n == fault.portdown && !q->ctx->port_down) {
+      q->ctx->port_down = 1;
+      raise_event(q->ctx, IBV_EVENT_PORT_ERR, NULL);
+      for (fv_qp_t *x = q->ctx->qps; x; x = x->next)
+        if (x->qp.state == IBV_QPS_RTS || x->qp.state == IBV_QPS_RTR) qp_to_err(x, IBV_WC_RETRY_EXC_ERR);
+    }
+    if (q->qp.state != IBV_QPS_RTS && q->qp.state != IBV_QPS_ERR) return *bad = wr, EINVAL;
+    if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM) return *bad = wr, EINVAL;
+    if (wr->num_sge > 1 || wr->num_sge < 0) return *bad = wr, EINVAL;
+    if (q->sq_n == q->max_send) return *bad = wr, ENOMEM;
+    fv_swr_t *w = &q->sq[(q->sq_head + q->sq_n) % q->max_send];
+    memset(w, 0, sizeof *w);
+    w->wr_id = wr->wr_id;
+    w->seq = q->next_seq++;
+    w->signaled = (wr->send_flags & IBV_SEND_SIGNALED) || q->qp.qp_type != IBV_QPT_RC;
+    w->has_imm = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+    w->imm = wr->imm_data;
+    w->raddr = wr->wr.rdma.remote_addr;
+    w->rkey = wr->wr.rdma.rkey;
+    if (wr->num_sge == 1) {
+      w->laddr = wr->sg_list[0].addr;
+      w->len = wr->sg_list[0].length;
+      w->lkey = wr->sg_list[0].lkey;
+    }
+    w->start = now_ms() + (double)fault.delay_ms;
+    q->sq_n++;
+    if (q->qp.state == IBV_QPS_ERR) qp_to_err(q, IBV_WC_WR_FLUSH_ERR);
+  }
+  push_sends(q);
+  return 0;
+}
+
+static int fv_post_recv(struct ibv_qp *qp_, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) {
+  fv_qp_t *q = (fv_qp_t *)qp_;
+  for (; wr; wr = wr->next) {
+    if (q->qp.state == IBV_QPS_RESET) return *bad = wr, EINVAL;
+    if (wr->num_sge > 1 || wr->num_sge < 0) return *bad = wr, EINVAL;
+    if (q->rq_n == q->max_recv) return *bad = wr, ENOMEM;
+    q->rq[(q->rq_head + q->rq_n) % q->max_recv] = wr->wr_id;
+    q->rq_n++;
+    if (q->qp.state == IBV_QPS_ERR) qp_to_err(q, IBV_WC_WR_FLUSH_ERR);
+  }
+  return 0;
+}
+
+/* ---- the exported functions ----------------------------------------------------------------------- */
+
+FV_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
+  pthread_once(&fault_once, parse_faults);
+  if (num) *num = 0;
+  if (fault.nodev || fault.bad) {
+    errno = fault.bad ? EINVAL : ENOSYS;
+    return NULL;
+  }
+  struct ibv_device **list = calloc(2, sizeof *list);
+  if (!list) return NULL;
+  snprintf(fv_device.name, sizeof fv_device.name, "fakeverbs0");
+  snprintf(fv_device.dev_name, sizeof fv_device.dev_name, "uverbs-fake0");
+  fv_device.node_type = IBV_NODE_CA;
+  fv_device.transport_type = IBV_TRANSPORT_IB;
+  list[0] = &fv_device;
+  if (num) *num = 1;
+  return list;
+}
+
+FV_EXPORT void ibv_free_device_list(struct ibv_device **list) { free(list); }
+
+FV_EXPORT const char *ibv_get_device_name(struct ibv_device *dev) { return dev->name; }
+
+/* A process that died (SIGKILL, _exit without closing its device) cannot unlink its inboxes; a
+ * kernel driver reclaims a dead process's resources, so the fake does it here for them. */
+static void reclaim_dead_inboxes(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    int pid = 0;
+    unsigned serial = 0;
+    char name[300];
+    if (sscanf(e->d_name, "fcfv-%d-%u", &pid, &serial) != 2 || pid <= 0) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;
+    snprintf(name, sizeof name, "/%s", e->d_name);
+    shm_unlink(name);
+  }
+  closedir(d);
+}
+
+FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
+  if (dev != &fv_device) return errno = ENODEV, NULL;
+  reclaim_dead_inboxes();
+  fv_ctx_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  uint32_t serial = atomic_fetch_add(&serials, 1), pid = (uint32_t)getpid();
+  c->gid.raw[0] = 0xfe;
+  c->gid.raw[1] = 0x80;
+  uint32_t be = htonl(pid);
+  memcpy(c->gid.raw + 8, &be, 4);
+  be = htonl(serial);
+  memcpy(c->gid.raw + 12, &be, 4);
+  box_name(c->name, sizeof c->name, &c->gid);
+  int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return free(c), NULL;
+  size_t size = sizeof(fv_box_t) + FV_BOX_BYTES;
+  void *p = ftruncate(fd, (off_t)size) ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(c->name);
+    free(c);
+    return NULL;
+  }
+  c->box = p;
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+  pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+  pthread_mutex_init(&c->box->lock, &a);
+  pthread_mutexattr_destroy(&a);
+  c->box->cap = FV_BOX_BYTES;
+  c->box->pid = (pid_t)pid;
+  c->box->magic = FV_BOX_MAGIC;
+  c->ctx.device = dev;
+  c->ctx.cmd_fd = -1;
+  c->ctx.async_fd = eventfd(0, EFD_CLOEXEC);
+  c->ctx.num_comp_vectors = 1;
+  c->ctx.ops.poll_cq = fv_poll_cq;
+  c->ctx.ops.post_send = fv_post_send;
+  c->ctx.ops.post_recv = fv_post_recv;
+  c->next_qpn = 0x100;
+  c->next_key = 0x1000 + serial * 0x10000;
+  pthread_mutex_init(&c->ctx.mutex, NULL);
+  if (c->ctx.async_fd < 0) {
+    munmap(p, size);
+    shm_unlink(c->name);
+    free(c);
+    return NULL;
+  }
+  return &c->ctx;
+}
+
+FV_EXPORT int ibv_close_device(struct ibv_context *ctx) {
+  fv_ctx_t *c = ctx_of(ctx);
+  atomic_store(&c->box->closed, 1);
+  while (c->acks_head) {
+    fv_ack_t *a = c->acks_head;
+    c->acks_head = a->next;
+    free(a);
+  }
+  for (int i = 0; i < c->nboxes; i++) munmap(c->boxes[i].box, sizeof(fv_box_t) + FV_BOX_BYTES);
+  munmap(c->box, sizeof(fv_box_t) + FV_BOX_BYTES);
+  shm_unlink(c->name);
+  close(ctx->async_fd);
+  pthread_mutex_destroy(&ctx->mutex);
+  free(c);
+  return 0;
+}
+
+FV_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr) {
+  (void)ctx;
+  memset(attr, 0, sizeof *attr);
+  snprintf(attr->fw_ver, sizeof attr->fw_ver, "fake");
+  attr->max_mr_size = (uint64_t)1 << 40;
+  attr->max_qp = 1024;
+  attr->max_qp_wr = 4096;
+  attr->max_sge = 1;
+  attr->max_cq = 1024;
+  attr->max_cqe = 65536;
+  attr->max_mr = 4096;
+  attr->max_pd = 64;
+  attr->phys_port_cnt = 1;
+  return 0;
+}
+
+FV_EXPORT int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *attr_) {
+  struct ibv_port_attr *attr = (struct ibv_port_attr *)attr_;
+  if (port != 1) return EINVAL;
+  memset(attr, 0, sizeof *attr);
+  attr->state = ctx_of(ctx)->port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
+  attr->max_mtu = attr->active_mtu = IBV_MTU_4096;
+  attr->gid_tbl_len = 1;
+  attr->max_msg_sz = 1u << 30;
+  attr->pkey_tbl_len = 1;
+  attr->link_layer = IBV_LINK_LAYER_ETHERNET;
+  attr->active_width = 2; /* 4x */
+  attr->active_speed = 32; /* 25 Gb/s per lane */
+  attr->phys_state = 5;
+  return 0;
+}
+
+FV_EXPORT int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid) {
+  if (port != 1 || index != 0) return errno = EINVAL, -1;
+  *gid = ctx_of(ctx)->gid;
+  return 0;
+}
+
+FV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx) {
+  struct ibv_pd *pd = calloc(1, sizeof *pd);
+  if (!pd) return NULL;
+  pd->context = ctx;
+  ctx_of(ctx)->npds++;
+  return pd;
+}
+
+FV_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
+  fv_ctx_t *c = ctx_of(pd->context);
+  for (fv_mr_t *m = c->mrs; m; m = m->next)
+    if (m->mr.pd == pd) return EBUSY;
+  for (fv_qp_t *q = c->qps; q; q = q->next)
+    if (q->qp.pd == pd) return EBUSY;
+  c->npds--;
+  free(pd);
+  return 0;
+}
+
+FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
+  /* Remote write needs local write, as in every provider. */
+  if (!pd || (!addr && length) || ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)))
+    return errno = EINVAL, NULL;
+  fv_ctx_t *c = ctx_of(pd->context);
+  fv_mr_t *m = calloc(1, sizeof *m);
+  if (!m) return NULL;
+  m->mr.context = pd->context;
+  m->mr.pd = pd;
+  m->mr.addr = addr;
+  m->mr.length = length;
+  m->mr.lkey = c->next_key++;
+  m->mr.rkey = c->next_key++ ^ 0x5a5a0000u;
+  m->access = access | IBV_ACCESS_LOCAL_WRITE;
+  m->next = c->mrs;
+  c->mrs = m;
+  return &m->mr;
+}
+
+FV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
+  fv_ctx_t *c = ctx_of(mr->context);
+  for (fv_mr_t **p = &c->mrs; *p; p = &(*p)->next)
+    if (&(*p)->mr == mr) {
+      fv_mr_t *m = *p;
+      *p = m->next;
+      free(m);
+      return 0;
+    }
+  return EINVAL;
+}
+
+FV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, struct ibv_comp_channel *ch,
+                                       int vector) {
+  (void)ch;
+  if (cqe < 1 || cqe > 65536 || vector != 0) return errno = EINVAL, NULL;
+  fv_cq_t *cq = calloc(1, sizeof *cq);
+  if (!cq || !(cq->ring = calloc((size_t)cqe, sizeof *cq->ring))) return free(cq), errno = ENOMEM, NULL;
+  cq->cap = cqe;
+  cq->cq.context = ctx;
+  cq->cq.cq_context = cq_context;
+  cq->cq.cqe = cqe;
+  ctx_of(ctx)->ncqs++;
+  return &cq->cq;
+}
+
+FV_EXPORT int ibv_destroy_cq(struct ibv_cq *cq_) {
+  fv_ctx_t *c = ctx_of(cq_->context);
+  for (fv_qp_t *q = c->qps; q; q = q->next)
+    if (q->qp.send_cq == cq_ || q->qp.recv_cq == cq_) return EBUSY;
+  fv_cq_t *cq = (fv_cq_t *)cq_;
+  c->ncqs--;
+  free(cq->ring);
+  free(cq);
+  return 0;
+}
+
+FV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a) {
+  if (!pd || !a || a->qp_type != IBV_QPT_RC || !a->send_cq || !a->recv_cq || a->srq || a->cap.max_send_wr < 1 ||
+      a->cap.max_recv_wr < 1 || a->cap.max_send_wr > 4096 || a->cap.max_recv_wr > 4096 || a->cap.max_send_sge > 1 ||
+      a->cap.max_recv_sge > 1)
+    return errno = EINVAL, NULL;
+  fv_ctx_t *c = ctx_of(pd->context);
+  fv_qp_t *q = calloc(1, sizeof *q);
+  if (!q) return NULL;
+  q->max_send = (int)a->cap.max_send_wr;
+  q->max_recv = (int)a->cap.max_recv_wr;
+  q->sq = calloc((size_t)q->max_send, sizeof *q->sq);
+  q->rq = calloc((size_t)q->max_recv, sizeof *q->rq);
+  if (!q->sq || !q->rq) {
+    free(q->sq);
+    free(q->rq);
+    free(q);
+    return errno = ENOMEM, NULL;
+  }
+  q->ctx = c;
+  q->qp.context = pd->context;
+  q->qp.qp_context = a->qp_context;
+  q->qp.pd = pd;
+  q->qp.send_cq = a->send_cq;
+  q->qp.recv_cq = a->recv_cq;
+  q->qp.qp_num = c->next_qpn++;
+  q->qp.state = IBV_QPS_RESET;
+  q->qp.qp_type = IBV_QPT_RC;
+  q->next = c->qps;
+  c->qps = q;
+  return &q->qp;
+}
+
+/* The attributes a transition needs (IB spec, RC). */
+static int has(int mask, int need) { return (mask & need) == need; }
+
+FV_EXPORT int ibv_modify_qp(struct ibv_qp *qp_, struct ibv_qp_attr *a, int mask) {
+  fv_qp_t *q = (fv_qp_t *)qp_;
+  if (!(mask & IBV_QP_STATE)) return EINVAL;
+  enum ibv_qp_state from = q->qp.state, to = a->qp_state;
+  if (to == IBV_QPS_ERR) {
+    qp_to_err(q, IBV_WC_WR_FLUSH_ERR);
+    return 0;
+  }
+  if (to == IBV_QPS_RESET) {
+    q->sq_n = q->rq_n = 0;
+    q->qp.state = IBV_QPS_RESET;
+    return 0;
+  }
+  if (to == IBV_QPS_INIT && (from == IBV_QPS_RESET || from == IBV_QPS_INIT)) {
+    if (from == IBV_QPS_RESET && !has(mask, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return EINVAL;
+    if ((mask & IBV_QP_PORT) && a->port_num != 1) return EINVAL;
+    if (mask & IBV_QP_ACCESS_FLAGS) q->access = a->qp_access_flags;
+  } else if (to == IBV_QPS_RTR && from == IBV_QPS_INIT) {
+    if (!has(mask, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                       IBV_QP_MIN_RNR_TIMER))
+      return EINVAL;
+    /* RoCE: addressed by GID only; this fake's GIDs are fe80::/64 with the process and context. */
+    if (!a->ah_attr.is_global || a->ah_attr.grh.dgid.raw[0] != 0xfe || a->ah_attr.grh.dgid.raw[1] != 0x80 ||
+        a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096)
+      return EINVAL;
+    q->dgid = a->ah_attr.grh.dgid;
+    q->dqpn = a->dest_qp_num;
+  } else if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
+    if (!has(mask, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+      return EINVAL;
+    if (a->rnr_retry > 7 || a->retry_cnt > 7) return EINVAL;
+    q->rnr_retry = a->rnr_retry;
+  } else {
+    return EINVAL;
+  }
+  q->qp.state = to;
+  return 0;
+}
+
+FV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp_) {
+  fv_qp_t *q = (fv_qp_t *)qp_;
+  fv_ctx_t *c = q->ctx;
+  for (fv_qp_t **p = &c->qps; *p; p = &(*p)->next)
+    if (*p == q) {
+      *p = q->next;
+      break;
+    }
+  q->sq_n = q->rq_n = 0; /* destroyed, not flushed: nothing more is reported */
+  while (q->in_head) {
+    fv_in_t *i = q->in_head;
+    q->in_head = i->next;
+    free(i->data);
+    free(i);
+  }
+  free(q->sq);
+  free(q->rq);
+  free(q);
+  return 0;
+}
+
+FV_EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event) {
+  fv_ctx_t *c = ctx_of(ctx);
+  if (!c->nevents) return errno = EAGAIN, -1;
+  *event = c->events[0];
+  memmove(c->events, c->events + 1, (size_t)--c->nevents * sizeof *c->events);
+  if (!c->nevents) {
+    uint64_t v;
+    if (read(ctx->async_fd, &v, sizeof v) < 0) { /* the queue above is what counts */ }
+  }
+  return 0;
+}
+
+FV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) { (void)event; }
+
+FV_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status st) {
+  switch (st) {
+    case IBV_WC_SUCCESS: return "success";
+    case IBV_WC_LOC_PROT_ERR: return "local protection error";
+    case IBV_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
+    case IBV_WC_REM_ACCESS_ERR: return "remote access error";
+    case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";
+    case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR retry counter exceeded";
+    default: return "error";
+  }
+}

@@ -1,0 +1,848 @@
+/* test_rdma.c — the rdma link (lib/transports/rdma.c) against the fake verbs provider.
+ *
+ * With FLEXCOLL_VERBS_PROVIDER=fake (tests/fake_verbs.c: RC queue pairs between processes of this
+ * host, shared memory as the wire): every host collective and send/recv over `rdma` alone for 2, 3
+ * and 4 ranks (processes, and threads of one process), several datatypes, counts 0, 1, 7, odd and
+ * large, checked against the reference, with the bytes on links named "rdma"; `shm,rdma` at fixed
+ * shares bitwise equal to `shm` alone with both links carrying bytes; every injected fault
+ * (FLEXCOLL_VERBS_FAKE_FAULT) ends in an error on every rank within the timeout, never a crash, a
+ * hang or a wrong result; no device is no link; no descriptor or shared-memory segment is left.
+ *
+ * FC_TEST_RDMA_REAL=1 runs the collective and bitwise cases with the real provider (libibverbs)
+ * instead, for machines with a NIC, and exits 77 where there is no device
+ * (tests/test_rdma_real.sh). */
+#define _GNU_SOURCE
+#include <check.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "flexcoll.h"
+#include "harness.h"
+#include "pcall.h"
+#include "transports/verbs.h"
+
+static char g_dir[256]; /* the ranks' result digests */
+static int g_real;      /* the real provider instead of the fake */
+
+static const size_t counts[] = {0, 1, 7, 1001, 300007};
+#define NCOUNTS (sizeof counts / sizeof counts[0])
+static const flexcoll_datatype_t dtypes[] = {FLEXCOLL_FLOAT32, FLEXCOLL_INT32, FLEXCOLL_FLOAT64, FLEXCOLL_UINT8};
+#define NDTYPES (sizeof dtypes / sizeof dtypes[0])
+
+static int count_dir(const char *dir, const char *prefix);
+
+static const char *provider_env(void) { return g_real ? "FLEXCOLL_VERBS_PROVIDER=" : "FLEXCOLL_VERBS_PROVIDER=fake"; }
+
+static uint64_t digest(const void *buf, size_t bytes) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; buf && i < bytes; i++) h = (h ^ ((const unsigned char *)buf)[i]) * 1099511628211ULL;
+  return h;
+}
+
+/* Bytes this rank sent over links named `name`, and how many (link, peer) entries there are. */
+static unsigned long long link_bytes(hx_rank_t *r, flexcoll_comm_t comm, const char *name, int *entries, int *total) {
+  flexcoll_link_stats_t st[64];
+  int n = 0;
+  unsigned long long bytes = 0;
+  *entries = 0;
+  if (!hx_ok(r, flexcoll_comm_get_link_stats(comm, st, 64, &n), comm, "get_link_stats")) return 0;
+  *total = n;
+  for (int i = 0; i < n && i < 64; i++)
+    if (!strcmp(st[i].name, name)) {
+      bytes += st[i].bytes;
+      (*entries)++;
+    }
+  return bytes;
+}
+
+/* A ring exchange of send/recv in a group: to the next rank, from the previous one, and a message
+ * to itself (received before it is sent). */
+static void p2p_ring(hx_rank_t *r, flexcoll_datatype_t dt, size_t count, uint64_t call, FILE *f) {
+  size_t es = fc_dtype_size(dt);
+  int next = (r->rank + 1) % r->nranks, prev = (r->rank + r->nranks - 1) % r->nranks;
+  hx_data_t d = {dt, HX_GEN_BITS, r->seed, call, r->nranks};
+  hx_buf_t sb, rb, selfb;
+  char *send = hx_buf_new(r, &sb, count * es), *recv = hx_buf_new(r, &rb, count * es);
+  char *self = hx_buf_new(r, &selfb, count * es);
+  if (!send || !recv || !self) return;
+  hx_fill(&d, r->rank, send, 0, count);
+  snprintf(r->what, sizeof r->what, "send/recv ring %s count %zu", fc_dtype_name(dt), count);
+  flexcoll_group_start();
+  flexcoll_result_t a = flexcoll_send(send, count, dt, next, r->comm, NULL);
+  flexcoll_result_t b = flexcoll_recv(recv, count, dt, prev, r->comm, NULL);
+  flexcoll_result_t c = flexcoll_recv(self, count, dt, r->rank, r->comm, NULL);
+  flexcoll_result_t s = flexcoll_send(send, count, dt, r->rank, r->comm, NULL);
+  flexcoll_result_t e = flexcoll_group_end();
+  if (hx_ok(r, a, r->comm, "send") && hx_ok(r, b, r->comm, "recv") && hx_ok(r, c, r->comm, "recv self") &&
+      hx_ok(r, s, r->comm, "send self") && hx_ok(r, e, r->comm, "group_end")) {
+    hx_check_input(r, "from prev", &d, prev, recv, 0, count);
+    hx_check_input(r, "from self", &d, r->rank, self, 0, count);
+  }
+  hx_buf_check_guards(r, "recv", &rb);
+  hx_buf_check_guards(r, "recv self", &selfb);
+  hx_buf_free(&selfb);
+  if (f) fprintf(f, "p2p %d %zu %016llx\n", (int)dt, count, (unsigned long long)digest(recv, count * es));
+  hx_buf_free(&sb);
+  hx_buf_free(&rb);
+}
+
+/* Every collective x dtype x count, and send/recv, checked; digests into g_dir/<label>.rank<r>
+ * when the run has a label (arg). */
+static int matrix_rank(hx_rank_t *r) {
+  const char *label = r->arg;
+  FILE *f = NULL;
+  if (label) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/%s.rank%d", g_dir, label, r->rank);
+    if (!(f = fopen(path, "w"))) return hx_fail(r, "cannot write %s", path);
+  }
+  uint64_t call = 0;
+  for (size_t d = 0; d < NDTYPES; d++)
+    for (size_t c = 0; c < NCOUNTS; c++) {
+      for (int coll = 0; coll < NCOLLS; coll++, call++) {
+        pcall_t p = {.coll = coll, .dtype = dtypes[d], .op = coll_reduces(coll) ? FLEXCOLL_SUM : FLEXCOLL_SUM,
+                     .count = counts[c], .root = (int)(call % (uint64_t)r->nranks), .inplace = (int)(call % 3 == 0),
+                     .rank = r->rank, .nranks = r->nranks};
+        if (dtypes[d] == FLEXCOLL_UINT8 && coll_reduces(coll)) p.op = FLEXCOLL_MAX;
+        if (pcall_prepare(r, &p, r->seed, call) != 0) return 1;
+        pcall_describe(r->what, sizeof r->what, &p);
+        flexcoll_result_t res = pcall_issue(&p, r->comm);
+        if (!hx_ok(r, res, r->comm, coll_names[coll])) {
+          pcall_free(&p);
+          if (f) fclose(f);
+          return 1;
+        }
+        if (f && p.recv) {
+          size_t elems = coll == C_ALLGATHER || coll == C_ALLTOALL ? (size_t)r->nranks * p.count : p.count;
+          int has = !(coll == C_REDUCE && r->rank != p.root);
+          fprintf(f, "%s %zu %zu %016llx\n", coll_names[coll], d, c,
+                  has ? (unsigned long long)digest(p.recv, elems * fc_dtype_size(p.dtype)) : 0ull);
+        }
+        pcall_check(r, &p);
+      }
+      p2p_ring(r, dtypes[d], counts[c], call++, f);
+    }
+  if (f) fclose(f);
+  int entries = 0, total = 0;
+  unsigned long long rdma = link_bytes(r, r->comm, "rdma", &entries, &total);
+  unsigned long long shm = 0;
+  int shm_entries = 0;
+  shm = link_bytes(r, r->comm, "shm", &shm_entries, &total);
+  const char *links = getenv("FLEXCOLL_LINKS");
+  fprintf(stderr, "[test_rdma] %s rank %d: rdma sent %llu bytes (%d entries), shm %llu\n", label ? label : "-", r->rank,
+          rdma, entries, shm);
+  if (links && strstr(links, "rdma")) {
+    if (entries != r->nranks - 1) hx_fail(r, "%d rdma link entries, expected %d", entries, r->nranks - 1);
+    if (!rdma) hx_fail(r, "FLEXCOLL_LINKS=%s: rdma carried nothing", links);
+    if (strchr(links, ',') && !shm) hx_fail(r, "FLEXCOLL_LINKS=%s at fixed shares: shm carried nothing", links);
+  }
+  return 0;
+}
+
+static int run(int nranks, int threads, const char *label, const char *links, const char *shares) {
+  char e1[64], e2[96];
+  snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", links);
+  snprintf(e2, sizeof e2, "FLEXCOLL_LINK_SHARES=%s", shares ? shares : "");
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", e1, e2, NULL};
+  /* One label per rank count: it salts the seed, and compared runs must see the same data. */
+  char same[32];
+  snprintf(same, sizeof same, "rdma-%d", nranks);
+  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+  fprintf(stderr, "[test_rdma] %s: %d ranks (%s), FLEXCOLL_LINKS=%s FLEXCOLL_LINK_SHARES=%s\n", label ? label : "-", nranks,
+          threads ? "threads" : "processes", links, shares ? shares : "");
+  return threads ? hx_run_threads(nranks, &o, matrix_rank, (void *)label) : hx_run_procs(nranks, &o, matrix_rank, (void *)label);
+}
+
+START_TEST(test_collectives) {
+  int nranks = 2 + _i;
+  ck_assert_msg(run(nranks, 0, NULL, "rdma", NULL), "%d ranks over rdma: see stderr", nranks);
+}
+END_TEST
+
+START_TEST(test_collectives_threads) {
+  ck_assert_msg(run(3, 1, NULL, "rdma", NULL), "3 thread ranks over rdma: see stderr");
+}
+END_TEST
+
+/* Whether every rank's digests of run a equal those of run b. */
+static int same_digests(int nranks, const char *a, const char *b) {
+  for (int q = 0; q < nranks; q++) {
+    char pa[400], pb[400], la[160], lb[160];
+    snprintf(pa, sizeof pa, "%s/%s.rank%d", g_dir, a, q);
+    snprintf(pb, sizeof pb, "%s/%s.rank%d", g_dir, b, q);
+    FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
+    int same = fa && fb, lines = 0;
+    while (same && fgets(la, sizeof la, fa)) {
+      same = fgets(lb, sizeof lb, fb) && !strcmp(la, lb);
+      if (!same) fprintf(stderr, "[test_rdma] rank %d: %s has \"%.*s\" where %s has \"%.*s\"\n", q, a, (int)strcspn(la, "\n"),
+                         la, b, (int)strcspn(lb, "\n"), lb);
+      lines++;
+    }
+    if (same && fgets(lb, sizeof lb, fb)) same = 0;
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    if (!same || lines == 0) return 0;
+  }
+  return 1;
+}
+
+START_TEST(test_bitwise_with_shm) {
+  int nranks = 2 + _i;
+  char shm[32], half[32], most[32];
+  snprintf(shm, sizeof shm, "shm-%d", nranks);
+  snprintf(half, sizeof half, "half-%d", nranks);
+  snprintf(most, sizeof most, "most-%d", nranks);
+  ck_assert_msg(run(nranks, 0, shm, "shm", NULL), "%d ranks over shm: see stderr", nranks);
+  ck_assert_msg(run(nranks, 0, half, "shm,rdma", "shm:0.5,rdma:0.5"), "%d ranks, shm:0.5,rdma:0.5: see stderr", nranks);
+  ck_assert_msg(same_digests(nranks, shm, half), "%d ranks: shm,rdma at 0.5 differ from shm alone", nranks);
+  ck_assert_msg(run(nranks, 0, most, "shm,rdma", "shm:0.01,rdma:0.99"), "%d ranks, rdma:0.99: see stderr", nranks);
+  ck_assert_msg(same_digests(nranks, shm, most), "%d ranks: shm,rdma at 0.99 differ from shm alone", nranks);
+}
+END_TEST
+
+/* ---- faults ------------------------------------------------------------------------------------ */
+
+/* Allreduces until one fails; every one that succeeds must be right.  The fault must end the
+ * run in an error: all calls succeeding is a failure (unless the case expects success). */
+static int fault_rank(hx_rank_t *r) {
+  int expect_ok = *(const int *)r->arg;
+  size_t count = 100003;
+  for (uint64_t call = 0; call < 40; call++) {
+    pcall_t p = {.coll = call % 2 ? C_ALLGATHER : C_ALLREDUCE, .dtype = FLEXCOLL_FLOAT32, .op = FLEXCOLL_SUM,
+                 .count = count, .rank = r->rank, .nranks = r->nranks};
+    if (pcall_prepare(r, &p, r->seed, call) != 0) return 1;
+    pcall_describe(r->what, sizeof r->what, &p);
+    flexcoll_result_t res = pcall_issue(&p, r->comm);
+    if (res != FLEXCOLL_SUCCESS) {
+      pcall_free(&p);
+      if (expect_ok) return hx_fail(r, "call %llu failed: %d %s", (unsigned long long)call, res, flexcoll_get_last_error(r->comm));
+      if (res != FLEXCOLL_REMOTE_ERROR && res != FLEXCOLL_TIMEOUT && res != FLEXCOLL_SYSTEM_ERROR)
+        return hx_fail(r, "call %llu returned %d (%s), not an error of the link", (unsigned long long)call, res,
+                       flexcoll_get_last_error(r->comm));
+      fprintf(stderr, "[test_rdma] rank %d: call %llu ended in %s: %s\n", r->rank, (unsigned long long)call,
+              flexcoll_get_error_string(res), flexcoll_get_last_error(r->comm));
+      return 0;
+    }
+    pcall_check(r, &p);
+  }
+  if (!expect_ok) return hx_fail(r, "every call succeeded despite FLEXCOLL_VERBS_FAKE_FAULT=%s", getenv("FLEXCOLL_VERBS_FAKE_FAULT"));
+  return 0;
+}
+
+static const struct {
+  const char *fault;
+  int ok; /* the calls must all succeed (a delay within the timeout) */
+} faults[] = {
+    {"post:30", 0}, {"post:1", 0}, {"drop:45", 0}, {"kill:25", 0}, {"portdown:20", 0}, {"delay:4000", 0}, {"delay:3", 1},
+};
+
+START_TEST(test_fault) {
+  char f[96];
+  snprintf(f, sizeof f, "FLEXCOLL_VERBS_FAKE_FAULT=%s", faults[_i].fault);
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", f, NULL};
+  int ok = faults[_i].ok;
+  /* A short timeout: a dropped completion or a long delay is only ever found by it. */
+  hx_opts_t o = {.label = faults[_i].fault, .env = env, .timeout_ms = 2000, .deadline_s = 60, .expect_fail = 0};
+  double t0 = hx_now();
+  ck_assert_msg(hx_run_procs(3, &o, fault_rank, &ok), "fault %s: see stderr", faults[_i].fault);
+  fprintf(stderr, "[test_rdma] fault %s: every rank done in %.1f s\n", faults[_i].fault, hx_now() - t0);
+}
+END_TEST
+
+/* ---- ranks that disagree on the count ------------------------------------------------------------- */
+
+static const struct {
+  int coll;
+  size_t count[2];
+  int must_fail[2];
+} mismatches[] = {
+    {C_ALLREDUCE, {4, 8}, {1, 1}},
+    {C_ALLREDUCE, {100003, 100000}, {1, 1}}, /* several fragments; the larger one cut short */
+    {C_BROADCAST, {4, 8}, {0, 1}},           /* rank 1 expects 8 elements from root 0, which sends 4 */
+    {C_BROADCAST, {300000, 299999}, {0, 1}}, /* more than rank 1 has room for: nothing past its buffer */
+    {C_ALLGATHER, {4, 8}, {1, 1}},
+};
+
+/* A rank that receives another length than it expects never reports success, never writes past
+ * its buffer, and ends within the timeout. */
+static int mismatch_rank(hx_rank_t *r) {
+  int i = *(const int *)r->arg;
+  pcall_t p = {.coll = mismatches[i].coll, .dtype = FLEXCOLL_INT32, .op = FLEXCOLL_SUM, .count = mismatches[i].count[r->rank],
+               .root = 0, .rank = r->rank, .nranks = r->nranks};
+  if (pcall_prepare(r, &p, r->seed, 0) != 0) return 1;
+  pcall_describe(r->what, sizeof r->what, &p);
+  double t0 = hx_now();
+  flexcoll_result_t res = pcall_issue(&p, r->comm);
+  double took = hx_now() - t0;
+  fprintf(stderr, "[test_rdma] %s, rank %d: %s in %.0f ms (%s)\n", r->what, r->rank, flexcoll_get_error_string(res),
+          took * 1e3, res ? flexcoll_get_last_error(r->comm) : "");
+  if (mismatches[i].must_fail[r->rank] && res == FLEXCOLL_SUCCESS) hx_fail(r, "succeeded with mismatched counts");
+  if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_INVALID_USAGE && res != FLEXCOLL_TIMEOUT && res != FLEXCOLL_REMOTE_ERROR)
+    hx_fail(r, "returned %d (%s)", res, flexcoll_get_error_string(res));
+  if (took > 4.5) hx_fail(r, "took %.1f s (timeout 1.5 s)", took);
+  if (p.recv) hx_buf_check_guards(r, "recv", &p.rb);
+  pcall_free(&p);
+  return 0;
+}
+
+START_TEST(test_count_mismatch) {
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", NULL};
+  int i = _i;
+  hx_opts_t o = {.label = "count mismatch", .env = env, .timeout_ms = 1500, .deadline_s = 60};
+  ck_assert_msg(hx_run_procs(2, &o, mismatch_rank, &i), "%s counts %zu/%zu: see stderr", coll_names[mismatches[i].coll],
+                mismatches[i].count[0], mismatches[i].count[1]);
+}
+END_TEST
+
+/* ---- a rank killed ------------------------------------------------------------------------------- */
+
+#define KILL_RANKS 3
+#define KILL_TIMEOUT_MS 3000
+typedef struct {
+  int victim_pid;
+  int res[KILL_RANKS];
+  double took_ms[KILL_RANKS];
+} kill_report_t;
+static kill_report_t *g_kill;
+
+static void *killer(void *arg) {
+  usleep((useconds_t)(intptr_t)arg * 1000);
+  raise(SIGKILL);
+  return NULL;
+}
+
+/* Rank 1 dies (between collectives, or from a thread while a large allreduce moves data); the
+ * others' next allreduce must fail with REMOTE_ERROR or TIMEOUT within the timeout. */
+static int kill_rank(hx_rank_t *r) {
+  int mid = *(const int *)r->arg;
+  size_t count = 1 << 20;
+  float *a = malloc(count * sizeof *a), *b = malloc(count * sizeof *b);
+  if (!a || !b) return hx_fail(r, "out of memory");
+  for (size_t i = 0; i < count; i++) a[i] = (float)(i % 17);
+  for (int k = 0; k < 3; k++) {
+    snprintf(r->what, sizeof r->what, "good allreduce %d", k);
+    if (!hx_ok(r, flexcoll_allreduce(a, b, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce")) return 1;
+  }
+  if (r->rank == 1) {
+    g_kill->victim_pid = (int)getpid();
+    if (!mid) {
+      usleep(200 * 1000);
+      raise(SIGKILL);
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, killer, (void *)(intptr_t)200);
+    for (;;) flexcoll_allreduce(a, b, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL);
+  }
+  flexcoll_result_t res;
+  double t0;
+  int calls = 0;
+  do {
+    t0 = hx_now();
+    res = flexcoll_allreduce(a, b, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL);
+    calls++;
+  } while (mid && res == FLEXCOLL_SUCCESS && calls < 10000);
+  g_kill->res[r->rank] = res;
+  g_kill->took_ms[r->rank] = (hx_now() - t0) * 1e3;
+  fprintf(stderr, "[test_rdma] rank %d: allreduce #%d after the kill: %s in %.0f ms (%s)\n", r->rank, calls,
+          flexcoll_get_error_string(res), g_kill->took_ms[r->rank], flexcoll_get_last_error(r->comm));
+  free(a);
+  free(b);
+  return 0;
+}
+
+START_TEST(test_rank_killed) {
+  int mid = _i;
+  g_kill = mmap(NULL, sizeof *g_kill, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert_ptr_ne(g_kill, MAP_FAILED);
+  memset(g_kill, 0, sizeof *g_kill);
+  for (int q = 0; q < KILL_RANKS; q++) g_kill->res[q] = -1;
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", NULL};
+  hx_opts_t o = {.label = mid ? "killed mid-transfer" : "killed", .env = env, .timeout_ms = KILL_TIMEOUT_MS,
+                 .deadline_s = 60, .expect_fail = 1};
+  double t0 = hx_now();
+  /* The victim never exits 0: the run "fails"; what counts is how the others ended. */
+  (void)hx_run_procs(KILL_RANKS, &o, kill_rank, &mid);
+  double took = hx_now() - t0;
+  for (int q = 0; q < KILL_RANKS; q++) {
+    if (q == 1) continue;
+    ck_assert_msg(g_kill->res[q] == FLEXCOLL_REMOTE_ERROR || g_kill->res[q] == FLEXCOLL_TIMEOUT,
+                  "rank %d: the allreduce after the kill returned %d (-1: never returned)", q, g_kill->res[q]);
+    ck_assert_msg(g_kill->took_ms[q] < 3.0 * KILL_TIMEOUT_MS, "rank %d: the failed allreduce took %.0f ms", q,
+                  g_kill->took_ms[q]);
+  }
+  ck_assert_msg(took < 45, "the ranks took %.1f s", took);
+  /* A SIGKILLed process cannot unlink its segments: the fake's next device open does (as a
+   * driver reclaims a dead process's resources). */
+  if (g_kill->victim_pid > 0) {
+    char why[300], mine[64];
+    setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+    const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
+    ck_assert_msg(v != NULL, "%s", why);
+    int n = 0;
+    struct ibv_device **list = v->get_device_list(&n);
+    ck_assert_msg(list && n == 1, "the fake lists no device");
+    struct ibv_context *ctx = v->open_device(list[0]);
+    ck_assert_ptr_nonnull(ctx);
+    snprintf(mine, sizeof mine, "fcfv-%d-", g_kill->victim_pid);
+    ck_assert_msg(count_dir("/dev/shm", mine) == 0, "the killed rank's segments are still there after a device open");
+    v->close_device(ctx);
+    v->free_device_list(list);
+  }
+  munmap(g_kill, sizeof *g_kill);
+}
+END_TEST
+
+/* ---- no device, bad settings --------------------------------------------------------------------- */
+
+typedef struct {
+  const char *env[4];
+  flexcoll_result_t code;
+  const char *needle; /* in the last error; NULL: creation succeeds, with one link */
+  int want_rdma;      /* that link is rdma (else another) */
+} nodev_t;
+
+static int nodev_proc(void *arg) {
+  const nodev_t *b = arg;
+  flexcoll_comm_t comms[2];
+  flexcoll_result_t res = flexcoll_comm_init_all(comms, 2, NULL);
+  const char *msg = flexcoll_get_last_error(NULL);
+  if (res != b->code || (b->needle && !strstr(msg, b->needle))) {
+    fprintf(stderr, "[test_rdma] %s: init returned %d \"%s\", expected %d naming \"%s\"\n", b->env[0], res, msg, b->code,
+            b->needle ? b->needle : "");
+    return 1;
+  }
+  if (res != FLEXCOLL_SUCCESS) return 0;
+  flexcoll_link_stats_t st[8];
+  int n = 0, bad = 0;
+  if (flexcoll_comm_get_link_stats(comms[0], st, 8, &n) != FLEXCOLL_SUCCESS) bad = 1;
+  for (int i = 0; i < n && i < 8; i++)
+    if ((strcmp(st[i].name, "rdma") == 0) != b->want_rdma) bad = 1;
+  if (bad || n != 1)
+    fprintf(stderr, "[test_rdma] %s %s: %d links, %s\n", b->env[0], b->env[2] ? b->env[2] : "", n,
+            b->want_rdma ? "expected the rdma link alone" : "an rdma link where there is no device");
+  if (!hx_destroy_concurrently(comms, 2)) bad = 1;
+  return bad || n != 1;
+}
+
+START_TEST(test_no_device) {
+  static const nodev_t cases[] = {
+      /* No device: the link is absent (one INFO line), the others work as before. */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=nodev", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_VERBS_PROVIDER=fake", NULL}, FLEXCOLL_SUCCESS, NULL, 0},
+      /* rdma alone without a device: creation fails and says why. */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=nodev", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_PROVIDER=fake", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "no RDMA device", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=/nonexistent/libibverbs.so", "FLEXCOLL_LINKS=rdma", NULL, NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "cannot load /nonexistent/libibverbs.so", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_LIB=", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "FLEXCOLL_VERBS_FAKE_LIB", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=mlx5_7", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "FLEXCOLL_IB_HCA", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_FAULT=bogus:1", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "no RDMA device", 0},
+      /* FLEXCOLL_IB_HCA naming the device, with and without its port; a port it does not have. */
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0", NULL}, FLEXCOLL_SUCCESS, NULL, 1},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:1", NULL}, FLEXCOLL_SUCCESS, NULL, 1},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:2", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "FLEXCOLL_IB_HCA", 0},
+  };
+  const nodev_t *b = &cases[_i];
+  const char *env[] = {b->env[0], b->env[1], b->env[2], "CUDA_VISIBLE_DEVICES=", NULL};
+  if (!b->env[2]) env[2] = "CUDA_VISIBLE_DEVICES=";
+  hx_opts_t o = {.label = b->env[0], .env = env};
+  ck_assert_msg(hx_run_process(&o, nodev_proc, (void *)b), "%s %s: see stderr", b->env[0], b->env[1]);
+}
+END_TEST
+
+/* ---- leaks --------------------------------------------------------------------------------------- */
+
+static int count_dir(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));)
+    if (e->d_name[0] != '.' && !strncmp(e->d_name, prefix, strlen(prefix))) n++;
+  closedir(d);
+  return n;
+}
+
+/* A communicator split off, used over rdma and destroyed: no descriptor and no segment more. */
+static int leak_rank(hx_rank_t *r) {
+  char mine[64];
+  snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
+  int fds0 = count_dir("/proc/self/fd", ""), shm0 = count_dir("/dev/shm", mine);
+  for (int round = 0; round < 3; round++) {
+    flexcoll_comm_t sub = NULL;
+    if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
+    if (count_dir("/dev/shm", mine) != shm0 + 1) hx_fail(r, "the split communicator has no fake device segment");
+    float a[1000], b[1000];
+    for (int i = 0; i < 1000; i++) a[i] = (float)(i + r->rank);
+    hx_ok(r, flexcoll_allreduce(a, b, 1000, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, sub, NULL), sub, "allreduce");
+    float want = 0;
+    for (int q = 0; q < r->nranks; q++) want += (float)(7 + q);
+    if (b[7] != want) hx_fail(r, "allreduce on the split communicator: %g, want %g", b[7], want);
+    hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy");
+  }
+  int fds1 = count_dir("/proc/self/fd", ""), shm1 = count_dir("/dev/shm", mine);
+  if (fds1 != fds0) hx_fail(r, "%d open descriptors before three split communicators, %d after", fds0, fds1);
+  if (shm1 != shm0) hx_fail(r, "%d fake device segments before three split communicators, %d after", shm0, shm1);
+  return 0;
+}
+
+START_TEST(test_no_leaks) {
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", NULL};
+  hx_opts_t o = {.label = "leaks", .env = env, .exit_barrier = 1};
+  ck_assert_msg(hx_run_procs(3, &o, leak_rank, NULL), "leaks: see stderr");
+}
+END_TEST
+
+/* ---- the fake itself: what it claims to model ------------------------------------------------ */
+
+typedef struct {
+  const fc_verbs_t *v;
+  struct ibv_context *ctx[2];
+  struct ibv_pd *pd[2];
+  struct ibv_cq *cq[2];
+  struct ibv_mr *mr[2];
+  char buf[2][4096];
+} fm_t;
+
+/* Poll every CQ of m (each poll also runs that context's "NIC") until `want` completions of cq
+ * `which` arrived or 2 s passed; returns how many, into wc. */
+static int fm_poll(fm_t *m, struct ibv_cq *extra, int which, struct ibv_wc *wc, int want) {
+  int got = 0;
+  struct ibv_cq *cqs[3] = {m->cq[0], m->cq[1], extra};
+  struct ibv_cq *target = which < 2 ? m->cq[which] : extra;
+  for (double t0 = hx_now(); got < want && hx_now() - t0 < 2;) {
+    for (int i = 0; i < 3; i++) {
+      if (!cqs[i]) continue;
+      if (cqs[i] == target) {
+        int n = ibv_poll_cq(cqs[i], want - got, wc + got);
+        ck_assert_int_ge(n, 0);
+        got += n;
+      } else {
+        struct ibv_wc none[1];
+        /* Other CQs are only driven here: nothing must complete on them. */
+        ck_assert_int_eq(ibv_poll_cq(cqs[i], 0, none), 0);
+      }
+    }
+  }
+  return got;
+}
+
+static struct ibv_qp *fm_qp(fm_t *m, int side, struct ibv_cq *cq, int sends, int recvs) {
+  struct ibv_qp_init_attr ia;
+  memset(&ia, 0, sizeof ia);
+  ia.send_cq = ia.recv_cq = cq ? cq : m->cq[side];
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = (uint32_t)sends;
+  ia.cap.max_recv_wr = (uint32_t)recvs;
+  ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+  struct ibv_qp *qp = m->v->create_qp(m->pd[side], &ia);
+  ck_assert_ptr_nonnull(qp);
+  return qp;
+}
+
+static int fm_init(fm_t *m, struct ibv_qp *qp) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  return m->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+/* INIT -> RTR -> RTS toward `to` (of context `side`); rnr_retry as given. */
+static void fm_connect(fm_t *m, struct ibv_qp *qp, struct ibv_qp *to, int side, int rnr_retry) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_4096;
+  a.dest_qp_num = to->qp_num;
+  a.min_rnr_timer = 1;
+  a.max_dest_rd_atomic = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.port_num = 1;
+  ck_assert_int_eq(m->v->query_gid(m->ctx[side], 1, 0, &a.ah_attr.grh.dgid), 0);
+  ck_assert_int_eq(m->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                               IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+                   0);
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = (uint8_t)rnr_retry;
+  a.max_rd_atomic = 1;
+  ck_assert_int_eq(m->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                               IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC),
+                   0);
+}
+
+/* A write of `len` bytes from side 0's buffer to side 1's at offset off; imm < 0: none. */
+static int fm_write(fm_t *m, struct ibv_qp *qp, uint64_t id, size_t off, uint32_t len, long imm, uint32_t lkey,
+                    uint32_t rkey) {
+  struct ibv_sge sge = {.addr = (uintptr_t)m->buf[0] + off, .length = len, .lkey = lkey};
+  struct ibv_send_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof wr);
+  wr.wr_id = id;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = imm >= 0 ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl((uint32_t)(imm >= 0 ? imm : 0));
+  wr.wr.rdma.remote_addr = (uintptr_t)m->buf[1] + off;
+  wr.wr.rdma.rkey = rkey;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+static int fm_recv(struct ibv_qp *qp, uint64_t id) {
+  struct ibv_recv_wr wr = {.wr_id = id, .sg_list = NULL, .num_sge = 0}, *bad = NULL;
+  return ibv_post_recv(qp, &wr, &bad);
+}
+
+START_TEST(test_fake_model) {
+  char why[300] = "", mine[64];
+  setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+  unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
+  fm_t m;
+  memset(&m, 0, sizeof m);
+  m.v = fc_verbs_load(why, sizeof why);
+  ck_assert_msg(m.v != NULL, "the fake does not load: %s", why);
+  int n = 0;
+  struct ibv_device **list = m.v->get_device_list(&n);
+  ck_assert_msg(list && n == 1, "the fake lists %d devices", n);
+  for (int s = 0; s < 2; s++) {
+    ck_assert_ptr_nonnull(m.ctx[s] = m.v->open_device(list[0]));
+    ck_assert_ptr_nonnull(m.pd[s] = m.v->alloc_pd(m.ctx[s]));
+    ck_assert_ptr_nonnull(m.cq[s] = m.v->create_cq(m.ctx[s], 64, NULL, NULL, 0));
+    ck_assert_ptr_nonnull(m.mr[s] = m.v->reg_mr(m.pd[s], m.buf[s], sizeof m.buf[s], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  }
+  m.v->free_device_list(list);
+  snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
+  ck_assert_int_eq(count_dir("/dev/shm", mine), 2);
+  /* Remote write without local write: refused, as by every provider. */
+  ck_assert_ptr_null(m.v->reg_mr(m.pd[0], m.buf[0], 64, IBV_ACCESS_REMOTE_WRITE));
+  struct ibv_qp *a = fm_qp(&m, 0, NULL, 4, 2), *b = fm_qp(&m, 1, NULL, 4, 2);
+  /* The state machine: no skipping INIT, INIT needs its attributes, no posting before. */
+  struct ibv_qp_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.qp_state = IBV_QPS_RTR;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), EINVAL);
+  attr.qp_state = IBV_QPS_INIT;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), EINVAL);
+  ck_assert_int_eq(fm_recv(a, 1), EINVAL);
+  ck_assert_int_eq(fm_write(&m, a, 1, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), EINVAL);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  ck_assert_int_eq(fm_init(&m, b), 0);
+  ck_assert_int_eq(fm_write(&m, a, 1, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), EINVAL); /* INIT: no sends */
+  attr.qp_state = IBV_QPS_RTS;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), EINVAL); /* INIT -> RTS skips RTR */
+  /* Receive queue depth. */
+  ck_assert_int_eq(fm_recv(b, 100), 0);
+  ck_assert_int_eq(fm_recv(b, 101), 0);
+  ck_assert_int_eq(fm_recv(b, 102), ENOMEM);
+  fm_connect(&m, a, b, 1, 7);
+  fm_connect(&m, b, a, 0, 7);
+  /* A write with immediate lands, consumes a receive, completes on both sides. */
+  for (int i = 0; i < 64; i++) m.buf[0][i] = (char)(i * 3 + 1);
+  ck_assert_int_eq(fm_write(&m, a, 7, 0, 64, 0x1234, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  struct ibv_wc wc[8];
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_SUCCESS);
+  ck_assert_int_eq(wc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  ck_assert_uint_eq(wc[0].wr_id, 100);
+  ck_assert_uint_eq(ntohl(wc[0].imm_data), 0x1234);
+  ck_assert_uint_eq(wc[0].byte_len, 64);
+  ck_assert_int_eq(memcmp(m.buf[0], m.buf[1], 64), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_SUCCESS);
+  ck_assert_uint_eq(wc[0].wr_id, 7);
+  /* RNR: the second write with immediate waits for a receive (rnr_retry 7: forever). */
+  ck_assert_int_eq(fm_write(&m, a, 8, 64, 8, 1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_write(&m, a, 9, 128, 8, 2, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 2), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 101);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 2), 1); /* only the first is acknowledged */
+  ck_assert_int_eq(fm_recv(b, 103), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 103);
+  ck_assert_uint_eq(ntohl(wc[0].imm_data), 2);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 9);
+  /* Send queue depth: four in flight, the fifth refused. */
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(fm_write(&m, a, 20 + (uint64_t)i, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_write(&m, a, 24, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), ENOMEM);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 4), 4);
+  /* A wrong rkey: remote access error, the QP in ERR, what follows flushed. */
+  ck_assert_int_eq(fm_write(&m, a, 30, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey + 1), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+  ck_assert_int_eq(fm_write(&m, a, 31, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+  ck_assert_uint_eq(wc[0].wr_id, 31);
+  /* Out of range of the remote region: the same error. Back through RESET first. */
+  attr.qp_state = IBV_QPS_RESET;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  fm_connect(&m, a, b, 1, 7);
+  {
+    /* The local side in range, the remote one past its region's end. */
+    struct ibv_sge sge = {.addr = (uintptr_t)m.buf[0], .length = 200, .lkey = m.mr[0]->lkey};
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof wr);
+    wr.wr_id = 32;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = (uintptr_t)m.buf[1] + 4000;
+    wr.wr.rdma.rkey = m.mr[1]->rkey;
+    ck_assert_int_eq(ibv_post_send(a, &wr, &bad), 0);
+  }
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+  /* A wrong lkey: local protection error. */
+  attr.qp_state = IBV_QPS_RESET;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  fm_connect(&m, a, b, 1, 7);
+  ck_assert_int_eq(fm_write(&m, a, 33, 0, 8, -1, m.mr[0]->lkey + 7, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_LOC_PROT_ERR);
+  /* RNR with rnr_retry 0: the retries run out. */
+  attr.qp_state = IBV_QPS_RESET;
+  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  fm_connect(&m, a, b, 1, 0);
+  ck_assert_int_eq(fm_write(&m, a, 34, 0, 8, 5, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+  /* Moving b to ERR flushes its receives (none left) and refuses nothing: posts are flushed. */
+  attr.qp_state = IBV_QPS_ERR;
+  ck_assert_int_eq(m.v->modify_qp(b, &attr, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_recv(b, 104), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_int_eq(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+  ck_assert_uint_eq(wc[0].wr_id, 104);
+  /* CQ overrun: a one-entry CQ given two completions raises IBV_EVENT_CQ_ERR. */
+  struct ibv_cq *small = m.v->create_cq(m.ctx[0], 1, NULL, NULL, 0);
+  ck_assert_ptr_nonnull(small);
+  struct ibv_qp *c = fm_qp(&m, 0, small, 4, 1), *d = fm_qp(&m, 1, NULL, 4, 1);
+  ck_assert_int_eq(fm_init(&m, c), 0);
+  ck_assert_int_eq(fm_init(&m, d), 0);
+  fm_connect(&m, c, d, 1, 7);
+  fm_connect(&m, d, c, 0, 7);
+  ck_assert_int_eq(fm_write(&m, c, 40, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_int_eq(fm_write(&m, c, 41, 0, 8, -1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  struct ibv_async_event ev;
+  int have = 0;
+  for (double t0 = hx_now(); !have && hx_now() - t0 < 2;) {
+    /* Polling runs each context's "NIC": d's answers, then c's completions. */
+    struct ibv_wc none[1];
+    ck_assert_int_eq(ibv_poll_cq(m.cq[1], 0, none), 0);
+    ck_assert_int_eq(ibv_poll_cq(small, 0, none), 0);
+    have = m.v->get_async_event(m.ctx[0], &ev) == 0;
+  }
+  ck_assert_msg(have, "no async event after a CQ overrun");
+  ck_assert_int_eq(ev.event_type, IBV_EVENT_CQ_ERR);
+  m.v->ack_async_event(&ev);
+  ck_assert_int_eq(m.v->get_async_event(m.ctx[0], &ev), -1);
+  /* Destroy order: a CQ or PD still used is busy. */
+  ck_assert_int_eq(m.v->destroy_cq(small), EBUSY);
+  ck_assert_int_eq(m.v->dealloc_pd(m.pd[0]), EBUSY);
+  struct ibv_qp *qps[] = {a, b, c, d};
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(m.v->destroy_qp(qps[i]), 0);
+  ck_assert_int_eq(m.v->destroy_cq(small), 0);
+  for (int s = 0; s < 2; s++) {
+    ck_assert_int_eq(m.v->dereg_mr(m.mr[s]), 0);
+    ck_assert_int_eq(m.v->destroy_cq(m.cq[s]), 0);
+    ck_assert_int_eq(m.v->dealloc_pd(m.pd[s]), 0);
+    ck_assert_int_eq(m.v->close_device(m.ctx[s]), 0);
+  }
+  ck_assert_int_eq(count_dir("/dev/shm", mine), 0);
+}
+END_TEST
+
+/* Segments of the fake left by processes that no longer exist: leaks of the runs above. */
+static int stale_segments(void) {
+  DIR *d = opendir("/dev/shm");
+  int n = 0;
+  if (!d) return 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    int pid = 0;
+    unsigned serial = 0;
+    if (sscanf(e->d_name, "fcfv-%d-%u", &pid, &serial) == 2 && pid > 0 && kill(pid, 0) && errno == ESRCH) {
+      fprintf(stderr, "[test_rdma] /dev/shm/%s outlived its process\n", e->d_name);
+      n++;
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+/* The real provider: whether it has a device (else the tests skip). */
+static int real_devices(void) {
+  char why[300] = "";
+  unsetenv("FLEXCOLL_VERBS_PROVIDER");
+  const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
+  if (!v) {
+    fprintf(stderr, "[test_rdma] no real verbs provider: %s\n", why);
+    return 0;
+  }
+  int n = 0;
+  struct ibv_device **list = v->get_device_list(&n);
+  if (list) v->free_device_list(list);
+  if (!list || n == 0) fprintf(stderr, "[test_rdma] no RDMA device (%s)\n", strerror(errno));
+  return list && n > 0;
+}
+
+int main(void) {
+  g_real = getenv("FC_TEST_RDMA_REAL") && *getenv("FC_TEST_RDMA_REAL") == '1';
+  if (g_real && !real_devices()) return 77;
+#ifdef FC_FAKE_VERBS_LIB
+  /* make check's build of the fake; a user's setting wins. */
+  setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 0);
+#endif
+  snprintf(g_dir, sizeof g_dir, "/tmp/fc-test-rdma-XXXXXX");
+  if (!mkdtemp(g_dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  Suite *s = suite_create("rdma");
+  TCase *tc = tcase_create("collectives");
+  tcase_set_timeout(tc, 900);
+  tcase_add_loop_test(tc, test_collectives, 0, 3);
+  tcase_add_test(tc, test_collectives_threads);
+  tcase_add_loop_test(tc, test_bitwise_with_shm, 0, 3);
+  suite_add_tcase(s, tc);
+  if (!g_real) {
+    tc = tcase_create("faults");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
+    tcase_add_loop_test(tc, test_no_device, 0, 9);
+    tcase_add_test(tc, test_no_leaks);
+    tcase_add_test(tc, test_fake_model);
+    tcase_add_loop_test(tc, test_rank_killed, 0, 2);
+    tcase_add_loop_test(tc, test_count_mismatch, 0, (int)(sizeof mismatches / sizeof mismatches[0]));
+    suite_add_tcase(s, tc);
+  }
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  int stale = g_real ? 0 : stale_segments();
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (!failed && system(cmd) != 0) fprintf(stderr, "[test_rdma] could not remove %s\n", g_dir);
+  return failed || stale ? EXIT_FAILURE : EXIT_SUCCESS;
+}

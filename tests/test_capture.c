@@ -10,8 +10,8 @@
  * replay and rank) and its results checked exactly, with eager calls in between.  Every other
  * path (host memory, a staged schedule — with FLEXCOLL_RING_KERNEL=0 large calls, reduce and
  * alltoall and send/recv take it —, direct mode, a collective in a group, a capture on another stream
- * than the communicator's previous kernel) would replay stale host counters or not be in the
- * graph at all: it must be refused
+ * while the communicator's previous kernel there still runs) would replay stale host counters,
+ * need a dependency from outside the capture, or not be in the graph at all: it must be refused
  * with FLEXCOLL_INVALID_USAGE and a message that says why, before enqueuing anything, so the
  * captured graph stays empty, the capture valid and the communicator usable.
  *
@@ -141,20 +141,45 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
   end_empty_capture(r, s, mode == cudaStreamCaptureModeRelaxed ? "refusals (relaxed)" : "refusals (thread-local)");
 }
 
-/* The communicator's previous kernel ran on s2: a capture on s would need a dependency on it
- * from outside the capture, so it is refused; an eager call on s then moves the chain back. */
-static void refused_other_stream(rank_t *r, flexcoll_comm_t comm, float *dev, cudaStream_t s, cudaStream_t s2) {
+static pthread_barrier_t g_barrier;
+
+/* The communicator's previous kernel ran on s2.  Rank 0 captures on s while that kernel still
+ * waits for rank 1's (which starts only after the barrier): the graph would need a dependency
+ * from outside its capture, so the call is refused.  Rank 1 captures after its kernel on s2
+ * finished (as frameworks warm up on one stream, synchronise and capture on another): allowed,
+ * one kernel node and no wait; that graph is not launched (rank 0's has nothing to meet it).
+ * Eager calls on s then move the chain back. */
+static void capture_after_other_stream(rank_t *r, flexcoll_comm_t comm, float *dev, cudaStream_t s, cudaStream_t s2) {
+  if (r->rank == 1) pthread_barrier_wait(&g_barrier);
   flexcoll_result_t res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s2);
   EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce on a second stream: %s", flexcoll_get_last_error(comm));
-  cudaStreamSynchronize(s2);
+  if (r->rank == 1) cudaStreamSynchronize(s2);
   cudaError_t ce = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
   EXPECT(r, ce == cudaSuccess, "cudaStreamBeginCapture: %s", cudaGetErrorString(ce));
-  if (ce != cudaSuccess) return;
-  res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
-  expect_refused(r, comm, res, "allreduce after a kernel on another stream");
-  const char *why = flexcoll_get_last_error(comm);
-  EXPECT(r, why && strstr(why, "another stream"), "the refusal does not name the other stream: \"%s\"", why ? why : "");
-  end_empty_capture(r, s, "capture after a kernel on another stream");
+  if (ce == cudaSuccess) {
+    res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
+    if (r->rank == 0) {
+      expect_refused(r, comm, res, "allreduce while a kernel on another stream runs");
+      const char *why = flexcoll_get_last_error(comm);
+      EXPECT(r, why && strstr(why, "another stream"), "the refusal does not name the other stream: \"%s\"",
+             why ? why : "");
+      end_empty_capture(r, s, "capture while a kernel on another stream runs");
+    } else {
+      EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce captured after a finished kernel on another stream: %s",
+             flexcoll_get_last_error(comm));
+      cudaGraph_t graph = NULL;
+      ce = cudaStreamEndCapture(s, &graph);
+      size_t nodes = 0;
+      if (ce == cudaSuccess && graph) cudaGraphGetNodes(graph, NULL, &nodes);
+      EXPECT(r, ce == cudaSuccess && nodes == 1, "capture after a finished kernel on another stream: %s, %zu nodes",
+             cudaGetErrorString(ce), nodes);
+      if (graph) cudaGraphDestroy(graph);
+    }
+  }
+  if (r->rank == 0) {
+    pthread_barrier_wait(&g_barrier);
+    cudaStreamSynchronize(s2);
+  }
 }
 
 /* ---- captured one-shot calls, replayed ---- */
@@ -354,7 +379,6 @@ static int check_replay(rank_t *r, flexcoll_comm_t comm, const coll_t *c, size_t
   return 1;
 }
 
-static pthread_barrier_t g_barrier;
 static int g_votes[NRANKS];
 
 /* Whether every rank says ok (all ranks call it at the same point): the ranks stop together,
@@ -477,7 +501,7 @@ static void *rank_main(void *arg) {
     allreduce_checked(r, comm, b.dev, s, 2);
     refused_calls(r, comm, &b, s, cudaStreamCaptureModeRelaxed);
     allreduce_checked(r, comm, b.dev, s, 3);
-    refused_other_stream(r, comm, b.dev, s, s2);
+    capture_after_other_stream(r, comm, b.dev, s, s2);
     allreduce_checked(r, comm, b.dev, s, 4); /* back on s: captures there are allowed again */
     replay_all(r, comm, &rb, s);
     allreduce_checked(r, comm, b.dev, s, 5);

@@ -30,11 +30,14 @@ static void set_rank_count(int ngpus) {
   if (!opts.device && opts.ngpus)
     perf_usage_error("-g (--ngpus) %d: GPUs per thread, but the buffers are in host memory; -t sets the host ranks",
                      opts.ngpus);
+  /* --nranks may exceed the GPUs (ranks share them round-robin); -t and -g name GPUs that must exist. */
+  const int shared_ok = opts.nranks != 0;
   if (!opts.nranks && (opts.nthreads || opts.ngpus))
     opts.nranks = (opts.nthreads ? opts.nthreads : 1) * (opts.ngpus ? opts.ngpus : 1);
   if (!opts.nranks) opts.nranks = opts.device ? ngpus : 2;
-  if (opts.device && opts.nranks > ngpus)
-    perf_usage_error("%d ranks on device memory, but %d GPU(s) are visible", opts.nranks, ngpus);
+  if (opts.device && opts.nranks > ngpus && !shared_ok)
+    perf_usage_error("%d ranks on device memory, but %d GPU(s) are visible (--nranks lets ranks share GPUs)",
+                     opts.nranks, ngpus);
 }
 
 int main(int argc, char **argv) {

@@ -193,8 +193,35 @@ static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *arg
  * (the streams it launches them on), as it orders any stream work. */
 static flexcoll_result_t kernel_order_before(fc_dexec_t *x, cudaStream_t stream) {
   struct fc_gpu *g = x->g;
-  if (g->oneshot_seq > 1 && g->oneshot_stream != stream) CUDA_TRY(x->comm, cudaStreamWaitEvent(stream, g->ev_oneshot, 0));
+  /* Captured: the previous kernel, if on another stream, had finished (graph_refusal asked). */
+  if (g->oneshot_seq > 1 && g->oneshot_stream != stream && !x->capturing)
+    CUDA_TRY(x->comm, cudaStreamWaitEvent(stream, g->ev_oneshot, 0));
   return FLEXCOLL_SUCCESS;
+}
+
+/* Whether the communicator's last eager kernel has finished.  Asked in relaxed capture mode: a
+ * thread that captures (or any thread, while another captures in global mode) may not query
+ * events otherwise. */
+static int last_kernel_done(const struct fc_gpu *g) {
+  enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const cudaError_t e = cudaEventQuery(g->ev_oneshot);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaGetLastError();
+  return e == cudaSuccess;
+}
+
+/* A capture on another stream than the communicator's previous kernel: allowed once that kernel
+ * has finished (frameworks warm up on one stream, synchronise, then capture on another), since
+ * the graph then needs no dependency from outside its capture; its replays, like any stream
+ * work, must be ordered by the application with the communicator's other calls. */
+static const char *other_stream_refusal(const struct fc_gpu *g, flexcoll_stream_t stream) {
+  if (!g->oneshot_seq || g->oneshot_stream == (cudaStream_t)stream || last_kernel_done(g)) return NULL;
+  return "the communicator's previous kernel, on another stream, has not finished, and the graph cannot wait for "
+         "work outside its capture (synchronize that stream first, or capture on it)";
 }
 static flexcoll_result_t kernel_order_after(fc_dexec_t *x, cudaStream_t stream) {
   if (!x->capturing) CUDA_TRY(x->comm, cudaEventRecord(x->g->ev_oneshot, stream));
@@ -374,10 +401,7 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
       return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or an alltoall of more than 8 ranks or without "
              "one-shot slots), which keeps its counters on the host";
   }
-  if (g->oneshot_seq && g->oneshot_stream != (cudaStream_t)stream)
-    return "the communicator's previous kernel ran on another stream, and the graph cannot wait for work outside "
-           "its capture (capture on the stream of the previous call)";
-  return NULL;
+  return other_stream_refusal(g, stream);
 }
 
 /* Peers without peer access: run the host algorithm on copies (correct, not fast, blocking). */
@@ -505,10 +529,7 @@ const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream
   if (!p2p_kernel(g))
     return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or FLEXCOLL_ALGO forced), which keeps its counters on "
            "the host";
-  if (g->oneshot_seq && g->oneshot_stream != (cudaStream_t)stream)
-    return "the communicator's previous kernel ran on another stream, and the graph cannot wait for work outside "
-           "its capture (capture on the stream of the previous call)";
-  return NULL;
+  return other_stream_refusal(g, stream);
 }
 
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,

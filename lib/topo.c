@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -150,3 +151,15 @@ static void log_topology(void) {
 }
 
 void fc_topo_log_once(void) { pthread_once(&topo_once, log_topology); }
+
+uint64_t fc_hash_bytes(uint64_t h, const void *data, size_t len) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+uint64_t fc_topo_host_hash(void) {
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  return fc_hash_bytes(FC_HASH_INIT, name, strlen(name));
+}

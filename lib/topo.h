@@ -5,6 +5,7 @@
 #define FC_TOPO_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #define FC_TOPO_MAX_GPUS 16
@@ -33,6 +34,13 @@ typedef struct {
   int numa_nodes;   /* NUMA nodes hwloc sees (0 without hwloc) */
   char cpu_model[128];
 } fc_topo_t;
+
+/* FNV-1a of len bytes, continuing from h (start with FC_HASH_INIT): the same on every rank for
+ * the same bytes. */
+#define FC_HASH_INIT 1469598103934665603ull
+uint64_t fc_hash_bytes(uint64_t h, const void *data, size_t len);
+/* This host, as a hash of its name: ranks with the same hash share a host. */
+uint64_t fc_topo_host_hash(void);
 
 /* Fill t from this machine; never fails (missing pieces stay zero / -1). */
 void fc_topo_discover(fc_topo_t *t);

@@ -46,6 +46,7 @@
 #include "device.h"
 #include "dtype.h"
 #include "error.h"
+#include "topo.h"
 #include "log.h"
 #include "param.h"
 #include "sched/sched.h"
@@ -295,8 +296,7 @@ static uint32_t describe_call(const fc_algo_args_t *a, flexcoll_datatype_t dtype
                               int nw) {
   uint64_t v[5 + 4] = {(uint64_t)a->coll, (uint64_t)a->count, (uint64_t)dtype, (uint64_t)op, (uint64_t)a->root};
   for (int i = 0; i < nw; i++) v[5 + i] = w[i];
-  uint64_t h = 1469598103934665603ULL;
-  for (int i = 0; i < 5 + nw; i++) h = (h ^ v[i]) * 1099511628211ULL;
+  const uint64_t h = fc_hash_bytes(FC_HASH_INIT, v, (size_t)(5 + nw) * sizeof v[0]);
   return (uint32_t)(h ^ (h >> 32));
 }
 

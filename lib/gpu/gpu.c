@@ -114,14 +114,6 @@ typedef struct {
   void *stage; /* valid in the owner's process only */
 } fc_gpu_peer_info_t;
 
-static uint64_t host_hash(void) {
-  char name[256] = {0};
-  gethostname(name, sizeof name - 1);
-  uint64_t h = 1469598103934665603ULL;
-  for (char *p = name; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ULL;
-  return h;
-}
-
 static fc_engine_t engine_param(void) {
   const char *s = fc_param_str("FLEXCOLL_NVLINK_ENGINE", "auto");
   if (strcmp(s, "sm") == 0) return FC_ENGINE_SM;
@@ -329,7 +321,7 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
   g->peers = calloc((size_t)comm->nranks, sizeof *g->peers);
   if (!all || !g->peers) { free(all); return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory"); }
   fc_gpu_peer_info_t *me = &all[comm->rank];
-  me->host_hash = host_hash();
+  me->host_hash = fc_topo_host_hash();
   me->pid = getpid();
   me->device = g->device;
   me->stage = g->stage;

@@ -34,6 +34,7 @@
 #include "gpu/device.h"
 #include "log.h"
 #include "param.h"
+#include "topo.h"
 
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
 FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 4)
@@ -70,10 +71,8 @@ static double fixed_fraction(void) {
 }
 
 static void shm_name(const struct flexcoll_comm *comm, int rank, char *out, size_t len) {
-  /* FNV-1a of the unique id: the same on every rank, different for every communicator. */
-  uint64_t h = 1469598103934665603ull;
-  const unsigned char *p = (const unsigned char *)&comm->init_id;
-  for (size_t i = 0; i < sizeof comm->init_id; i++) h = (h ^ p[i]) * 1099511628211ull;
+  /* A hash of the unique id: the same on every rank, different for every communicator. */
+  const uint64_t h = fc_hash_bytes(FC_HASH_INIT, &comm->init_id, sizeof comm->init_id);
   snprintf(out, len, "/flexcoll-pcie-%016llx-%d", (unsigned long long)h, rank);
 }
 
@@ -221,11 +220,7 @@ static flexcoll_result_t cache_key(struct flexcoll_comm *comm, struct fc_gpu *g,
   } where_t;
   where_t *all = calloc((size_t)comm->nranks, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  char hn[256] = "";
-  gethostname(hn, sizeof hn - 1);
-  uint64_t h = 1469598103934665603ull;
-  for (const char *c = hn; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
-  all[comm->rank].host = h;
+  all[comm->rank].host = fc_topo_host_hash();
   if (cudaDeviceGetPCIBusId(all[comm->rank].bus, sizeof all[comm->rank].bus, g->device) != cudaSuccess) cudaGetLastError();
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
   int n = snprintf(key, len, "ring-lanes nvlink,pcie ranks %d blocks %u+%u subslots %u areas %zu+%zu", comm->nranks,

@@ -130,32 +130,25 @@ template <> struct fc_bits<4> { typedef unsigned int type; };
 template <> struct fc_bits<8> { typedef unsigned long long type; };
 template <> struct fc_bits<16> { typedef uint4 type; };
 
-template <typename T> static __device__ __forceinline__ T fc_ld_cg(const void *p) {
+/* CV: loads of host memory that another GPU (or this one's other kernel) writes: .cv fetches
+ * again at every load, so no line of an earlier message kept in a cache is read back. */
+template <typename B, bool CV> static __device__ __forceinline__ B fc_ld_bits(const B *p) {
+  return CV ? __ldcv(p) : __ldcg(p);
+}
+template <typename T, bool CV = false> static __device__ __forceinline__ T fc_ld(const void *p) {
   typedef typename fc_bits<sizeof(T)>::type B;
-  const B b = __ldcg((const B *)p);
+  const B b = fc_ld_bits<B, CV>((const B *)p);
   T t;
   memcpy(&t, &b, sizeof t);
   return t;
 }
-template <typename T> static __device__ __forceinline__ fc_vec<T> fc_vec_ld_cg(const void *p) {
+template <typename T, bool CV = false> static __device__ __forceinline__ fc_vec<T> fc_vec_ld(const void *p) {
   fc_vec<T> v;
-  v.raw = __ldcg((const uint4 *)p);
+  v.raw = fc_ld_bits<uint4, CV>((const uint4 *)p);
   return v;
 }
-/* Loads of host memory that another GPU (or this one's other kernel) writes: .cv fetches again
- * at every load, so no line of an earlier message kept in a cache is read back. */
-template <typename T> static __device__ __forceinline__ T fc_ld_cv(const void *p) {
-  typedef typename fc_bits<sizeof(T)>::type B;
-  const B b = __ldcv((const B *)p);
-  T t;
-  memcpy(&t, &b, sizeof t);
-  return t;
-}
-template <typename T> static __device__ __forceinline__ fc_vec<T> fc_vec_ld_cv(const void *p) {
-  fc_vec<T> v;
-  v.raw = __ldcv((const uint4 *)p);
-  return v;
-}
+template <typename T> static __device__ __forceinline__ T fc_ld_cg(const void *p) { return fc_ld<T, false>(p); }
+template <typename T> static __device__ __forceinline__ fc_vec<T> fc_vec_ld_cg(const void *p) { return fc_vec_ld<T, false>(p); }
 
 /* ---- (datatype, op) dispatch ----
  * Calls f.template run<V, D, Op>() where V is the type the operator runs on (the unsigned type

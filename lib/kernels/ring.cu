@@ -226,7 +226,7 @@ __device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, ch
   for (; i + 3 * stride < vend; i += 4 * stride) {
     vec v[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) v[j] = first_sys ? fc_vec_ld_cv<V>(first + i + j * stride) : fc_vec_ld_cg<V>(first + i + j * stride);
+    for (int j = 0; j < 4; j++) v[j] = first_sys ? fc_vec_ld<V, true>(first + i + j * stride) : fc_vec_ld<V>(first + i + j * stride);
     if (second) {
       vec w[4];
 #pragma unroll
@@ -244,7 +244,7 @@ __device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, ch
     }
   }
   for (; i < vend; i += stride) {
-    vec v = first_sys ? fc_vec_ld_cv<V>(first + i) : fc_vec_ld_cg<V>(first + i);
+    vec v = first_sys ? fc_vec_ld<V, true>(first + i) : fc_vec_ld<V>(first + i);
     if (second) v = fc_vec_apply<V, Op>(v, fc_vec_ld_cg<V>(second + i));
     if (divide)
 #pragma unroll
@@ -253,7 +253,7 @@ __device__ __forceinline__ void fc_ring_xfer(const char *in, const char *own, ch
     if (nxt) *(uint4 *)(nxt + i) = v.raw;
   }
   for (size_t k = vend + sizeof(V) * threadIdx.x; k < n; k += sizeof(V) * blockDim.x) {
-    V v = first_sys ? fc_ld_cv<V>(first + k) : fc_ld_cg<V>(first + k);
+    V v = first_sys ? fc_ld<V, true>(first + k) : fc_ld<V>(first + k);
     if (second) v = Op::apply(v, fc_ld_cg<V>(second + k));
     if (divide) v = fc_avg<V, D>(v, dn);
     if (out) *(V *)(out + k) = v;

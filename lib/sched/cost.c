@@ -19,6 +19,7 @@
 #include "error.h"
 #include "log.h"
 #include "param.h"
+#include "topo.h"
 
 double fc_cost_predict(const fc_link_model_t *m, double bytes) {
   if (!(m->beta > 0)) return INFINITY;
@@ -84,8 +85,7 @@ static void sanitise_key(const char *key, char *out, size_t size) {
   }
   out[n] = '\0';
   if (keep < len) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)key[i]) * 1099511628211ull;
+    const uint64_t h = fc_hash_bytes(FC_HASH_INIT, key, len);
     snprintf(out + n, size - n, "-%016llx", (unsigned long long)h);
   }
 }

@@ -22,6 +22,7 @@
 #include "log.h"
 #include "param.h"
 #include "sched.h"
+#include "topo.h"
 
 /* Host collectives from this size (bytes per rank) feed stage 2. */
 #define FC_STAGE2_MIN_BYTES (1u << 20)
@@ -218,11 +219,7 @@ static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t 
                                    int *one_host) {
   uint64_t *h = calloc((size_t)comm->nranks, sizeof *h);
   if (!h) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  uint64_t mine = 1469598103934665603ULL;
-  for (const char *p = host; *p; p++) mine = (mine ^ (unsigned char)*p) * 1099511628211ULL;
-  h[comm->rank] = mine;
+  h[comm->rank] = fc_topo_host_hash();
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, h, sizeof *h);
   uint64_t all = 1469598103934665603ULL;
   *one_host = 1;

@@ -20,7 +20,10 @@
  *
  * FLEXCOLL_VERBS_FAKE_FAULT (comma list, read at the first device list of the process):
  *   post:N   the Nth ibv_post_send of the process fails (EIO)
- *   drop:N   the Nth completion the process would produce vanishes
+ *   drop:N   the Nth arrival of data (a write with immediate of one byte or more landing here)
+ *            vanishes, which only a timeout finds.  Not any completion: whether the Nth of those
+ *            was a send's or a zero-length credit's (whose loss a later one makes good) would
+ *            depend on timing
  *   kill:N   at the Nth ibv_post_send the QP goes to ERR (flush) with an IBV_EVENT_QP_FATAL
  *   delay:MS every send work request starts MS milliseconds after it was posted
  *   portdown:N at the Nth ibv_post_send the port goes down: IBV_EVENT_PORT_ERR, and every QP of
@@ -265,7 +268,9 @@ static void raise_event(fv_ctx_t *c, enum ibv_event_type type, void *element) {
 
 static void push_cqe(struct ibv_cq *cq_, const struct ibv_wc *wc) {
   fv_cq_t *cq = (fv_cq_t *)cq_;
-  if (fault.drop && atomic_fetch_add(&completions, 1) + 1 == fault.drop) return;
+  if (fault.drop && wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM && wc->byte_len > 0 &&
+      atomic_fetch_add(&completions, 1) + 1 == fault.drop)
+    return;
   if (cq->n == cq->cap) {
     if (!cq->overrun) raise_event(ctx_of(cq->cq.context), IBV_EVENT_CQ_ERR, cq_);
     cq->overrun = 1;

@@ -148,6 +148,8 @@ int main(int argc, char **argv) {
   bootstrap_interface();
   int invalid = settings();
   cached_links();
+  /* The report first: with both streams in one file, a buffered line would be cut by this one. */
+  fflush(stdout);
   if (invalid) fprintf(stderr, "flexcoll-info: %d FLEXCOLL_* setting(s) invalid or unknown (see above)\n", invalid);
   return invalid ? 1 : 0;
 }

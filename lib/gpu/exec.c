@@ -369,14 +369,14 @@ static size_t largest_count(const fc_algo_args_t *args) {
   return send > recv ? send : recv;
 }
 
-/* Whether the one-shot kernels take the collective (sizes only: a graph's replays take the
- * path of its capture). */
 /* With FLEXCOLL_LINKS naming pcie and not nvlink, what the ring kernels can run goes through
  * them (and so through host memory) whatever its size: not the one-shot, pipelined or direct paths. */
 static int ring_only(const struct fc_gpu *g, const fc_algo_args_t *args) {
   return g->pcie.only && args->coll != FC_COLL_ALLTOALL;
 }
 
+/* Whether the one-shot kernels take the collective (sizes only: a graph's replays take the
+ * path of its capture). */
 static int takes_oneshot(const struct fc_gpu *g, const fc_algo_args_t *args, size_t esize) {
   return args->coll != FC_COLL_REDUCE && args->coll != FC_COLL_ALLTOALL && !ring_only(g, args) &&
          oneshot_bytes(args, largest_count(args)) * esize <= g->oneshot_slot && args->nranks <= FC_ONESHOT_MAX_RANKS;

@@ -135,7 +135,8 @@ void fc_pcie_close(struct fc_gpu *g) {
   unmap_area(p, &p->prev_host);
   unmap_area(p, &p->own_host);
   cudaGetLastError();
-  p->on = 0;
+  /* Without the link, FLEXCOLL_LINKS=pcie cannot route anything through it: the usual paths. */
+  p->on = p->only = 0;
 }
 
 /* Whether every rank says ok (collective); *all_ok 0 otherwise. */

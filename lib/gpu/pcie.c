@@ -280,7 +280,6 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   p->bytes = p->ctr_bytes + p->area_bytes;
   p->blocks = blocks < 1 ? 1u : (unsigned)blocks;
   if (p->blocks > g->ring_blocks / 2) p->blocks = g->ring_blocks / 2;
-  p->only = links_name("pcie") && !links_name("nvlink");
   int want = 1;
   if (!links_name("pcie")) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
   else if (!g->ring || !g->p2p) snprintf(why, sizeof why, "the ring kernels are off or some peer has no peer access"), want = 0;
@@ -317,6 +316,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     return FLEXCOLL_SUCCESS;
   }
   p->on = 1;
+  p->only = links_name("pcie") && !links_name("nvlink");
   p->fixed = fixed_fraction();
   if (!p->only && p->fixed < 0) FC_CHECK(seed_models(comm, g));
   if (p->on)

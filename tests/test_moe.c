@@ -25,7 +25,8 @@
  * Then the failure cases with 2 ranks: rank 1 never calls dispatch → rank 0's async error is
  * FLEXCOLL_TIMEOUT within the timeout plus 10 s; with a long timeout, flexcoll_comm_abort
  * releases rank 0's waiting kernel within 10 s.  FC_MOE_QUICK=1 runs fewer cases; FC_MOE_GPUS=G
- * puts rank r on GPU r % G (default 1: all on GPU 0).  Every phase is
+ * puts rank r on GPU r % G (default 1: all on GPU 0).  Every host buffer that a copy to or from
+ * the device touches is pinned (pmalloc says why: pageable ones hung N=4).  Every phase is
  * bounded by a watchdog (alarm) that prints "HANG: <phase>".  Exit 77 (skip) on a CUDA build
  * without a GPU once the host-only checks passed. */
 #define _GNU_SOURCE
@@ -352,10 +353,48 @@ typedef struct {
   cudaStream_t s;
 } rank_t;
 
+#define CK(r, call)                                                                   \
+  do {                                                                                \
+    cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess) FAIL((r)->rank, "%s: %s", #call, cudaGetErrorString(e_));  \
+  } while (0)
+
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
   if (!p) { fprintf(stderr, TAG " out of memory\n"); exit(1); }
   return p;
+}
+
+/* Every host buffer that a copy to or from the device touches is pinned, never malloc'd: the
+ * driver stages a copy of pageable memory through pinned buffers of its own, which the ranks'
+ * threads share, and a device-to-host copy of pageable memory returns only once it is done.  A
+ * rank's thread copying back behind its dispatch or combine (which waits for the peers' kernels)
+ * then held up the host-to-device copies a peer's thread makes before it launches its own: the
+ * peer never launched, and the ranks that had launched timed out (N=4 "all to one rank", whose
+ * receiving rank finishes its host-side checks last; the earlier routings only passed because
+ * the ranks arrived together).  Allocated before a case's first call and freed after its last,
+ * when no kernel runs (cudaMallocHost and cudaFreeHost may wait for the device). */
+static void *pmalloc(size_t n) {
+  void *p = NULL;
+  if (cudaMallocHost(&p, n ? n : 1) != cudaSuccess || !p) {
+    fprintf(stderr, TAG " out of pinned host memory (%zu bytes)\n", n);
+    exit(1);
+  }
+  return p;
+}
+
+/* cudaMemcpyAsync on the rank's stream between the device and a pinned host buffer; a pageable
+ * one fails the test here instead of letting it hang as above. */
+static void hcopy(rank_t *r, void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+  const void *host = kind == cudaMemcpyHostToDevice ? src : dst;
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, host) != cudaSuccess || a.type != cudaMemoryTypeHost) {
+    cudaGetLastError();
+    FAIL(r->rank, "a copy %s pageable host memory %p (the test pins every such buffer: pmalloc)",
+         kind == cudaMemcpyHostToDevice ? "from" : "to", host);
+    return;
+  }
+  CK(r, cudaMemcpyAsync(dst, src, n, kind, r->s));
 }
 
 static int g_votes[MAX_RANKS];
@@ -445,22 +484,16 @@ static void check_combine(rank_t *r, const moe_case_t *c, const inputs_t *in, in
   free(scratch);
 }
 
-#define CK(r, call)                                                                   \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) FAIL((r)->rank, "%s: %s", #call, cudaGetErrorString(e_));  \
-  } while (0)
-
 static void alloc_inputs(const moe_case_t *c, inputs_t *in) {
   const size_t row = (size_t)c->hidden * esize_of(c->dtype);
-  in->ids = xmalloc((size_t)c->max_tokens * c->top_k * sizeof(int));
-  in->w = xmalloc((size_t)c->max_tokens * c->top_k * sizeof(float));
-  in->tokens = xmalloc((size_t)c->max_tokens * row);
+  in->ids = pmalloc((size_t)c->max_tokens * c->top_k * sizeof(int));
+  in->w = pmalloc((size_t)c->max_tokens * c->top_k * sizeof(float));
+  in->tokens = pmalloc((size_t)c->max_tokens * row);
 }
 static void free_inputs(inputs_t *in) {
-  free(in->ids);
-  free(in->w);
-  free(in->tokens);
+  cudaFreeHost(in->ids);
+  cudaFreeHost(in->w);
+  cudaFreeHost(in->tokens);
 }
 
 /* Does this configuration take SENTINEL (1), FENCE (0), or is it up to AUTO (-1)? */
@@ -528,9 +561,9 @@ static void run_case(rank_t *r, const moe_case_t *c) {
   CK(r, cudaMalloc((void **)&w_dev, (size_t)c->max_tokens * c->top_k * sizeof(float)));
   CK(r, cudaMalloc((void **)&eout_dev, rows * row));
   CK(r, cudaMalloc((void **)&out_dev, (size_t)c->max_tokens * row));
-  int *counts = xmalloc((size_t)n * sizeof(int));
-  int *meta = xmalloc(rows * sizeof(int));
-  char *recv = xmalloc(rows * row), *eout = xmalloc(rows * row), *out = xmalloc((size_t)c->max_tokens * row);
+  int *counts = pmalloc((size_t)n * sizeof(int));
+  int *meta = pmalloc(rows * sizeof(int));
+  char *recv = pmalloc(rows * row), *eout = pmalloc(rows * row), *out = pmalloc((size_t)c->max_tokens * row);
   if (!agree_all(r, m != NULL)) goto done;
 
   const int reps = g_quick ? 1 : 3;
@@ -541,9 +574,9 @@ static void run_case(rank_t *r, const moe_case_t *c) {
       snprintf(what, sizeof what, "N=%d %s %s rep %d", n, c->name, route_names[route], rep);
       for (int s = 0; s < n; s++) gen_inputs(c, n, s, route, call, &all[s]);
       inputs_t *in = &all[me];
-      CK(r, cudaMemcpyAsync(tok_dev, in->tokens, (size_t)c->max_tokens * row, cudaMemcpyHostToDevice, r->s));
-      CK(r, cudaMemcpyAsync(ids_dev, in->ids, (size_t)c->max_tokens * c->top_k * sizeof(int), cudaMemcpyHostToDevice, r->s));
-      CK(r, cudaMemcpyAsync(w_dev, in->w, (size_t)c->max_tokens * c->top_k * sizeof(float), cudaMemcpyHostToDevice, r->s));
+      hcopy(r, tok_dev, in->tokens, (size_t)c->max_tokens * row, cudaMemcpyHostToDevice);
+      hcopy(r, ids_dev, in->ids, (size_t)c->max_tokens * c->top_k * sizeof(int), cudaMemcpyHostToDevice);
+      hcopy(r, w_dev, in->w, (size_t)c->max_tokens * c->top_k * sizeof(float), cudaMemcpyHostToDevice);
       void *recv_dev = NULL;
       int *counts_dev = NULL, *meta_dev = NULL;
       res = flexcoll_moe_dispatch(m, tok_dev, ids_dev, in->T, &recv_dev, &counts_dev, &meta_dev, r->s);
@@ -551,9 +584,9 @@ static void run_case(rank_t *r, const moe_case_t *c) {
         FAIL(me, "%s: dispatch: %s", what, flexcoll_get_last_error(NULL));
         goto done;
       }
-      CK(r, cudaMemcpyAsync(counts, counts_dev, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, r->s));
-      CK(r, cudaMemcpyAsync(meta, meta_dev, rows * sizeof(int), cudaMemcpyDeviceToHost, r->s));
-      CK(r, cudaMemcpyAsync(recv, recv_dev, rows * row, cudaMemcpyDeviceToHost, r->s));
+      hcopy(r, counts, counts_dev, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost);
+      hcopy(r, meta, meta_dev, rows * sizeof(int), cudaMemcpyDeviceToHost);
+      hcopy(r, recv, recv_dev, rows * row, cudaMemcpyDeviceToHost);
       CK(r, cudaStreamSynchronize(r->s));
       flexcoll_result_t async = FLEXCOLL_SUCCESS;
       flexcoll_comm_get_async_error(r->comm, &async);
@@ -568,14 +601,14 @@ static void run_case(rank_t *r, const moe_case_t *c) {
             const size_t at = ((size_t)s * c->max_tokens + i) * row;
             expert_row(c, me, recv + at, eout + at);
           }
-        CK(r, cudaMemcpyAsync(eout_dev, eout, rows * row, cudaMemcpyHostToDevice, r->s));
+        hcopy(r, eout_dev, eout, rows * row, cudaMemcpyHostToDevice);
         CK(r, cudaMemsetAsync(out_dev, 0x5a, (size_t)c->max_tokens * row, r->s));
         res = flexcoll_moe_combine(m, eout_dev, w_dev, out_dev, r->s);
         if (res != FLEXCOLL_SUCCESS) {
           FAIL(me, "%s: combine: %s", what, flexcoll_get_last_error(NULL));
           goto done;
         }
-        CK(r, cudaMemcpyAsync(out, out_dev, (size_t)c->max_tokens * row, cudaMemcpyDeviceToHost, r->s));
+        hcopy(r, out, out_dev, (size_t)c->max_tokens * row, cudaMemcpyDeviceToHost);
         CK(r, cudaStreamSynchronize(r->s));
         flexcoll_comm_get_async_error(r->comm, &async);
         if (async != FLEXCOLL_SUCCESS) FAIL(me, "%s: async error %s after combine", what, flexcoll_get_error_string(async));
@@ -608,11 +641,11 @@ done:
   cudaFree(eout_dev);
   cudaFree(out_dev);
   for (int s = 0; s < n; s++) free_inputs(&all[s]);
-  free(counts);
-  free(meta);
-  free(recv);
-  free(eout);
-  free(out);
+  cudaFreeHost(counts);
+  cudaFreeHost(meta);
+  cudaFreeHost(recv);
+  cudaFreeHost(eout);
+  cudaFreeHost(out);
   pthread_barrier_wait(&g_barrier);
 }
 
@@ -671,9 +704,9 @@ static void run_graph(rank_t *r, const moe_case_t *c, int replays) {
       all[s].T = T; /* baked into the graph */
     }
     inputs_t *in = &all[me];
-    CK(r, cudaMemcpyAsync(tok_dev, in->tokens, (size_t)c->max_tokens * row, cudaMemcpyHostToDevice, r->s));
-    CK(r, cudaMemcpyAsync(ids_dev, in->ids, (size_t)c->max_tokens * c->top_k * sizeof(int), cudaMemcpyHostToDevice, r->s));
-    CK(r, cudaMemcpyAsync(w_dev, in->w, (size_t)c->max_tokens * c->top_k * sizeof(float), cudaMemcpyHostToDevice, r->s));
+    hcopy(r, tok_dev, in->tokens, (size_t)c->max_tokens * row, cudaMemcpyHostToDevice);
+    hcopy(r, ids_dev, in->ids, (size_t)c->max_tokens * c->top_k * sizeof(int), cudaMemcpyHostToDevice);
+    hcopy(r, w_dev, in->w, (size_t)c->max_tokens * c->top_k * sizeof(float), cudaMemcpyHostToDevice);
     CK(r, cudaGraphLaunch(exec, r->s));
     CK(r, cudaStreamSynchronize(r->s));
     const int before = g_failures;

@@ -50,14 +50,8 @@ __device__ __forceinline__ uint64_t *moe_flag(const fc_moe_kargs_t &a, char *are
 __device__ __forceinline__ void st_relaxed_sys(uint64_t *p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-__device__ __forceinline__ uint4 ld_volatile_v4(const void *p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
+/* A 16-byte volatile load (the rows a SENTINEL receiver polls): the LL protocol's (oneshot.cuh). */
+__device__ __forceinline__ uint4 ld_volatile_v4(const void *p) { return fc_ll_load((const uint4 *)p); }
 
 /* SENTINEL: whether no element of v is the all-ones pattern (every element has arrived). */
 __device__ __forceinline__ bool arrived(uint4 v, int esize) {

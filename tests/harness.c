@@ -914,3 +914,31 @@ int hx_destroy_concurrently(flexcoll_comm_t *comms, int n) {
   free(j);
   return ok;
 }
+
+uint64_t hx_digest(const void *buf, size_t bytes) {
+  uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+  for (size_t i = 0; buf && i < bytes; i++) h = (h ^ ((const unsigned char *)buf)[i]) * 1099511628211ULL;
+  return h;
+}
+
+int hx_same_digests(const char *tag, const char *dir, int nranks, const char *a, const char *b) {
+  for (int q = 0; q < nranks; q++) {
+    char pa[400], pb[400], la[160], lb[160];
+    snprintf(pa, sizeof pa, "%s/%s.rank%d", dir, a, q);
+    snprintf(pb, sizeof pb, "%s/%s.rank%d", dir, b, q);
+    FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
+    int same = fa && fb, lines = 0;
+    while (same && fgets(la, sizeof la, fa)) {
+      same = fgets(lb, sizeof lb, fb) && !strcmp(la, lb);
+      if (!same)
+        fprintf(stderr, "[%s] rank %d: %s has \"%.*s\" where %s has \"%.*s\"\n", tag, q, a, (int)strcspn(la, "\n"), la,
+                b, (int)strcspn(lb, "\n"), lb);
+      lines++;
+    }
+    if (same && fgets(lb, sizeof lb, fb)) same = 0;
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    if (!same || lines == 0) return 0;
+  }
+  return 1;
+}

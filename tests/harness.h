@@ -118,6 +118,12 @@ int hx_fail(hx_rank_t *r, const char *fmt, ...) __attribute__((format(printf, 2,
  * success, 0 on failure. */
 int hx_ok(hx_rank_t *r, flexcoll_result_t res, flexcoll_comm_t comm, const char *call);
 
+/* Results compared across runs (bitwise equality whatever the links carried): a digest of a
+ * buffer (NULL: of nothing), and whether every rank's file of digests <dir>/<a>.rank<q> equals
+ * <dir>/<b>.rank<q> line for line (not empty); the first difference goes to stderr, tagged. */
+uint64_t hx_digest(const void *buf, size_t bytes);
+int hx_same_digests(const char *tag, const char *dir, int nranks, const char *a, const char *b);
+
 /* ---- data --------------------------------------------------------------------------------- */
 
 typedef enum {

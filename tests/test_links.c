@@ -29,12 +29,6 @@ static const flexcoll_datatype_t dtypes[] = {FLEXCOLL_FLOAT32, FLEXCOLL_INT32, F
 
 static char g_dir[256]; /* where ranks write their result digests */
 
-static uint64_t digest(const void *buf, size_t bytes) {
-  uint64_t h = 1469598103934665603ULL;
-  for (size_t i = 0; i < bytes; i++) h = (h ^ ((const unsigned char *)buf)[i]) * 1099511628211ULL;
-  return h;
-}
-
 /* The share of `link` toward any peer in the last large collective (the largest one seen). */
 static double link_share(hx_rank_t *r, const char *link, unsigned long long *bytes) {
   flexcoll_link_stats_t st[32];
@@ -70,11 +64,11 @@ static int matrix_rank(hx_rank_t *r) {
       snprintf(r->what, sizeof r->what, "allreduce %s count %zu", fc_dtype_name(dt), count);
       if (hx_ok(r, flexcoll_allreduce(send, recv, count, dt, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce"))
         hx_check_reduced(r, "allreduce", &in, FLEXCOLL_SUM, recv, 0, count);
-      fprintf(f, "allreduce %zu %zu %016llx\n", d, c, (unsigned long long)digest(recv, count * es));
+      fprintf(f, "allreduce %zu %zu %016llx\n", d, c, (unsigned long long)hx_digest(recv, count * es));
       snprintf(r->what, sizeof r->what, "reduce_scatter %s count %zu", fc_dtype_name(dt), count);
       if (hx_ok(r, flexcoll_reduce_scatter(send, recv, count, dt, FLEXCOLL_SUM, r->comm, NULL), r->comm, "reduce_scatter"))
         hx_check_reduced(r, "reduce_scatter", &in, FLEXCOLL_SUM, recv, (size_t)r->rank * count, count);
-      fprintf(f, "reduce_scatter %zu %zu %016llx\n", d, c, (unsigned long long)digest(recv, count * es));
+      fprintf(f, "reduce_scatter %zu %zu %016llx\n", d, c, (unsigned long long)hx_digest(recv, count * es));
       hx_data_t bits = {dt, HX_GEN_BITS, r->seed, call, r->nranks};
       hx_fill(&bits, r->rank, send, 0, count);
       snprintf(r->what, sizeof r->what, "allgather %s count %zu", fc_dtype_name(dt), count);
@@ -117,28 +111,6 @@ static int run_matrix(int nranks, const char *label, const char *links, const ch
   return hx_run_procs(nranks, &o, matrix_rank, (void *)label);
 }
 
-/* Whether every rank's digests of run a equal those of run b. */
-static int same_digests(int nranks, const char *a, const char *b) {
-  for (int q = 0; q < nranks; q++) {
-    char pa[320], pb[320], la[128], lb[128];
-    snprintf(pa, sizeof pa, "%s/%s.rank%d", g_dir, a, q);
-    snprintf(pb, sizeof pb, "%s/%s.rank%d", g_dir, b, q);
-    FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
-    int same = fa && fb, lines = 0;
-    while (same && fgets(la, sizeof la, fa)) {
-      same = fgets(lb, sizeof lb, fb) && !strcmp(la, lb);
-      if (!same) fprintf(stderr, "[test_links] rank %d: %s has \"%.*s\" where %s has \"%.*s\"\n", q, a,
-                         (int)strcspn(la, "\n"), la, b, (int)strcspn(lb, "\n"), lb);
-      lines++;
-    }
-    if (same && fgets(lb, sizeof lb, fb)) same = 0;
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    if (!same || lines == 0) return 0;
-  }
-  return 1;
-}
-
 START_TEST(test_bitwise_across_links) {
   int nranks = 2 + _i;
   char shm[32], both[32], fixed[3][32];
@@ -146,12 +118,14 @@ START_TEST(test_bitwise_across_links) {
   snprintf(both, sizeof both, "shm+tcp-%d", nranks);
   ck_assert_msg(run_matrix(nranks, shm, "shm", NULL), "%d ranks over shm: see stderr", nranks);
   ck_assert_msg(run_matrix(nranks, both, "shm,tcp", NULL), "%d ranks over shm,tcp: see stderr", nranks);
-  ck_assert_msg(same_digests(nranks, shm, both), "%d ranks: shm,tcp results differ from shm alone", nranks);
+  ck_assert_msg(hx_same_digests("test_links", g_dir, nranks, shm, both), "%d ranks: shm,tcp results differ from shm alone",
+                nranks);
   static const char *const fractions[] = {"shm:0.99,tcp:0.01", "shm:0.5,tcp:0.5", "shm:0.01,tcp:0.99"};
   for (int k = 0; k < 3; k++) {
     snprintf(fixed[k], sizeof fixed[k], "fixed%d-%d", k, nranks);
     ck_assert_msg(run_matrix(nranks, fixed[k], "shm,tcp", fractions[k]), "%d ranks at %s: see stderr", nranks, fractions[k]);
-    ck_assert_msg(same_digests(nranks, shm, fixed[k]), "%d ranks: results at %s differ from shm alone", nranks, fractions[k]);
+    ck_assert_msg(hx_same_digests("test_links", g_dir, nranks, shm, fixed[k]), "%d ranks: results at %s differ from shm alone",
+                  nranks, fractions[k]);
   }
 }
 END_TEST
@@ -321,9 +295,9 @@ static int bad_env_proc(void *arg) {
 
 START_TEST(test_bad_settings) {
   static const bad_env_t cases[] = {
-      {"FLEXCOLL_LINKS=shm,bogus", "bogus", FLEXCOLL_INVALID_ARGUMENT},
-      {"FLEXCOLL_LINK_SHARES=tcp:2", "FLEXCOLL_LINK_SHARES", FLEXCOLL_INVALID_ARGUMENT},
-      {"FLEXCOLL_LINK_SHARES=nvlink:1", "not an open link", FLEXCOLL_INVALID_ARGUMENT},
+      {"FLEXCOLL_LINKS=shm,bogus", "bogus", FLEXCOLL_INVALID_ARGUMENT, NULL},
+      {"FLEXCOLL_LINK_SHARES=tcp:2", "FLEXCOLL_LINK_SHARES", FLEXCOLL_INVALID_ARGUMENT, NULL},
+      {"FLEXCOLL_LINK_SHARES=nvlink:1", "not an open link", FLEXCOLL_INVALID_ARGUMENT, NULL},
       /* Peer-failure handling (the default) needs UCX's shared-memory error handling, which
        * flexcoll turns on unless the user turned it off. */
       {"FLEXCOLL_LINKS=shm", "cannot report a dead peer", FLEXCOLL_SYSTEM_ERROR, "UCX_MM_ERROR_HANDLING=n"},

@@ -43,12 +43,6 @@ static int count_dir(const char *dir, const char *prefix);
 
 static const char *provider_env(void) { return g_real ? "FLEXCOLL_VERBS_PROVIDER=" : "FLEXCOLL_VERBS_PROVIDER=fake"; }
 
-static uint64_t digest(const void *buf, size_t bytes) {
-  uint64_t h = 1469598103934665603ULL;
-  for (size_t i = 0; buf && i < bytes; i++) h = (h ^ ((const unsigned char *)buf)[i]) * 1099511628211ULL;
-  return h;
-}
-
 /* Bytes this rank sent over links named `name`, and how many (link, peer) entries there are. */
 static unsigned long long link_bytes(hx_rank_t *r, flexcoll_comm_t comm, const char *name, int *entries, int *total) {
   flexcoll_link_stats_t st[64];
@@ -91,7 +85,7 @@ static void p2p_ring(hx_rank_t *r, flexcoll_datatype_t dt, size_t count, uint64_
   hx_buf_check_guards(r, "recv", &rb);
   hx_buf_check_guards(r, "recv self", &selfb);
   hx_buf_free(&selfb);
-  if (f) fprintf(f, "p2p %d %zu %016llx\n", (int)dt, count, (unsigned long long)digest(recv, count * es));
+  if (f) fprintf(f, "p2p %d %zu %016llx\n", (int)dt, count, (unsigned long long)hx_digest(recv, count * es));
   hx_buf_free(&sb);
   hx_buf_free(&rb);
 }
@@ -126,7 +120,7 @@ static int matrix_rank(hx_rank_t *r) {
           size_t elems = coll == C_ALLGATHER || coll == C_ALLTOALL ? (size_t)r->nranks * p.count : p.count;
           int has = !(coll == C_REDUCE && r->rank != p.root);
           fprintf(f, "%s %zu %zu %016llx\n", coll_names[coll], d, c,
-                  has ? (unsigned long long)digest(p.recv, elems * fc_dtype_size(p.dtype)) : 0ull);
+                  has ? (unsigned long long)hx_digest(p.recv, elems * fc_dtype_size(p.dtype)) : 0ull);
         }
         pcall_check(r, &p);
       }
@@ -174,28 +168,6 @@ START_TEST(test_collectives_threads) {
 }
 END_TEST
 
-/* Whether every rank's digests of run a equal those of run b. */
-static int same_digests(int nranks, const char *a, const char *b) {
-  for (int q = 0; q < nranks; q++) {
-    char pa[400], pb[400], la[160], lb[160];
-    snprintf(pa, sizeof pa, "%s/%s.rank%d", g_dir, a, q);
-    snprintf(pb, sizeof pb, "%s/%s.rank%d", g_dir, b, q);
-    FILE *fa = fopen(pa, "r"), *fb = fopen(pb, "r");
-    int same = fa && fb, lines = 0;
-    while (same && fgets(la, sizeof la, fa)) {
-      same = fgets(lb, sizeof lb, fb) && !strcmp(la, lb);
-      if (!same) fprintf(stderr, "[test_rdma] rank %d: %s has \"%.*s\" where %s has \"%.*s\"\n", q, a, (int)strcspn(la, "\n"),
-                         la, b, (int)strcspn(lb, "\n"), lb);
-      lines++;
-    }
-    if (same && fgets(lb, sizeof lb, fb)) same = 0;
-    if (fa) fclose(fa);
-    if (fb) fclose(fb);
-    if (!same || lines == 0) return 0;
-  }
-  return 1;
-}
-
 START_TEST(test_bitwise_with_shm) {
   int nranks = 2 + _i;
   char shm[32], half[32], most[32];
@@ -204,9 +176,11 @@ START_TEST(test_bitwise_with_shm) {
   snprintf(most, sizeof most, "most-%d", nranks);
   ck_assert_msg(run(nranks, 0, shm, "shm", NULL), "%d ranks over shm: see stderr", nranks);
   ck_assert_msg(run(nranks, 0, half, "shm,rdma", "shm:0.5,rdma:0.5"), "%d ranks, shm:0.5,rdma:0.5: see stderr", nranks);
-  ck_assert_msg(same_digests(nranks, shm, half), "%d ranks: shm,rdma at 0.5 differ from shm alone", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, shm, half), "%d ranks: shm,rdma at 0.5 differ from shm alone",
+                nranks);
   ck_assert_msg(run(nranks, 0, most, "shm,rdma", "shm:0.01,rdma:0.99"), "%d ranks, rdma:0.99: see stderr", nranks);
-  ck_assert_msg(same_digests(nranks, shm, most), "%d ranks: shm,rdma at 0.99 differ from shm alone", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, shm, most), "%d ranks: shm,rdma at 0.99 differ from shm alone",
+                nranks);
 }
 END_TEST
 

@@ -224,22 +224,16 @@ static flexcoll_result_t check_stuck(fc_exec_t *x, double last_progress, double 
 static flexcoll_result_t wait_slices(fc_exec_t *x) {
   double last = now_ms(), next_peer_check = last + 50;
   size_t left = x->nslices;
-  unsigned idle = 0, rounds = 0;
+  unsigned idle = 0;
   while (left) {
     /* Ranks often outnumber cores (threads of one process, CI machines): after a short spin, give
      * the core to the peer we are waiting for. */
     if (++idle > 64) sched_yield();
     fc_links_t *links = x->comm->links;
     int polled = 0, completed = 0;
-    /* Progress the links this collective waits on; the others (a TCP worker's progress is a
-     * system call) only every few rounds, for UCX's own traffic: polled every round, an idle TCP
-     * link made a small collective on shared memory five times slower (docs/PERFORMANCE.md). */
-    unsigned busy = 0;
-    for (size_t i = 0; i < x->nslices; i++)
-      if (x->slices[i].pending) busy |= 1u << x->slices[i].link;
-    const int all = (++rounds & 255) == 0;
-    for (int i = 0; i < links->n; i++)
-      if (all || (busy >> i & 1)) polled |= links->link[i].ops->progress(&links->link[i]);
+    /* Every link, every round, idle ones included: their UCX wire-up completes here (skipping idle
+     * links left it to destroy's flush, which then waited for peers: docs/PERFORMANCE.md). */
+    for (int i = 0; i < links->n; i++) polled |= links->link[i].ops->progress(&links->link[i]);
     for (size_t i = 0; i < x->nslices; i++) {
       fc_slice_t *s = &x->slices[i];
       if (!s->pending) continue;

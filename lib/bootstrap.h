@@ -91,6 +91,10 @@ flexcoll_result_t fc_bootstrap_allgather(fc_bootstrap_t *bs, void *data, size_t 
 /* Returns once every rank has entered the barrier (collective). */
 flexcoll_result_t fc_bootstrap_barrier(fc_bootstrap_t *bs);
 
+/* Whether every rank passed ok != 0 (collective): *first_not is the lowest rank that did not, -1
+ * when all did. */
+flexcoll_result_t fc_bootstrap_agree(fc_bootstrap_t *bs, int ok, int *first_not);
+
 /* Nonblocking: 1 when a ring neighbour's socket was closed or failed (its process died or closed
  * its bootstrap), else 0.  Consumes no protocol data. */
 int fc_bootstrap_peer_lost(fc_bootstrap_t *bs);

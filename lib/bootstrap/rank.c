@@ -427,6 +427,19 @@ flexcoll_result_t fc_bootstrap_barrier(fc_bootstrap_t *b) {
   return res;
 }
 
+flexcoll_result_t fc_bootstrap_agree(fc_bootstrap_t *b, int ok, int *first_not) {
+  *first_not = -1;
+  if (!b) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "bootstrap agree: NULL bootstrap");
+  char *all = calloc((size_t)b->nranks, 1);
+  if (!all) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap agree: out of memory");
+  all[b->rank] = ok != 0;
+  fc_result_t res = fc_bootstrap_allgather(b, all, 1);
+  for (int q = 0; q < b->nranks && res == FLEXCOLL_SUCCESS && *first_not < 0; q++)
+    if (!all[q]) *first_not = q;
+  free(all);
+  return res;
+}
+
 /* Sent on both ring sockets by a rank that destroys its communicator: a neighbour that finished
  * first and left is not a neighbour that died (its peers may still be completing their part).
  * A frame like any other, so that a rank still expecting data reports who left. */

@@ -88,6 +88,7 @@ typedef struct {
 
 struct fc_gpu {
   int device;
+  uint64_t where_hash;     /* every rank's host and GPU, in rank order (connect_peers): a cache key */
   int p2p;                 /* every peer reachable by NVLink/PCIe peer access */
   fc_engine_t engine;
   size_t auto_sm_max;      /* auto engine: SM copies up to this slice size, copy engines above */

@@ -335,6 +335,11 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
     goto out;
   }
   FC_CHECK_GOTO(fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all), res, out);
+  g->where_hash = FC_HASH_INIT;
+  for (int q = 0; q < comm->nranks; q++) {
+    g->where_hash = fc_hash_bytes(g->where_hash, &all[q].host_hash, sizeof all[q].host_hash);
+    g->where_hash = fc_hash_bytes(g->where_hash, all[q].pci_bus_id, strlen(all[q].pci_bus_id));
+  }
   g->p2p = 1;
   for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS; q++) {
     if (q == comm->rank) { g->peers[q].stage = g->stage; continue; }

@@ -139,15 +139,11 @@ void fc_pcie_close(struct fc_gpu *g) {
   p->on = p->only = 0;
 }
 
-/* Whether every rank says ok (collective); *all_ok 0 otherwise. */
+/* Whether every rank says ok (collective). */
 static flexcoll_result_t everyone(struct flexcoll_comm *comm, int ok, int *all_ok) {
-  int *all = calloc((size_t)comm->nranks, sizeof *all);
-  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  all[comm->rank] = ok;
-  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
-  *all_ok = 1;
-  for (int q = 0; q < comm->nranks; q++) *all_ok &= all[q] != 0;
-  free(all);
+  int first_not = -1;
+  flexcoll_result_t res = fc_bootstrap_agree(comm->bootstrap, ok, &first_not);
+  *all_ok = first_not < 0;
   return res;
 }
 
@@ -213,31 +209,19 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
   return ok;
 }
 
-/* The cache key: the lanes' shape and every rank's host and GPU, in rank order. */
-static flexcoll_result_t cache_key(struct flexcoll_comm *comm, struct fc_gpu *g, char *key, size_t len) {
-  typedef struct {
-    uint64_t host;
-    char bus[32];
-  } where_t;
-  where_t *all = calloc((size_t)comm->nranks, sizeof *all);
-  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  all[comm->rank].host = fc_topo_host_hash();
-  if (cudaDeviceGetPCIBusId(all[comm->rank].bus, sizeof all[comm->rank].bus, g->device) != cudaSuccess) cudaGetLastError();
-  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
-  int n = snprintf(key, len, "ring-lanes nvlink,pcie ranks %d blocks %u+%u subslots %u areas %zu+%zu", comm->nranks,
-                   g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes, g->pcie.area_bytes);
-  for (int q = 0; q < comm->nranks && n > 0 && (size_t)n < len; q++)
-    n += snprintf(key + n, len - (size_t)n, " %llx/%s", (unsigned long long)all[q].host, all[q].bus);
-  free(all);
-  return res;
+/* The cache key: the lanes' shape and every rank's host and GPU (connect_peers gathered them). */
+static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, char *key, size_t len) {
+  snprintf(key, len, "ring-lanes nvlink,pcie ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx", comm->nranks,
+           g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes, g->pcie.area_bytes,
+           (unsigned long long)g->where_hash);
 }
 
 /* The lanes' models: from the cache when every rank has them, else calibrated; then rank 0's
  * everywhere (every rank must split alike). */
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
-  char key[1800];
-  FC_CHECK(cache_key(comm, g, key, sizeof key));
+  char key[256];
+  cache_key(comm, g, key, sizeof key);
   const char *dir = fc_cost_cache_dir();
   int have = dir && fc_cost_cache_load(dir, key, p->model, 2) == FLEXCOLL_SUCCESS, all_have = 0;
   FC_CHECK(everyone(comm, have, &all_have));

@@ -119,20 +119,14 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
   int usable = 0;
   char why[200] = "";
   flexcoll_result_t res = link->ops->open(comm, link, &usable, why, sizeof why);
-  int *all = res == FLEXCOLL_SUCCESS ? calloc((size_t)comm->nranks, sizeof *all) : NULL;
-  if (!all) {
+  if (res != FLEXCOLL_SUCCESS) {
     link->ops->close(comm, link, 1);
-    return res != FLEXCOLL_SUCCESS ? res : fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+    return res;
   }
-  all[comm->rank] = usable;
-  res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
-  int everywhere = 1;
-  for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS; q++)
-    if (!all[q] && everywhere) {
-      everywhere = 0;
-      if (usable) snprintf(why, sizeof why, "unusable on rank %d", q);
-    }
-  free(all);
+  int first_not = -1;
+  res = fc_bootstrap_agree(comm->bootstrap, usable, &first_not);
+  const int everywhere = first_not < 0;
+  if (!everywhere && usable) snprintf(why, sizeof why, "unusable on rank %d", first_not);
   if (res == FLEXCOLL_SUCCESS && everywhere) link->stats = calloc((size_t)comm->nranks, sizeof *link->stats);
   if (res != FLEXCOLL_SUCCESS || !everywhere || !link->stats) {
     link->ops->close(comm, link, 1);

@@ -425,17 +425,20 @@ int perf_run_launched(const perf_opts_t *o) {
   return r.status;
 }
 
-/* n host-only ranks in this process.  flexcoll_comm_init_all would put them on the GPUs where
- * there are some (and refuse more ranks than GPUs), whatever -m host asked for. */
-static flexcoll_result_t init_host_ranks(flexcoll_comm_t *comms, int n) {
+/* n ranks in this process, rank i on CUDA device devs[i] (-1 for every rank without devs: host
+ * only).  One group: the ranks join one another at group_end, each in a thread of the library's.
+ * Not flexcoll_comm_init_all: it would put host-only ranks on the GPUs where there are some, and
+ * it takes a device once only, where more ranks than GPUs share them. */
+static flexcoll_result_t init_ranks(flexcoll_comm_t *comms, int n, const int *devs) {
   flexcoll_unique_id_t id;
   flexcoll_result_t res = flexcoll_get_unique_id(&id);
   if (res != FLEXCOLL_SUCCESS) return res;
-  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
-  cfg.cuda_device = -1;
-  /* One group: the ranks join one another at group_end, each in a thread of the library's. */
   flexcoll_group_start();
-  for (int i = 0; i < n && res == FLEXCOLL_SUCCESS; i++) res = flexcoll_comm_init_rank(&comms[i], n, id, i, &cfg);
+  for (int i = 0; i < n && res == FLEXCOLL_SUCCESS; i++) {
+    flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+    cfg.cuda_device = devs ? devs[i] : -1;
+    res = flexcoll_comm_init_rank(&comms[i], n, id, i, &cfg);
+  }
   flexcoll_result_t end = flexcoll_group_end();
   return res != FLEXCOLL_SUCCESS ? res : end;
 }
@@ -448,9 +451,7 @@ int perf_run_threads(const perf_opts_t *o) {
   /* More ranks than GPUs share them round-robin (flexcoll lets ranks share a GPU). */
   int *devs = calloc((size_t)n, sizeof *devs), ngpus = o->device ? perf_gpu_count() : 0;
   for (int i = 0; devs && i < n; i++) devs[i] = ngpus > 0 ? i % ngpus : 0;
-  flexcoll_result_t res = !devs               ? FLEXCOLL_SYSTEM_ERROR
-                          : o->device         ? flexcoll_comm_init_all(comms, n, ngpus >= n ? NULL : devs)
-                                              : init_host_ranks(comms, n);
+  flexcoll_result_t res = devs ? init_ranks(comms, n, o->device ? devs : NULL) : FLEXCOLL_SYSTEM_ERROR;
   free(devs);
   if (res != FLEXCOLL_SUCCESS) {
     fprintf(stderr, "flexcoll-perf: init of %d ranks failed: %s\n", n, flexcoll_get_last_error(NULL));

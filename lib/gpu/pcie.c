@@ -330,8 +330,8 @@ size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk) {
 
 int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max) {
   const struct fc_gpu *g = comm->gpu;
-  if (!g || !g->ring || comm->nranks < 2) return 0;
-  const int nlanes = g->pcie.on ? 2 : 1;
+  if (!g || !g->p2p || comm->nranks < 2) return 0;
+  const int nlanes = g->ring && g->pcie.on ? 2 : 1;
   static const char *const names[2] = {"nvlink", "pcie"};
   for (int L = 0; L < nlanes && L < max; L++) {
     flexcoll_link_stats_t *s = &stats[L];

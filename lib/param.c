@@ -45,7 +45,7 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_RING_AREA_BYTES", FC_PK_INT, "16777216", "bytes of each rank's ring staging area", 1, 65536, BIG, NULL},
     {"FLEXCOLL_PCIE_AREA_BYTES", FC_PK_INT, "4194304", "bytes of each rank's host ring area (the pcie link)", 1, 65536, BIG,
      NULL},
-    {"FLEXCOLL_PCIE_BLOCKS", FC_PK_INT, "4", "most thread blocks of a ring kernel on the pcie link", 1, 1, 64, NULL},
+    {"FLEXCOLL_PCIE_BLOCKS", FC_PK_INT, "16", "most thread blocks of a ring kernel on the pcie link", 1, 1, 64, NULL},
     {"FLEXCOLL_LL_MAX_BYTES", FC_PK_INT, "65536", "one-shot messages up to this size per rank use the LL protocol", 1, 0, BIG,
      NULL},
     {"FLEXCOLL_DIRECT", FC_PK_INT, "1", "direct mode: 0 never, 1 symmetric windows, 2 also other buffers", 1, 0, 2, NULL},

@@ -37,7 +37,7 @@
 #include "topo.h"
 
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
-FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 4)
+FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 16)
 
 /* Whether FLEXCOLL_LINKS (unset: every link) names `name`. */
 static int links_name(const char *name) {

@@ -340,12 +340,13 @@ bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, in
   io->start[1] = 0;
   io->end[1] = io->start[0] = pc;
   io->end[0] = io->chunk;
-  const unsigned pc_max = pc ? a->pc_blocks : 0;
-  const unsigned cap[2] = {a->blocks > pc_max ? a->blocks - pc_max : 1, pc_max};
   const size_t area[2] = {a->area_bytes, a->pc_area_bytes};
   const unsigned long long per_slice = io->msgs;
   io->msgs = 0;
-  for (int L = 0; L < 2; L++) {
+  /* The pcie lane first: the NVLink lane takes every block it leaves (a thin pcie share needs
+   * few blocks, and the grid's size is fixed by what every communicator on the GPU may use). */
+  for (int L = 1; L >= 0; L--) {
+    const unsigned cap = L == 1 ? (pc ? a->pc_blocks : 0) : (a->blocks > io->blocks[1] ? a->blocks - io->blocks[1] : 1);
     const size_t lane = io->end[L] - io->start[L];
     io->blocks[L] = 0;
     io->part[L] = io->step[L] = io->room[L] = 0;
@@ -353,7 +354,7 @@ bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, in
     if (!lane) continue;
     size_t g = (lane + FC_RING_MIN_PART - 1) / FC_RING_MIN_PART;
     if (g < 1) g = 1;
-    if (g > cap[L]) g = cap[L];
+    if (g > cap) g = cap;
     io->blocks[L] = (unsigned)g;
     io->part[L] = ((lane + 15) / 16 + g - 1) / g * 16;
     io->room[L] = area[L] / (g * a->subslots) / 16 * 16;

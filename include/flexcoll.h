@@ -151,7 +151,9 @@ flexcoll_result_t flexcoll_broadcast(const void *sendbuf, void *recvbuf, size_t 
 flexcoll_result_t flexcoll_reduce(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                   flexcoll_op_t op, int root, flexcoll_comm_t comm, flexcoll_stream_t stream);
 
-/* recvbuf[r*count + i] = rank r's sendbuf[rank*count + i] (sendbuf and recvbuf must not overlap). */
+/* recvbuf[r*count + i] = rank r's sendbuf[rank*count + i].  In place when sendbuf == recvbuf (as in
+ * NCCL), at the cost of one extra copy through a temporary of the buffer's size; any other
+ * overlap is refused. */
 flexcoll_result_t flexcoll_alltoall(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                     flexcoll_comm_t comm, flexcoll_stream_t stream);
 /* The root's recvbuf[r*count + i] = rank r's sendbuf[i] (recvbuf is read on the root only; in

@@ -143,8 +143,6 @@ static flexcoll_result_t check_overlap(const fc_call_t *c, size_t send_bytes, si
   if (!(s < r + recv_bytes && r < s + send_bytes)) return FLEXCOLL_SUCCESS;
   size_t slot = (size_t)comm->rank * c->count * esize;
   switch (c->coll) {
-    case FC_COLL_ALLTOALL:
-      return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: sendbuf and recvbuf overlap (alltoall cannot run in place)", fn);
     case FC_COLL_ALLGATHER:
       if (s == r + slot) return FLEXCOLL_SUCCESS;
       return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
@@ -156,6 +154,8 @@ static flexcoll_result_t check_overlap(const fc_call_t *c, size_t send_bytes, si
                       "%s: sendbuf and recvbuf overlap but recvbuf is not this rank's block of sendbuf (sendbuf + rank %d "
                       "x recvcount), the only overlap allowed (in place)", fn, comm->rank);
     default:
+      /* allreduce, broadcast, reduce, alltoall (whose executors send an in-place input from a
+       * copy: fc_host_run, fc_gpu_run). */
       if (s == r) return FLEXCOLL_SUCCESS;
       return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
                       "%s: sendbuf and recvbuf overlap partially (recvbuf - sendbuf = %td bytes); they must be the same "

@@ -34,7 +34,6 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
   const int n = p->nranks, me = p->rank, c = p->coll;
   const size_t es = fc_dtype_size(p->dtype), cnt = p->count;
   hx_data_t d = {p->dtype, coll_reduces(c) ? hx_gen_for_op(p->op) : HX_GEN_BITS, seed, call, n};
-  if (c == C_ALLTOALL) p->inplace = 0;
   p->d = d;
   memset(&p->sb, 0, sizeof p->sb);
   memset(&p->rb, 0, sizeof p->rb);
@@ -83,7 +82,13 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
        * must be ignored (and left alone). */
       if ((is_root || p->root != n - 1) && !(p->send = own_data(r, p, &p->sb, cnt, 1))) return -1;
       break;
-    case C_ALLTOALL: /* never in place (the API refuses overlapping buffers) */
+    case C_ALLTOALL:
+      /* In place: sendbuf == recvbuf, the whole buffer (the library sends from a copy). */
+      if (p->inplace) {
+        if (!(p->recv = own_data(r, p, &p->rb, (size_t)n * cnt, 1))) return -1;
+        p->send = p->recv;
+        break;
+      }
       if (!(p->send = own_data(r, p, &p->sb, (size_t)n * cnt, 1)) ||
           !(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es)))
         return -1;
@@ -152,7 +157,7 @@ void pcall_check(hx_rank_t *r, pcall_t *p) {
         snprintf(w, sizeof w, "recvbuf block %d", q);
         hx_check_input(r, w, &p->d, q, (const char *)p->recv + (size_t)q * cnt * es, (size_t)me * cnt, cnt);
       }
-      hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, (size_t)n * cnt);
+      if (!p->inplace) hx_check_input(r, "sendbuf (must not change)", &p->d, me, p->send, 0, (size_t)n * cnt);
       break;
   }
   if (p->sb.base) hx_buf_check_guards(r, p->inplace && c == C_REDUCE_SCATTER ? "sendbuf/recvbuf" : "sendbuf", &p->sb);

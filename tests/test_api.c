@@ -834,7 +834,8 @@ START_TEST(test_coll_partial_overlap) {
   /* Buffers that overlap other than in NCCL's in-place forms used to return SUCCESS with wrong
    * data (different on each rank): refused now, naming the buffers, before anything moves.  The
    * in-place forms still run and give the right results, as do overlaps in a buffer the rank
-   * ignores (a broadcast's non-root sendbuf, a reduce's non-root recvbuf). */
+   * ignores (a broadcast's non-root sendbuf, a reduce's non-root recvbuf).  Alltoall runs in
+   * place when sendbuf == recvbuf exactly (as NCCL allows); any other overlap is refused. */
   flexcoll_comm_t c[2];
   make_pair(c);
   enum { N = 8 };
@@ -860,12 +861,26 @@ START_TEST(test_coll_partial_overlap) {
     /* A count of 0 moves nothing, whatever the pointers. */
     EXPECT_OK(call_coll(bad[i].coll, s, r, 0, FLEXCOLL_INT32, FLEXCOLL_SUM, 0, c[k]));
   }
+  /* Alltoall's buffers hold 2 x N elements each on 2 ranks. */
+  static const struct {
+    int rank;
+    ptrdiff_t send_off, recv_off;
+  } bad_a2a[] = {{0, 0, 1}, {1, 1, 0}, {0, N, 0}, {1, 0, 2 * N - 1}};
+  for (size_t i = 0; i < sizeof bad_a2a / sizeof bad_a2a[0]; i++) {
+    int k = bad_a2a[i].rank;
+    CTX("alltoall on rank %d: sendbuf at %td, recvbuf at %td", k, bad_a2a[i].send_off, bad_a2a[i].recv_off);
+    int32_t *s = buf[k] + bad_a2a[i].send_off, *r = buf[k] + bad_a2a[i].recv_off;
+    EXPECT_ERR(flexcoll_alltoall(s, r, N, FLEXCOLL_INT32, c[k], NULL), FLEXCOLL_INVALID_ARGUMENT, c[k],
+               "sendbuf and recvbuf overlap partially");
+    EXPECT_OK(flexcoll_alltoall(s, r, 0, FLEXCOLL_INT32, c[k], NULL));
+  }
   /* Nothing was written, and the ranks are still in step: what is allowed runs for real. */
   for (int k = 0; k < 2; k++)
     for (int i = 0; i < 4 * N; i++) ck_assert_int_eq(buf[k][i], 0);
-  int32_t ag[2][2 * N], rs[2][2 * N], ar[2][N], bc[2][N + 1], rd[2][N + 1];
+  int32_t ag[2][2 * N], rs[2][2 * N], ar[2][N], bc[2][N + 1], rd[2][N + 1], a2a[2][2 * N];
   for (int k = 0; k < 2; k++) {
     for (int i = 0; i < 2 * N; i++) ag[k][i] = i / N == k ? 100 * k + i % N : -1, rs[k][i] = 10 * k + i;
+    for (int i = 0; i < 2 * N; i++) a2a[k][i] = 1000 * (k + 1) + i;
     for (int i = 0; i < N; i++) ar[k][i] = k + i;
     for (int i = 0; i <= N; i++) bc[k][i] = k == 0 ? 7 * (i - 1) : -1, rd[k][i] = k == 0 ? i : 1000 + i;
   }
@@ -879,6 +894,7 @@ START_TEST(test_coll_partial_overlap) {
      * their overlap with the buffer it does use is no error. */
     EXPECT_OK(flexcoll_broadcast(k == 0 ? bc[0] + 1 : bc[1], bc[k] + 1, N, FLEXCOLL_INT32, 0, c[k], NULL));
     EXPECT_OK(flexcoll_reduce(k == 0 ? rd[0] : rd[1] + 1, rd[k], N, FLEXCOLL_INT32, FLEXCOLL_SUM, 0, c[k], NULL));
+    EXPECT_OK(flexcoll_alltoall(a2a[k], a2a[k], N, FLEXCOLL_INT32, c[k], NULL));
   }
   EXPECT_OK(flexcoll_group_end());
   for (int k = 0; k < 2; k++) {
@@ -887,6 +903,8 @@ START_TEST(test_coll_partial_overlap) {
     for (int i = 0; i < N; i++) ck_assert_int_eq(rs[k][k * N + i], (k * N + i) + (10 + k * N + i));
     for (int i = 0; i < N; i++) ck_assert_int_eq(ar[k][i], 2 * i + 1);
     for (int i = 0; i < N; i++) ck_assert_int_eq(bc[k][i + 1], 7 * i);
+    /* Block q: what rank q's buffer held at block k, as out of place. */
+    for (int i = 0; i < 2 * N; i++) ck_assert_int_eq(a2a[k][i], 1000 * (i / N + 1) + k * N + i % N);
   }
   for (int i = 0; i < N; i++) ck_assert_int_eq(rd[0][i], i + (1000 + i + 1));
   destroy_concurrently(c, 2);
@@ -937,6 +955,26 @@ START_TEST(test_coll_out_of_memory) {
     for (int k = 0; k < 2; k++)
       for (int i = 0; i < 8; i++) ck_assert_int_eq(out[k][i], 100 + 2 * i);
   }
+  /* In-place alltoall: the copy of its input (2 x huge / 4 int64) cannot be allocated either. */
+  CTX("in-place alltoall of %zu int64 on 2 ranks", huge / 4);
+  EXPECT_OK(flexcoll_group_start());
+  for (int k = 0; k < 2; k++) EXPECT_OK(flexcoll_alltoall(in[k], in[k], huge / 4, FLEXCOLL_INT64, c[k], NULL));
+  EXPECT_ERR(flexcoll_group_end(), FLEXCOLL_SYSTEM_ERROR, c[0], "out of memory");
+  for (int k = 0; k < 2; k++) {
+    const char *e = flexcoll_get_last_error(c[k]);
+    ck_assert_msg(strstr(e, "out of memory") && strstr(e, "bytes"), "[%s] rank %d: last error \"%s\"", ta_ctx, k, e);
+    flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
+    EXPECT_OK(flexcoll_comm_get_async_error(c[k], &ae));
+    ck_assert_msg(ae == FLEXCOLL_SUCCESS, "[%s] rank %d: async error %d after a refused allocation", ta_ctx, k, ae);
+  }
+  CTX("in-place alltoall after in-place alltoall out of memory");
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < 8; i++) in[k][i] = 100 * k + i;
+  EXPECT_OK(flexcoll_group_start());
+  for (int k = 0; k < 2; k++) EXPECT_OK(flexcoll_alltoall(in[k], in[k], 4, FLEXCOLL_INT64, c[k], NULL));
+  EXPECT_OK(flexcoll_group_end());
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < 8; i++) ck_assert_int_eq(in[k][i], 100 * (i / 4) + 4 * k + i % 4);
   destroy_concurrently(c, 2);
 }
 END_TEST

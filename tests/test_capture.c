@@ -5,7 +5,8 @@
  * replays correctly, and eager calls between replays stay in step with it; so do the alltoall
  * and point-to-point kernels.  Captured, each
  * collective at LL, plain one-shot and ring sizes (reduce: ring at every size; alltoall, a group
- * of a send and a receive, and gather: their own kernels) is replayed
+ * of a send and a receive, and gather: their own kernels; alltoall in place too, with its
+ * temporary copy's allocation, copy and free in the graph) is replayed
  * hundreds to thousands of times on fresh inputs (written outside the graph, different per
  * replay and rank) and its results checked exactly, with eager calls in between.  Every other
  * path (host memory, a staged schedule — with FLEXCOLL_RING_KERNEL=0 large calls, reduce and
@@ -126,9 +127,13 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
   if (b->win)
     expect_refused(r, comm, flexcoll_allreduce(b->big_win, b->big_win, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
                    "allreduce in a window (direct mode)");
-  if (!g_ring)
+  if (!g_ring) {
     expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
                    "alltoall (staged schedule)");
+    /* Refused as out of place, before its temporary copy is allocated (the graph stays empty). */
+    expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
+                   "in-place alltoall (staged schedule)");
+  }
   /* In a group the refusal comes at the call, so the group never holds half a collective. */
   flexcoll_group_start();
   flexcoll_result_t res = flexcoll_allreduce(b->dev, b->dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
@@ -190,18 +195,20 @@ typedef struct {
   kind_t kind;
   flexcoll_datatype_t dt; /* FLOAT32, INT32 or BFLOAT16 */
   flexcoll_op_t op;       /* SUM or MAX */
+  int inplace;            /* sendbuf == recvbuf (alltoall only here) */
 } coll_t;
 static const coll_t colls[] = {
-    {"allreduce float32 sum", K_ALLREDUCE, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
-    {"allreduce int32 max", K_ALLREDUCE, FLEXCOLL_INT32, FLEXCOLL_MAX},
-    {"allreduce bfloat16 sum", K_ALLREDUCE, FLEXCOLL_BFLOAT16, FLEXCOLL_SUM},
-    {"allgather int32", K_ALLGATHER, FLEXCOLL_INT32, FLEXCOLL_SUM},
-    {"reduce_scatter float32 sum", K_REDUCE_SCATTER, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
-    {"broadcast float32 root 1", K_BROADCAST, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
-    {"reduce int32 sum root 1", K_REDUCE, FLEXCOLL_INT32, FLEXCOLL_SUM},
-    {"alltoall int32", K_ALLTOALL, FLEXCOLL_INT32, FLEXCOLL_SUM},
-    {"send/recv in a group bfloat16", K_SENDRECV, FLEXCOLL_BFLOAT16, FLEXCOLL_SUM},
-    {"gather float32 root 1", K_GATHER, FLEXCOLL_FLOAT32, FLEXCOLL_SUM},
+    {"allreduce float32 sum", K_ALLREDUCE, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0},
+    {"allreduce int32 max", K_ALLREDUCE, FLEXCOLL_INT32, FLEXCOLL_MAX, 0},
+    {"allreduce bfloat16 sum", K_ALLREDUCE, FLEXCOLL_BFLOAT16, FLEXCOLL_SUM, 0},
+    {"allgather int32", K_ALLGATHER, FLEXCOLL_INT32, FLEXCOLL_SUM, 0},
+    {"reduce_scatter float32 sum", K_REDUCE_SCATTER, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0},
+    {"broadcast float32 root 1", K_BROADCAST, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0},
+    {"reduce int32 sum root 1", K_REDUCE, FLEXCOLL_INT32, FLEXCOLL_SUM, 0},
+    {"alltoall int32", K_ALLTOALL, FLEXCOLL_INT32, FLEXCOLL_SUM, 0},
+    {"alltoall int32 in place", K_ALLTOALL, FLEXCOLL_INT32, FLEXCOLL_SUM, 1},
+    {"send/recv in a group bfloat16", K_SENDRECV, FLEXCOLL_BFLOAT16, FLEXCOLL_SUM, 0},
+    {"gather float32 root 1", K_GATHER, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0},
 };
 #define NCOLLS (sizeof colls / sizeof colls[0])
 /* LL sizes (up to 64 KiB per rank), a plain one, and one above the one-shot limit of 2 ranks
@@ -317,7 +324,7 @@ static cudaGraphExec_t capture(rank_t *r, flexcoll_comm_t comm, const coll_t *c,
   cudaError_t ce = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
   EXPECT(r, ce == cudaSuccess, "%s count %zu: cudaStreamBeginCapture: %s", c->name, n, cudaGetErrorString(ce));
   if (ce != cudaSuccess) return NULL;
-  flexcoll_result_t res = issue(c, n, b->send, b->recv, comm, s);
+  flexcoll_result_t res = issue(c, n, c->inplace ? b->recv : b->send, b->recv, comm, s);
   EXPECT(r, res == FLEXCOLL_SUCCESS, "%s count %zu: captured call refused: %s", c->name, n, flexcoll_get_last_error(comm));
   cudaGraph_t graph = NULL;
   ce = cudaStreamEndCapture(s, &graph);
@@ -325,13 +332,16 @@ static cudaGraphExec_t capture(rank_t *r, flexcoll_comm_t comm, const coll_t *c,
   if (ce != cudaSuccess || !graph) return NULL;
   size_t nodes = 0;
   cudaGraphGetNodes(graph, NULL, &nodes);
-  /* The kernel alone: no event wait or record from the ordering of the communicator's kernels. */
-  EXPECT(r, nodes == 1, "%s count %zu: the captured graph has %zu nodes, not 1", c->name, n, nodes);
+  /* The kernel alone: no event wait or record from the ordering of the communicator's kernels.
+   * In place, an alltoall also allocates, fills and frees its copy of the input. */
+  const size_t want_nodes = c->inplace ? 4 : 1;
+  EXPECT(r, nodes == want_nodes, "%s count %zu: the captured graph has %zu nodes, not %zu", c->name, n, nodes,
+         want_nodes);
   cudaGraphExec_t exec = NULL;
   ce = cudaGraphInstantiate(&exec, graph, 0);
   EXPECT(r, ce == cudaSuccess, "%s count %zu: cudaGraphInstantiate: %s", c->name, n, cudaGetErrorString(ce));
   cudaGraphDestroy(graph);
-  return res == FLEXCOLL_SUCCESS && ce == cudaSuccess && nodes == 1 ? exec : NULL;
+  return res == FLEXCOLL_SUCCESS && ce == cudaSuccess && nodes == want_nodes ? exec : NULL;
 }
 
 /* The inputs of every variant, uploaded on s. */
@@ -416,8 +426,9 @@ static int replay_case(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, 
   int ok = 1;
   for (long i = 0; i < replays && ok; i++) {
     const int v = (int)((3 * i + 1) % VARIANTS), check = i % 97 == 0 || i == replays - 1;
-    cudaMemcpyAsync(b->send, b->table + (size_t)v * ROW, sbytes, cudaMemcpyDeviceToDevice, s);
-    if (check) cudaMemsetAsync(b->recv, POISON, rbytes, s);
+    /* In place the input goes where the result lands (and is the poison's place too). */
+    cudaMemcpyAsync(c->inplace ? b->recv : b->send, b->table + (size_t)v * ROW, sbytes, cudaMemcpyDeviceToDevice, s);
+    if (check && !c->inplace) cudaMemsetAsync(b->recv, POISON, rbytes, s);
     cudaError_t ce = cudaGraphLaunch(exec, s);
     EXPECT(r, ce == cudaSuccess, "%s count %zu replay %ld: cudaGraphLaunch: %s", c->name, n, i, cudaGetErrorString(ce));
     if (i % 10 == 3) eager_call(r, comm, b, s, eager_n = (i / 10) % 2 ? 5 : EAGER_MAX);

@@ -5,9 +5,9 @@
  * Host part (every machine; a child process that hides the GPUs, so its ranks are host ranks):
  *   - 2 and 3 ranks from ncclGetUniqueId + ncclCommInitRank, one thread per rank; every
  *     collective (AllReduce in all 10 datatypes x 5 operators, in place too, Reduce,
- *     ReduceScatter, AllGather, Broadcast, Bcast, AlltoAll, Send/Recv between all pairs inside a
- *     group) on fresh random data against a reference, first driven one thread per rank outside
- *     groups, then all ranks from one thread inside ncclGroupStart/End;
+ *     ReduceScatter, AllGather, Broadcast, Bcast, AlltoAll, in place too, Send/Recv between all
+ *     pairs inside a group) on fresh random data against a reference, first driven one thread
+ *     per rank outside groups, then all ranks from one thread inside ncclGroupStart/End;
  *   - communicators initialised inside a group from one thread (non-blocking config), with a
  *     collective queued on them in the same group; ncclCommInitAll(comms, 2, NULL);
  *     ncclCommInitRankScalable; ncclCommAbort;
@@ -198,9 +198,10 @@ typedef struct {
 } world_t;
 
 typedef enum { C_ALLREDUCE, C_ALLREDUCE_INPLACE, C_REDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BROADCAST, C_BCAST,
-               C_ALLTOALL, C_SENDRECV, C_GATHER, C_SCATTER } coll_t;
+               C_ALLTOALL, C_ALLTOALL_INPLACE, C_SENDRECV, C_GATHER, C_SCATTER } coll_t;
 static const char *coll_names[] = {"AllReduce", "AllReduce(in place)", "Reduce", "ReduceScatter", "AllGather",
-                                   "Broadcast", "Bcast", "AlltoAll", "Send/Recv", "Gather", "Scatter"};
+                                   "Broadcast", "Bcast", "AlltoAll", "AlltoAll(in place)", "Send/Recv", "Gather",
+                                   "Scatter"};
 
 typedef struct {
   coll_t coll;
@@ -244,7 +245,7 @@ static void sizes(job_t *j) {
     size_t cnt = j->c.count, s = cnt, v = cnt;
     if (j->c.coll == C_REDUCE_SCATTER) s = cnt * n;
     if (j->c.coll == C_ALLGATHER) v = cnt * n;
-    if (j->c.coll == C_ALLTOALL) s = v = cnt * n;
+    if (j->c.coll == C_ALLTOALL || j->c.coll == C_ALLTOALL_INPLACE) s = v = cnt * n;
     if (j->c.coll == C_GATHER) v = r == j->c.root ? cnt * n : 0; /* recvbuff: the root's only */
     if (j->c.coll == C_SCATTER) s = cnt * n;
     if (j->c.coll == C_SENDRECV) s = p2p_offset(&j->c, n, r, n, 1), v = p2p_offset(&j->c, n, r, n, 0);
@@ -287,7 +288,8 @@ static void reference_movement(job_t *j) {
       const uint8_t *src = j->in[q];
       switch (j->c.coll) {
         case C_ALLGATHER: memcpy(e + q * cnt * es, src, cnt * es); break;
-        case C_ALLTOALL: memcpy(e + q * cnt * es, src + r * cnt * es, cnt * es); break;
+        case C_ALLTOALL:
+        case C_ALLTOALL_INPLACE: memcpy(e + q * cnt * es, src + r * cnt * es, cnt * es); break;
         case C_GATHER: if (r == j->c.root) memcpy(e + q * cnt * es, src, cnt * es); break;
         case C_SCATTER: if (q == j->c.root) memcpy(e, src + r * cnt * es, cnt * es); break;
         case C_SENDRECV:
@@ -345,7 +347,7 @@ static void job_prepare(job_t *j, const world_t *w, const case_t *c, uint64_t *r
   else reference_movement(j);
   size_t es = dt_size(c->dt);
   for (int r = 0; r < w->nranks; r++) {
-    int in_place = c->coll == C_ALLREDUCE_INPLACE || c->coll == C_BCAST;
+    int in_place = c->coll == C_ALLREDUCE_INPLACE || c->coll == C_BCAST || c->coll == C_ALLTOALL_INPLACE;
     j->sbuf[r] = in_place ? NULL : buf_alloc(w, r, j->send_n[r] * es);
     j->rbuf[r] = buf_alloc(w, r, j->recv_n[r] * es);
     buf_poison(w, r, j->rbuf[r], j->recv_n[r] * es);
@@ -397,6 +399,8 @@ static ncclResult_t issue(job_t *j, int r) {
     case C_BROADCAST: return ncclBroadcast(s, v, c->count, c->dt, c->root, comm, st);
     case C_BCAST: return ncclBcast(v, c->count, c->dt, c->root, comm, st);
     case C_ALLTOALL: return ncclAlltoAll(s, v, c->count, c->dt, comm, st);
+    /* As nccl-tests' in-place pass runs it. */
+    case C_ALLTOALL_INPLACE: return ncclAlltoAll(v, v, c->count, c->dt, comm, st);
     case C_GATHER: return ncclGather(s, r == c->root ? v : NULL, c->count, c->dt, c->root, comm, st);
     case C_SCATTER: return ncclScatter(r == c->root ? s : NULL, v, c->count, c->dt, c->root, comm, st);
     default: return issue_p2p(j, r);
@@ -493,7 +497,8 @@ static void run_suite(const world_t *w) {
       {C_BROADCAST, ncclFloat64, 0, n - 1, 333},           {C_BROADCAST, ncclInt32, 0, 1 % n, 70000},
       {C_BCAST, ncclUint8, 0, n - 1, 1000},                {C_BCAST, ncclFloat16, 0, 0, 12},
       {C_ALLTOALL, ncclFloat32, 0, 0, 301},                {C_ALLTOALL, ncclInt64, 0, 0, 17},
-      {C_ALLTOALL, ncclFloat8e5m2, 0, 0, 64},              {C_SENDRECV, ncclFloat32, 0, 0, 100},
+      {C_ALLTOALL, ncclFloat8e5m2, 0, 0, 64},              {C_ALLTOALL_INPLACE, ncclFloat32, 0, 0, 301},
+      {C_ALLTOALL_INPLACE, ncclUint8, 0, 0, 70001},        {C_SENDRECV, ncclFloat32, 0, 0, 100},
       {C_SENDRECV, ncclInt8, 0, 0, 1},                     {C_SENDRECV, ncclFloat64, 0, 0, 50000},
       {C_GATHER, ncclFloat32, 0, n - 1, 1001},             {C_GATHER, ncclUint8, 0, 0, 7},
       {C_SCATTER, ncclInt64, 0, 0, 333},                   {C_SCATTER, ncclBfloat16, 0, 1 % n, 4099},

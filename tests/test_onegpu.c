@@ -5,7 +5,8 @@
  * rank count N (FC_ONEGPU_RANKS, default "2,3,4,8") it checks:
  *  - allreduce, allgather, reduce_scatter, broadcast, reduce (roots 0 and N-1), alltoall and a
  *    send/recv ring (rank -> rank+1 in a group), in place (NCCL's convention: allgather sendbuf =
- *    recvbuf + rank*count, reduce_scatter recvbuf = sendbuf + rank*recvcount) and out of place,
+ *    recvbuf + rank*count, reduce_scatter recvbuf = sendbuf + rank*recvcount, the others
+ *    sendbuf = recvbuf; not the ring) and out of place,
  *    over all 10 datatypes and the 5 ops, at counts 0, 1, 7, 1001 (the full product), 65539
  *    (cycling through the (datatype, op) pairs: the full product would cost minutes for what
  *    the small counts already cover) and 3000017 (float32 SUM only: the large paths);
@@ -272,7 +273,7 @@ static size_t build_cases(int kind, int nranks, case_t *out, unsigned *seed) {
   for (int d = 0; d < (g_quick ? 3 : FLEXCOLL_NUM_DATATYPES); d++) dts[ndts++] = g_quick ? quick_dts[d] : d;
   const int nops = reduces(kind) ? FLEXCOLL_NUM_OPS : 1;
   int roots[2] = {0, nranks - 1}, nroots = kind == C_BROADCAST || kind == C_REDUCE ? 2 : 1;
-  const int ninplace = kind == C_ALLTOALL || kind == C_SENDRECV ? 1 : 2; /* alltoall must not overlap */
+  const int ninplace = kind == C_SENDRECV ? 1 : 2; /* a send/recv ring has no in-place form */
   size_t k = 0;
   /* Where the (datatype, op) pairs of the bigger counts go on: each N of the list takes the next
    * ones, so that the default list covers most pairs at 65539 too. */

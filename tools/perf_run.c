@@ -257,10 +257,9 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
   double t[2], wr[2], tn = 0, wn = 0;
   perf_links_t links_before, links_after;
   link_bytes(r, &links_before);
-  /* AllToAll has no in-place form: its in-place columns stay empty. */
   for (int ip = 0; ip < 2; ip++) {
-    t[ip] = wr[ip] = 0;
-    if (!ip || coll != PERF_ALLTOALL) t[ip] = measure(r, 0, &b, ip, &wr[ip]);
+    wr[ip] = 0;
+    t[ip] = measure(r, 0, &b, ip, &wr[ip]);
   }
   link_bytes(r, &links_after);
   if (r->nccl) tn = measure(r, 1, &b, 0, &wn);

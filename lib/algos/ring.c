@@ -137,8 +137,9 @@ static void ring_reduce(fc_build_t *b, const ring_t *g, int root, size_t chunk_c
 
 /* Alltoall by pairwise exchange: round k (1..n-1) sends block r+k of send to rank r+k and
  * receives block r-k of recv from rank r-k, which sends it in its own round k.  The own block is
- * copied beside round 1.  send and recv never overlap (the API refuses in-place alltoall), so the
- * steps of a round touch disjoint memory and no scratch is needed. */
+ * copied beside round 1.  send and recv never overlap (an in-place alltoall runs from a copy
+ * of the buffer, made by the executor: fc_host_run, fc_gpu_run), so the steps of a round touch
+ * disjoint memory and no scratch is needed. */
 static void ring_alltoall(fc_build_t *b, const ring_t *g) {
   size_t c = g->count;
   int n = g->n;

@@ -386,7 +386,9 @@ static int takes_oneshot(const struct fc_gpu *g, const fc_algo_args_t *args, siz
  * state on the device; the other paths bake host counters into stream-memory operations, or
  * block on the host), and follow the communicator's previous such kernel on the same stream
  * (kernel_order_before would otherwise wait on an event outside the capture).  Decided as
- * fc_gpu_run decides. */
+ * fc_gpu_run decides.  An in-place alltoall is decided as out of place: it runs from a
+ * stream-ordered copy (alltoall_through_copy), whose allocation, copy and free capture as graph
+ * nodes, and the path an alltoall takes does not depend on its sendbuf. */
 const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                  const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream) {
   const struct fc_gpu *g = comm->gpu;
@@ -421,9 +423,11 @@ static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *a
     goto out;
   }
   /* Send inside recv (in-place allreduce, allgather...): read it from the host copy of recv.
-   * Recv inside send (in-place reduce_scatter) needs nothing: the result is copied back. */
+   * Recv inside send (in-place reduce_scatter) needs nothing: the result is copied back.  An
+   * in-place alltoall must read its input from a copy apart from recv's: hs is one. */
   const void *hsend = hs;
-  if (send && recv && (const char *)send >= (const char *)recv && (const char *)send < (const char *)recv + rbytes)
+  if (send && recv && args->coll != FC_COLL_ALLTOALL && (const char *)send >= (const char *)recv &&
+      (const char *)send < (const char *)recv + rbytes)
     hsend = hr + ((const char *)send - (const char *)recv);
   FC_CHECK_GOTO(fc_host_run(comm, args, send ? hsend : NULL, recv ? hr : NULL, x->dtype, x->op), res, out);
   if (recv && rbytes && cudaMemcpy(recv, hr, rbytes, cudaMemcpyHostToDevice) != cudaSuccess)
@@ -560,11 +564,11 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
   return res;
 }
 
-flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
-                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing) {
+/* A collective on the communicator's device (current), enqueued on `user`. */
+static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                  void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
+                                  int capturing) {
   struct fc_gpu *g = comm->gpu;
-  cudaStream_t user = (cudaStream_t)stream;
-  int prev = enter_device(g);
   fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .capturing = capturing};
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   const size_t largest = largest_count(args);
@@ -619,6 +623,70 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
 tracked:
   if (res == FLEXCOLL_SUCCESS && g->p2p) fc_gpu_track(comm, user);
 out:
+  return res;
+}
+
+/* Whether the call is an in-place alltoall that run_coll cannot take as it is: every path with
+ * peer access (the alltoall kernel, direct mode, the staged schedule) writes a block into a
+ * peer's buffer that the peer may not have sent yet (without peer access, run_through_host
+ * stages both buffers in separate host copies; one rank has nothing to move). */
+static int alltoall_needs_copy(const struct fc_gpu *g, const fc_algo_args_t *args, const void *sendbuf,
+                               const void *recvbuf) {
+  return args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && args->count && args->nranks > 1 && g->p2p;
+}
+
+/* In-place alltoall: NCCL allows it (sendbuf == recvbuf) and nccl-tests runs it, but the
+ * kernels and schedules read a block of the input after a peer may have overwritten it with
+ * its own block.  So the input is copied to a temporary of the buffer's size and the alltoall
+ * runs out of place from it.  The allocation, copy and free are stream-ordered on the caller's
+ * stream (no device-wide synchronisation, which cudaMalloc/cudaFree would bring, with several
+ * ranks on one GPU) and capturable: a captured call gets memory alloc and free nodes, and its
+ * graph refusal is that of the out-of-place call (fc_gpu_graph_refusal decides alike). */
+static flexcoll_result_t alltoall_through_copy(struct flexcoll_comm *comm, const fc_algo_args_t *args, void *buf,
+                                               flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
+                                               int capturing) {
+  const size_t bytes = fc_coll_send_count(args->coll, args->count, args->nranks) * fc_dtype_size(dtype);
+  void *tmp = NULL;
+  cudaError_t e = cudaMallocAsync(&tmp, bytes, user);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR,
+                    "flexcoll_alltoall: allocating the %zu-byte copy of the in-place buffer: %s", bytes,
+                    cudaGetErrorString(e));
+  }
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  /* The copy reads the input: after the communicator's previous kernel, as the kernel itself
+   * would wait for it (kernel_order_before), whatever stream that one ran on. */
+  const struct fc_gpu *g = comm->gpu;
+  e = cudaSuccess;
+  if (!capturing && g->oneshot_seq && g->oneshot_stream != user) e = cudaStreamWaitEvent(user, g->ev_oneshot, 0);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(tmp, buf, bytes, cudaMemcpyDeviceToDevice, user);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "flexcoll_alltoall: copying the in-place buffer: %s",
+                   cudaGetErrorString(e));
+  } else {
+    res = run_coll(comm, args, tmp, buf, dtype, op, user, capturing);
+  }
+  /* Freed whatever happened: stream-ordered, after anything of the call that was enqueued. */
+  e = cudaFreeAsync(tmp, user);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (res == FLEXCOLL_SUCCESS)
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR,
+                     "flexcoll_alltoall: freeing the copy of the in-place buffer: %s", cudaGetErrorString(e));
+  }
+  return res;
+}
+
+flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
+                             flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing) {
+  struct fc_gpu *g = comm->gpu;
+  cudaStream_t user = (cudaStream_t)stream;
+  int prev = enter_device(g);
+  const flexcoll_result_t res = alltoall_needs_copy(g, args, sendbuf, recvbuf)
+                                    ? alltoall_through_copy(comm, args, recvbuf, dtype, op, user, capturing)
+                                    : run_coll(comm, args, sendbuf, recvbuf, dtype, op, user, capturing);
   leave_device(g, prev);
   return res;
 }

@@ -367,15 +367,31 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   /* The sequence number is taken even if the call fails here: every rank that makes the call
    * moves on, so a rank whose peers did not fail alike never matches their stale messages. */
   uint32_t seq = comm->coll_seq++;
+  const size_t esize = fc_dtype_size(dtype);
+  size_t bytes = fc_coll_send_count(args->coll, args->count, comm->nranks) * esize;
+  size_t recv_bytes = fc_coll_recv_count(args->coll, args->count, comm->nranks) * esize;
+  /* In-place alltoall (NCCL allows it, and nccl-tests runs it): a round receives into blocks that
+   * a later round still sends from, so the input is sent from a copy. */
+  char *copy = NULL;
+  if (args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && recv_bytes && comm->nranks > 1) {
+    copy = malloc(recv_bytes);
+    if (!copy)
+      return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "flexcoll_alltoall: out of memory for the copy of the in-place "
+                      "buffer (%zu bytes)", recv_bytes);
+    memcpy(copy, recvbuf, recv_bytes);
+    sendbuf = copy;
+  }
   flexcoll_result_t res = fc_algo_build(&comm->schedule, args);
-  if (res != FLEXCOLL_SUCCESS)
+  if (res != FLEXCOLL_SUCCESS) {
+    free(copy);
     return fc_error(comm, res, "cannot build the schedule of this collective (%s)", flexcoll_get_error_string(res));
-  fc_exec_t x = {.comm = comm, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .seq = seq};
+  }
+  fc_exec_t x = {.comm = comm, .esize = esize, .dtype = dtype, .op = op, .seq = seq};
   x.bufs[FC_BUF_SEND] = (char *)sendbuf;
   x.bufs[FC_BUF_RECV] = recvbuf;
-  FC_CHECK(execute(&x, &comm->schedule));
-  size_t bytes = fc_coll_send_count(args->coll, args->count, comm->nranks) * x.esize;
-  size_t recv_bytes = fc_coll_recv_count(args->coll, args->count, comm->nranks) * x.esize;
+  res = execute(&x, &comm->schedule);
+  free(copy);
+  FC_CHECK(res);
   return fc_links_after_collective(comm, bytes > recv_bytes ? bytes : recv_bytes);
 }
 

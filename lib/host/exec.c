@@ -221,19 +221,35 @@ static flexcoll_result_t check_stuck(fc_exec_t *x, double last_progress, double 
   return FLEXCOLL_SUCCESS;
 }
 
+/* How often the waits progress the links they do not wait on (those whose ops allow it), in
+ * rounds of the loop counted over all waits of the communicator; a power of two. */
+#define IDLE_LINK_ROUNDS 256u
+
 static flexcoll_result_t wait_slices(fc_exec_t *x) {
   double last = now_ms(), next_peer_check = last + 50;
   size_t left = x->nslices;
   unsigned idle = 0;
+  fc_links_t *links = x->comm->links;
+  /* The links with a pending slice, as of the last round's tests. */
+  unsigned busy = 0;
+  for (size_t i = 0; i < x->nslices; i++)
+    if (x->slices[i].pending) busy |= 1u << x->slices[i].link;
   while (left) {
     /* Ranks often outnumber cores (threads of one process, CI machines): after a short spin, give
      * the core to the peer we are waiting for. */
     if (++idle > 64) sched_yield();
-    fc_links_t *links = x->comm->links;
     int polled = 0, completed = 0;
-    /* Every link, every round, idle ones included: their UCX wire-up completes here (skipping idle
-     * links left it to destroy's flush, which then waited for peers: docs/PERFORMANCE.md). */
-    for (int i = 0; i < links->n; i++) polled |= links->link[i].ops->progress(&links->link[i]);
+    /* The links this collective waits on, every round; the others only every IDLE_LINK_ROUNDS,
+     * for late traffic (UCX keepalives, what a peer's collective still needs from them).  An idle
+     * TCP worker's progress is a system call: polled every round, it made small collectives on
+     * shared memory several times slower (docs/PERFORMANCE.md).  Safe because the UCX links finish
+     * their wire-up when they open; before, it finished here, and skipping idle links left it to
+     * destroy's flush, which then waited for peers. */
+    const int all = (++links->wait_rounds & (IDLE_LINK_ROUNDS - 1)) == 0;
+    for (int i = 0; i < links->n; i++)
+      if (all || (busy >> i & 1) || !links->link[i].ops->idle_progress_rarely)
+        polled |= links->link[i].ops->progress(&links->link[i]);
+    busy = 0;
     for (size_t i = 0; i < x->nslices; i++) {
       fc_slice_t *s = &x->slices[i];
       if (!s->pending) continue;
@@ -241,6 +257,7 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
       fc_link_t *l = &links->link[s->link];
       FC_CHECK(l->ops->test(x->comm, l, &s->req, s->is_recv ? s->count * x->esize : SIZE_MAX, &done));
       if (done) { finish_slice(x, s); left--; completed = 1; }
+      else busy |= 1u << s->link;
     }
     if (polled || completed) idle = 0;
     /* Only a finished slice of this collective is progress: UCX's own traffic (keepalives)

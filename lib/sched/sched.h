@@ -113,6 +113,9 @@ typedef struct fc_links {
   int probe[FC_MAX_LINKS];  /* this window gives the link a small probe share */
   uint32_t large_calls;   /* large host collectives so far: the same count on every rank */
   unsigned long long *call_bytes; /* [link * nranks + peer]: bytes of the current collective */
+  /* Rounds of the host wait loop so far, over all its waits: idle links are progressed every
+   * so many (lib/host/exec.c), also when each collective waits fewer rounds than that. */
+  unsigned wait_rounds;
 } fc_links_t;
 
 /* Open every link FLEXCOLL_LINKS names (default: every host link) that works on every rank, and

@@ -45,6 +45,11 @@ typedef struct {
   flexcoll_result_t (*test)(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect, int *done);
   /* Cancel and release a request nobody will wait for (abort, error paths). */
   void (*cancel)(fc_link_t *link, fc_link_req_t *req);
+  /* Nonzero: while none of this link's requests is pending, a wait may progress it only now and
+   * then (lib/host/exec.c).  For links whose connections are complete when open returns and
+   * whose idle progress is costly (a TCP worker's is a system call); zero where an idle link's
+   * progress still owes peers something (rdma returns receive credits there). */
+  int idle_progress_rarely;
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */

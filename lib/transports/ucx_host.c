@@ -3,6 +3,8 @@
  * communicators and links never share progress or tags, and ranks that are threads of one
  * process use the same code as processes. */
 #define _GNU_SOURCE
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -195,7 +197,135 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, 
   return FLEXCOLL_SUCCESS;
 }
 
-/* Collective even where this rank has no worker: the address exchange and the barrier are the
+static flexcoll_result_t post_result(struct flexcoll_comm *comm, ucs_status_ptr_t p, fc_link_req_t *req,
+                                     const char *what) {
+  if (p == NULL) { *req = NULL; return FLEXCOLL_SUCCESS; }
+  if (UCS_PTR_IS_ERR(p)) {
+    ucs_status_t st = UCS_PTR_STATUS(p);
+    if (st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT || st == UCS_ERR_UNREACHABLE)
+      return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "UCX %s: peer unreachable (%s)", what, ucs_status_string(st));
+    return ucx_fail(comm, what, st);
+  }
+  *req = p;
+  return FLEXCOLL_SUCCESS;
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* Tag of the wire-up exchange: the highest point-to-point number and slice, which no collective,
+ * point-to-point or calibration message uses (make_tag in lib/host/exec.c, ring_exchange in
+ * lib/sched/links.c); its messages are all matched before open returns anyway. */
+static uint64_t wireup_tag(int sender) {
+  return ((uint64_t)(uint16_t)sender << 48) | (1ull << 47) | (0x7fffffffull << 16) | 0xffffull;
+}
+
+/* Why a wait of finish_wireup must stop: abort, a ring neighbour gone (its process died or gave
+ * up), or timeout_ms without a completion. */
+static flexcoll_result_t wireup_stuck(struct flexcoll_comm *comm, const char *name, double last, double *next_check) {
+  if (atomic_load(&comm->abort_flag))
+    return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "link %s: UCX wire-up interrupted: communicator aborted", name);
+  double t = now_ms();
+  if (t >= *next_check) {
+    *next_check = t + 50;
+    if (comm->bootstrap && fc_bootstrap_peer_lost(comm->bootstrap))
+      return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "link %s: a neighbouring rank exited during UCX wire-up", name);
+  }
+  if (comm->timeout_ms > 0 && t - last > comm->timeout_ms)
+    return fc_error(comm, FLEXCOLL_TIMEOUT, "link %s: UCX wire-up with the peers did not finish within %d ms", name,
+                    comm->timeout_ms);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* A request of finish_wireup: 1 once done (released, *req = NULL); an error when it failed. */
+static flexcoll_result_t wireup_done(struct flexcoll_comm *comm, const char *name, void **req, int *done) {
+  *done = 1;
+  if (*req == NULL) return FLEXCOLL_SUCCESS;
+  ucs_status_t st = ucp_request_check_status(*req);
+  if (st == UCS_INPROGRESS) { *done = 0; return FLEXCOLL_SUCCESS; }
+  ucp_request_free(*req);
+  *req = NULL;
+  if (st == UCS_OK) return FLEXCOLL_SUCCESS;
+  return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "link %s: UCX wire-up failed: %s", name, ucs_status_string(st));
+}
+
+/* Finish every endpoint's UCX wire-up now, while every rank is in open and progresses its worker.
+ * UCX connects an endpoint lazily, by messages that need both workers' progress; left to later,
+ * a link that carries nothing for a while (the collectives' waits progress only the links they
+ * wait on, and idle ones rarely: exec.c) finishes it only in destroy's flush, which then waits
+ * for a peer that nobody progresses (test_api destroy_sequential).  A worker flush completes once
+ * this rank's endpoints are connected; its peers' may still need this worker, so each rank then
+ * tells every peer it is done and keeps progressing until every peer has said so.  Collective,
+ * on every rank of a link usable everywhere; bounded like every other wait. */
+static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, const char *name) {
+  const int n = comm->nranks, me = comm->rank;
+  if (n < 2) return FLEXCOLL_SUCCESS;
+  /* Static: a send still pending when an error returns may read it later. */
+  static const unsigned char hello = 1;
+  void **reqs = calloc(2 * (size_t)n, sizeof *reqs); /* receives [0, n), sends [n, 2n) */
+  unsigned char *in = calloc((size_t)n, 1);
+  void *flush = NULL;
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  if (!reqs || !in) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto out; }
+  /* Receives first: a peer done before this rank's flush finds them posted. */
+  ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
+  for (int r = 0; r < n && res == FLEXCOLL_SUCCESS; r++)
+    if (r != me)
+      res = post_result(comm, ucp_tag_recv_nbx(u->worker, &in[r], 1, wireup_tag(r), UINT64_MAX, &rp), &reqs[r],
+                        "wire-up recv");
+  if (res != FLEXCOLL_SUCCESS) goto out;
+  ucp_request_param_t fp = {.op_attr_mask = 0};
+  flush = ucp_worker_flush_nbx(u->worker, &fp);
+  if (UCS_PTR_IS_ERR(flush)) {
+    res = ucx_fail(comm, "ucp_worker_flush_nbx", UCS_PTR_STATUS(flush));
+    flush = NULL;
+    goto out;
+  }
+  double last = now_ms(), next_check = last + 50;
+  unsigned spins = 0;
+  for (int done = 0; !done;) {
+    /* Ranks may outnumber cores (threads of one process): let the peers we wait for run. */
+    if (!ucp_worker_progress(u->worker) && ++spins > 64) sched_yield();
+    FC_CHECK_GOTO(wireup_done(comm, name, &flush, &done), res, out);
+    if (!done) FC_CHECK_GOTO(wireup_stuck(comm, name, last, &next_check), res, out);
+  }
+  ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
+  for (int r = 0; r < n && res == FLEXCOLL_SUCCESS; r++)
+    if (r != me)
+      res = post_result(comm, ucp_tag_send_nbx(u->eps[r], &hello, 1, wireup_tag(me), &sp), &reqs[n + r],
+                        "wire-up send");
+  if (res != FLEXCOLL_SUCCESS) goto out;
+  last = now_ms();
+  for (int left = 1; left;) {
+    if (!ucp_worker_progress(u->worker) && ++spins > 64) sched_yield();
+    left = 0;
+    for (int i = 0; i < 2 * n; i++) {
+      if (!reqs[i]) continue;
+      int done;
+      FC_CHECK_GOTO(wireup_done(comm, name, &reqs[i], &done), res, out);
+      if (done) last = now_ms();
+      else left = 1;
+    }
+    if (left) FC_CHECK_GOTO(wireup_stuck(comm, name, last, &next_check), res, out);
+  }
+out:
+  if (flush) ucp_request_free(flush);
+  for (int i = 0; reqs && i < 2 * n; i++)
+    if (reqs[i]) {
+      /* Receives leave the matching queue now (their buffer is freed below); sends complete or
+       * fail when close destroys the endpoints. */
+      if (i < n && ucp_request_check_status(reqs[i]) == UCS_INPROGRESS) ucp_request_cancel(u->worker, reqs[i]);
+      ucp_request_free(reqs[i]);
+    }
+  free(reqs);
+  free(in);
+  return res;
+}
+
+/* Collective even where this rank has no worker: the address exchange and the agreement are the
  * other ranks' too. */
 static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, const ucx_link_kind_t *kind, int *usable,
                                   char *why, size_t len) {
@@ -223,8 +353,11 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   }
   if (res == FLEXCOLL_SUCCESS && *usable) res = connect_peers(comm, u, addrs, stride, usable, why, len);
   free(addrs);
-  /* Wire-up messages flow on first use; a barrier keeps a fast rank from closing early. */
-  if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
+  /* Every rank's endpoints exist before any wires them up; where some rank has none, the link
+   * is closed everywhere (by the caller) without wire-up. */
+  int first_not = -1;
+  if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(comm->bootstrap, *usable, &first_not);
+  if (res == FLEXCOLL_SUCCESS && first_not < 0) res = finish_wireup(comm, u, kind->name);
   return res;
 }
 
@@ -240,7 +373,11 @@ static void flush_worker(fc_ucx_t *u, int timeout_ms) {
   while (ucp_request_check_status(req) == UCS_INPROGRESS) {
     ucp_worker_progress(u->worker);
     clock_gettime(CLOCK_MONOTONIC, &now);
-    if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 > timeout_ms) break;
+    if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 > timeout_ms) {
+      /* Not the normal case (open finished the wire-up, nothing is in flight): say so. */
+      FC_INFO(FC_SUB_NET, "UCX worker flush at close did not finish within %d ms", timeout_ms);
+      break;
+    }
   }
   ucp_request_free(req);
 }
@@ -282,19 +419,6 @@ static void ucx_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
   }
   ucx_free(u);
   link->state = NULL;
-}
-
-static flexcoll_result_t post_result(struct flexcoll_comm *comm, ucs_status_ptr_t p, fc_link_req_t *req,
-                                     const char *what) {
-  if (p == NULL) { *req = NULL; return FLEXCOLL_SUCCESS; }
-  if (UCS_PTR_IS_ERR(p)) {
-    ucs_status_t st = UCS_PTR_STATUS(p);
-    if (st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT || st == UCS_ERR_UNREACHABLE)
-      return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "UCX %s: peer unreachable (%s)", what, ucs_status_string(st));
-    return ucx_fail(comm, what, st);
-  }
-  *req = p;
-  return FLEXCOLL_SUCCESS;
 }
 
 static flexcoll_result_t ucx_isend(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
@@ -364,5 +488,7 @@ static flexcoll_result_t tcp_open(struct flexcoll_comm *comm, fc_link_t *link, i
   return ucx_open(comm, link, &kind_tcp, usable, why, len);
 }
 
-const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel};
-const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel};
+/* Idle progress may be rare: open finishes the wire-up (finish_wireup), and UCX's own traffic
+ * after it (keepalives) waits in the transport until the next progress. */
+const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1};
+const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1};

@@ -916,6 +916,18 @@ END_TEST
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
+/* Both ranks of c refused a call for memory it could not allocate: the last error says so with
+ * the bytes, and the communicators are not failed (the call was refused before anything moved). */
+static void expect_refused_allocation(flexcoll_comm_t *c) {
+  for (int k = 0; k < 2; k++) {
+    const char *e = flexcoll_get_last_error(c[k]);
+    ck_assert_msg(strstr(e, "out of memory") && strstr(e, "bytes"), "[%s] rank %d: last error \"%s\"", ta_ctx, k, e);
+    flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
+    EXPECT_OK(flexcoll_comm_get_async_error(c[k], &ae));
+    ck_assert_msg(ae == FLEXCOLL_SUCCESS, "[%s] rank %d: async error %d after a refused allocation", ta_ctx, k, ae);
+  }
+}
+
 START_TEST(test_coll_out_of_memory) {
   /* A count that passes every check but whose host scratch cannot be allocated: a 2-rank
    * allreduce of 2^58 int64 lands 2^60 bytes of received data, more than any address space.  Every
@@ -938,13 +950,7 @@ START_TEST(test_coll_out_of_memory) {
       EXPECT_OK(call_coll(coll, in[k], recv, count, FLEXCOLL_INT64, FLEXCOLL_SUM, 0, c[k]));
     }
     EXPECT_ERR(flexcoll_group_end(), FLEXCOLL_SYSTEM_ERROR, c[0], "out of memory");
-    for (int k = 0; k < 2; k++) {
-      const char *e = flexcoll_get_last_error(c[k]);
-      ck_assert_msg(strstr(e, "out of memory") && strstr(e, "bytes"), "[%s] rank %d: last error \"%s\"", ta_ctx, k, e);
-      flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
-      EXPECT_OK(flexcoll_comm_get_async_error(c[k], &ae));
-      ck_assert_msg(ae == FLEXCOLL_SUCCESS, "[%s] rank %d: async error %d after a refused allocation", ta_ctx, k, ae);
-    }
+    expect_refused_allocation(c);
     /* The same communicators go on: a normal call succeeds with the right result. */
     CTX("allreduce after %s out of memory", coll_names[coll]);
     for (int k = 0; k < 2; k++)
@@ -960,13 +966,7 @@ START_TEST(test_coll_out_of_memory) {
   EXPECT_OK(flexcoll_group_start());
   for (int k = 0; k < 2; k++) EXPECT_OK(flexcoll_alltoall(in[k], in[k], huge / 4, FLEXCOLL_INT64, c[k], NULL));
   EXPECT_ERR(flexcoll_group_end(), FLEXCOLL_SYSTEM_ERROR, c[0], "out of memory");
-  for (int k = 0; k < 2; k++) {
-    const char *e = flexcoll_get_last_error(c[k]);
-    ck_assert_msg(strstr(e, "out of memory") && strstr(e, "bytes"), "[%s] rank %d: last error \"%s\"", ta_ctx, k, e);
-    flexcoll_result_t ae = FLEXCOLL_INTERNAL_ERROR;
-    EXPECT_OK(flexcoll_comm_get_async_error(c[k], &ae));
-    ck_assert_msg(ae == FLEXCOLL_SUCCESS, "[%s] rank %d: async error %d after a refused allocation", ta_ctx, k, ae);
-  }
+  expect_refused_allocation(c);
   CTX("in-place alltoall after in-place alltoall out of memory");
   for (int k = 0; k < 2; k++)
     for (int i = 0; i < 8; i++) in[k][i] = 100 * k + i;

@@ -4,7 +4,9 @@
 # For each rank count (2 and 4 by default), float32 sum, sizes 8 B .. 64 MiB (factor 2, so that
 # 64 MiB is one of them; FACTOR=4 halves the run but steps over it):
 #   - MPI:      tools/mpi_allreduce_bench.c, compiled here with $MPICC, run with $MPIRUN -np N
-#   - flexcoll: flexcoll-perf -m host -t N (ranks as threads of one process; its default links)
+#   - flexcoll: flexcoll-perf -m host, its default links, N processes started by the same $MPIRUN
+#               (flexcoll-perf finds its rank from Open MPI's variables, the bootstrap root on
+#               127.0.0.1), or with RANKS_AS=threads N ranks as threads of one process (-t N)
 # and prints per size the time per call of each (out of place; the slowest rank's average) and
 # flexcoll's speed relative to MPI (t_mpi / t_flexcoll: above 1, flexcoll is faster).
 #
@@ -16,6 +18,7 @@
 #   FLEXCOLL_PERF      the flexcoll-perf binary (default: tools/flexcoll-perf of the build
 #                      directory given as $1, else of the current directory, else on PATH)
 #   NRANKS             rank counts, e.g. "2 4 8" (default "2 4")
+#   RANKS_AS           processes (default: like for like with MPI) or threads
 #   MINBYTES MAXBYTES FACTOR ITERS WARMUP   (8, 64M, 2, 20, 5)
 #   OUTDIR             where the raw outputs go (default: a new temporary directory); the
 #                      flexcoll JSON files (-J) are kept there
@@ -34,6 +37,8 @@ MAXBYTES=${MAXBYTES:-64M}
 FACTOR=${FACTOR:-2}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
+RANKS_AS=${RANKS_AS:-processes}
+case $RANKS_AS in processes|threads) ;; *) echo "bench-host-vs-mpi: RANKS_AS=$RANKS_AS: processes or threads" >&2; exit 2;; esac
 
 if [ -n "${FLEXCOLL_PERF:-}" ]; then
   perf=$FLEXCOLL_PERF
@@ -59,7 +64,7 @@ bin="$OUTDIR/mpi_allreduce_bench"
 cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 echo "# host: $(uname -n), $cores cores, $(uname -sr)"
 echo "# MPI:      $("$MPIRUN" --version 2>/dev/null | head -n 1)"
-echo "# flexcoll: $perf"
+echo "# flexcoll: $perf, ranks as $RANKS_AS"
 echo "# sizes $MINBYTES..$MAXBYTES x$FACTOR, $ITERS timed calls after $WARMUP warm-up calls; raw output in $OUTDIR"
 
 for n in $NRANKS; do
@@ -70,8 +75,14 @@ for n in $NRANKS; do
   fi
   # shellcheck disable=SC2086
   "$MPIRUN" $args -np "$n" "$bin" "$MINBYTES" "$MAXBYTES" "$FACTOR" "$ITERS" "$WARMUP" >"$OUTDIR/mpi-$n.txt"
-  "$perf" -m host -t "$n" -b "$MINBYTES" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" \
-    -J "$OUTDIR/flexcoll-$n.json" >"$OUTDIR/flexcoll-$n.txt" 2>"$OUTDIR/flexcoll-$n.err" || {
+  set -- -m host -b "$MINBYTES" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -J "$OUTDIR/flexcoll-$n.json"
+  if [ "$RANKS_AS" = threads ]; then
+    "$perf" -t "$n" "$@"
+  else
+    # A root port of its own per run: the previous run's may still be in TIME_WAIT.
+    # shellcheck disable=SC2086
+    FLEXCOLL_ROOT=127.0.0.1:$((20000 + ($$ + n) % 20000)) "$MPIRUN" $args -np "$n" "$perf" "$@"
+  fi >"$OUTDIR/flexcoll-$n.txt" 2>"$OUTDIR/flexcoll-$n.err" || {
     echo "bench-host-vs-mpi: flexcoll-perf failed for $n ranks:" >&2
     cat "$OUTDIR/flexcoll-$n.err" >&2
     exit 1

@@ -25,7 +25,7 @@ static const fc_param_def_t table[] = {
      "NONE|VERSION|WARN|INFO|TRACE"},
     {"FLEXCOLL_DEBUG_SUBSYS", FC_PK_TEXT, "ALL", "subsystems logged: INIT,BOOT,COLL,NET,ENV,TUNE,GPU,SCHED; ^ excludes", 0, 0, 0, NULL},
     {"FLEXCOLL_DEBUG_FILE", FC_PK_TEXT, "(stderr)", "log file; %h host, %p pid", 0, 0, 0, NULL},
-    {"FLEXCOLL_ALGO", FC_PK_WORD, "(by size)", "algorithm for every collective", 1, 0, 0, "ring|tree"},
+    {"FLEXCOLL_ALGO", FC_PK_WORD, "(by size)", "algorithm for every collective", 1, 0, 0, "ring|tree|exchange"},
     {"FLEXCOLL_NVLINK_ENGINE", FC_PK_WORD, "auto", "NVLink engine: SM kernels or copy engines", 0, 0, 0, "sm|ce|auto"},
     {"FLEXCOLL_ONESHOT_MAX_BYTES", FC_PK_INT, "8M|1M", "device messages up to this size (2 ranks|more) use the one-shot kernels",
      1, -1, BIG, NULL},

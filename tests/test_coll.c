@@ -1,7 +1,8 @@
 /* test_coll.c — correctness of every collective through the public API, on host memory.
  *
  * Every collective (allreduce, allgather, reduce_scatter, broadcast, reduce, and alltoall) x
- * algorithm (FLEXCOLL_ALGO=ring and =tree; reduce_scatter and alltoall are ring only) x datatype
+ * algorithm (FLEXCOLL_ALGO=ring and =tree; reduce_scatter and alltoall are ring only; =exchange
+ * for allreduce, 2 to 8 ranks) x datatype
  * (all 10) x op (all 5 where the collective reduces) x count {0, 1, 7} (and 1000003 for float32,
  * int8 and bfloat16 with sum/avg/max) x root {0, nranks-1} x in place / out of place, with 2, 3,
  * 4 and 8 ranks as forked processes, followed by flexcoll_send/recv patterns (ring shift, all
@@ -196,6 +197,7 @@ static int matrix_rank(hx_rank_t *r) {
   const matrix_t *m = r->arg;
   const int n = r->nranks;
   const int tree = r->algo && strcmp(r->algo, "tree") == 0;
+  const int exchange = r->algo && strcmp(r->algo, "exchange") == 0;
   const int no_big = getenv("FC_TEST_NO_BIG") && atoi(getenv("FC_TEST_NO_BIG"));
   coll_times_t ct;
   memset(&ct, 0, sizeof ct);
@@ -204,6 +206,7 @@ static int matrix_rank(hx_rank_t *r) {
   for (int c = 0; c < NCOLLS; c++) {
     if (!(m->colls & BIT(c))) continue;
     if (coll_ring_only(c) && tree) continue; /* FLEXCOLL_ALGO=tree would run the ring again */
+    if (exchange && c != C_ALLREDUCE) continue; /* the exchange is allreduce's alone */
     for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++) {
       for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
         if (!coll_reduces(c) && op > 0) continue; /* one pass for allgather and broadcast */
@@ -268,7 +271,7 @@ static const matrix_t full_matrix = {
     .big_ops = BIT(FLEXCOLL_SUM) | BIT(FLEXCOLL_AVG) | BIT(FLEXCOLL_MAX), .big_modes = BIT(0) | BIT(1),
     .big_one_root = 1, .both_roots = 1, .modes = BIT(0) | BIT(1), .p2p = 1};
 
-static const char *const algos[2] = {"ring", "tree"};
+static const char *const algos[3] = {"ring", "tree", "exchange"};
 
 static int run_matrix_procs(int nranks, const char *algo, const matrix_t *m) {
   char label[64];
@@ -644,8 +647,8 @@ static Suite *coll_suite(void) {
     const TTest *test;
     int loops;
   } cases[] = {
-      {"procs2", test_procs2, 2}, {"procs3", test_procs3, 2}, {"procs4", test_procs4, 2},
-      {"procs8", test_procs8, 2}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 2},
+      {"procs2", test_procs2, 3}, {"procs3", test_procs3, 3}, {"procs4", test_procs4, 3},
+      {"procs8", test_procs8, 3}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 2},
       {"threads", test_threads, 4},
       {"group", test_group, 2},   {"multicomm", test_multicomm, 1}, {"early_destroy", test_early_destroy, 1},
   };

@@ -228,12 +228,15 @@ static int check_buf_ref(sim_t *sim, int r, int i, int buf, size_t off, size_t c
 
 static int check_step(sim_t *sim, int r, int i) {
   const fc_step_t *st = &sim->rk[r].s.steps[i];
-  int comm = st->kind != FC_STEP_COPY, has_src = st->kind == FC_STEP_RECV_REDUCE || st->kind == FC_STEP_COPY;
-  if (st->kind > FC_STEP_COPY) return sim_fail(sim, "rank %d step %d: bad kind %d", r, i, st->kind);
+  const int local = st->kind == FC_STEP_COPY || st->kind == FC_STEP_REDUCE;
+  int comm = !local, has_src = st->kind == FC_STEP_RECV_REDUCE || local;
+  if (st->kind > FC_STEP_REDUCE) return sim_fail(sim, "rank %d step %d: bad kind %d", r, i, st->kind);
   if (st->count == 0) return sim_fail(sim, "rank %d step %d: empty step", r, i);
   if (comm && (st->peer < 0 || st->peer >= sim->a.nranks || (st->peer == r && !sim->p2p)))
     return sim_fail(sim, "rank %d step %d: bad peer %d", r, i, st->peer);
-  if (!comm && st->peer != -1) return sim_fail(sim, "rank %d step %d: COPY with peer %d", r, i, st->peer);
+  if (!comm && st->peer != -1) return sim_fail(sim, "rank %d step %d: local step with peer %d", r, i, st->peer);
+  if (st->kind == FC_STEP_REDUCE && !reduces(sim->a.coll))
+    return sim_fail(sim, "rank %d step %d: REDUCE in a collective that reduces nothing", r, i);
   if (!has_src && st->src_buf != FC_BUF_NONE) return sim_fail(sim, "rank %d step %d: stray src_buf", r, i);
   int input_buf = st->buf == FC_BUF_SEND ||
                   (sim->p2p && st->buf >= FC_BUF_EXT && st->buf < FC_BUF_EXT + sim->nops[r] &&
@@ -242,8 +245,8 @@ static int check_step(sim_t *sim, int r, int i) {
     return sim_fail(sim, "rank %d step %d: writes the user's send buffer", r, i);
   if (check_buf_ref(sim, r, i, st->buf, st->off, st->count)) return -1;
   if (has_src && check_buf_ref(sim, r, i, st->src_buf, st->src_off, st->count)) return -1;
-  if (st->kind == FC_STEP_COPY && st->buf == st->src_buf && st->off == st->src_off)
-    return sim_fail(sim, "rank %d step %d: COPY onto itself whatever the aliasing", r, i);
+  if (local && st->buf == st->src_buf && st->off == st->src_off)
+    return sim_fail(sim, "rank %d step %d: a local step onto itself whatever the aliasing", r, i);
   return 0;
 }
 
@@ -253,7 +256,7 @@ static int check_round_peers(sim_t *sim, int r, int round) {
   for (int i = s->round_start[round]; i < s->round_start[round + 1]; i++)
     for (int j = i + 1; j < s->round_start[round + 1]; j++) {
       const fc_step_t *x = &s->steps[i], *y = &s->steps[j];
-      if (x->kind == FC_STEP_COPY || y->kind == FC_STEP_COPY || x->peer != y->peer) continue;
+      if (x->peer < 0 || y->peer < 0 || x->peer != y->peer) continue; /* local steps */
       if ((x->kind == FC_STEP_SEND) == (y->kind == FC_STEP_SEND))
         return sim_fail(sim, "rank %d round %d: two messages with rank %d in one direction", r, round, x->peer);
     }
@@ -329,7 +332,7 @@ static int post_round(sim_t *sim, int r) {
   for (int i = k->s.round_start[k->cur]; i < k->s.round_start[k->cur + 1]; i++) {
     const fc_step_t *st = &k->s.steps[i];
     if (st->kind != FC_STEP_SEND) {
-      if (st->kind != FC_STEP_COPY) sim->recv_posted[r][st->peer]++;
+      if (st->kind != FC_STEP_COPY && st->kind != FC_STEP_REDUCE) sim->recv_posted[r][st->peer]++;
       continue;
     }
     msgq_t *q = &sim->q[r][st->peer];
@@ -360,6 +363,9 @@ static int complete_round(sim_t *sim, int r) {
     int64_t *dst = k->mem + addr(k, st->buf, st->off);
     if (st->kind == FC_STEP_COPY) {
       memmove(dst, k->mem + addr(k, st->src_buf, st->src_off), st->count * sizeof(int64_t));
+    } else if (st->kind == FC_STEP_REDUCE) {
+      const int64_t *src = k->mem + addr(k, st->src_buf, st->src_off);
+      for (size_t e = 0; e < st->count; e++) dst[e] = apply_op(sim->op, dst[e], src[e]);
     } else if (st->kind != FC_STEP_SEND) {
       const msg_t *m = &sim->q[st->peer][r].v[k->ord[i]];
       if (m->count != st->count)
@@ -596,6 +602,7 @@ END_TEST
 START_TEST(test_names) {
   ck_assert_str_eq(fc_algo_name(FC_ALGO_RING), "ring");
   ck_assert_str_eq(fc_algo_name(FC_ALGO_TREE), "tree");
+  ck_assert_str_eq(fc_algo_name(FC_ALGO_EXCHANGE), "exchange");
   ck_assert_str_eq(fc_algo_name((fc_algo_t)99), "unknown");
   ck_assert_str_eq(fc_coll_name(FC_COLL_REDUCE_SCATTER), "reduce_scatter");
   ck_assert_str_eq(fc_coll_name(FC_COLL_ALLTOALL), "alltoall");
@@ -603,6 +610,7 @@ START_TEST(test_names) {
   ck_assert_str_eq(fc_coll_name((fc_coll_t)-1), "unknown");
   ck_assert_int_eq(fc_algo_from_name("RiNg"), FC_ALGO_RING);
   ck_assert_int_eq(fc_algo_from_name("tree"), FC_ALGO_TREE);
+  ck_assert_int_eq(fc_algo_from_name("Exchange"), FC_ALGO_EXCHANGE);
   ck_assert_int_eq(fc_algo_from_name("tre"), -1);
   ck_assert_int_eq(fc_algo_from_name("trees"), -1);
   ck_assert_int_eq(fc_algo_from_name(""), -1);
@@ -627,6 +635,7 @@ START_TEST(test_counts_and_support) {
     ck_assert_int_eq(fc_algo_supports((fc_coll_t)c, FC_ALGO_RING), 1);
     ck_assert_int_eq(fc_algo_supports((fc_coll_t)c, FC_ALGO_TREE),
                      c != FC_COLL_REDUCE_SCATTER && c != FC_COLL_ALLTOALL);
+    ck_assert_int_eq(fc_algo_supports((fc_coll_t)c, FC_ALGO_EXCHANGE), c == FC_COLL_ALLREDUCE);
   }
   ck_assert_int_eq(fc_algo_supports(FC_NUM_COLLS, FC_ALGO_RING), 0);
   ck_assert_int_eq(fc_algo_supports(FC_COLL_ALLREDUCE, FC_NUM_ALGOS), 0);

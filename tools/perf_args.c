@@ -40,7 +40,7 @@ static const perf_flag_t flags[] = {
     {'g', "ngpus", "N", "device memory: N GPUs per thread, one rank each (all GPUs)"},
     {OPT_NRANKS, "nranks", "N", "N ranks in this process, instead of -t and -g"},
     {'m', "memory", "host|device", "the buffers' memory (device when a GPU is visible)"},
-    {'a', "algo", "ring|tree|auto", "force an algorithm through FLEXCOLL_ALGO (auto)"},
+    {'a', "algo", "ring|tree|exchange|auto", "force an algorithm through FLEXCOLL_ALGO (auto)"},
     {'R', "local_register", "0|1|2", "device buffers as symmetric windows (1; 2 is the same) or not (0)"},
     {'G', "cudagraph", "0", "launch N times a CUDA graph of the -n calls captured (device memory)"},
     {'J', "json", "FILE", "also write the results to FILE as JSON"},
@@ -169,8 +169,8 @@ static int word_option(perf_opts_t *o, int key, const char *v) {
       o->memory = v;
       return 1;
     case 'a':
-      if (strcmp(v, "ring") && strcmp(v, "tree") && strcmp(v, "auto"))
-        perf_usage_error("%s %s: the algorithm is ring, tree or auto%s", flag_str(key), v,
+      if (strcmp(v, "ring") && strcmp(v, "tree") && strcmp(v, "exchange") && strcmp(v, "auto"))
+        perf_usage_error("%s %s: the algorithm is ring, tree, exchange or auto%s", flag_str(key), v,
                          is_number(v) ? " (nccl-tests' -a, averaging over ranks, is not supported)" : "");
       if (strcmp(v, "auto")) setenv("FLEXCOLL_ALGO", v, 1);
       return 1;

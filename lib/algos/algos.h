@@ -19,7 +19,7 @@
 
 typedef enum { FC_COLL_ALLREDUCE, FC_COLL_ALLGATHER, FC_COLL_REDUCE_SCATTER, FC_COLL_BROADCAST,
                FC_COLL_REDUCE, FC_COLL_ALLTOALL, FC_NUM_COLLS } fc_coll_t;
-typedef enum { FC_ALGO_RING, FC_ALGO_TREE, FC_NUM_ALGOS } fc_algo_t;
+typedef enum { FC_ALGO_RING, FC_ALGO_TREE, FC_ALGO_EXCHANGE, FC_NUM_ALGOS } fc_algo_t;
 /* FC_BUF_EXT + i: the i-th buffer of a point-to-point batch (fc_algo_build_p2p). */
 typedef enum { FC_BUF_SEND, FC_BUF_RECV, FC_BUF_SCRATCH, FC_BUF_NONE, FC_BUF_EXT } fc_buf_t;
 #define FC_P2P_MAX_OPS 250 /* buffers of a batch must fit the uint8_t buffer index */
@@ -28,14 +28,15 @@ typedef enum {
   FC_STEP_SEND,        /* send count elements at (buf, off) to peer */
   FC_STEP_RECV,        /* receive count elements from peer into (buf, off) */
   FC_STEP_RECV_REDUCE, /* (buf, off) = (src_buf, src_off) op (count elements received from peer) */
-  FC_STEP_COPY         /* (buf, off) = (src_buf, src_off); the executor skips it when both are the same memory */
+  FC_STEP_COPY,        /* (buf, off) = (src_buf, src_off); the executor skips it when both are the same memory */
+  FC_STEP_REDUCE       /* (buf, off) = (buf, off) op (src_buf, src_off), locally */
 } fc_step_kind_t;
 
 typedef struct {
   uint8_t kind;    /* fc_step_kind_t */
-  uint8_t buf;     /* fc_buf_t: destination (RECV, RECV_REDUCE, COPY) or source (SEND) */
-  uint8_t src_buf; /* fc_buf_t: RECV_REDUCE's local operand, COPY's source; FC_BUF_NONE otherwise */
-  int peer;        /* SEND/RECV/RECV_REDUCE; -1 for COPY */
+  uint8_t buf;     /* fc_buf_t: destination (RECV, RECV_REDUCE, COPY, REDUCE) or source (SEND) */
+  uint8_t src_buf; /* fc_buf_t: RECV_REDUCE's local operand, COPY's source, REDUCE's second operand; FC_BUF_NONE otherwise */
+  int peer;        /* SEND/RECV/RECV_REDUCE; -1 for COPY and REDUCE */
   size_t off;
   size_t src_off;
   size_t count;
@@ -79,7 +80,7 @@ flexcoll_result_t fc_algo_build_p2p(fc_schedule_t *s, const fc_p2p_op_t *ops, in
 int fc_algo_supports(fc_coll_t coll, fc_algo_t algo);
 const char *fc_algo_name(fc_algo_t algo);
 const char *fc_coll_name(fc_coll_t coll);
-/* Parse "ring"/"tree" (case-insensitive); -1 when unknown. */
+/* Parse "ring"/"tree"/"exchange" (case-insensitive); -1 when unknown. */
 int fc_algo_from_name(const char *name);
 
 void fc_schedule_init(fc_schedule_t *s);

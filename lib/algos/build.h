@@ -1,4 +1,4 @@
-/* build.h — private helpers the algorithms (ring.c, tree.c) use to append steps to a schedule.
+/* build.h — private helpers the algorithms (ring.c, tree.c, exchange.c) use to append steps to a schedule.
  *
  * Builders write rounds in a global numbering shared by all ranks (round g of rank a and round g
  * of rank b happen "at the same time").  A rank has nothing to do in many of those rounds, so
@@ -40,6 +40,10 @@ static inline void fc_build_recv_reduce(fc_build_t *b, int peer, fc_buf_t buf, s
 static inline void fc_build_copy(fc_build_t *b, fc_buf_t buf, size_t off, fc_buf_t src_buf, size_t src_off,
                                  size_t count) {
   fc_build_step(b, FC_STEP_COPY, -1, buf, off, src_buf, src_off, count);
+}
+static inline void fc_build_reduce(fc_build_t *b, fc_buf_t buf, size_t off, fc_buf_t src_buf, size_t src_off,
+                                   size_t count) {
+  fc_build_step(b, FC_STEP_REDUCE, -1, buf, off, src_buf, src_off, count);
 }
 static inline void fc_build_result(fc_build_t *b, fc_buf_t buf, size_t off, size_t count) {
   b->s->result_buf = (uint8_t)buf;
@@ -83,5 +87,6 @@ static inline int fc_mod(int x, int n) { return ((x % n) + n) % n; }
 /* Algorithm entry points, called by fc_algo_build for nranks >= 2 with valid, supported args. */
 void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a);
 void fc_tree_build(fc_build_t *b, const fc_algo_args_t *a);
+void fc_exchange_build(fc_build_t *b, const fc_algo_args_t *a);
 
 #endif

@@ -91,11 +91,12 @@ int fc_algo_supports(fc_coll_t coll, fc_algo_t algo) {
   switch (algo) {
     case FC_ALGO_RING: return 1;
     case FC_ALGO_TREE: return coll != FC_COLL_REDUCE_SCATTER && coll != FC_COLL_ALLTOALL; /* no natural scatter */
+    case FC_ALGO_EXCHANGE: return coll == FC_COLL_ALLREDUCE;
     default: return 0;
   }
 }
 
-static const char *const algo_names[FC_NUM_ALGOS] = {"ring", "tree"};
+static const char *const algo_names[FC_NUM_ALGOS] = {"ring", "tree", "exchange"};
 static const char *const coll_names[FC_NUM_COLLS] = {"allreduce", "allgather", "reduce_scatter", "broadcast",
                                                       "reduce", "alltoall"};
 
@@ -183,8 +184,10 @@ flexcoll_result_t fc_algo_build(fc_schedule_t *s, const fc_algo_args_t *args) {
     build_single(&b, args);
   else if (args->algo == FC_ALGO_RING)
     fc_ring_build(&b, args);
-  else
+  else if (args->algo == FC_ALGO_TREE)
     fc_tree_build(&b, args);
+  else
+    fc_exchange_build(&b, args);
   return build_end(&b);
 }
 

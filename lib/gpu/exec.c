@@ -122,6 +122,10 @@ static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cud
         char *dst = dref(x, st->buf, st->off), *src = dref(x, st->src_buf, st->src_off);
         if (dst != src && st->count)
           CUDA_TRY(x->comm, cudaMemcpyAsync(dst, src, st->count * x->esize, cudaMemcpyDeviceToDevice, g->recv_stream));
+      } else if (st->kind == FC_STEP_REDUCE) {
+        char *dst = dref(x, st->buf, st->off);
+        CUDA_TRY(x->comm, fc_kernel_reduce(dst, dst, dref(x, st->src_buf, st->src_off), st->count, x->dtype, x->op,
+                                           g->recv_stream));
       } else if (st->kind == FC_STEP_SEND) {
         FC_CHECK(send_step(x, st));
       } else {

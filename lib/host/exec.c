@@ -317,7 +317,7 @@ static flexcoll_result_t prepare(fc_exec_t *x, const fc_schedule_t *s) {
     size_t tmp = 0, n = 0, np = 0;
     for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
       const fc_step_t *st = &s->steps[i];
-      if (st->kind == FC_STEP_COPY) continue;
+      if (st->kind == FC_STEP_COPY || st->kind == FC_STEP_REDUCE) continue;
       /* Saturate: several steps of a huge count would wrap round to a small block. */
       size_t bytes = st->count * x->esize;
       if (st->kind == FC_STEP_RECV_REDUCE) tmp = bytes > SIZE_MAX - tmp ? SIZE_MAX : tmp + bytes;
@@ -346,6 +346,11 @@ static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) 
     if (st->kind == FC_STEP_COPY) {
       char *dst = ref(x, st->buf, st->off), *src = ref(x, st->src_buf, st->src_off);
       if (dst != src && st->count) memmove(dst, src, st->count * x->esize);
+      continue;
+    }
+    if (st->kind == FC_STEP_REDUCE) {
+      char *dst = ref(x, st->buf, st->off);
+      fc_host_reduce(dst, dst, ref(x, st->src_buf, st->src_off), st->count, x->dtype, x->op);
       continue;
     }
     flexcoll_result_t res = post_step(x, st, &tmp_off);

@@ -1,6 +1,7 @@
 /* tuner.c — algorithm choice by message size and rank count.
  * Trees win when latency dominates (log2(n) steps instead of 2(n-1)); rings when bandwidth does
- * (every rank sends 2(n-1)/n of the data once instead of the whole message per tree level). */
+ * (every rank sends 2(n-1)/n of the data once instead of the whole message per tree level); the
+ * exchange (one step, n-1 times the bytes) when only latency counts. */
 #define _GNU_SOURCE
 #include "sched.h"
 
@@ -20,6 +21,11 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
 /* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
  * transports (shared memory / TCP latency of a few microseconds per step). */
 #define TREE_MAX_BYTES_ALLREDUCE (64 << 10)
+/* Host allreduce up to this size and rank count: one round of messages (every rank sends its
+ * input to every other) beats the ring's and the tree's several; docs/PERFORMANCE.md has the
+ * measurement. */
+#define EXCHANGE_MAX_BYTES (16 << 10)
+#define EXCHANGE_MAX_RANKS 8
 #define TREE_MAX_BYTES_ALLGATHER (16 << 10)
 
 static int forced_algo(void) {
@@ -28,17 +34,20 @@ static int forced_algo(void) {
   if (v != -2) return v;
   const char *s = fc_param_str("FLEXCOLL_ALGO", NULL);
   v = s ? fc_algo_from_name(s) : -1;
-  if (s && v < 0) FC_WARN("FLEXCOLL_ALGO=%s is neither ring nor tree; choosing by size", s);
+  if (s && v < 0) FC_WARN("FLEXCOLL_ALGO=%s is not ring, tree or exchange; choosing by size", s);
   __atomic_store_n(&cached, v, __ATOMIC_RELEASE);
   return v;
 }
 
 fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) {
-  (void)mem;
   int forced = forced_algo();
-  if (forced >= 0 && fc_algo_supports(coll, (fc_algo_t)forced)) return (fc_algo_t)forced;
+  /* The exchange is for host memory: device memory has its own small-message kernels, and the
+   * staged device schedule has not run it. */
+  if (forced >= 0 && fc_algo_supports(coll, (fc_algo_t)forced) && !(forced == FC_ALGO_EXCHANGE && mem == FC_MEM_DEVICE))
+    return (fc_algo_t)forced;
   switch (coll) {
     case FC_COLL_ALLREDUCE:
+      if (mem != FC_MEM_DEVICE && nranks <= EXCHANGE_MAX_RANKS && bytes <= EXCHANGE_MAX_BYTES) return FC_ALGO_EXCHANGE;
       return (nranks > 2 && bytes <= TREE_MAX_BYTES_ALLREDUCE) ? FC_ALGO_TREE : FC_ALGO_RING;
     case FC_COLL_ALLGATHER:
       return (nranks > 2 && bytes <= TREE_MAX_BYTES_ALLGATHER) ? FC_ALGO_TREE : FC_ALGO_RING;

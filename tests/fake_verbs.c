@@ -29,6 +29,12 @@
  *   portdown:N at the Nth ibv_post_send the port goes down: IBV_EVENT_PORT_ERR, and every QP of
  *            the context fails (RETRY_EXC_ERR, then flushes), as when the link drops
  *   nodev    no device at all (ibv_get_device_list gives NULL, ENOSYS)
+ *   regfail:N every Nth ibv_reg_mr of the process fails (ENOMEM), as when pinned memory runs out
+ *
+ * The port's largest message is FV_MAX_MSG (a longer write fails with LOC_LEN_ERR), well under an
+ * inbox, so that a rendezvous's long writes are cut as on a NIC and still fit the wire.
+ * fake_verbs_mr_stats() says how many memory regions this process has registered in all and how
+ * many are registered now (the tests' leak check), and how many plain RDMA WRITEs it posted.
  *
  * Callers pass a whole struct ibv_port_attr to ibv_query_port (the rdma link does).  Inboxes of
  * processes that died without closing their device are unlinked at the next ibv_open_device. */
@@ -59,14 +65,22 @@
 #define FV_BOX_MAGIC 0xfcfe0001u
 #define FV_MAX_BOXES 64
 #define FV_MAX_EVENTS 64
+#define FV_MAX_MSG (1u << 20)
 
 /* ---- faults ------------------------------------------------------------------------------------ */
 
 static struct {
-  long post_fail, drop, kill, delay_ms, portdown;
+  long post_fail, drop, kill, delay_ms, portdown, regfail;
   int nodev, bad;
 } fault;
-static atomic_long posts, completions;
+static atomic_long posts, completions, mrs_ever, mrs_now, plain_writes, regs_tried;
+
+/* Registrations of this process: in all, and now; RDMA WRITEs without immediate it posted. */
+FV_EXPORT void fake_verbs_mr_stats(long *ever, long *now, long *plain) {
+  *ever = atomic_load(&mrs_ever);
+  *now = atomic_load(&mrs_now);
+  *plain = atomic_load(&plain_writes);
+}
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 
 static void parse_faults(void) {
@@ -85,9 +99,10 @@ static void parse_faults(void) {
     else if (!strcmp(t, "kill")) fault.kill = v;
     else if (!strcmp(t, "delay")) fault.delay_ms = v;
     else if (!strcmp(t, "portdown")) fault.portdown = v;
+    else if (!strcmp(t, "regfail")) fault.regfail = v;
     else fault.bad = 1;
   }
-  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, nodev\n", s);
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev\n", s);
 }
 
 static double now_ms(void) {
@@ -459,6 +474,10 @@ static void push_sends(fv_qp_t *q) {
       qp_to_err(q, IBV_WC_RETRY_EXC_ERR);
       return;
     }
+    if (w->len > FV_MAX_MSG) {
+      qp_to_err(q, k == 0 ? IBV_WC_LOC_LEN_ERR : IBV_WC_WR_FLUSH_ERR);
+      return;
+    }
     if (w->len && !find_mr(c, 0, w->lkey, w->laddr, w->len, 0)) {
       /* Earlier writes still wait for their acknowledgements; a real NIC fails this one in order. */
       qp_to_err(q, k == 0 ? IBV_WC_LOC_PROT_ERR : IBV_WC_WR_FLUSH_ERR);
@@ -582,6 +601,7 @@ static int fv_post_send(struct ibv_qp *qp_, struct ibv_send_wr *wr, struct ibv_s
     w->seq = q->next_seq++;
     w->signaled = (wr->send_flags & IBV_SEND_SIGNALED) || q->qp.qp_type != IBV_QPT_RC;
     w->has_imm = wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (!w->has_imm) atomic_fetch_add(&plain_writes, 1);
     w->imm = wr->imm_data;
     w->raddr = wr->wr.rdma.remote_addr;
     w->rkey = wr->wr.rdma.rkey;
@@ -749,7 +769,7 @@ FV_EXPORT int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _comp
   attr->state = ctx_of(ctx)->port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
   attr->max_mtu = attr->active_mtu = IBV_MTU_4096;
   attr->gid_tbl_len = 1;
-  attr->max_msg_sz = 1u << 30;
+  attr->max_msg_sz = FV_MAX_MSG;
   attr->pkey_tbl_len = 1;
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;
   attr->active_width = 2; /* 4x */
@@ -787,6 +807,7 @@ FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length
   /* Remote write needs local write, as in every provider. */
   if (!pd || (!addr && length) || ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)))
     return errno = EINVAL, NULL;
+  if (fault.regfail && (atomic_fetch_add(&regs_tried, 1) + 1) % fault.regfail == 0) return errno = ENOMEM, NULL;
   fv_ctx_t *c = ctx_of(pd->context);
   fv_mr_t *m = calloc(1, sizeof *m);
   if (!m) return NULL;
@@ -799,6 +820,8 @@ FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length
   m->access = access | IBV_ACCESS_LOCAL_WRITE;
   m->next = c->mrs;
   c->mrs = m;
+  atomic_fetch_add(&mrs_ever, 1);
+  atomic_fetch_add(&mrs_now, 1);
   return &m->mr;
 }
 
@@ -809,6 +832,7 @@ FV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
       fv_mr_t *m = *p;
       *p = m->next;
       free(m);
+      atomic_fetch_sub(&mrs_now, 1);
       return 0;
     }
   return EINVAL;
@@ -952,6 +976,7 @@ FV_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status st) {
   switch (st) {
     case IBV_WC_SUCCESS: return "success";
     case IBV_WC_LOC_PROT_ERR: return "local protection error";
+    case IBV_WC_LOC_LEN_ERR: return "local length error";
     case IBV_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
     case IBV_WC_REM_ACCESS_ERR: return "remote access error";
     case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";

@@ -7,6 +7,10 @@
  * shares bitwise equal to `shm` alone with both links carrying bytes; every injected fault
  * (FLEXCOLL_VERBS_FAKE_FAULT) ends in an error on every rank within the timeout, never a crash, a
  * hang or a wrong result; no device is no link; no descriptor or shared-memory segment is left.
+ * Zero copy (rendezvous): send/recv around FLEXCOLL_RDMA_ZCOPY_BYTES and large allreduce/allgather
+ * with it at the default, at an odd value and off, checked, bitwise equal, with registrations
+ * counted by the fake (some with it on, none with it off, none left after destroy); faults during
+ * rendezvous transfers end in errors, leaving no registration.
  *
  * FC_TEST_RDMA_REAL=1 runs the collective and bitwise cases with the real provider (libibverbs)
  * instead, for machines with a NIC, and exits 77 where there is no device
@@ -15,6 +19,7 @@
 #include <check.h>
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -181,6 +186,170 @@ START_TEST(test_bitwise_with_shm) {
   ck_assert_msg(run(nranks, 0, most, "shm,rdma", "shm:0.01,rdma:0.99"), "%d ranks, rdma:0.99: see stderr", nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, shm, most), "%d ranks: shm,rdma at 0.99 differ from shm alone",
                 nranks);
+}
+END_TEST
+
+/* ---- zero copy (rendezvous) -------------------------------------------------------------------- */
+
+#define ZC_T (256 << 10) /* the default FLEXCOLL_RDMA_ZCOPY_BYTES */
+
+/* The fake's registrations in this process, in all and now, and its plain RDMA WRITEs
+ * (tests/fake_verbs.c). */
+static void fake_stats(long *ever, long *now, long *plain) {
+  *ever = *now = *plain = -1;
+  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  void (*f)(long *, long *, long *) = h ? (void (*)(long *, long *, long *))dlsym(h, "fake_verbs_mr_stats") : NULL;
+  if (f) f(ever, now, plain);
+  if (h) dlclose(h);
+}
+static void fake_mrs(long *ever, long *now) {
+  long plain;
+  fake_stats(ever, now, &plain);
+}
+
+/* Sizes around the threshold, none a multiple of anything. */
+static const size_t zc_bytes[] = {ZC_T - 1, ZC_T, ZC_T + 1, 3 * ZC_T + 7, 1000003, 2500009};
+#define NZC (sizeof zc_bytes / sizeof zc_bytes[0])
+
+/* Send/recv rings of every size (each message whole on rdma: one message per send), then
+ * allreduce and allgather of large odd counts, on a communicator split off and destroyed: every
+ * result checked against the reference, digests into g_dir/<label>.rank<r>, and no registration
+ * left once the communicator is gone.  arg: "label,expect" where expect is 1 when rendezvous
+ * registrations must have happened, 2 when plain writes (rendezvous messages of several writes)
+ * too, 0 when no registration may have happened. */
+static int zc_rank(hx_rank_t *r) {
+  char label[64];
+  int expect = 0;
+  if (sscanf((const char *)r->arg, "%63[^,],%d", label, &expect) != 2) return hx_fail(r, "bad arg");
+  char path[400];
+  snprintf(path, sizeof path, "%s/%s.rank%d", g_dir, label, r->rank);
+  FILE *f = fopen(path, "w");
+  if (!f) return hx_fail(r, "cannot write %s", path);
+  long ever0, now0, ever1, now1, plain0, plain1;
+  fake_stats(&ever0, &now0, &plain0);
+  if (now0 < 0) {
+    fclose(f);
+    return hx_fail(r, "the fake does not report its registrations");
+  }
+  flexcoll_comm_t sub = NULL;
+  if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return fclose(f), 1;
+  flexcoll_comm_t keep = r->comm;
+  r->comm = sub;
+  uint64_t call = 0;
+  for (size_t i = 0; i < NZC; i++, call++) p2p_ring(r, FLEXCOLL_UINT8, zc_bytes[i], call, f);
+  static const size_t coll_counts[] = {ZC_T / 4 - 1, 250007, 700001};
+  for (size_t i = 0; i < sizeof coll_counts / sizeof coll_counts[0]; i++)
+    for (int k = 0; k < 2; k++, call++) {
+      int coll = k ? C_ALLGATHER : C_ALLREDUCE;
+      pcall_t p = {.coll = coll, .dtype = FLEXCOLL_FLOAT32, .op = FLEXCOLL_SUM, .count = coll_counts[i],
+                   .inplace = (int)(call % 2), .rank = r->rank, .nranks = r->nranks};
+      if (pcall_prepare(r, &p, r->seed, call) != 0) break;
+      pcall_describe(r->what, sizeof r->what, &p);
+      if (hx_ok(r, pcall_issue(&p, sub), sub, coll_names[coll])) {
+        size_t elems = coll == C_ALLGATHER ? (size_t)r->nranks * p.count : p.count;
+        fprintf(f, "%s %zu %016llx\n", coll_names[coll], p.count, (unsigned long long)hx_digest(p.recv, elems * 4));
+        pcall_check(r, &p);
+      }
+      pcall_free(&p);
+    }
+  fclose(f);
+  int entries = 0, total = 0;
+  if (!link_bytes(r, sub, "rdma", &entries, &total)) hx_fail(r, "rdma carried nothing");
+  r->comm = keep;
+  hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy");
+  fake_stats(&ever1, &now1, &plain1);
+  fprintf(stderr, "[test_rdma] %s rank %d: %ld registrations of user buffers, %ld left, %ld plain writes\n", label,
+          r->rank, ever1 - ever0 - 2, now1 - now0, plain1 - plain0);
+  if (expect == 2 && plain1 == plain0) hx_fail(r, "no rendezvous message took several writes");
+  /* The split communicator's own two (ring and send area) and, with zero copy, one per message. */
+  if (now1 != now0) hx_fail(r, "%ld memory regions left registered after destroy", now1 - now0);
+  if (expect && ever1 - ever0 <= 2) hx_fail(r, "zero copy on, yet no user buffer was registered");
+  if (!expect && ever1 - ever0 != 2) hx_fail(r, "zero copy off, yet %ld user buffers were registered", ever1 - ever0 - 2);
+  return 0;
+}
+
+/* slice: FLEXCOLL_SLICE_SIZE, NULL for the default; a slice above the fake's largest message
+ * (1 MiB) makes rendezvous messages that take several writes, plain ones before the last. */
+static int zc_run(int nranks, const char *label, const char *zcopy, const char *slice, const char *fault, int expect) {
+  char e1[64], e2[64], e3[64], arg[80];
+  snprintf(e1, sizeof e1, "FLEXCOLL_RDMA_ZCOPY_BYTES=%s", zcopy ? zcopy : "");
+  snprintf(e2, sizeof e2, "FLEXCOLL_SLICE_SIZE=%s", slice ? slice : "");
+  snprintf(e3, sizeof e3, "FLEXCOLL_VERBS_FAKE_FAULT=%s", fault ? fault : "");
+  snprintf(arg, sizeof arg, "%s,%d", label, expect);
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", e1, e2, e3, NULL};
+  char same[32];
+  snprintf(same, sizeof same, "rdma-zc-%d", nranks);
+  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+  fprintf(stderr, "[test_rdma] %s: %d ranks, FLEXCOLL_RDMA_ZCOPY_BYTES=%s FLEXCOLL_SLICE_SIZE=%s fault %s\n", label,
+          nranks, zcopy ? zcopy : "(default)", slice ? slice : "(default)", fault ? fault : "none");
+  return hx_run_procs(nranks, &o, zc_rank, arg);
+}
+
+/* Zero copy at the default threshold, at an odd one with slices of several writes, with every
+ * fifth registration failing (those messages fall back to copies, on whichever side failed), and
+ * off: every result right, all bitwise equal, no registration left. */
+START_TEST(test_zcopy) {
+  int nranks = 2 + _i;
+  char on[32], odd[32], rf[32], off[32];
+  snprintf(on, sizeof on, "zc-on-%d", nranks);
+  snprintf(odd, sizeof odd, "zc-odd-%d", nranks);
+  snprintf(rf, sizeof rf, "zc-regfail-%d", nranks);
+  snprintf(off, sizeof off, "zc-off-%d", nranks);
+  ck_assert_msg(zc_run(nranks, on, NULL, NULL, NULL, 1), "%d ranks, zero copy on: see stderr", nranks);
+  ck_assert_msg(zc_run(nranks, odd, "100003", "3000017", NULL, 2), "%d ranks, zero copy from 100003 bytes: see stderr",
+                nranks);
+  ck_assert_msg(zc_run(nranks, rf, NULL, NULL, "regfail:5", 1), "%d ranks, failed registrations: see stderr", nranks);
+  ck_assert_msg(zc_run(nranks, off, "0", NULL, NULL, 0), "%d ranks, zero copy off: see stderr", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, on, off), "%d ranks: zero copy on and off differ", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, odd, off), "%d ranks: zero copy at 100003 and off differ",
+                nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, rf, off),
+                "%d ranks: zero copy with failed registrations and off differ", nranks);
+}
+END_TEST
+
+/* A fault during rendezvous transfers: every rank ends in an error within the timeout, on a
+ * communicator split off, whose destroy then leaves no registration behind. */
+static int zc_fault_rank(hx_rank_t *r) {
+  long ever0, now0, ever1, now1;
+  fake_mrs(&ever0, &now0);
+  flexcoll_comm_t sub = NULL;
+  if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
+  size_t count = 600001; /* 2.4 MB: several 1 MiB slices, each a rendezvous */
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  uint64_t call;
+  for (call = 0; call < 40 && res == FLEXCOLL_SUCCESS; call++) {
+    pcall_t p = {.coll = call % 2 ? C_ALLGATHER : C_ALLREDUCE, .dtype = FLEXCOLL_FLOAT32, .op = FLEXCOLL_SUM,
+                 .count = count, .rank = r->rank, .nranks = r->nranks};
+    if (pcall_prepare(r, &p, r->seed, call) != 0) return 1;
+    pcall_describe(r->what, sizeof r->what, &p);
+    res = pcall_issue(&p, sub);
+    if (res == FLEXCOLL_SUCCESS) pcall_check(r, &p);
+    else fprintf(stderr, "[test_rdma] rank %d: zero-copy call %llu ended in %s: %s\n", r->rank, (unsigned long long)call,
+                 flexcoll_get_error_string(res), flexcoll_get_last_error(sub));
+    pcall_free(&p);
+  }
+  if (res == FLEXCOLL_SUCCESS) hx_fail(r, "every call succeeded despite FLEXCOLL_VERBS_FAKE_FAULT=%s", getenv("FLEXCOLL_VERBS_FAKE_FAULT"));
+  else if (res != FLEXCOLL_REMOTE_ERROR && res != FLEXCOLL_TIMEOUT && res != FLEXCOLL_SYSTEM_ERROR)
+    hx_fail(r, "returned %d (%s), not an error of the link", res, flexcoll_get_error_string(res));
+  flexcoll_comm_destroy(sub);
+  fake_mrs(&ever1, &now1);
+  if (ever1 - ever0 <= 2) hx_fail(r, "no user buffer was registered: the fault did not meet a rendezvous");
+  if (now1 != now0) hx_fail(r, "%ld memory regions left registered after destroy", now1 - now0);
+  return 0;
+}
+
+static const char *zc_faults[] = {"drop:30", "drop:8", "kill:40", "portdown:25", "post:33"};
+
+START_TEST(test_zcopy_fault) {
+  char f[96];
+  snprintf(f, sizeof f, "FLEXCOLL_VERBS_FAKE_FAULT=%s", zc_faults[_i]);
+  const char *env[] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", f, NULL};
+  hx_opts_t o = {.label = zc_faults[_i], .env = env, .timeout_ms = 2000, .deadline_s = 60, .exit_barrier = 1};
+  double t0 = hx_now();
+  ck_assert_msg(hx_run_procs(3, &o, zc_fault_rank, NULL), "zero copy, fault %s: see stderr", zc_faults[_i]);
+  fprintf(stderr, "[test_rdma] zero copy, fault %s: every rank done in %.1f s\n", zc_faults[_i], hx_now() - t0);
 }
 END_TEST
 
@@ -798,11 +967,13 @@ int main(void) {
   tcase_add_loop_test(tc, test_collectives, 0, 3);
   tcase_add_test(tc, test_collectives_threads);
   tcase_add_loop_test(tc, test_bitwise_with_shm, 0, 3);
+  if (!g_real) tcase_add_loop_test(tc, test_zcopy, 0, 3);
   suite_add_tcase(s, tc);
   if (!g_real) {
     tc = tcase_create("faults");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
+    tcase_add_loop_test(tc, test_zcopy_fault, 0, (int)(sizeof zc_faults / sizeof zc_faults[0]));
     tcase_add_loop_test(tc, test_no_device, 0, 9);
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);

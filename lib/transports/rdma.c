@@ -15,9 +15,22 @@
  * an RC queue pair delivers in order, so a count is all a credit needs to say.  A sender sends one
  * message's fragments after another's, per peer, so fragments of a message arrive together.
  *
- * What this does not do yet (docs/ARCHITECTURE.md): zero-copy (a registration cache and a
- * rendezvous that writes straight into the receive buffer), device memory (dma-buf), ranks on
- * other hosts, several NICs, the NIC's place in the cost model. */
+ * Zero copy (rendezvous), for sends of FLEXCOLL_RDMA_ZCOPY_BYTES or more (0: never).  The sender
+ * puts an RTS (tag, length, an id) in the stream instead of the first fragment; the receiver
+ * matches it as it would that fragment (in order, or into the unexpected queue until a receive
+ * comes), registers the receive buffer for that message and answers with a CTS in a slot (the id,
+ * address, rkey, room).  The sender registers its buffer and writes straight from it into the
+ * receive buffer (RDMA WRITE, in pieces no longer than the port's largest message), the last piece
+ * WITH IMMEDIATE (IMM_ZDONE and the id) which completes the receive; each side deregisters as its
+ * part ends.  No copy through the slots, one registration per message and side (no cache: see
+ * zreg()).  Where the message is longer than the receive's room or a registration fails, the CTS
+ * (or the sender) turns the message into fragments carrying the id, which go to the receive
+ * already matched: the copy path, with its length check.  A receive given up before its data
+ * came deregisters at once (a peer still writing fails, never writes into memory given back); a
+ * send given up mid-way tells the receiver (RZCANCEL).
+ *
+ * What this does not do yet (docs/ARCHITECTURE.md): a registration cache, device memory (dma-buf),
+ * ranks on other hosts, several NICs, the NIC's place in the cost model. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -226,17 +239,34 @@ void fc_rdma_report(FILE *out) {
 
 /* ---- the link's state ---------------------------------------------------------------------- */
 
-/* A slot: this header, then the fragment's bytes. */
+/* A slot: this header, then the fragment's bytes.  kind: FRAG_DATA, a fragment of an eager
+ * message; FRAG_RTS, a rendezvous message's announcement (no bytes; id: the sender's number for
+ * it); FRAG_RZDATA, a fragment of a rendezvous message sent by copy after all (routed by id, not
+ * matched again); FRAG_CTS, the receiver's answer to an RTS (mode: write into addr/rkey, total
+ * bytes of room; send by copy; or drop, the receive is gone); FRAG_RZCANCEL, the sender gave up
+ * a rendezvous message after its CTS.  Control fragments (CTS, RZCANCEL) stand outside the
+ * message stream: they may come between two fragments of one message. */
 typedef struct {
   uint64_t tag, total, offset;
   uint32_t len, magic;
+  uint32_t kind, rkey;
+  uint64_t id, addr;
+  uint32_t mode, pad;
 } slot_hdr_t;
+enum { FRAG_DATA, FRAG_RTS, FRAG_RZDATA, FRAG_CTS, FRAG_RZCANCEL };
+enum { CTS_WRITE, CTS_COPY, CTS_DROP };
 #define SLOT_MAGIC 0xfc4d5a11u
 /* Slot size: big enough that the header and the per-fragment work are small against the copy,
  * small enough that many peers' rings stay a few MiB. */
 #define SLOT_BYTES (64u << 10)
 #define SLOT_DATA (SLOT_BYTES - sizeof(slot_hdr_t))
 #define IMM_CREDIT 0x80000000u
+/* The last write of a rendezvous message: this bit and its id's low bits (tested after
+ * IMM_CREDIT, whose count may set it; a slot's number never does). */
+#define IMM_ZDONE 0x40000000u
+#define ZID_MASK 0x3fffffffu
+/* Send work requests a rendezvous leaves free for slot writes and credits. */
+#define ZC_RESERVE 4
 /* Most completions taken per poll. */
 #define POLL_BATCH 32
 /* Unexpected messages larger than this are a broken peer, not an allocation. */
@@ -257,10 +287,20 @@ struct rdma_req {
   int nfrags_posted;
   unexp_t *from;  /* recv: bound to an unexpected message still arriving */
   rdma_req_t *next;
+  /* Rendezvous (zero copy): the message's id, the user buffer's registration for this message
+   * alone, the receive's buffer (send side), bytes posted as writes, where it stands. */
+  int zc, zstate, zkind; /* zkind: what a queued send's fragments are (FRAG_DATA, RTS, RZDATA) */
+  uint64_t zid, zraddr;
+  uint32_t zrkey;
+  size_t zposted;
+  struct ibv_mr *mr;
+  rdma_req_t *znext; /* in the peer's zs (sends) or zq (receives) */
   char why[160];
 };
 
 struct unexp {
+  int rts;      /* a rendezvous announcement (no data): zid, total */
+  uint64_t zid;
   uint64_t tag;
   size_t total, got;
   char *data;
@@ -289,7 +329,21 @@ typedef struct {
   uint64_t cur_tag;
   size_t cur_total, cur_got;
   int cur_open;
+  /* rendezvous */
+  uint64_t zid_next;             /* ids of this rank's rendezvous sends to the peer */
+  rdma_req_t *zs_head;           /* sends announced, waiting for a CTS or writing */
+  rdma_req_t *zq_head;           /* receives matched to an RTS, waiting for the data */
+  struct ctl *ctl_head, *ctl_tail; /* control fragments to send (CTS, RZCANCEL) */
 } peer_t;
+
+typedef struct ctl {
+  int kind;
+  uint64_t id;
+  struct ctl *next;
+} ctl_t;
+
+/* Where a rendezvous send stands. */
+enum { ZS_NONE, ZS_WAIT_CTS, ZS_WRITE, ZS_COPY, ZS_GONE };
 
 typedef struct {
   const fc_verbs_t *v;
@@ -305,6 +359,8 @@ typedef struct {
   int fatal;
   char fatal_why[160];
   unsigned progress_calls;
+  size_t zcopy_bytes; /* FLEXCOLL_RDMA_ZCOPY_BYTES: sends from this size take the rendezvous */
+  uint64_t max_msg;   /* the port's largest message: the longest single write */
 } rdma_t;
 
 /* What each rank publishes at open (the bootstrap all-gather), then one queue pair number per rank. */
@@ -357,6 +413,8 @@ static void peer_break(rdma_t *r, int p, const char *fmt, ...) {
   for (unexp_t *u = e->uq_head; u; u = u->next)
     if (u->req) req_fail(u->req, e->why);
   if (e->cur_req) req_fail(e->cur_req, e->why);
+  for (rdma_req_t *q = e->zs_head; q; q = q->znext) req_fail(q, e->why);
+  for (rdma_req_t *q = e->zq_head; q; q = q->znext) req_fail(q, e->why);
   for (int k = 0; k < r->nslots; k++)
     if (e->slot_req[k]) req_fail(e->slot_req[k], e->why);
 }
@@ -408,12 +466,103 @@ static void unexp_remove(peer_t *e, unexp_t *u) {
   free(u);
 }
 
+/* ---- rendezvous bookkeeping ------------------------------------------------------------------ */
+
+static void zlist_remove(rdma_req_t **head, rdma_req_t *q) {
+  for (rdma_req_t **pp = head; *pp; pp = &(*pp)->znext)
+    if (*pp == q) {
+      *pp = q->znext;
+      q->znext = NULL;
+      return;
+    }
+}
+
+static void zlist_push(rdma_req_t **head, rdma_req_t *q) {
+  q->znext = *head;
+  *head = q;
+}
+
+/* The request of rendezvous id (of its low bits where mask says so: an immediate carries those). */
+static rdma_req_t *zlist_find(rdma_req_t *head, uint64_t id, uint64_t mask) {
+  for (rdma_req_t *q = head; q; q = q->znext)
+    if ((q->zid & mask) == (id & mask)) return q;
+  return NULL;
+}
+
+/* Registered per message and deregistered as it ends: no registration cache, because a cached
+ * registration outlives the user's buffer (freed, its pages reused or unmapped) unless the
+ * library hooks memory events (munmap, brk, madvise) as UCX does; without those hooks a cache
+ * would let a peer write into memory that is no longer the buffer it registered. */
+static struct ibv_mr *zreg(rdma_t *r, void *buf, size_t bytes, int access) {
+  errno = 0;
+  struct ibv_mr *mr = r->v->reg_mr(r->pd, buf, bytes, access);
+  if (!mr)
+    FC_INFO(FC_SUB_NET, "rank %d: rdma: ibv_reg_mr of a %zu-byte user buffer failed (%s): that message goes by copy",
+            r->rank, bytes, strerror(errno ? errno : ENOMEM));
+  return mr;
+}
+
+static void zdereg(rdma_t *r, rdma_req_t *q) {
+  if (q->mr) r->v->dereg_mr(q->mr);
+  q->mr = NULL;
+}
+
+/* A control fragment for peer p, sent by pump() ahead of data (a peer's transfer waits on it). */
+static void ctl_queue(rdma_t *r, int p, int kind, uint64_t id) {
+  peer_t *e = &r->peers[p];
+  ctl_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    peer_break(r, p, "out of memory for a rendezvous control message");
+    return;
+  }
+  c->kind = kind;
+  c->id = id;
+  if (e->ctl_tail) e->ctl_tail->next = c;
+  else e->ctl_head = c;
+  e->ctl_tail = c;
+}
+
+/* A receive matched to an RTS (id, total): registers the message's part of its buffer when the
+ * message fits and asks for the data (CTS); a message larger than the room, or a registration
+ * that fails, gets a CTS asking for copies instead, so that the receive ends as an eager one does
+ * (truncated, the length mismatch reported by test). */
+static void rz_match(rdma_t *r, int p, rdma_req_t *q, uint64_t id, size_t total) {
+  peer_t *e = &r->peers[p];
+  q->zc = 1;
+  q->zid = id;
+  q->total = total;
+  if (total <= q->bytes && total > 0)
+    q->mr = zreg(r, q->buf, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  zlist_push(&e->zq_head, q);
+  ctl_queue(r, p, FRAG_CTS, id);
+}
+
+/* A rendezvous receive leaves the peer's list; its registration goes with it. */
+static void rz_recv_end(rdma_t *r, peer_t *e, rdma_req_t *q) {
+  zlist_remove(&e->zq_head, q);
+  zdereg(r, q);
+}
+
 /* Nothing of the link refers to q any more, except send slots whose writes are in flight. */
 static void req_detach(rdma_t *r, rdma_req_t *q) {
   peer_t *e = &r->peers[q->peer];
   if (q->is_recv) list_remove(&e->rq_head, &e->rq_tail, q);
   else list_remove(&e->sq_head, &e->sq_tail, q);
   if (e->cur_req == q) e->cur_req = NULL;
+  /* A receive's registration goes now: a peer still writing into it fails (remote access error,
+   * that peer's link breaks) rather than writing into a buffer its owner has taken back. */
+  if (q->is_recv && q->zc) rz_recv_end(r, e, q);
+  if (!q->is_recv && q->zc) {
+    /* The receiver waits for data that will not come: tell it (a CTS still to come for a send
+     * announced but not started is answered the same way, by id). */
+    if (q->zstate == ZS_WRITE && q->zposted < q->bytes && !e->broken) ctl_queue(r, q->peer, FRAG_RZCANCEL, q->zid);
+    q->zstate = ZS_GONE;
+    /* Writes in flight read the buffer: its registration stays until they complete. */
+    if (q->frags_out == 0) {
+      zlist_remove(&e->zs_head, q);
+      zdereg(r, q);
+    }
+  }
   if (q->from) {
     q->from->req = NULL;
     q->from = NULL;
@@ -435,6 +584,9 @@ static int post_recv_wr(rdma_t *r, int p) {
 static uint64_t send_id(int p, int credit, uint64_t slot) {
   return ((uint64_t)(uint32_t)p << 32) | ((uint64_t)(credit != 0) << 31) | (slot & 0x7fffffff);
 }
+/* ... or a rendezvous write: peer, bit 30, the message id's low bits. */
+#define ZWR_BIT (1ull << 30)
+static uint64_t zsend_id(int p, uint64_t zid) { return ((uint64_t)(uint32_t)p << 32) | ZWR_BIT | (zid & ZID_MASK); }
 
 /* One RDMA WRITE WITH IMMEDIATE to peer p: send slot k's first `bytes` into its ring slot k (a
  * credit carries no bytes). */
@@ -461,26 +613,106 @@ static int post_write(rdma_t *r, int p, int credit, uint64_t k, uint32_t imm, si
   return 0;
 }
 
+/* Whether the next send slot to peer p may be written now. */
+static int slot_ready(rdma_t *r, peer_t *e) {
+  uint64_t k = e->sent;
+  return k - e->credited < (uint64_t)r->nslots && !e->slot_busy[k % (uint64_t)r->nslots] && e->wr_out < r->max_send_wr;
+}
+
+/* The control fragments queued for peer p (a CTS is filled in now, from its receive if that is
+ * still there). */
+static void pump_ctl(rdma_t *r, int p) {
+  peer_t *e = &r->peers[p];
+  while (!e->broken && e->ctl_head && slot_ready(r, e)) {
+    ctl_t *c = e->ctl_head;
+    uint64_t k = e->sent;
+    unsigned slot = (unsigned)(k % (uint64_t)r->nslots);
+    slot_hdr_t h = {.magic = SLOT_MAGIC, .kind = (uint32_t)c->kind, .id = c->id};
+    if (c->kind == FRAG_CTS) {
+      rdma_req_t *q = zlist_find(e->zq_head, c->id, ~0ull);
+      h.mode = !q ? CTS_DROP : q->mr ? CTS_WRITE : CTS_COPY;
+      if (q && q->mr) {
+        h.addr = (uint64_t)(uintptr_t)q->buf;
+        h.rkey = q->mr->rkey;
+        h.total = q->total; /* what is registered: the announced length */
+      }
+    }
+    memcpy(send_slot(r, p, k), &h, sizeof h);
+    if (post_write(r, p, 0, k, slot, sizeof h)) return;
+    e->slot_busy[slot] = 1;
+    e->slot_req[slot] = NULL;
+    e->sent++;
+    e->ctl_head = c->next;
+    if (!e->ctl_head) e->ctl_tail = NULL;
+    free(c);
+  }
+}
+
+/* The writes of rendezvous sends that have their CTS: straight from the user's buffer into the
+ * receive's, in pieces no longer than the port's largest message, the last one with the
+ * immediate that completes the receive (an RC queue pair delivers in order, so the data before
+ * it is in place when the receiver sees it).  Some send work requests stay free for slots and
+ * credits. */
+static void pump_zcopy(rdma_t *r, int p) {
+  peer_t *e = &r->peers[p];
+  for (rdma_req_t *q = e->zs_head; q && !e->broken; q = q->znext)
+    while (q->zstate == ZS_WRITE && q->zposted < q->bytes && e->wr_out < r->max_send_wr - ZC_RESERVE) {
+      size_t n = q->bytes - q->zposted < r->max_msg ? q->bytes - q->zposted : (size_t)r->max_msg;
+      int last = q->zposted + n == q->bytes;
+      struct ibv_sge sge = {.addr = (uintptr_t)(q->buf + q->zposted), .length = (uint32_t)n, .lkey = q->mr->lkey};
+      struct ibv_send_wr wr, *bad = NULL;
+      memset(&wr, 0, sizeof wr);
+      wr.wr_id = zsend_id(p, q->zid);
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.imm_data = htonl(IMM_ZDONE | (uint32_t)(q->zid & ZID_MASK));
+      wr.wr.rdma.remote_addr = q->zraddr + q->zposted;
+      wr.wr.rdma.rkey = q->zrkey;
+      int rc = ibv_post_send(e->qp, &wr, &bad);
+      if (rc) {
+        peer_break(r, p, "ibv_post_send (rendezvous write) failed: %s", strerror(rc));
+        return;
+      }
+      e->wr_out++;
+      q->frags_out++;
+      q->zposted += n;
+    }
+}
+
 /* Post what peer p's queued sends can: one fragment per free slot, message after message. */
 static void pump(rdma_t *r, int p) {
   peer_t *e = &r->peers[p];
+  pump_ctl(r, p);
+  pump_zcopy(r, p);
   while (!e->broken && e->sq_head) {
     rdma_req_t *q = e->sq_head;
     uint64_t k = e->sent;
     unsigned slot = (unsigned)(k % (uint64_t)r->nslots);
-    if (k - e->credited >= (uint64_t)r->nslots || e->slot_busy[slot] || e->wr_out >= r->max_send_wr) return;
-    size_t len = q->bytes - q->posted < SLOT_DATA ? q->bytes - q->posted : SLOT_DATA;
-    slot_hdr_t h = {.tag = q->tag, .total = q->bytes, .offset = q->posted, .len = (uint32_t)len, .magic = SLOT_MAGIC};
+    if (!slot_ready(r, e)) return;
+    int rts = q->zkind == FRAG_RTS;
+    size_t len = rts ? 0 : q->bytes - q->posted < SLOT_DATA ? q->bytes - q->posted : SLOT_DATA;
+    slot_hdr_t h = {.tag = q->tag, .total = q->bytes, .offset = q->posted, .len = (uint32_t)len, .magic = SLOT_MAGIC,
+                    .kind = (uint32_t)q->zkind, .id = q->zid};
     char *s = send_slot(r, p, k);
     memcpy(s, &h, sizeof h);
     if (len) memcpy(s + sizeof h, q->buf + q->posted, len);
     if (post_write(r, p, 0, k, slot, sizeof h + len)) return;
     e->slot_busy[slot] = 1;
+    e->sent++;
+    if (rts) {
+      /* Announced: it waits for the receiver's CTS (the RTS's own completion is nobody's). */
+      e->slot_req[slot] = NULL;
+      list_remove(&e->sq_head, &e->sq_tail, q);
+      q->zstate = ZS_WAIT_CTS;
+      zlist_push(&e->zs_head, q);
+      continue;
+    }
     e->slot_req[slot] = q;
     q->frags_out++;
     q->nfrags_posted++;
     q->posted += len;
-    e->sent++;
     if (q->posted == q->bytes) list_remove(&e->sq_head, &e->sq_tail, q);
   }
 }
@@ -508,8 +740,47 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
   slot_hdr_t h;
   memcpy(&h, s, sizeof h);
   if (h.magic != SLOT_MAGIC || h.len > SLOT_DATA || byte_len != sizeof h + h.len || h.total > MAX_MESSAGE ||
-      h.offset + h.len > h.total) {
+      h.offset + h.len > h.total || h.kind > FRAG_RZCANCEL || (h.kind != FRAG_DATA && h.kind != FRAG_RZDATA && h.len)) {
     peer_break(r, p, "malformed fragment from rank %d (magic %08x, %u bytes)", p, h.magic, byte_len);
+    return;
+  }
+  if (h.kind == FRAG_CTS) {
+    /* This rank's rendezvous send h.id: write, send by copy, or done (the receive is gone). */
+    rdma_req_t *q = zlist_find(e->zs_head, h.id, ~0ull);
+    if (!q || q->zstate != ZS_WAIT_CTS) {
+      if (h.mode != CTS_DROP) ctl_queue(r, p, FRAG_RZCANCEL, h.id); /* given up here meanwhile */
+      return;
+    }
+    if (h.mode == CTS_DROP) {
+      zlist_remove(&e->zs_head, q);
+      q->zstate = ZS_NONE;
+      if (q->state == REQ_PENDING) q->state = REQ_DONE; /* as an eager message to a cancelled receive */
+      return;
+    }
+    if (h.mode == CTS_WRITE && h.total == q->bytes) {
+      /* Source only (local read needs no access flag): a read-only buffer registers too. */
+      q->mr = zreg(r, q->buf, q->bytes, 0);
+      if (q->mr) {
+        q->zraddr = h.addr;
+        q->zrkey = h.rkey;
+        q->zstate = ZS_WRITE;
+        return; /* pump() posts the writes */
+      }
+    }
+    /* By copy: fragments with the id, which the receive (already matched) takes whole. */
+    zlist_remove(&e->zs_head, q);
+    q->zstate = ZS_COPY;
+    q->zkind = FRAG_RZDATA;
+    q->posted = 0;
+    list_append(&e->sq_head, &e->sq_tail, q);
+    return;
+  }
+  if (h.kind == FRAG_RZCANCEL) {
+    rdma_req_t *q = zlist_find(e->zq_head, h.id, ~0ull);
+    if (q) {
+      req_fail(q, "the sender cancelled the message");
+      rz_recv_end(r, e, q);
+    }
     return;
   }
   if (h.offset == 0) {
@@ -522,20 +793,50 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
       }
       e->cur_req = NULL;
     }
+    e->cur_open = 0;
+    e->cur_req = NULL;
+    e->cur_unexp = NULL;
+    if (h.kind == FRAG_RTS) {
+      /* Matched as an eager message's first fragment is, in the same order; the data follows
+       * once the receive is known. */
+      for (rdma_req_t *q = e->rq_head; q; q = q->next)
+        if (q->tag == h.tag) {
+          list_remove(&e->rq_head, &e->rq_tail, q);
+          rz_match(r, p, q, h.id, h.total);
+          return;
+        }
+      unexp_t *u = calloc(1, sizeof *u);
+      if (!u) {
+        peer_break(r, p, "out of memory for an unexpected message");
+        return;
+      }
+      u->rts = 1;
+      u->zid = h.id;
+      u->tag = h.tag;
+      u->total = u->got = h.total;
+      if (e->uq_tail) e->uq_tail->next = u;
+      else e->uq_head = u;
+      e->uq_tail = u;
+      return;
+    }
     e->cur_open = 1;
     e->cur_tag = h.tag;
     e->cur_total = h.total;
     e->cur_got = 0;
-    e->cur_req = NULL;
-    e->cur_unexp = NULL;
-    for (rdma_req_t *q = e->rq_head; q; q = q->next)
-      if (q->tag == h.tag) {
-        list_remove(&e->rq_head, &e->rq_tail, q);
-        e->cur_req = q;
-        q->total = h.total;
-        break;
-      }
-    if (!e->cur_req) {
+    if (h.kind == FRAG_RZDATA) {
+      /* Its receive was matched at the RTS; none (cancelled here): the bytes are dropped. */
+      rdma_req_t *q = zlist_find(e->zq_head, h.id, ~0ull);
+      if (q && q->state == REQ_PENDING) e->cur_req = q;
+    } else {
+      for (rdma_req_t *q = e->rq_head; q; q = q->next)
+        if (q->tag == h.tag) {
+          list_remove(&e->rq_head, &e->rq_tail, q);
+          e->cur_req = q;
+          q->total = h.total;
+          break;
+        }
+    }
+    if (!e->cur_req && h.kind == FRAG_DATA) {
       unexp_t *u = calloc(1, sizeof *u);
       char *data = u ? malloc(h.total ? h.total : 1) : NULL;
       if (!data) {
@@ -568,6 +869,7 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
   if (u) u->got = e->cur_got;
   if (e->cur_got < e->cur_total) return;
   e->cur_open = 0;
+  if (q && q->zc) rz_recv_end(r, e, q);
   if (q) finish_recv(q, e->cur_total);
   e->cur_req = NULL;
   if (u && u->req) {
@@ -602,6 +904,19 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
       e->credited += ((imm & 0x7fffffff) - (uint32_t)(e->credited & 0x7fffffff)) & 0x7fffffff;
       return;
     }
+    if (imm & IMM_ZDONE) {
+      /* A rendezvous receive's data is all in its buffer.  None: it was cancelled here (its
+       * registration went with it, so nothing of this message landed after that). */
+      rdma_req_t *q = zlist_find(e->zq_head, imm & ZID_MASK, ZID_MASK);
+      if (!q) return;
+      if (!q->mr) {
+        peer_break(r, p, "rank %d wrote a message this rank asked to receive by copy", p);
+        return;
+      }
+      rz_recv_end(r, e, q);
+      finish_recv(q, q->total);
+      return;
+    }
     if (imm != (uint32_t)(e->consumed % (uint64_t)r->nslots)) {
       peer_break(r, p, "rank %d wrote slot %u where slot %u was next", p, imm,
                  (unsigned)(e->consumed % (uint64_t)r->nslots));
@@ -616,6 +931,22 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
   if (p < 0 || p >= r->nranks || p == r->rank) return;
   peer_t *e = &r->peers[p];
   e->wr_out--;
+  if (!credit && (wc->wr_id & ZWR_BIT)) {
+    /* A rendezvous write: once its last one completed, the send is done and deregistered. */
+    if (wc->status != IBV_WC_SUCCESS)
+      peer_break(r, p, "rendezvous write completion: %s (vendor error %u)", wc_status(r->v, wc->status),
+                 wc->vendor_err);
+    rdma_req_t *q = zlist_find(e->zs_head, wc->wr_id & ZID_MASK, ZID_MASK);
+    if (!q) return;
+    q->frags_out--;
+    if (wc->status != IBV_WC_SUCCESS) req_fail(q, "rendezvous write failed");
+    if (q->frags_out > 0 || (q->zposted < q->bytes && q->state == REQ_PENDING && q->zstate == ZS_WRITE)) return;
+    zlist_remove(&e->zs_head, q);
+    zdereg(r, q);
+    if (q->orphan) free(q);
+    else if (q->state == REQ_PENDING) q->state = REQ_DONE;
+    return;
+  }
   /* The peer's reason first, so that its requests fail with it. */
   if (wc->status != IBV_WC_SUCCESS)
     peer_break(r, p, "%s completion: %s (vendor error %u)", credit ? "credit" : "write", wc_status(r->v, wc->status),
@@ -687,6 +1018,8 @@ static int rdma_progress(fc_link_t *link) {
 
 /* ---- open and close -------------------------------------------------------------------------- */
 
+FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
+
 static double now_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -743,6 +1076,8 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
     return snprintf(why, len, "async events: fcntl: %s", strerror(errno)), -1;
   me->lid = pa.lid;
   me->mtu = (uint8_t)pa.active_mtu;
+  /* An sge's length is 32 bits; 1 GiB pieces cost nothing against a message's time. */
+  r->max_msg = pa.max_msg_sz && pa.max_msg_sz < (1u << 30) ? pa.max_msg_sz : (1u << 30);
   me->global = pa.link_layer == IBV_LINK_LAYER_ETHERNET || pa.lid == 0;
   if (me->global && r->v->query_gid(r->ctx, r->port, 0, &me->gid))
     return snprintf(why, len, "ibv_query_gid: %s", strerror(errno)), -1;
@@ -852,6 +1187,25 @@ static void rdma_free(rdma_t *r) {
           if (e->slot_req[j] == q) e->slot_req[j] = NULL;
         if (q->orphan) free(q);
       }
+      /* Rendezvous registrations, now that no queue pair reads or writes them; sends whose owner
+       * let go while their writes were in flight. */
+      for (rdma_req_t *q = e->zs_head, *n; q; q = n) {
+        n = q->znext;
+        q->znext = NULL;
+        zdereg(r, q);
+        if (q->orphan) free(q);
+      }
+      for (rdma_req_t *q = e->zq_head, *n; q; q = n) {
+        n = q->znext;
+        q->znext = NULL;
+        zdereg(r, q);
+      }
+      e->zs_head = e->zq_head = NULL;
+      while (e->ctl_head) {
+        ctl_t *c = e->ctl_head;
+        e->ctl_head = c->next;
+        free(c);
+      }
       while (e->uq_head) unexp_remove(e, e->uq_head);
       free(e->slot_req);
       free(e->slot_busy);
@@ -881,6 +1235,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   /* Data writes in flight are at most nslots (credits); credits at most one per quarter of the
    * ring, four or five in flight; a margin on top. */
   r->max_send_wr = r->max_recv_wr = r->nslots + 8;
+  r->zcopy_bytes = (size_t)fc_param_rdma_zcopy_bytes();
   r->peers = calloc((size_t)comm->nranks, sizeof *r->peers);
   /* Each rank's record rounded up to 8 bytes: every header in the gathered array stays aligned. */
   size_t per = (sizeof(conn_hdr_t) + sizeof(uint32_t) * (size_t)comm->nranks + 7) & ~(size_t)7;
@@ -999,6 +1354,18 @@ static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link,
     }
     return res;
   }
+  /* The sender alone decides which path a message takes and says so in its first fragment (an
+   * RTS instead of data): the receiver need not know the threshold, so ranks whose settings
+   * differ still agree, and the RTS travels in the ordered stream of first fragments, so matching
+   * (tags in order, the unexpected queue, the length check) is the eager path's.  A receiver that
+   * announced its buffer first would save half a round trip, but its announcement would have to
+   * be matched against sends on the sender, and one that matched nothing (lengths differ, the
+   * receive cancelled) would leave a peer holding the address of a buffer no longer its. */
+  if (r->zcopy_bytes && bytes >= r->zcopy_bytes) {
+    q->zc = 1;
+    q->zkind = FRAG_RTS;
+    q->zid = ++r->peers[peer].zid_next;
+  }
   list_append(&r->peers[peer].sq_head, &r->peers[peer].sq_tail, q);
   pump(r, peer);
   *req = q;
@@ -1020,7 +1387,11 @@ static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link,
   *req = q;
   for (unexp_t *u = e->uq_head; u; u = u->next) {
     if (u->tag != tag || u->req) continue;
-    if (u->got == u->total && u != e->cur_unexp) {
+    if (u->rts) {
+      rz_match(r, peer, q, u->zid, u->total);
+      unexp_remove(e, u);
+      pump(r, peer);
+    } else if (u->got == u->total && u != e->cur_unexp) {
       if (u->total && bytes) memcpy(buf, u->data, u->total < bytes ? u->total : bytes);
       finish_recv(q, u->total);
       unexp_remove(e, u);

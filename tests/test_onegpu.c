@@ -659,9 +659,9 @@ static const int only_one_kernel_colls[] = {C_ALLREDUCE, C_ALLGATHER, C_REDUCE_S
  * stream-memory values, and 8 ranks' streams (56 with the tests' own) share the 32 hardware
  * queues, so a wait at the head of a shared queue holds back the peer work it waits for — the
  * reason the ring kernels replaced it.  Env c stops at this many ranks: with 3, half the runs
- * on the node hung the same way (docs/PERFORMANCE.md, session 10), although 3 ranks' streams fit
- * the queues (those of earlier communicators count: queues are dealt out round-robin as streams
- * are created). */
+ * on the node hung (docs/PERFORMANCE.md, session 10).  The suspect is the same queue sharing:
+ * 3 ranks' streams alone would fit, but queues are dealt out round-robin as streams are created,
+ * earlier communicators' included; not established. */
 #define STAGED_MAX_RANKS 2
 
 static size_t max_footprint(int nranks, case_t *cases) {

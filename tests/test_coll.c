@@ -2,7 +2,7 @@
  *
  * Every collective (allreduce, allgather, reduce_scatter, broadcast, reduce, and alltoall) x
  * algorithm (FLEXCOLL_ALGO=ring and =tree; reduce_scatter and alltoall are ring only; =exchange
- * for allreduce, 2 to 8 ranks) x datatype
+ * for all of them, 2 to 8 ranks) x datatype
  * (all 10) x op (all 5 where the collective reduces) x count {0, 1, 7} (and 1000003 for float32,
  * int8 and bfloat16 with sum/avg/max) x root {0, nranks-1} x in place / out of place, with 2, 3,
  * 4 and 8 ranks as forked processes, followed by flexcoll_send/recv patterns (ring shift, all
@@ -197,7 +197,6 @@ static int matrix_rank(hx_rank_t *r) {
   const matrix_t *m = r->arg;
   const int n = r->nranks;
   const int tree = r->algo && strcmp(r->algo, "tree") == 0;
-  const int exchange = r->algo && strcmp(r->algo, "exchange") == 0;
   const int no_big = getenv("FC_TEST_NO_BIG") && atoi(getenv("FC_TEST_NO_BIG"));
   coll_times_t ct;
   memset(&ct, 0, sizeof ct);
@@ -206,7 +205,6 @@ static int matrix_rank(hx_rank_t *r) {
   for (int c = 0; c < NCOLLS; c++) {
     if (!(m->colls & BIT(c))) continue;
     if (coll_ring_only(c) && tree) continue; /* FLEXCOLL_ALGO=tree would run the ring again */
-    if (exchange && c != C_ALLREDUCE) continue; /* the exchange is allreduce's alone */
     for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++) {
       for (int op = 0; op < FLEXCOLL_NUM_OPS; op++) {
         if (!coll_reduces(c) && op > 0) continue; /* one pass for allgather and broadcast */

@@ -91,7 +91,7 @@ int fc_algo_supports(fc_coll_t coll, fc_algo_t algo) {
   switch (algo) {
     case FC_ALGO_RING: return 1;
     case FC_ALGO_TREE: return coll != FC_COLL_REDUCE_SCATTER && coll != FC_COLL_ALLTOALL; /* no natural scatter */
-    case FC_ALGO_EXCHANGE: return coll == FC_COLL_ALLREDUCE;
+    case FC_ALGO_EXCHANGE: return 1;
     default: return 0;
   }
 }

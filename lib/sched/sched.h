@@ -10,7 +10,7 @@
 
 /* The algorithm for coll moving `bytes` (the largest buffer of the call) among nranks ranks.
  * FLEXCOLL_ALGO=ring|tree|exchange forces it where the collective has that algorithm (the exchange:
- * host memory only). */
+ * every collective, host memory only). */
 fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem);
 /* Whether a device collective of `bytes` (the largest buffer) goes direct (lib/gpu/direct.c):
  * allreduce, allgather and broadcast from FLEXCOLL_DIRECT_MIN_BYTES up (what the one-shot path

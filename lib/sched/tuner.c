@@ -21,9 +21,10 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
 /* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
  * transports (shared memory / TCP latency of a few microseconds per step). */
 #define TREE_MAX_BYTES_ALLREDUCE (64 << 10)
-/* Host allreduce up to this size and rank count: one round of messages (every rank sends its
- * input to every other) beats the ring's and the tree's several; docs/PERFORMANCE.md has the
- * measurement. */
+/* Host collectives (reduce aside) up to this size and rank count: one round of messages (each
+ * rank sends every peer what it needs) beats the ring's and the tree's several; a reduce's root
+ * would fold every input alone, where the tree shares the work.  docs/PERFORMANCE.md has the
+ * measurements. */
 #define EXCHANGE_MAX_BYTES (16 << 10)
 #define EXCHANGE_MAX_RANKS 8
 #define TREE_MAX_BYTES_ALLGATHER (16 << 10)
@@ -45,9 +46,10 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
    * staged device schedule has not run it. */
   if (forced >= 0 && fc_algo_supports(coll, (fc_algo_t)forced) && !(forced == FC_ALGO_EXCHANGE && mem == FC_MEM_DEVICE))
     return (fc_algo_t)forced;
+  if (mem != FC_MEM_DEVICE && coll != FC_COLL_REDUCE && nranks <= EXCHANGE_MAX_RANKS && bytes <= EXCHANGE_MAX_BYTES)
+    return FC_ALGO_EXCHANGE;
   switch (coll) {
     case FC_COLL_ALLREDUCE:
-      if (mem != FC_MEM_DEVICE && nranks <= EXCHANGE_MAX_RANKS && bytes <= EXCHANGE_MAX_BYTES) return FC_ALGO_EXCHANGE;
       return (nranks > 2 && bytes <= TREE_MAX_BYTES_ALLREDUCE) ? FC_ALGO_TREE : FC_ALGO_RING;
     case FC_COLL_ALLGATHER:
       return (nranks > 2 && bytes <= TREE_MAX_BYTES_ALLGATHER) ? FC_ALGO_TREE : FC_ALGO_RING;

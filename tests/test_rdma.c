@@ -730,6 +730,16 @@ static void fm_connect(fm_t *m, struct ibv_qp *qp, struct ibv_qp *to, int side, 
                    0);
 }
 
+/* A used queue pair back through RESET and INIT, then connected again toward `to`. */
+static void fm_reconnect(fm_t *m, struct ibv_qp *qp, struct ibv_qp *to, int side, int rnr_retry) {
+  struct ibv_qp_attr a;
+  memset(&a, 0, sizeof a);
+  a.qp_state = IBV_QPS_RESET;
+  ck_assert_int_eq(m->v->modify_qp(qp, &a, IBV_QP_STATE), 0);
+  ck_assert_int_eq(fm_init(m, qp), 0);
+  fm_connect(m, qp, to, side, rnr_retry);
+}
+
 /* A write of `len` bytes from side 0's buffer to side 1's at offset off; imm < 0: none. */
 static int fm_write(fm_t *m, struct ibv_qp *qp, uint64_t id, size_t off, uint32_t len, long imm, uint32_t lkey,
                     uint32_t rkey) {
@@ -834,10 +844,7 @@ START_TEST(test_fake_model) {
   ck_assert_int_eq(wc[0].status, IBV_WC_WR_FLUSH_ERR);
   ck_assert_uint_eq(wc[0].wr_id, 31);
   /* Out of range of the remote region: the same error. Back through RESET first. */
-  attr.qp_state = IBV_QPS_RESET;
-  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
-  ck_assert_int_eq(fm_init(&m, a), 0);
-  fm_connect(&m, a, b, 1, 7);
+  fm_reconnect(&m, a, b, 1, 7);
   {
     /* The local side in range, the remote one past its region's end. */
     struct ibv_sge sge = {.addr = (uintptr_t)m.buf[0], .length = 200, .lkey = m.mr[0]->lkey};
@@ -855,18 +862,12 @@ START_TEST(test_fake_model) {
   ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
   ck_assert_int_eq(wc[0].status, IBV_WC_REM_ACCESS_ERR);
   /* A wrong lkey: local protection error. */
-  attr.qp_state = IBV_QPS_RESET;
-  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
-  ck_assert_int_eq(fm_init(&m, a), 0);
-  fm_connect(&m, a, b, 1, 7);
+  fm_reconnect(&m, a, b, 1, 7);
   ck_assert_int_eq(fm_write(&m, a, 33, 0, 8, -1, m.mr[0]->lkey + 7, m.mr[1]->rkey), 0);
   ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
   ck_assert_int_eq(wc[0].status, IBV_WC_LOC_PROT_ERR);
   /* RNR with rnr_retry 0: the retries run out. */
-  attr.qp_state = IBV_QPS_RESET;
-  ck_assert_int_eq(m.v->modify_qp(a, &attr, IBV_QP_STATE), 0);
-  ck_assert_int_eq(fm_init(&m, a), 0);
-  fm_connect(&m, a, b, 1, 0);
+  fm_reconnect(&m, a, b, 1, 0);
   ck_assert_int_eq(fm_write(&m, a, 34, 0, 8, 5, m.mr[0]->lkey, m.mr[1]->rkey), 0);
   ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
   ck_assert_int_eq(wc[0].status, IBV_WC_RNR_RETRY_EXC_ERR);

@@ -537,10 +537,8 @@ static void bad_calls(rank_t *r, flexcoll_moe_t m, const moe_case_t *c, int T, v
          "combine out = expert_out");
 }
 
-static void run_case(rank_t *r, const moe_case_t *c) {
-  const int n = g_nranks, me = r->rank;
-  const size_t row = (size_t)c->hidden * esize_of(c->dtype), rows = (size_t)n * c->max_tokens;
-  const int floats = c->dtype != FLEXCOLL_INT8, mode = mode_of(c);
+/* The moe configuration of case c for n ranks. */
+static flexcoll_moe_config_t case_config(const moe_case_t *c, int n) {
   flexcoll_moe_config_t cfg = FLEXCOLL_MOE_CONFIG_INITIALIZER;
   cfg.max_tokens = c->max_tokens;
   cfg.hidden = c->hidden;
@@ -548,19 +546,55 @@ static void run_case(rank_t *r, const moe_case_t *c) {
   cfg.top_k = c->top_k;
   cfg.num_experts = c->experts_per_rank * n;
   cfg.sync = c->sync;
+  return cfg;
+}
+
+/* A rank's device buffers for case c: its tokens, expert ids and weights (max_tokens rows), the
+ * expert outputs in the receive buffer's rank-major layout, and the combined output. */
+typedef struct {
+  char *tok, *eout, *out;
+  int *ids;
+  float *w;
+} case_dev_t;
+
+static void case_dev_alloc(rank_t *r, const moe_case_t *c, int n, case_dev_t *d) {
+  const size_t row = (size_t)c->hidden * esize_of(c->dtype), rows = (size_t)n * c->max_tokens;
+  memset(d, 0, sizeof *d);
+  CK(r, cudaMalloc((void **)&d->tok, (size_t)c->max_tokens * row));
+  CK(r, cudaMalloc((void **)&d->ids, (size_t)c->max_tokens * c->top_k * sizeof(int)));
+  CK(r, cudaMalloc((void **)&d->w, (size_t)c->max_tokens * c->top_k * sizeof(float)));
+  CK(r, cudaMalloc((void **)&d->eout, rows * row));
+  CK(r, cudaMalloc((void **)&d->out, (size_t)c->max_tokens * row));
+}
+
+/* This rank's inputs of a call into its device buffers. */
+static void case_dev_upload(rank_t *r, const moe_case_t *c, const inputs_t *in, case_dev_t *d) {
+  const size_t row = (size_t)c->hidden * esize_of(c->dtype);
+  hcopy(r, d->tok, in->tokens, (size_t)c->max_tokens * row, cudaMemcpyHostToDevice);
+  hcopy(r, d->ids, in->ids, (size_t)c->max_tokens * c->top_k * sizeof(int), cudaMemcpyHostToDevice);
+  hcopy(r, d->w, in->w, (size_t)c->max_tokens * c->top_k * sizeof(float), cudaMemcpyHostToDevice);
+}
+
+static void case_dev_free(case_dev_t *d) {
+  cudaFree(d->tok);
+  cudaFree(d->ids);
+  cudaFree(d->w);
+  cudaFree(d->eout);
+  cudaFree(d->out);
+}
+
+static void run_case(rank_t *r, const moe_case_t *c) {
+  const int n = g_nranks, me = r->rank;
+  const size_t row = (size_t)c->hidden * esize_of(c->dtype), rows = (size_t)n * c->max_tokens;
+  const int floats = c->dtype != FLEXCOLL_INT8, mode = mode_of(c);
+  const flexcoll_moe_config_t cfg = case_config(c, n);
   flexcoll_moe_t m = NULL;
   flexcoll_result_t res = flexcoll_moe_create(r->comm, &cfg, &m);
   if (res != FLEXCOLL_SUCCESS) FAIL(me, "moe_create: %s", flexcoll_get_last_error(NULL));
   inputs_t all[MAX_RANKS];
   for (int s = 0; s < n; s++) alloc_inputs(c, &all[s]);
-  char *tok_dev = NULL, *eout_dev = NULL, *out_dev = NULL;
-  int *ids_dev = NULL;
-  float *w_dev = NULL;
-  CK(r, cudaMalloc((void **)&tok_dev, (size_t)c->max_tokens * row));
-  CK(r, cudaMalloc((void **)&ids_dev, (size_t)c->max_tokens * c->top_k * sizeof(int)));
-  CK(r, cudaMalloc((void **)&w_dev, (size_t)c->max_tokens * c->top_k * sizeof(float)));
-  CK(r, cudaMalloc((void **)&eout_dev, rows * row));
-  CK(r, cudaMalloc((void **)&out_dev, (size_t)c->max_tokens * row));
+  case_dev_t d;
+  case_dev_alloc(r, c, n, &d);
   int *counts = pmalloc((size_t)n * sizeof(int));
   int *meta = pmalloc(rows * sizeof(int));
   char *recv = pmalloc(rows * row), *eout = pmalloc(rows * row), *out = pmalloc((size_t)c->max_tokens * row);
@@ -574,12 +608,10 @@ static void run_case(rank_t *r, const moe_case_t *c) {
       snprintf(what, sizeof what, "N=%d %s %s rep %d", n, c->name, route_names[route], rep);
       for (int s = 0; s < n; s++) gen_inputs(c, n, s, route, call, &all[s]);
       inputs_t *in = &all[me];
-      hcopy(r, tok_dev, in->tokens, (size_t)c->max_tokens * row, cudaMemcpyHostToDevice);
-      hcopy(r, ids_dev, in->ids, (size_t)c->max_tokens * c->top_k * sizeof(int), cudaMemcpyHostToDevice);
-      hcopy(r, w_dev, in->w, (size_t)c->max_tokens * c->top_k * sizeof(float), cudaMemcpyHostToDevice);
+      case_dev_upload(r, c, in, &d);
       void *recv_dev = NULL;
       int *counts_dev = NULL, *meta_dev = NULL;
-      res = flexcoll_moe_dispatch(m, tok_dev, ids_dev, in->T, &recv_dev, &counts_dev, &meta_dev, r->s);
+      res = flexcoll_moe_dispatch(m, d.tok, d.ids, in->T, &recv_dev, &counts_dev, &meta_dev, r->s);
       if (res != FLEXCOLL_SUCCESS) {
         FAIL(me, "%s: dispatch: %s", what, flexcoll_get_last_error(NULL));
         goto done;
@@ -592,7 +624,7 @@ static void run_case(rank_t *r, const moe_case_t *c) {
       flexcoll_comm_get_async_error(r->comm, &async);
       if (async != FLEXCOLL_SUCCESS) FAIL(me, "%s: async error %s after dispatch", what, flexcoll_get_error_string(async));
       check_dispatch(r, c, mode >= 0, mode == 1, all, counts, meta, recv, what);
-      if (route == R_RANDOM && rep == 0) bad_calls(r, m, c, in->T, tok_dev, ids_dev, eout_dev, w_dev, out_dev);
+      if (route == R_RANDOM && rep == 0) bad_calls(r, m, c, in->T, d.tok, d.ids, d.eout, d.w, d.out);
       if (floats) {
         /* The experts: received rows * 0.5 + (rank + 1); the rest of the buffer poisoned. */
         memset(eout, 0xff, rows * row);
@@ -601,14 +633,14 @@ static void run_case(rank_t *r, const moe_case_t *c) {
             const size_t at = ((size_t)s * c->max_tokens + i) * row;
             expert_row(c, me, recv + at, eout + at);
           }
-        hcopy(r, eout_dev, eout, rows * row, cudaMemcpyHostToDevice);
-        CK(r, cudaMemsetAsync(out_dev, 0x5a, (size_t)c->max_tokens * row, r->s));
-        res = flexcoll_moe_combine(m, eout_dev, w_dev, out_dev, r->s);
+        hcopy(r, d.eout, eout, rows * row, cudaMemcpyHostToDevice);
+        CK(r, cudaMemsetAsync(d.out, 0x5a, (size_t)c->max_tokens * row, r->s));
+        res = flexcoll_moe_combine(m, d.eout, d.w, d.out, r->s);
         if (res != FLEXCOLL_SUCCESS) {
           FAIL(me, "%s: combine: %s", what, flexcoll_get_last_error(NULL));
           goto done;
         }
-        hcopy(r, out, out_dev, (size_t)c->max_tokens * row, cudaMemcpyDeviceToHost);
+        hcopy(r, out, d.out, (size_t)c->max_tokens * row, cudaMemcpyDeviceToHost);
         CK(r, cudaStreamSynchronize(r->s));
         flexcoll_comm_get_async_error(r->comm, &async);
         if (async != FLEXCOLL_SUCCESS) FAIL(me, "%s: async error %s after combine", what, flexcoll_get_error_string(async));
@@ -625,7 +657,7 @@ static void run_case(rank_t *r, const moe_case_t *c) {
     }
   if (floats) {
     /* The same moe after a combine that was refused: the state is unchanged. */
-    expect(me, r->comm, flexcoll_moe_combine(m, eout_dev, w_dev, out_dev, r->s), FLEXCOLL_INVALID_USAGE, "dispatch",
+    expect(me, r->comm, flexcoll_moe_combine(m, d.eout, d.w, d.out, r->s), FLEXCOLL_INVALID_USAGE, "dispatch",
            "combine without a dispatch");
   }
 done:
@@ -635,11 +667,7 @@ done:
   if (m) expect(me, r->comm, flexcoll_moe_dispatch(m, NULL, NULL, 0, NULL, NULL, NULL, r->s), FLEXCOLL_INVALID_ARGUMENT,
                 "live", "dispatch on a destroyed moe");
   pthread_barrier_wait(&g_barrier); /* no kernel of any rank runs while memory is freed */
-  cudaFree(tok_dev);
-  cudaFree(ids_dev);
-  cudaFree(w_dev);
-  cudaFree(eout_dev);
-  cudaFree(out_dev);
+  case_dev_free(&d);
   for (int s = 0; s < n; s++) free_inputs(&all[s]);
   cudaFreeHost(counts);
   cudaFreeHost(meta);
@@ -655,25 +683,13 @@ static void run_graph(rank_t *r, const moe_case_t *c, int replays) {
   const int n = g_nranks, me = r->rank;
   const size_t row = (size_t)c->hidden * esize_of(c->dtype), rows = (size_t)n * c->max_tokens;
   const int T = c->max_tokens / 2 + 1;
-  flexcoll_moe_config_t cfg = FLEXCOLL_MOE_CONFIG_INITIALIZER;
-  cfg.max_tokens = c->max_tokens;
-  cfg.hidden = c->hidden;
-  cfg.dtype = c->dtype;
-  cfg.top_k = c->top_k;
-  cfg.num_experts = c->experts_per_rank * n;
-  cfg.sync = c->sync;
+  const flexcoll_moe_config_t cfg = case_config(c, n);
   flexcoll_moe_t m = NULL;
   if (flexcoll_moe_create(r->comm, &cfg, &m) != FLEXCOLL_SUCCESS) FAIL(me, "graph moe_create: %s", flexcoll_get_last_error(NULL));
   inputs_t all[MAX_RANKS];
   for (int s = 0; s < n; s++) alloc_inputs(c, &all[s]);
-  char *tok_dev = NULL, *eout_dev = NULL, *out_dev = NULL;
-  int *ids_dev = NULL;
-  float *w_dev = NULL;
-  CK(r, cudaMalloc((void **)&tok_dev, (size_t)c->max_tokens * row));
-  CK(r, cudaMalloc((void **)&ids_dev, (size_t)c->max_tokens * c->top_k * sizeof(int)));
-  CK(r, cudaMalloc((void **)&w_dev, (size_t)c->max_tokens * c->top_k * sizeof(float)));
-  CK(r, cudaMalloc((void **)&eout_dev, rows * row));
-  CK(r, cudaMalloc((void **)&out_dev, (size_t)c->max_tokens * row));
+  case_dev_t d;
+  case_dev_alloc(r, c, n, &d);
   int *counts = NULL; /* pinned: a captured copy cannot take pageable memory */
   char *out = NULL;
   CK(r, cudaMallocHost((void **)&counts, (size_t)n * sizeof(int)));
@@ -685,12 +701,12 @@ static void run_graph(rank_t *r, const moe_case_t *c, int replays) {
     void *recv_dev = NULL;
     int *counts_dev = NULL;
     CK(r, cudaStreamBeginCapture(r->s, cudaStreamCaptureModeThreadLocal));
-    flexcoll_result_t r1 = flexcoll_moe_dispatch(m, tok_dev, ids_dev, T, &recv_dev, &counts_dev, NULL, r->s);
-    if (r1 == FLEXCOLL_SUCCESS) CK(r, cudaMemcpyAsync(eout_dev, recv_dev, rows * row, cudaMemcpyDeviceToDevice, r->s));
-    flexcoll_result_t r2 = r1 == FLEXCOLL_SUCCESS ? flexcoll_moe_combine(m, eout_dev, w_dev, out_dev, r->s) : r1;
+    flexcoll_result_t r1 = flexcoll_moe_dispatch(m, d.tok, d.ids, T, &recv_dev, &counts_dev, NULL, r->s);
+    if (r1 == FLEXCOLL_SUCCESS) CK(r, cudaMemcpyAsync(d.eout, recv_dev, rows * row, cudaMemcpyDeviceToDevice, r->s));
+    flexcoll_result_t r2 = r1 == FLEXCOLL_SUCCESS ? flexcoll_moe_combine(m, d.eout, d.w, d.out, r->s) : r1;
     if (r1 == FLEXCOLL_SUCCESS && counts_dev)
       CK(r, cudaMemcpyAsync(counts, counts_dev, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost, r->s));
-    CK(r, cudaMemcpyAsync(out, out_dev, (size_t)c->max_tokens * row, cudaMemcpyDeviceToHost, r->s));
+    CK(r, cudaMemcpyAsync(out, d.out, (size_t)c->max_tokens * row, cudaMemcpyDeviceToHost, r->s));
     CK(r, cudaStreamEndCapture(r->s, &graph));
     if (r1 != FLEXCOLL_SUCCESS || r2 != FLEXCOLL_SUCCESS) FAIL(me, "captured calls: %s", flexcoll_get_last_error(NULL));
     if (graph) CK(r, cudaGraphInstantiate(&exec, graph, 0));
@@ -704,9 +720,7 @@ static void run_graph(rank_t *r, const moe_case_t *c, int replays) {
       all[s].T = T; /* baked into the graph */
     }
     inputs_t *in = &all[me];
-    hcopy(r, tok_dev, in->tokens, (size_t)c->max_tokens * row, cudaMemcpyHostToDevice);
-    hcopy(r, ids_dev, in->ids, (size_t)c->max_tokens * c->top_k * sizeof(int), cudaMemcpyHostToDevice);
-    hcopy(r, w_dev, in->w, (size_t)c->max_tokens * c->top_k * sizeof(float), cudaMemcpyHostToDevice);
+    case_dev_upload(r, c, in, &d);
     CK(r, cudaGraphLaunch(exec, r->s));
     CK(r, cudaStreamSynchronize(r->s));
     const int before = g_failures;
@@ -733,11 +747,7 @@ static void run_graph(rank_t *r, const moe_case_t *c, int replays) {
   pthread_barrier_wait(&g_barrier);
   if (exec) cudaGraphExecDestroy(exec);
   if (graph) cudaGraphDestroy(graph);
-  cudaFree(tok_dev);
-  cudaFree(ids_dev);
-  cudaFree(w_dev);
-  cudaFree(eout_dev);
-  cudaFree(out_dev);
+  case_dev_free(&d);
   for (int s = 0; s < n; s++) free_inputs(&all[s]);
   cudaFreeHost(counts);
   cudaFreeHost(out);

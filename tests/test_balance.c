@@ -545,6 +545,85 @@ START_TEST(test_stage2_keeps_large_operations_only) {
 }
 END_TEST
 
+/* Stage 2 of the ring kernels' two device lanes (nvlink, pcie) as lib/gpu/pcie.c drives the shared
+ * rule: each of 4 ranks keeps its own copy of the models and times every call's lanes itself (the
+ * times differ a little from rank to rank), and every FC_STAGE2_EVERY calls the ranks' sums go
+ * through fc_stage2_sum and fc_stage2_update.  Every rank must split every call alike, bit for
+ * bit; the pcie lane, calibrated far too slow, must be found by a probe and settle at its true
+ * proportion; when it slows 50x it must lose most of its share, and regain it after. */
+enum { LANE_RANKS = 4 };
+typedef struct {
+  fc_link_model_t model[2];
+  int idle[2], probe[2];
+  double meas[3 * 2]; /* per lane: parts, bytes, us */
+} lane_rank_t;
+
+/* `calls` calls of a `chunk`-byte ring chunk; the pcie lane's true bandwidth divided by slow.
+ * Returns the pcie share of the last call (the same on every rank, checked). */
+static double lanes_run(lane_rank_t *r, const fc_link_model_t *truth, double slow, size_t chunk, int calls, int *probes) {
+  static const double floor[2] = {0, 64 << 10};
+  double share = 0;
+  for (int c = 0; c < calls; c++) {
+    size_t shares[LANE_RANKS][2];
+    for (int q = 0; q < LANE_RANKS; q++) {
+      ck_assert_int_eq(fc_stage2_split(r[q].model, r[q].probe, 2, chunk, 16, shares[q]), FLEXCOLL_SUCCESS);
+      ck_assert_uint_eq(shares[q][0] + shares[q][1], chunk);
+      ck_assert_msg(shares[q][1] == shares[0][1], "call %d: rank %d puts %zu bytes on pcie, rank 0 %zu", c, q,
+                    shares[q][1], shares[0][1]);
+      *probes += r[q].probe[1] && q == 0;
+      for (int L = 0; L < 2; L++) {
+        if (!shares[q][L]) continue;
+        const double beta = truth[L].beta / (L == 1 ? slow : 1), bytes = 3.0 * (double)shares[q][L];
+        r[q].meas[3 * L] += 1;
+        r[q].meas[3 * L + 1] += bytes;
+        r[q].meas[3 * L + 2] += (truth[L].alpha_us + bytes / beta) * (1 + 0.003 * q);
+      }
+    }
+    share = (double)shares[0][1] / (double)chunk;
+    if ((c + 1) % FC_STAGE2_EVERY) continue;
+    double all[LANE_RANKS * 6];
+    for (int q = 0; q < LANE_RANKS; q++) {
+      memcpy(all + 6 * q, r[q].meas, sizeof r[q].meas);
+      memset(r[q].meas, 0, sizeof r[q].meas);
+    }
+    for (int q = 0; q < LANE_RANKS; q++) {
+      double parts[2], bytes[2], us[2];
+      fc_stage2_sum(all, LANE_RANKS, 2, parts, bytes, us);
+      fc_stage2_update(r[q].model, r[q].idle, r[q].probe, floor, 2, parts, bytes, us);
+      ck_assert(same_models(r[q].model, r[0].model, 2));
+      ck_assert(r[q].model[1].min_bytes >= floor[1]);
+    }
+  }
+  return share;
+}
+
+START_TEST(test_lanes_stage2) {
+  /* Per rank: the model's bytes are what a lane pushed in a call, here three chunk messages. */
+  const fc_link_model_t truth[2] = {{.alpha_us = 8, .beta = 400000, .port = -1}, {.alpha_us = 15, .beta = 25000, .port = -1}};
+  lane_rank_t r[LANE_RANKS];
+  memset(r, 0, sizeof r);
+  for (int q = 0; q < LANE_RANKS; q++) {
+    r[q].model[0] = model(8, 400000, 0, -1);
+    r[q].model[1] = model(15, 25, 64 << 10, -1); /* a calibration 1000x too low: no share at first */
+  }
+  const size_t chunk = 64u << 20;
+  int probes = 0;
+  size_t first[2];
+  ck_assert_int_eq(fc_stage2_split(r[0].model, NULL, 2, chunk, 16, first), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(first[1], 0);
+  const double fair = 25000.0 / 425000.0;
+  const double settled = lanes_run(r, truth, 1, chunk, 120, &probes);
+  ck_assert_msg(probes > 0, "the idle pcie lane never got a probe share");
+  ck_assert_msg(settled > fair * 0.9 && settled < fair * 1.1, "pcie settled at %.4f, its true proportion is %.4f", settled,
+                fair);
+  probes = 0;
+  const double slow = lanes_run(r, truth, 50, chunk, 40, &probes);
+  ck_assert_msg(slow < fair / 10, "pcie 50x slower kept a share of %.4f (was %.4f)", slow, settled);
+  const double back = lanes_run(r, truth, 1, chunk, 120, &probes);
+  ck_assert_msg(back > fair * 0.9 && back < fair * 1.1, "pcie recovered to %.4f, its true proportion is %.4f", back, fair);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("balance");
   TCase *tc = tcase_create("balance");
@@ -564,6 +643,7 @@ int main(void) {
   tcase_add_test(tm, test_cache_refuses_bad_files);
   tcase_add_test(tm, test_cache_dir);
   tcase_add_test(tm, test_stage2_keeps_large_operations_only);
+  tcase_add_test(tm, test_lanes_stage2);
   suite_add_tcase(s, tm);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_ENV);

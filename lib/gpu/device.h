@@ -84,6 +84,17 @@ typedef struct {
   fc_link_model_t model[2];/* nvlink, pcie: identical on every rank */
   unsigned long long sent[2]; /* bytes this rank pushed to the next one on each lane */
   double share[2];         /* of the last ring call's bytes */
+  /* Stage 2 of the lanes (pcie.c): ring calls of at least stage2_bytes (count x type size) are
+   * timed by the kernel (fc_lane_record_t); adapt: their times move the models (the split is the
+   * balancer's), exchanged every FC_STAGE2_EVERY such calls. */
+  int adapt;
+  size_t stage2_bytes;     /* 0: no call is timed */
+  unsigned long long issued, seen; /* timed calls launched; records taken or lost */
+  unsigned large_calls;    /* large ring calls so far, captured ones too: the same on every rank */
+  double meas_parts[2], meas_bytes[2], meas_us[2]; /* since the last exchange */
+  double throttle[2];      /* tests: measured times are multiplied by it (0: 1) */
+  int idle[2], probe[2];
+  double busy_us[2];       /* the timed calls' lane times, summed (statistics) */
 } fc_pcie_t;
 
 struct fc_gpu {
@@ -119,6 +130,10 @@ struct fc_gpu {
   size_t ring_off, ring_bytes, ring_ctr_off;
   unsigned ring_blocks, ring_subslots;
   fc_pcie_t pcie;              /* their second lane, through host memory (pcie.c) */
+  /* The ring kernels' clock (device memory) and record ring (host-mapped; the device's view of
+   * it), kernels.h: stage 2 of the lanes. */
+  fc_lane_clock_t *lane_clk;
+  fc_lane_record_t *lane_rec, *lane_rec_dev;
   /* The point-to-point kernel (lib/kernels/p2p.cu): counters before the slots, the area (one
    * region per sender) after the ring area, the pair counts and the peers' pointers on the
    * device, its grid. */
@@ -162,6 +177,15 @@ struct fc_gpu {
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g);
 void fc_pcie_close(struct fc_gpu *g);
 size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk);
+/* Stage 2 of the lanes around a ring call of `bytes` (count x type size) whose split is already in
+ * a->pc_chunk_bytes: before the launch, take the records of timed calls that have finished (never
+ * waiting for one) and, for a large eager call, have the kernel time this one (a's clock fields;
+ * pushes: the chunk messages this rank sends, 0 at a chain's end); after the launch, count a
+ * large call (captured ones too: every rank counts alike) and every FC_STAGE2_EVERY of them
+ * exchange the measurements over the bootstrap and re-balance (collective).  Returns whether the
+ * call is large. */
+int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes, int capturing, fc_ring_args_t *a);
+flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *g, int large);
 /* The ring kernels' arguments of this communicator, without a pcie share (exec.c). */
 void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a);
 

@@ -332,15 +332,25 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
   fc_ring_args_t a;
   fc_gpu_ring_args(x->comm, g, &a);
   const size_t bytes = args->count * x->esize;
-  /* The split is a function of the size and the shared models: the same on every rank. */
-  a.pc_chunk_bytes = fc_pcie_split(g, fc_ring_chunk_bytes(coll, bytes, args->nranks));
+  const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
+  /* The split is a function of the size and the shared models (which stage 2 changes only at
+   * an exchange, on every rank at the same call): the same on every rank. */
+  a.pc_chunk_bytes = fc_pcie_split(g, chunk);
   if (a.pc_chunk_bytes) FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: pcie carries %zu bytes of each ring chunk",
                                  fc_coll_name(args->coll), bytes, a.pc_chunk_bytes);
+  const int large = fc_pcie_before_ring(g, bytes, chunk, fc_ring_pushes(coll, args->rank, args->nranks, args->root),
+                                        x->capturing, &a);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   FC_CHECK(kernel_order_before(x, stream));
-  CUDA_TRY(x->comm, fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream));
+  const int e = fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream);
+  if (e) {
+    if (a.clk) g->pcie.issued--; /* no record will come for it */
+    return fc_error(x->comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "fc_kernel_ring_collective failed: %s",
+                    cudaGetErrorString((cudaError_t)e));
+  }
   count_ring_bytes(g, coll, args, bytes, a.pc_chunk_bytes);
-  return kernel_order_after(x, stream);
+  FC_CHECK(kernel_order_after(x, stream));
+  return fc_pcie_after_ring(x->comm, g, large);
 }
 
 /* Whether the alltoall kernel takes this call: as ring_takes (FLEXCOLL_RING_KERNEL switches both

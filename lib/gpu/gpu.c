@@ -222,7 +222,13 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   CUDA_CHECK(comm, cudaMemsetAsync(g->p2p_base, 0, base_bytes, g->util_stream));
   CUDA_CHECK(comm, cudaMalloc((void **)&g->p2p_peer_area, (size_t)comm->nranks * sizeof(char *)));
   CUDA_CHECK(comm, cudaMalloc((void **)&g->p2p_peer_ctr, (size_t)comm->nranks * sizeof(uint64_t *)));
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->lane_clk, sizeof *g->lane_clk));
+  CUDA_CHECK(comm, cudaMemsetAsync(g->lane_clk, 0, sizeof *g->lane_clk, g->util_stream));
   CUDA_CHECK(comm, cudaStreamSynchronize(g->util_stream));
+  CUDA_CHECK(comm, cudaHostAlloc((void **)&g->lane_rec, FC_LANE_RECORDS * sizeof *g->lane_rec,
+                                 cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(g->lane_rec, 0, FC_LANE_RECORDS * sizeof *g->lane_rec);
+  CUDA_CHECK(comm, cudaHostGetDevicePointer((void **)&g->lane_rec_dev, g->lane_rec, 0));
   CUDA_CHECK(comm, cudaHostAlloc((void **)&g->error_host, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
   *g->error_host = 0;
   CUDA_CHECK(comm, cudaHostGetDevicePointer((void **)&g->error_dev, g->error_host, 0));
@@ -503,6 +509,8 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   cudaFree(g->p2p_peer_area);
   cudaFree(g->p2p_peer_ctr);
   cudaFree(g->dev_scratch);
+  cudaFree(g->lane_clk);
+  cudaFreeHost(g->lane_rec);
   cudaFreeHost(g->error_host);
   cudaGetLastError();
   free(g->peers);
@@ -599,6 +607,13 @@ const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream
 }
 int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max) {
   (void)comm; (void)stats; (void)max;
+  return 0;
+}
+void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, double factor) {
+  (void)comm; (void)name; (void)factor;
+}
+int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, size_t *pc) {
+  (void)comm; (void)chunk; (void)beta; (void)pc;
   return 0;
 }
 /* Communicators of a build without CUDA are host-only: api.c refuses windows before these. */

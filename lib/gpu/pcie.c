@@ -13,7 +13,15 @@
  * The split of a chunk between the lanes comes from two cost models (nvlink, pcie), calibrated
  * at creation by timing the ring kernel on each lane alone, averaged over the ranks (every rank
  * splits alike), cached on disk by the topology; FLEXCOLL_LINK_SHARES fixes it instead, and
- * FLEXCOLL_LINKS=pcie (without nvlink) sends every ring call through host memory whole. */
+ * FLEXCOLL_LINKS=pcie (without nvlink) sends every ring call through host memory whole.
+ *
+ * Stage 2: ring calls of at least FLEXCOLL_LANE_STAGE2_BYTES are timed by the kernel itself (each
+ * lane's span on the device clock, published in a host-mapped record once the kernel is done:
+ * kernels.h, fc_lane_record_t); before every ring call the host takes the records that are
+ * there, without waiting; every FC_STAGE2_EVERY large calls the ranks exchange their sums over
+ * the bootstrap and apply lib/sched's stage-2 rule to the shared models, so the split changes on
+ * every rank at the same call.  A captured call keeps the split of its capture in the graph and
+ * is not timed. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -26,6 +34,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
@@ -38,6 +47,12 @@
 
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
 FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 16)
+/* Ring calls from this size (count x type size) are timed and, every few, exchanged: a bootstrap
+ * round trip on the host per exchange, so only calls long against it (0: none). */
+FC_PARAM_INT(lane_stage2_bytes, "LANE_STAGE2_BYTES", 16 << 20)
+/* The pcie lane's smallest share per chunk (the model's min_bytes, kept through stage 2): one
+ * pcie block's part (ring.cu, FC_RING_MIN_PART); less would leave its block mostly flag waits. */
+#define FC_PCIE_MIN_SHARE (64u << 10)
 
 /* Whether FLEXCOLL_LINKS (unset: every link) names `name`. */
 static int links_name(const char *name) {
@@ -202,7 +217,7 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
       y[k] = time_lane(comm, g, lane, sizes[k], buf);
       ok = y[k] > 0;
     }
-    m[lane] = (fc_link_model_t){.alpha_us = 0, .beta = 0, .min_bytes = lane ? 64 << 10 : 0, .port = -1};
+    m[lane] = (fc_link_model_t){.alpha_us = 0, .beta = 0, .min_bytes = lane ? FC_PCIE_MIN_SHARE : 0, .port = -1};
     if (ok) ok = fc_cost_fit(&m[lane], x, y, 2) == FLEXCOLL_SUCCESS;
   }
   cudaGetLastError();
@@ -256,6 +271,9 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
   memset(p, 0, sizeof *p);
+  /* The NVLink lane's calls are timed for the statistics even where the pcie lane is off. */
+  const int64_t s2 = fc_param_lane_stage2_bytes();
+  p->stage2_bytes = s2 > 0 ? (size_t)s2 : 0;
   const int n = comm->nranks, next = (comm->rank + 1) % n, prev = (comm->rank + n - 1) % n;
   char why[256] = "";
   int64_t area = fc_param_pcie_area_bytes(), blocks = fc_param_pcie_blocks();
@@ -303,6 +321,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   p->only = links_name("pcie") && !links_name("nvlink");
   p->fixed = fixed_fraction();
   if (!p->only && p->fixed < 0) FC_CHECK(seed_models(comm, g));
+  /* seed_models may have turned the link off (a failed calibration). */
+  p->adapt = p->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0;
   if (p->on)
     FC_INFO(FC_SUB_SCHED, "rank %d: pcie link on: %zu KiB host ring area per rank, up to %u blocks, %s", comm->rank,
             p->area_bytes >> 10, p->blocks,
@@ -321,11 +341,100 @@ size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk) {
     pc = (size_t)((double)chunk * p->fixed);
   } else {
     size_t shares[2] = {0, 0};
-    if (fc_balance(p->model, NULL, 2, chunk, 16, shares, NULL) != FLEXCOLL_SUCCESS) return 0;
+    if (fc_stage2_split(p->model, p->probe, 2, chunk, 16, shares) != FLEXCOLL_SUCCESS) return 0;
     pc = shares[1];
   }
   if (pc >= chunk) return chunk;
   return pc / 16 * 16;
+}
+
+/* ---- stage 2 ------------------------------------------------------------------------------- */
+
+/* The records of timed calls whose kernels have finished, in call order, into the measurements;
+ * stops at the first one not yet published.  A record is read between two loads of its call
+ * number: a kernel that overwrote it meanwhile (the host fell FC_LANE_RECORDS calls behind) makes
+ * the two differ, and that call is skipped, as is one already overwritten. */
+static void take_records(fc_pcie_t *p, const struct fc_gpu *g) {
+  while (p->seen < p->issued) {
+    const unsigned long long want = p->seen + 1;
+    const fc_lane_record_t *r = &g->lane_rec[want % FC_LANE_RECORDS];
+    const unsigned long long c = __atomic_load_n(&r->call, __ATOMIC_ACQUIRE);
+    if (c < want) return; /* still running (or queued) */
+    p->seen = want;
+    if (c != want) continue; /* overwritten by a later call */
+    unsigned long long ns[2], bytes[2];
+    for (int L = 0; L < 2; L++) {
+      ns[L] = __atomic_load_n(&r->ns[L], __ATOMIC_RELAXED);
+      bytes[L] = __atomic_load_n(&r->bytes[L], __ATOMIC_RELAXED);
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&r->call, __ATOMIC_RELAXED) != want) continue;
+    for (int L = 0; L < 2; L++) {
+      if (!ns[L] || !bytes[L]) continue;
+      const double us = (double)ns[L] / 1e3;
+      p->busy_us[L] += us;
+      p->meas_parts[L] += 1;
+      p->meas_bytes[L] += (double)bytes[L];
+      p->meas_us[L] += p->throttle[L] > 0 ? us * p->throttle[L] : us;
+    }
+  }
+}
+
+int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes, int capturing, fc_ring_args_t *a) {
+  fc_pcie_t *p = &g->pcie;
+  take_records(p, g);
+  const int large = p->stage2_bytes && bytes >= p->stage2_bytes;
+  if (!large || capturing || !g->lane_clk) return large;
+  /* A chain's last rank pushes nothing but still moves each chunk once (it receives it). */
+  const unsigned long long msgs = pushes > 0 ? (unsigned long long)pushes : 1;
+  const size_t pc = a->pc_chunk_bytes < chunk ? a->pc_chunk_bytes : chunk;
+  a->clk = g->lane_clk;
+  a->rec = g->lane_rec_dev;
+  a->call = ++p->issued;
+  a->lane_bytes[0] = msgs * (chunk - pc);
+  a->lane_bytes[1] = msgs * pc;
+  return large;
+}
+
+static double wall_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *g, int large) {
+  fc_pcie_t *p = &g->pcie;
+  if (!large || !p->adapt) return FLEXCOLL_SUCCESS;
+  if (++p->large_calls % FC_STAGE2_EVERY) return FLEXCOLL_SUCCESS;
+  double parts[2], bytes[2], us[2];
+  FC_CHECK(fc_stage2_exchange(comm, 2, p->meas_parts, p->meas_bytes, p->meas_us, parts, bytes, us));
+  static const double floor[2] = {0, FC_PCIE_MIN_SHARE};
+  fc_stage2_update(p->model, p->idle, p->probe, floor, 2, parts, bytes, us);
+  /* A reference chunk to show the split at: the size class the exchange was about. */
+  const size_t ref = 64u << 20;
+  FC_INFO(FC_SUB_SCHED,
+          "rank %d: ring lanes stage 2 at large call %u (wall %.3f s): nvlink %.0f calls %.1f us %.0f MB/s, pcie %.0f "
+          "calls %.1f us %.0f MB/s; pcie share of a 64 MiB chunk %.4f%s",
+          comm->rank, p->large_calls, wall_s(), parts[0], parts[0] > 0 ? us[0] / parts[0] : 0.0, p->model[0].beta,
+          parts[1], parts[1] > 0 ? us[1] / parts[1] : 0.0, p->model[1].beta, (double)fc_pcie_split(g, ref) / (double)ref,
+          p->probe[1] ? " (probe next)" : p->probe[0] ? " (nvlink probe next)" : "");
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, double factor) {
+  struct fc_gpu *g = comm->gpu;
+  if (!g) return;
+  if (!strcmp(name, "nvlink")) g->pcie.throttle[0] = factor;
+  if (!strcmp(name, "pcie")) g->pcie.throttle[1] = factor;
+}
+
+int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, size_t *pc) {
+  const struct fc_gpu *g = comm->gpu;
+  if (!g || !g->pcie.adapt) return 0;
+  beta[0] = g->pcie.model[0].beta;
+  beta[1] = g->pcie.model[1].beta;
+  *pc = fc_pcie_split(g, chunk);
+  return 1;
 }
 
 int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max) {
@@ -339,6 +448,7 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
     snprintf(s->name, sizeof s->name, "%s", names[L]);
     s->peer = (comm->rank + 1) % comm->nranks;
     s->bytes = g->pcie.sent[L];
+    s->busy_us = g->pcie.busy_us[L];
     s->share = g->pcie.share[L];
   }
   return nlanes;

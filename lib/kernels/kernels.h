@@ -165,6 +165,26 @@ int fc_kernels_preload_pipeline(void);
  * ctr[kind * FC_MAX_BLOCKS + b].  Counters only grow: a call uses those after epoch->pipe_base
  * and the last block advances it by the call's messages per edge (the same on every rank;
  * seq is left alone: the one-shot area is not touched). */
+/* Stage 2 of the ring kernels' lanes (lib/gpu/pcie.c): a measured call's busy time per lane from
+ * the device clock (%globaltimer, ns), from the lane's first block start to its last block end.
+ * Every block of a measured call folds its start and end into the communicator's fc_lane_clock_t
+ * (device memory, zeroed at creation; start kept as ~t so that a zeroed field is "none yet" and
+ * atomicMax finds the earliest), and the last block to finish publishes the spans in record
+ * call % FC_LANE_RECORDS of a host-mapped ring, `call` last behind a system fence, and zeroes the
+ * clock for the next call (which starts after this one: the communicator's kernels run one after
+ * another).  So the host reads a record only once its kernel is done, and never waits for one. */
+#define FC_LANE_RECORDS 16
+typedef struct {
+  unsigned long long start_inv[2], end[2];
+  unsigned int done;
+  unsigned int pad;
+} fc_lane_clock_t;
+typedef struct {
+  unsigned long long ns[2];    /* per lane (0: NVLink, 1: pcie); 0: the lane had no blocks */
+  unsigned long long bytes[2]; /* what the lane pushed, as the launch said */
+  unsigned long long call;     /* the call's number (>= 1), written last */
+  unsigned long long pad[3];
+} fc_lane_record_t;
 typedef struct {
   int rank, nranks;
   fc_dev_epoch_t *epoch;   /* this rank's; 16-byte aligned */
@@ -187,6 +207,12 @@ typedef struct {
   size_t pc_area_bytes;    /* a multiple of 16 */
   unsigned pc_blocks;      /* 1..FC_MAX_BLOCKS / 2 */
   size_t pc_chunk_bytes;   /* a multiple of 16, or the whole chunk (fc_ring_chunk_bytes) */
+  /* Stage 2: clk NULL, nothing measured (small calls, captured ones); else the clock, the record
+   * ring (as the device sees it), this call's number and its lanes' bytes for the record. */
+  fc_lane_clock_t *clk;
+  fc_lane_record_t *rec;
+  unsigned long long call;
+  unsigned long long lane_bytes[2];
 } fc_ring_args_t;
 typedef enum { FC_RING_ALLREDUCE, FC_RING_ALLGATHER, FC_RING_REDUCE_SCATTER, FC_RING_BROADCAST, FC_RING_REDUCE } fc_ring_coll_t;
 /* `bytes`: allreduce, broadcast and reduce the buffer, allgather the send buffer,

@@ -297,10 +297,43 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
   if (pushed) fc_ring_wait(a, l, 0, base + pushed);
 }
 
+__device__ __forceinline__ unsigned long long fc_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Stage 2 (kernels.h, fc_lane_clock_t): thread 0 of every block folds the block's start and end
+ * into its lane's span; the last block to finish publishes the call's record and zeroes the
+ * clock.  Reached on every path (a block that gave up on a wait too), so that the clock is clean
+ * for the next call whatever happened. */
+__device__ __forceinline__ void fc_ring_clock(const fc_ring_args_t &a, const fc_ring_io &io, unsigned long long t0) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  fc_lane_clock_t *c = a.clk;
+  const int L = blockIdx.x < io.blocks[0] ? 0 : 1;
+  atomicMax(&c->start_inv[L], ~t0);
+  atomicMax(&c->end[L], fc_globaltimer());
+  __threadfence();
+  if (atomicAdd(&c->done, 1u) != gridDim.x - 1) return;
+  __threadfence();
+  fc_lane_record_t *r = a.rec + a.call % FC_LANE_RECORDS;
+  for (int k = 0; k < 2; k++) {
+    const unsigned long long s = atomicExch(&c->start_inv[k], 0ull), e = atomicExch(&c->end[k], 0ull);
+    r->ns[k] = s && e > ~s ? e - ~s : 0;
+    r->bytes[k] = io.blocks[k] ? a.lane_bytes[k] : 0;
+  }
+  atomicExch(&c->done, 0u);
+  __threadfence_system();
+  *(volatile unsigned long long *)&r->call = a.call;
+}
+
 template <typename V, typename D, class Op, bool AVG>
 __global__ void __launch_bounds__(FC_RING_THREADS, 2) fc_ring_kernel(const fc_ring_args_t a, const fc_ring_io io) {
+  const unsigned long long t0 = a.clk ? fc_globaltimer() : 0;
   fc_ring_epoch(a, io.msgs);
   fc_ring_run<V, D, Op, AVG>(a, io);
+  if (a.clk) fc_ring_clock(a, io, t0);
 }
 
 /* The plan of a call (fc_ring_io), the same on every rank. */
@@ -416,7 +449,8 @@ bool fc_ring_args_ok(const fc_ring_args_t *a) {
          (!a->pc_chunk_bytes ||
           (a->pc_area && a->pc_area_next && a->pc_ctr && a->pc_ctr_next && a->pc_ctr_prev &&
            (((uintptr_t)a->pc_area | (uintptr_t)a->pc_area_next | a->pc_area_bytes) & 15u) == 0 && a->pc_blocks >= 1 &&
-           2 * a->pc_blocks <= a->blocks));
+           2 * a->pc_blocks <= a->blocks)) &&
+         (!a->clk || (a->rec && ((uintptr_t)a->clk & 7u) == 0 && a->call));
 }
 
 }  // namespace

@@ -24,18 +24,9 @@
 #include "sched.h"
 #include "topo.h"
 
-/* Host collectives from this size (bytes per rank) feed stage 2. */
+/* Host collectives from this size (bytes per rank) feed stage 2 (its rule and constants:
+ * stage2.c, sched.h). */
 #define FC_STAGE2_MIN_BYTES (1u << 20)
-/* How many large collectives between two exchanges of measurements. */
-#define FC_STAGE2_EVERY 4
-/* Weight of one exchange's measurements in a link's model. */
-#define FC_STAGE2_WEIGHT 0.5
-/* A link left without a share for this many exchanges gets a small probe share (1/FC_PROBE_PART
- * of each transfer) for the next window, so that it is measured again: a calibration that
- * underrated it, or a slow spell that has passed, cannot keep it idle for good, and a link that
- * is still slow costs little. */
-#define FC_STAGE2_PROBE_AFTER 4
-#define FC_PROBE_PART 256
 
 /* rdma last: where no device exists it is left out and the others are as before. */
 static const fc_link_ops_t *const registry[] = {&fc_link_shm, &fc_link_tcp, &fc_link_rdma};
@@ -327,21 +318,7 @@ flexcoll_result_t fc_links_split(const fc_links_t *l, size_t bytes, size_t align
     shares[0] = bytes;
     return FLEXCOLL_SUCCESS;
   }
-  if (!l->fixed_set) {
-    FC_CHECK(fc_balance(l->model, NULL, l->n, bytes, align, shares, NULL));
-    /* Probe shares come out of the largest share. */
-    size_t give = bytes / FC_PROBE_PART / align * align;
-    for (int i = 0; i < l->n && give; i++) {
-      if (!l->probe[i] || shares[i]) continue;
-      int most = 0;
-      for (int j = 1; j < l->n; j++)
-        if (shares[j] > shares[most]) most = j;
-      if (shares[most] < 2 * give) continue;
-      shares[most] -= give;
-      shares[i] = give;
-    }
-    return FLEXCOLL_SUCCESS;
-  }
+  if (!l->fixed_set) return fc_stage2_split(l->model, l->probe, l->n, bytes, align, shares);
   /* Fixed fractions, rounded down to align; what is left goes to the largest fraction's link. */
   size_t given = 0;
   int most = 0;
@@ -394,53 +371,23 @@ void fc_links_after_p2p(struct flexcoll_comm *comm, size_t bytes) {
 }
 
 void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us) {
-  for (int i = 0; i < l->n; i++) {
-    fc_link_model_t *m = &l->model[i];
-    l->probe[i] = 0;
-    if (parts[i] > 0) {
-      double part_bytes = bytes[i] / parts[i], part_us = us[i] / parts[i];
-      /* A whole part took less than the fixed cost: the calibration overrated it. */
-      if (part_us <= m->alpha_us) m->alpha_us = part_us / 2;
-      fc_cost_update(m, part_bytes, part_us, FC_STAGE2_WEIGHT);
-      l->idle[i] = 0;
-    } else if (++l->idle[i] >= FC_STAGE2_PROBE_AFTER) {
-      l->probe[i] = 1;
-      l->idle[i] = 0;
-    }
-    m->min_bytes = m->alpha_us * m->beta;
-  }
+  fc_stage2_update(l->model, l->idle, l->probe, NULL, l->n, parts, bytes, us);
 }
 
-/* Every rank adds up everyone's measurements and applies the same update. */
-static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t *l) {
-  size_t per = (size_t)l->n * 3;
+flexcoll_result_t fc_stage2_exchange(struct flexcoll_comm *comm, int n, double *meas_parts, double *meas_bytes,
+                                     double *meas_us, double *parts, double *bytes, double *us) {
+  const size_t per = (size_t)n * 3;
   double *all = calloc((size_t)comm->nranks * per, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   double *mine = all + (size_t)comm->rank * per;
-  for (int i = 0; i < l->n; i++) {
-    mine[3 * i] = l->meas_parts[i];
-    mine[3 * i + 1] = l->meas_bytes[i];
-    mine[3 * i + 2] = l->meas_us[i];
-    l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;
+  for (int i = 0; i < n; i++) {
+    mine[3 * i] = meas_parts[i];
+    mine[3 * i + 1] = meas_bytes[i];
+    mine[3 * i + 2] = meas_us[i];
+    meas_parts[i] = meas_bytes[i] = meas_us[i] = 0;
   }
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per * sizeof *all);
-  if (res == FLEXCOLL_SUCCESS) {
-    double parts[FC_MAX_LINKS] = {0}, bytes[FC_MAX_LINKS] = {0}, us[FC_MAX_LINKS] = {0};
-    for (int q = 0; q < comm->nranks; q++)
-      for (int i = 0; i < l->n; i++) {
-        parts[i] += all[(size_t)q * per + 3 * (size_t)i];
-        bytes[i] += all[(size_t)q * per + 3 * (size_t)i + 1];
-        us[i] += all[(size_t)q * per + 3 * (size_t)i + 2];
-      }
-    fc_links_stage2_update(l, parts, bytes, us);
-    size_t shares[FC_MAX_LINKS];
-    const size_t ref = 64u << 20; /* a transfer size to show the split at */
-    int have = fc_links_split(l, ref, 4096, shares) == FLEXCOLL_SUCCESS;
-    for (int i = 0; i < l->n; i++)
-      FC_INFO(FC_SUB_SCHED, "link %s: stage 2 over %.0f parts: alpha %.2f us, beta %.1f MB/s, share of 64 MiB %.3f%s",
-              l->link[i].ops->name, parts[i], l->model[i].alpha_us, l->model[i].beta,
-              have ? (double)shares[i] / (double)ref : 0.0, l->probe[i] ? " (probe next)" : "");
-  }
+  if (res == FLEXCOLL_SUCCESS) fc_stage2_sum(all, comm->nranks, n, parts, bytes, us);
   free(all);
   if (res != FLEXCOLL_SUCCESS) {
     /* The bootstrap records its error for this thread only: the communicator must say it too
@@ -450,6 +397,21 @@ static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t 
     res = fc_error(comm, res, "%s", why);
   }
   return res;
+}
+
+/* Every rank adds up everyone's measurements and applies the same update. */
+static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t *l) {
+  double parts[FC_MAX_LINKS], bytes[FC_MAX_LINKS], us[FC_MAX_LINKS];
+  FC_CHECK(fc_stage2_exchange(comm, l->n, l->meas_parts, l->meas_bytes, l->meas_us, parts, bytes, us));
+  fc_links_stage2_update(l, parts, bytes, us);
+  size_t shares[FC_MAX_LINKS];
+  const size_t ref = 64u << 20; /* a transfer size to show the split at */
+  int have = fc_links_split(l, ref, 4096, shares) == FLEXCOLL_SUCCESS;
+  for (int i = 0; i < l->n; i++)
+    FC_INFO(FC_SUB_SCHED, "link %s: stage 2 over %.0f parts: alpha %.2f us, beta %.1f MB/s, share of 64 MiB %.3f%s",
+            l->link[i].ops->name, parts[i], l->model[i].alpha_us, l->model[i].beta,
+            have ? (double)shares[i] / (double)ref : 0.0, l->probe[i] ? " (probe next)" : "");
+  return FLEXCOLL_SUCCESS;
 }
 
 flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t bytes) {

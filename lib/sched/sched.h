@@ -91,6 +91,39 @@ flexcoll_result_t fc_balance(const fc_link_model_t *models, const int *enabled, 
 size_t fc_chunk_count(size_t share, size_t slice);
 void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len);
 
+/* ---- stage 2 (stage2.c) --------------------------------------------------------------------------
+ * The one update rule for every set of links whose models stage 2 keeps: the host links
+ * (links.c) and the ring kernels' device lanes (lib/gpu/pcie.c).  Measurements come as, per link,
+ * parts (transfers, or calls), their bytes and their microseconds, summed over all ranks in rank
+ * order (fc_stage2_sum), so that every rank applies the same update to the same models and then
+ * splits alike.  Pure: no I/O, no clocks. */
+/* Operations between two exchanges of measurements (counted alike on every rank). */
+#define FC_STAGE2_EVERY 4
+/* Weight of one exchange's measurements in a link's model. */
+#define FC_STAGE2_WEIGHT 0.5
+/* A link left without a share for this many exchanges gets a small probe share (1/FC_PROBE_PART
+ * of each transfer) for the next window, so that it is measured again: a calibration that
+ * underrated it, or a slow spell that has passed, cannot keep it idle for good, and a link that
+ * is still slow costs little. */
+#define FC_STAGE2_PROBE_AFTER 4
+#define FC_PROBE_PART 256
+
+/* Fold one exchange's sums into the n models: a measured link's beta moves toward what it showed
+ * (fc_cost_update, weight FC_STAGE2_WEIGHT; a part that took less than alpha halves alpha to it);
+ * a link without parts for FC_STAGE2_PROBE_AFTER exchanges in a row gets probe[i] = 1 for the
+ * next window (every other link 0).  min_bytes becomes alpha * beta, never under floor[i] (floor
+ * may be NULL: no floor). */
+void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, const double *floor, int n, const double *parts,
+                      const double *bytes, const double *us);
+/* fc_balance over the models, then every link with probe[i] and no share takes bytes /
+ * FC_PROBE_PART (align multiples) out of the largest share, where that leaves it at least as
+ * much again.  probe may be NULL.  A pure function of its arguments, like fc_balance. */
+flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *probe, int n, size_t bytes, size_t align,
+                                  size_t *shares);
+/* all: nranks rows of 3n doubles (per link: parts, bytes, us), row q rank q's; their sums per link,
+ * added in rank order (the same bits on every rank that holds the same rows). */
+void fc_stage2_sum(const double *all, int nranks, int n, double *parts, double *bytes, double *us);
+
 /* ---- the links of a communicator (links.c) ---------------------------------------------------
  * Every usable link of FLEXCOLL_LINKS with its cost model.  The models are the same on every rank
  * (calibrated together, averaged, and updated only from numbers all ranks exchanged), so that the
@@ -133,6 +166,11 @@ void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, d
  * parts, their bytes and microseconds, summed): a measured link moves toward what it showed; one
  * that stayed idle a few exchanges gets a probe share in the next window.  Pure (no I/O). */
 void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us);
+/* Stage 2's exchange (collective, over the bootstrap): this rank's n links' measurements since the
+ * last one (meas_*, zeroed here) against every rank's, summed by fc_stage2_sum into parts, bytes
+ * and us.  Shared by the host links and the device lanes. */
+flexcoll_result_t fc_stage2_exchange(struct flexcoll_comm *comm, int n, double *meas_parts, double *meas_bytes,
+                                     double *meas_us, double *parts, double *bytes, double *us);
 /* Tests: make link `name` look `factor` times slower to stage 2 (its measured times are scaled);
  * every rank of comm must do the same. */
 void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);

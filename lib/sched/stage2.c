@@ -1,0 +1,59 @@
+/* stage2.c — stage 2 of the link models: measured transfers fold into the models, smoothed, and
+ * the split follows, with a probe share for a link left idle.  One rule for the host links
+ * (links.c) and the ring kernels' device lanes (lib/gpu/pcie.c).  Every rank applies it to the
+ * same sums of everyone's measurements, so it is plain arithmetic in a fixed order: no clocks,
+ * no I/O, nothing but the arguments. */
+#define _GNU_SOURCE
+#include "sched.h"
+
+#include <math.h>
+
+void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, const double *floor, int n, const double *parts,
+                      const double *bytes, const double *us) {
+  for (int i = 0; i < n; i++) {
+    fc_link_model_t *m = &model[i];
+    probe[i] = 0;
+    if (parts[i] > 0) {
+      const double part_bytes = bytes[i] / parts[i], part_us = us[i] / parts[i];
+      /* A whole part took less than the fixed cost: the calibration overrated it. */
+      if (part_us <= m->alpha_us) m->alpha_us = part_us / 2;
+      fc_cost_update(m, part_bytes, part_us, FC_STAGE2_WEIGHT);
+      idle[i] = 0;
+    } else if (++idle[i] >= FC_STAGE2_PROBE_AFTER) {
+      probe[i] = 1;
+      idle[i] = 0;
+    }
+    m->min_bytes = m->alpha_us * m->beta;
+    if (floor && m->min_bytes < floor[i]) m->min_bytes = floor[i];
+  }
+}
+
+flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *probe, int n, size_t bytes, size_t align,
+                                  size_t *shares) {
+  flexcoll_result_t res = fc_balance(model, NULL, n, bytes, align, shares, NULL);
+  if (res != FLEXCOLL_SUCCESS || !probe) return res;
+  if (align == 0) align = 1;
+  /* Probe shares come out of the largest share. */
+  const size_t give = bytes / FC_PROBE_PART / align * align;
+  for (int i = 0; i < n && give; i++) {
+    if (!probe[i] || shares[i]) continue;
+    int most = 0;
+    for (int j = 1; j < n; j++)
+      if (shares[j] > shares[most]) most = j;
+    if (shares[most] < 2 * give) continue;
+    shares[most] -= give;
+    shares[i] = give;
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_stage2_sum(const double *all, int nranks, int n, double *parts, double *bytes, double *us) {
+  const size_t per = (size_t)n * 3;
+  for (int i = 0; i < n; i++) parts[i] = bytes[i] = us[i] = 0;
+  for (int q = 0; q < nranks; q++)
+    for (int i = 0; i < n; i++) {
+      parts[i] += all[(size_t)q * per + 3 * (size_t)i];
+      bytes[i] += all[(size_t)q * per + 3 * (size_t)i + 1];
+      us[i] += all[(size_t)q * per + 3 * (size_t)i + 2];
+    }
+}

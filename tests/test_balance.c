@@ -546,53 +546,61 @@ START_TEST(test_stage2_keeps_large_operations_only) {
 END_TEST
 
 /* Stage 2 of the ring kernels' two device lanes (nvlink, pcie) as lib/gpu/pcie.c drives the shared
- * rule: each of 4 ranks keeps its own copy of the models and times every call's lanes itself (the
- * times differ a little from rank to rank), and every FC_STAGE2_EVERY calls the ranks' sums go
- * through fc_stage2_sum and fc_stage2_update.  Every rank must split every call alike, bit for
- * bit; the pcie lane, calibrated far too slow, must be found by a probe and settle at its true
- * proportion; when it slows 50x it must lose most of its share, and regain it after. */
-enum { LANE_RANKS = 4 };
+ * rule: every rank times its own calls, but only rank 0's times move the models: every
+ * FC_STAGE2_EVERY calls rank 0 folds them into its next models (fc_stage2_update) and posts them,
+ * and every rank, rank 0 too, puts that update in force 2 updates later (the lag that lets
+ * another rank's host run ahead of rank 0's).  Each of 4 ranks keeps its own copy of what is in
+ * force and splits every call by it: they must split alike, bit for bit; the pcie lane,
+ * calibrated far too slow, must be found by a probe and settle at its true proportion despite
+ * the lag; when it slows 50x it must lose most of its share, and regain it after. */
+enum { LANE_RANKS = 4, LANE_LAG = 2 * FC_STAGE2_EVERY, LANE_POSTS = 64 };
 typedef struct {
-  fc_link_model_t model[2];
-  int idle[2], probe[2];
-  double meas[3 * 2]; /* per lane: parts, bytes, us */
+  fc_link_model_t model[2]; /* in force */
+  int probe[2];
 } lane_rank_t;
+typedef struct {
+  lane_rank_t rank[LANE_RANKS];
+  fc_link_model_t next[2]; /* rank 0's, as of its last post */
+  int next_idle[2], next_probe[2];
+  double meas[3][2];       /* rank 0's since its last post: parts, bytes, us */
+  lane_rank_t posted[LANE_POSTS];
+  int calls;
+} lanes_t;
 
 /* `calls` calls of a `chunk`-byte ring chunk; the pcie lane's true bandwidth divided by slow.
  * Returns the pcie share of the last call (the same on every rank, checked). */
-static double lanes_run(lane_rank_t *r, const fc_link_model_t *truth, double slow, size_t chunk, int calls, int *probes) {
+static double lanes_run(lanes_t *s, const fc_link_model_t *truth, double slow, size_t chunk, int calls, int *probes) {
   static const double floor[2] = {0, 64 << 10};
   double share = 0;
-  for (int c = 0; c < calls; c++) {
+  for (int k = 0; k < calls; k++) {
     size_t shares[LANE_RANKS][2];
     for (int q = 0; q < LANE_RANKS; q++) {
-      ck_assert_int_eq(fc_stage2_split(r[q].model, r[q].probe, 2, chunk, 16, shares[q]), FLEXCOLL_SUCCESS);
+      lane_rank_t *r = &s->rank[q];
+      ck_assert_int_eq(fc_stage2_split(r->model, r->probe, 2, chunk, 16, shares[q]), FLEXCOLL_SUCCESS);
       ck_assert_uint_eq(shares[q][0] + shares[q][1], chunk);
-      ck_assert_msg(shares[q][1] == shares[0][1], "call %d: rank %d puts %zu bytes on pcie, rank 0 %zu", c, q,
+      ck_assert_msg(shares[q][1] == shares[0][1], "call %d: rank %d puts %zu bytes on pcie, rank 0 %zu", s->calls, q,
                     shares[q][1], shares[0][1]);
-      *probes += r[q].probe[1] && q == 0;
-      for (int L = 0; L < 2; L++) {
-        if (!shares[q][L]) continue;
-        const double beta = truth[L].beta / (L == 1 ? slow : 1), bytes = 3.0 * (double)shares[q][L];
-        r[q].meas[3 * L] += 1;
-        r[q].meas[3 * L + 1] += bytes;
-        r[q].meas[3 * L + 2] += (truth[L].alpha_us + bytes / beta) * (1 + 0.003 * q);
-      }
+    }
+    *probes += s->rank[0].probe[1];
+    for (int L = 0; L < 2; L++) { /* rank 0 times its lanes (three chunk messages each) */
+      if (!shares[0][L]) continue;
+      const double beta = truth[L].beta / (L == 1 ? slow : 1), bytes = 3.0 * (double)shares[0][L];
+      s->meas[0][L] += 1;
+      s->meas[1][L] += bytes;
+      s->meas[2][L] += truth[L].alpha_us + bytes / beta;
     }
     share = (double)shares[0][1] / (double)chunk;
-    if ((c + 1) % FC_STAGE2_EVERY) continue;
-    double all[LANE_RANKS * 6];
-    for (int q = 0; q < LANE_RANKS; q++) {
-      memcpy(all + 6 * q, r[q].meas, sizeof r[q].meas);
-      memset(r[q].meas, 0, sizeof r[q].meas);
+    const int c = ++s->calls;
+    if (c % FC_STAGE2_EVERY == 0) { /* rank 0 posts update c / EVERY */
+      fc_stage2_update(s->next, s->next_idle, s->next_probe, floor, 2, s->meas[0], s->meas[1], s->meas[2]);
+      ck_assert(s->next[1].min_bytes >= floor[1]);
+      lane_rank_t *e = &s->posted[(c / FC_STAGE2_EVERY) % LANE_POSTS];
+      memcpy(e->model, s->next, sizeof e->model);
+      memcpy(e->probe, s->next_probe, sizeof e->probe);
+      memset(s->meas, 0, sizeof s->meas);
     }
-    for (int q = 0; q < LANE_RANKS; q++) {
-      double parts[2], bytes[2], us[2];
-      fc_stage2_sum(all, LANE_RANKS, 2, parts, bytes, us);
-      fc_stage2_update(r[q].model, r[q].idle, r[q].probe, floor, 2, parts, bytes, us);
-      ck_assert(same_models(r[q].model, r[0].model, 2));
-      ck_assert(r[q].model[1].min_bytes >= floor[1]);
-    }
+    if (c > LANE_LAG && (c - LANE_LAG) % FC_STAGE2_EVERY == 0) /* every rank puts the due one in force */
+      for (int q = 0; q < LANE_RANKS; q++) s->rank[q] = s->posted[((c - LANE_LAG) / FC_STAGE2_EVERY) % LANE_POSTS];
   }
   return share;
 }
@@ -600,26 +608,24 @@ static double lanes_run(lane_rank_t *r, const fc_link_model_t *truth, double slo
 START_TEST(test_lanes_stage2) {
   /* Per rank: the model's bytes are what a lane pushed in a call, here three chunk messages. */
   const fc_link_model_t truth[2] = {{.alpha_us = 8, .beta = 400000, .port = -1}, {.alpha_us = 15, .beta = 25000, .port = -1}};
-  lane_rank_t r[LANE_RANKS];
-  memset(r, 0, sizeof r);
-  for (int q = 0; q < LANE_RANKS; q++) {
-    r[q].model[0] = model(8, 400000, 0, -1);
-    r[q].model[1] = model(15, 25, 64 << 10, -1); /* a calibration 1000x too low: no share at first */
-  }
+  static lanes_t s;
+  memset(&s, 0, sizeof s);
+  s.next[0] = model(8, 400000, 0, -1);
+  s.next[1] = model(15, 25, 64 << 10, -1); /* a calibration 1000x too low: no share at first */
+  for (int q = 0; q < LANE_RANKS; q++) memcpy(s.rank[q].model, s.next, sizeof s.next);
   const size_t chunk = 64u << 20;
   int probes = 0;
   size_t first[2];
-  ck_assert_int_eq(fc_stage2_split(r[0].model, NULL, 2, chunk, 16, first), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_stage2_split(s.rank[0].model, NULL, 2, chunk, 16, first), FLEXCOLL_SUCCESS);
   ck_assert_uint_eq(first[1], 0);
   const double fair = 25000.0 / 425000.0;
-  const double settled = lanes_run(r, truth, 1, chunk, 120, &probes);
+  const double settled = lanes_run(&s, truth, 1, chunk, 160, &probes);
   ck_assert_msg(probes > 0, "the idle pcie lane never got a probe share");
   ck_assert_msg(settled > fair * 0.9 && settled < fair * 1.1, "pcie settled at %.4f, its true proportion is %.4f", settled,
                 fair);
-  probes = 0;
-  const double slow = lanes_run(r, truth, 50, chunk, 40, &probes);
+  const double slow = lanes_run(&s, truth, 50, chunk, 60, &probes);
   ck_assert_msg(slow < fair / 10, "pcie 50x slower kept a share of %.4f (was %.4f)", slow, settled);
-  const double back = lanes_run(r, truth, 1, chunk, 120, &probes);
+  const double back = lanes_run(&s, truth, 1, chunk, 160, &probes);
   ck_assert_msg(back > fair * 0.9 && back < fair * 1.1, "pcie recovered to %.4f, its true proportion is %.4f", back, fair);
 }
 END_TEST

@@ -70,6 +70,17 @@ typedef struct {
   uint64_t sent, received;
 } fc_peer_t;
 
+/* Stage 2's board (pcie.c): the lanes' models as rank 0 updates them, one entry per update, in
+ * POSIX shared memory that rank 0 creates and every rank maps; entry m lives at m %
+ * FC_LANE_BOARD_ENTRIES and is written as a seqlock (m zeroed, the fields, m stored last). */
+#define FC_LANE_BOARD_ENTRIES 256
+typedef struct {
+  uint64_t m;                /* the update's number (>= 1); 0 while the entry is rewritten */
+  fc_link_model_t model[2];  /* nvlink, pcie */
+  int32_t probe[2];
+  double parts[2], us[2];    /* rank 0's timed calls behind it, and their time (the log) */
+} fc_lane_board_entry_t;
+
 /* The pcie link of the ring kernels (pcie.c): host staging areas, ours and our ring
  * neighbours', mapped here, and the two lanes' cost models. */
 typedef struct {
@@ -85,15 +96,19 @@ typedef struct {
   unsigned long long sent[2]; /* bytes this rank pushed to the next one on each lane */
   double share[2];         /* of the last ring call's bytes */
   /* Stage 2 of the lanes (pcie.c): ring calls of at least stage2_bytes (count x type size) are
-   * timed by the kernel (fc_lane_record_t); adapt: their times move the models (the split is the
-   * balancer's), exchanged every FC_STAGE2_EVERY such calls. */
+   * timed by the kernel (fc_lane_record_t).  adapt: rank 0's times move the models (the split is
+   * the balancer's): every FC_STAGE2_EVERY large calls rank 0 posts an update on the board, and
+   * every rank puts it in force FC_LANE_STAGE2_LAG large calls later. */
   int adapt;
   size_t stage2_bytes;     /* 0: no call is timed */
   unsigned long long issued, seen; /* timed calls launched; records taken or lost */
   unsigned large_calls;    /* large ring calls so far, captured ones too: the same on every rank */
-  double meas_parts[2], meas_bytes[2], meas_us[2]; /* since the last exchange */
+  double meas_parts[2], meas_bytes[2], meas_us[2]; /* since rank 0's last update */
   double throttle[2];      /* tests: measured times are multiplied by it (0: 1) */
-  int idle[2], probe[2];
+  int probe[2];            /* in force, with model */
+  fc_link_model_t next_model[2]; /* rank 0: as of its last update (the others' lag behind) */
+  int next_idle[2], next_probe[2];
+  fc_lane_board_entry_t *board; /* mapped (adapt) */
   double busy_us[2];       /* the timed calls' lane times, summed (statistics) */
 } fc_pcie_t;
 
@@ -181,9 +196,10 @@ size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk);
  * a->pc_chunk_bytes: before the launch, take the records of timed calls that have finished (never
  * waiting for one) and, for a large eager call, have the kernel time this one (a's clock fields;
  * pushes: the chunk messages this rank sends, 0 at a chain's end); after the launch, count a
- * large call (captured ones too: every rank counts alike) and every FC_STAGE2_EVERY of them
- * exchange the measurements over the bootstrap and re-balance (collective).  Returns whether the
- * call is large. */
+ * large call (captured ones too: every rank counts alike), post rank 0's update every
+ * FC_STAGE2_EVERY of them and put the one due in force (waiting, on ranks other than 0, only
+ * while rank 0's host is that far behind; bounded by the timeout and abort).  Returns whether
+ * the call is large. */
 int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes, int capturing, fc_ring_args_t *a);
 flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *g, int large);
 /* The ring kernels' arguments of this communicator, without a pcie share (exec.c). */

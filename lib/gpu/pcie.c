@@ -18,10 +18,14 @@
  * Stage 2: ring calls of at least FLEXCOLL_LANE_STAGE2_BYTES are timed by the kernel itself (each
  * lane's span on the device clock, published in a host-mapped record once the kernel is done:
  * kernels.h, fc_lane_record_t); before every ring call the host takes the records that are
- * there, without waiting; every FC_STAGE2_EVERY large calls the ranks exchange their sums over
- * the bootstrap and apply lib/sched's stage-2 rule to the shared models, so the split changes on
- * every rank at the same call.  A captured call keeps the split of its capture in the graph and
- * is not timed. */
+ * there, without waiting.  Every FC_STAGE2_EVERY large calls rank 0 applies lib/sched's stage-2
+ * rule to its own sums and posts the models on a board in shared memory; every rank puts update
+ * m in force at the same large call, FC_LANE_STAGE2_LAG calls after rank 0 posted it, so the
+ * split changes on every rank at the same call.  Not the bootstrap: an exchange there would make
+ * an enqueue wait for every peer's host (a rank that stopped calling would hold the others' calls,
+ * not only their kernels); rank 0 never waits, another rank only when its host runs that many
+ * large calls ahead of rank 0's.  A captured call keeps the split of its capture in the graph
+ * and is not timed. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -29,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,12 +52,17 @@
 
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
 FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 16)
-/* Ring calls from this size (count x type size) are timed and, every few, exchanged: a bootstrap
- * round trip on the host per exchange, so only calls long against it (0: none). */
+/* Ring calls from this size (count x type size) are timed and move the split (0: none): timing
+ * costs a few atomics per block, an update a few microseconds of rank 0's host, so only calls
+ * whose lane times are long against the device clock's steps and the launch skew between ranks. */
 FC_PARAM_INT(lane_stage2_bytes, "LANE_STAGE2_BYTES", 16 << 20)
 /* The pcie lane's smallest share per chunk (the model's min_bytes, kept through stage 2): one
  * pcie block's part (ring.cu, FC_RING_MIN_PART); less would leave its block mostly flag waits. */
 #define FC_PCIE_MIN_SHARE (64u << 10)
+/* Rank 0's update posted at its large call c is in force on every rank from call c +
+ * FC_LANE_STAGE2_LAG + 1: another rank's host may run that many large calls ahead of rank 0's
+ * before it has to wait for the update (a multiple of FC_STAGE2_EVERY). */
+#define FC_LANE_STAGE2_LAG (2 * FC_STAGE2_EVERY)
 
 /* Whether FLEXCOLL_LINKS (unset: every link) names `name`. */
 static int links_name(const char *name) {
@@ -145,6 +155,9 @@ static void unmap_area(fc_pcie_t *p, char **host) {
 
 void fc_pcie_close(struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
+  if (p->board) munmap(p->board, FC_LANE_BOARD_ENTRIES * sizeof *p->board);
+  p->board = NULL;
+  p->adapt = 0;
   if (p->prev_host == p->next_host) p->prev_host = NULL; /* one mapping for both with 2 ranks */
   unmap_area(p, &p->next_host);
   unmap_area(p, &p->prev_host);
@@ -266,6 +279,57 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
   return FLEXCOLL_SUCCESS;
 }
 
+/* Rank 0's board (collective): rank 0 creates it, every rank maps it, then its name goes.  Where
+ * that fails on some rank, stage 2 stays off on all (the split keeps its calibration; one INFO
+ * line says why). */
+static flexcoll_result_t open_board(struct flexcoll_comm *comm, fc_pcie_t *p) {
+  const size_t bytes = FC_LANE_BOARD_ENTRIES * sizeof *p->board;
+  char name[96], why[160] = "";
+  const uint64_t h = fc_hash_bytes(FC_HASH_INIT, &comm->init_id, sizeof comm->init_id);
+  snprintf(name, sizeof name, "/flexcoll-pcie-%016llx-board", (unsigned long long)h);
+  int ok = 1, all_ok = 0;
+  if (comm->rank == 0) {
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno == EEXIST) { /* left by a process that died in a communicator of the same id */
+      shm_unlink(name);
+      fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    }
+    int e = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    void *m = e ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (!e && m == MAP_FAILED) e = errno;
+    if (fd >= 0) close(fd);
+    if (e) {
+      snprintf(why, sizeof why, "rank 0 cannot create %s: %s", name, strerror(e));
+      if (fd >= 0) shm_unlink(name);
+      ok = 0;
+    } else {
+      p->board = m;
+    }
+  }
+  FC_CHECK(everyone(comm, ok, &all_ok));
+  if (all_ok && comm->rank != 0) {
+    const int fd = shm_open(name, O_RDWR, 0600);
+    void *m = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) snprintf(why, sizeof why, "rank %d cannot map %s: %s", comm->rank, name, strerror(errno));
+    else p->board = m;
+    if (fd >= 0) close(fd);
+    ok = p->board != NULL;
+  }
+  flexcoll_result_t res = all_ok ? everyone(comm, ok, &all_ok) : FLEXCOLL_SUCCESS;
+  if (comm->rank == 0 && p->board) shm_unlink(name); /* mapped by every rank that could */
+  FC_CHECK(res);
+  if (!all_ok) {
+    if (p->board) munmap(p->board, bytes);
+    p->board = NULL;
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lanes: stage 2 off, the split stays as calibrated: %s", comm->rank,
+            why[0] ? why : "another rank could not map the board");
+    return FLEXCOLL_SUCCESS;
+  }
+  memcpy(p->next_model, p->model, sizeof p->next_model);
+  p->adapt = 1;
+  return FLEXCOLL_SUCCESS;
+}
+
 /* ---- open ---------------------------------------------------------------------------------- */
 
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
@@ -322,7 +386,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   p->fixed = fixed_fraction();
   if (!p->only && p->fixed < 0) FC_CHECK(seed_models(comm, g));
   /* seed_models may have turned the link off (a failed calibration). */
-  p->adapt = p->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0;
+  if (p->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0) FC_CHECK(open_board(comm, p));
   if (p->on)
     FC_INFO(FC_SUB_SCHED, "rank %d: pcie link on: %zu KiB host ring area per rank, up to %u blocks, %s", comm->rank,
             p->area_bytes >> 10, p->blocks,
@@ -396,6 +460,65 @@ int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes
   return large;
 }
 
+/* Rank 0: fold its measurements since its last update into next_model (lib/sched's stage-2 rule)
+ * and post the result as update m. */
+static void post_update(fc_pcie_t *p, uint64_t m) {
+  static const double floor[2] = {0, FC_PCIE_MIN_SHARE};
+  fc_stage2_update(p->next_model, p->next_idle, p->next_probe, floor, 2, p->meas_parts, p->meas_bytes, p->meas_us);
+  fc_lane_board_entry_t *e = &p->board[m % FC_LANE_BOARD_ENTRIES];
+  __atomic_store_n(&e->m, 0, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_RELEASE);
+  memcpy(e->model, p->next_model, sizeof e->model);
+  for (int L = 0; L < 2; L++) {
+    e->probe[L] = p->next_probe[L];
+    e->parts[L] = p->meas_parts[L];
+    e->us[L] = p->meas_us[L];
+    p->meas_parts[L] = p->meas_bytes[L] = p->meas_us[L] = 0;
+  }
+  __atomic_store_n(&e->m, m, __ATOMIC_RELEASE);
+}
+
+/* Put update m in force, as every rank does at the same large call.  Rank 0 posted it
+ * FC_LANE_STAGE2_LAG large calls earlier in its own call sequence, so only a rank whose host
+ * runs that far ahead of rank 0's waits here, bounded by the timeout and abort. */
+static flexcoll_result_t install_update(struct flexcoll_comm *comm, fc_pcie_t *p, uint64_t m, fc_lane_board_entry_t *out) {
+  const fc_lane_board_entry_t *e = &p->board[m % FC_LANE_BOARD_ENTRIES];
+  fc_lane_board_entry_t got;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (unsigned spins = 0;; spins++) {
+    const uint64_t v = __atomic_load_n(&e->m, __ATOMIC_ACQUIRE);
+    if (v == m) {
+      memcpy(&got, e, sizeof got);
+      __atomic_thread_fence(__ATOMIC_ACQUIRE);
+      if (__atomic_load_n(&e->m, __ATOMIC_RELAXED) == m) break;
+      continue;
+    }
+    if (v > m)
+      return fc_error(comm, FLEXCOLL_INTERNAL_ERROR,
+                      "ring lanes stage 2: rank 0 rewrote update %llu before rank %d took it (rank 0's host ran %d "
+                      "updates ahead)",
+                      (unsigned long long)m, comm->rank, FC_LANE_BOARD_ENTRIES);
+    if (atomic_load(&comm->abort_flag))
+      return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "ring lanes stage 2: aborted while waiting for rank 0's update");
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    const double ms = (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) / 1e6;
+    if (comm->timeout_ms > 0 && ms > comm->timeout_ms)
+      return fc_error(comm, FLEXCOLL_TIMEOUT,
+                      "ring lanes stage 2: rank 0 has not posted update %llu after %.0f ms (its host is behind, or gone)",
+                      (unsigned long long)m, ms);
+    /* Ranks may outnumber cores: let rank 0's thread run. */
+    if (spins > 64) sched_yield();
+  }
+  memcpy(p->model, got.model, sizeof p->model);
+  p->probe[0] = got.probe[0];
+  p->probe[1] = got.probe[1];
+  if (comm->rank != 0) /* only rank 0's measurements move the models */
+    for (int L = 0; L < 2; L++) p->meas_parts[L] = p->meas_bytes[L] = p->meas_us[L] = 0;
+  *out = got;
+  return FLEXCOLL_SUCCESS;
+}
+
 static double wall_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
@@ -405,19 +528,20 @@ static double wall_s(void) {
 flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *g, int large) {
   fc_pcie_t *p = &g->pcie;
   if (!large || !p->adapt) return FLEXCOLL_SUCCESS;
-  if (++p->large_calls % FC_STAGE2_EVERY) return FLEXCOLL_SUCCESS;
-  double parts[2], bytes[2], us[2];
-  FC_CHECK(fc_stage2_exchange(comm, 2, p->meas_parts, p->meas_bytes, p->meas_us, parts, bytes, us));
-  static const double floor[2] = {0, FC_PCIE_MIN_SHARE};
-  fc_stage2_update(p->model, p->idle, p->probe, floor, 2, parts, bytes, us);
-  /* A reference chunk to show the split at: the size class the exchange was about. */
-  const size_t ref = 64u << 20;
+  const unsigned c = ++p->large_calls;
+  if (comm->rank == 0 && c % FC_STAGE2_EVERY == 0) post_update(p, c / FC_STAGE2_EVERY);
+  if (c <= FC_LANE_STAGE2_LAG || (c - FC_LANE_STAGE2_LAG) % FC_STAGE2_EVERY) return FLEXCOLL_SUCCESS;
+  const uint64_t m = (c - FC_LANE_STAGE2_LAG) / FC_STAGE2_EVERY;
+  fc_lane_board_entry_t e;
+  FC_CHECK(install_update(comm, p, m, &e));
+  const size_t ref = 64u << 20; /* a chunk to show the split at */
   FC_INFO(FC_SUB_SCHED,
-          "rank %d: ring lanes stage 2 at large call %u (wall %.3f s): nvlink %.0f calls %.1f us %.0f MB/s, pcie %.0f "
-          "calls %.1f us %.0f MB/s; pcie share of a 64 MiB chunk %.4f%s",
-          comm->rank, p->large_calls, wall_s(), parts[0], parts[0] > 0 ? us[0] / parts[0] : 0.0, p->model[0].beta,
-          parts[1], parts[1] > 0 ? us[1] / parts[1] : 0.0, p->model[1].beta, (double)fc_pcie_split(g, ref) / (double)ref,
-          p->probe[1] ? " (probe next)" : p->probe[0] ? " (nvlink probe next)" : "");
+          "rank %d: ring lanes stage 2: update %llu in force from large call %u (wall %.3f s), from rank 0's nvlink "
+          "%.0f calls %.1f us, pcie %.0f calls %.1f us: nvlink %.0f MB/s, pcie %.0f MB/s, pcie share of a 64 MiB chunk "
+          "%.4f%s",
+          comm->rank, (unsigned long long)m, c + 1, wall_s(), e.parts[0], e.parts[0] > 0 ? e.us[0] / e.parts[0] : 0.0,
+          e.parts[1], e.parts[1] > 0 ? e.us[1] / e.parts[1] : 0.0, p->model[0].beta, p->model[1].beta,
+          (double)fc_pcie_split(g, ref) / (double)ref, p->probe[1] ? " (a pcie probe)" : "");
   return FLEXCOLL_SUCCESS;
 }
 

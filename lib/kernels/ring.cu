@@ -176,6 +176,19 @@ __device__ __forceinline__ void fc_ring_epoch(const fc_ring_args_t &a, unsigned 
   __syncthreads();
 }
 
+__device__ __forceinline__ unsigned long long fc_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/* Stage 2 (fc_ring_clock): when this block's first message from the previous rank arrived (0:
+ * none yet).  A lane's time counts from there, not from the block's start: ranks launch their
+ * kernels at different moments, and the wait for a late neighbour would otherwise count as the
+ * lane's, the same absolute time on both lanes, which would make the lane with the smaller
+ * share look the slower. */
+__shared__ unsigned long long fc_ring_first_shared;
+
 /* Thread 0 waits for our ready counter (recv) and ack counter (before a push), then a system
  * fence (the acquire side); false in every thread after a timeout or abort (*error set). */
 __device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, const fc_ring_lane &l, uint64_t ready_target,
@@ -186,6 +199,7 @@ __device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, const fc_r
     long long last_abort_check = start;
     int ok = 1;
     if (ready_target) ok = fc_poll(a, l.ready, ready_target, start, &last_abort_check);
+    if (ok && ready_target && a.clk && !fc_ring_first_shared) fc_ring_first_shared = fc_globaltimer();
     if (ok && ack_target) ok = fc_poll(a, l.ack, ack_target, start, &last_abort_check);
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
     __threadfence_system();
@@ -297,22 +311,18 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
   if (pushed) fc_ring_wait(a, l, 0, base + pushed);
 }
 
-__device__ __forceinline__ unsigned long long fc_globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-/* Stage 2 (kernels.h, fc_lane_clock_t): thread 0 of every block folds the block's start and end
- * into its lane's span; the last block to finish publishes the call's record and zeroes the
- * clock.  Reached on every path (a block that gave up on a wait too), so that the clock is clean
- * for the next call whatever happened. */
+/* Stage 2 (kernels.h, fc_lane_clock_t): thread 0 of every block folds the block's start (its
+ * first arrival, else its launch: a chain's first rank receives nothing) and end into its
+ * lane's span; the last block to finish publishes the call's record and zeroes the clock.
+ * Reached on every path (a block that gave up on a wait too), so that the clock is clean for
+ * the next call whatever happened. */
 __device__ __forceinline__ void fc_ring_clock(const fc_ring_args_t &a, const fc_ring_io &io, unsigned long long t0) {
   __syncthreads();
   if (threadIdx.x != 0) return;
   fc_lane_clock_t *c = a.clk;
   const int L = blockIdx.x < io.blocks[0] ? 0 : 1;
-  atomicMax(&c->start_inv[L], ~t0);
+  const unsigned long long first = fc_ring_first_shared;
+  atomicMax(&c->start_inv[L], ~(first ? first : t0));
   atomicMax(&c->end[L], fc_globaltimer());
   __threadfence();
   if (atomicAdd(&c->done, 1u) != gridDim.x - 1) return;
@@ -331,6 +341,7 @@ __device__ __forceinline__ void fc_ring_clock(const fc_ring_args_t &a, const fc_
 template <typename V, typename D, class Op, bool AVG>
 __global__ void __launch_bounds__(FC_RING_THREADS, 2) fc_ring_kernel(const fc_ring_args_t a, const fc_ring_io io) {
   const unsigned long long t0 = a.clk ? fc_globaltimer() : 0;
+  if (threadIdx.x == 0) fc_ring_first_shared = 0; /* fc_ring_epoch's barrier publishes it */
   fc_ring_epoch(a, io.msgs);
   fc_ring_run<V, D, Op, AVG>(a, io);
   if (a.clk) fc_ring_clock(a, io, t0);

@@ -374,20 +374,31 @@ void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *by
   fc_stage2_update(l->model, l->idle, l->probe, NULL, l->n, parts, bytes, us);
 }
 
-flexcoll_result_t fc_stage2_exchange(struct flexcoll_comm *comm, int n, double *meas_parts, double *meas_bytes,
-                                     double *meas_us, double *parts, double *bytes, double *us) {
-  const size_t per = (size_t)n * 3;
+/* Every rank adds up everyone's measurements and applies the same update. */
+static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t *l) {
+  size_t per = (size_t)l->n * 3;
   double *all = calloc((size_t)comm->nranks * per, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   double *mine = all + (size_t)comm->rank * per;
-  for (int i = 0; i < n; i++) {
-    mine[3 * i] = meas_parts[i];
-    mine[3 * i + 1] = meas_bytes[i];
-    mine[3 * i + 2] = meas_us[i];
-    meas_parts[i] = meas_bytes[i] = meas_us[i] = 0;
+  for (int i = 0; i < l->n; i++) {
+    mine[3 * i] = l->meas_parts[i];
+    mine[3 * i + 1] = l->meas_bytes[i];
+    mine[3 * i + 2] = l->meas_us[i];
+    l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;
   }
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per * sizeof *all);
-  if (res == FLEXCOLL_SUCCESS) fc_stage2_sum(all, comm->nranks, n, parts, bytes, us);
+  if (res == FLEXCOLL_SUCCESS) {
+    double parts[FC_MAX_LINKS], bytes[FC_MAX_LINKS], us[FC_MAX_LINKS];
+    fc_stage2_sum(all, comm->nranks, l->n, parts, bytes, us);
+    fc_links_stage2_update(l, parts, bytes, us);
+    size_t shares[FC_MAX_LINKS];
+    const size_t ref = 64u << 20; /* a transfer size to show the split at */
+    int have = fc_links_split(l, ref, 4096, shares) == FLEXCOLL_SUCCESS;
+    for (int i = 0; i < l->n; i++)
+      FC_INFO(FC_SUB_SCHED, "link %s: stage 2 over %.0f parts: alpha %.2f us, beta %.1f MB/s, share of 64 MiB %.3f%s",
+              l->link[i].ops->name, parts[i], l->model[i].alpha_us, l->model[i].beta,
+              have ? (double)shares[i] / (double)ref : 0.0, l->probe[i] ? " (probe next)" : "");
+  }
   free(all);
   if (res != FLEXCOLL_SUCCESS) {
     /* The bootstrap records its error for this thread only: the communicator must say it too
@@ -397,21 +408,6 @@ flexcoll_result_t fc_stage2_exchange(struct flexcoll_comm *comm, int n, double *
     res = fc_error(comm, res, "%s", why);
   }
   return res;
-}
-
-/* Every rank adds up everyone's measurements and applies the same update. */
-static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t *l) {
-  double parts[FC_MAX_LINKS], bytes[FC_MAX_LINKS], us[FC_MAX_LINKS];
-  FC_CHECK(fc_stage2_exchange(comm, l->n, l->meas_parts, l->meas_bytes, l->meas_us, parts, bytes, us));
-  fc_links_stage2_update(l, parts, bytes, us);
-  size_t shares[FC_MAX_LINKS];
-  const size_t ref = 64u << 20; /* a transfer size to show the split at */
-  int have = fc_links_split(l, ref, 4096, shares) == FLEXCOLL_SUCCESS;
-  for (int i = 0; i < l->n; i++)
-    FC_INFO(FC_SUB_SCHED, "link %s: stage 2 over %.0f parts: alpha %.2f us, beta %.1f MB/s, share of 64 MiB %.3f%s",
-            l->link[i].ops->name, parts[i], l->model[i].alpha_us, l->model[i].beta,
-            have ? (double)shares[i] / (double)ref : 0.0, l->probe[i] ? " (probe next)" : "");
-  return FLEXCOLL_SUCCESS;
 }
 
 flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t bytes) {

@@ -93,10 +93,11 @@ void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len
 
 /* ---- stage 2 (stage2.c) --------------------------------------------------------------------------
  * The one update rule for every set of links whose models stage 2 keeps: the host links
- * (links.c) and the ring kernels' device lanes (lib/gpu/pcie.c).  Measurements come as, per link,
- * parts (transfers, or calls), their bytes and their microseconds, summed over all ranks in rank
- * order (fc_stage2_sum), so that every rank applies the same update to the same models and then
- * splits alike.  Pure: no I/O, no clocks. */
+ * (links.c: every rank applies it to everyone's measurements, summed in rank order by
+ * fc_stage2_sum) and the ring kernels' device lanes (lib/gpu/pcie.c: rank 0 applies it to its own
+ * and every rank takes the result), so that every rank holds the same models and splits alike.
+ * Measurements come as, per link, parts (transfers, or timed calls), their bytes and their
+ * microseconds.  Pure: no I/O, no clocks. */
 /* Operations between two exchanges of measurements (counted alike on every rank). */
 #define FC_STAGE2_EVERY 4
 /* Weight of one exchange's measurements in a link's model. */
@@ -166,11 +167,6 @@ void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, d
  * parts, their bytes and microseconds, summed): a measured link moves toward what it showed; one
  * that stayed idle a few exchanges gets a probe share in the next window.  Pure (no I/O). */
 void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us);
-/* Stage 2's exchange (collective, over the bootstrap): this rank's n links' measurements since the
- * last one (meas_*, zeroed here) against every rank's, summed by fc_stage2_sum into parts, bytes
- * and us.  Shared by the host links and the device lanes. */
-flexcoll_result_t fc_stage2_exchange(struct flexcoll_comm *comm, int n, double *meas_parts, double *meas_bytes,
-                                     double *meas_us, double *parts, double *bytes, double *us);
 /* Tests: make link `name` look `factor` times slower to stage 2 (its measured times are scaled);
  * every rank of comm must do the same. */
 void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);

@@ -333,8 +333,8 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
   fc_gpu_ring_args(x->comm, g, &a);
   const size_t bytes = args->count * x->esize;
   const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
-  /* The split is a function of the size and the shared models (which stage 2 changes only at
-   * an exchange, on every rank at the same call): the same on every rank. */
+  /* The split is a function of the size and the shared models (which stage 2 changes on every
+   * rank at the same large call, fc_pcie_after_ring): the same on every rank. */
   a.pc_chunk_bytes = fc_pcie_split(g, chunk);
   if (a.pc_chunk_bytes) FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: pcie carries %zu bytes of each ring chunk",
                                  fc_coll_name(args->coll), bytes, a.pc_chunk_bytes);

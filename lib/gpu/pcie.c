@@ -437,6 +437,7 @@ static void take_records(fc_pcie_t *p, const struct fc_gpu *g) {
       if (!ns[L] || !bytes[L]) continue;
       const double us = (double)ns[L] / 1e3;
       p->busy_us[L] += us;
+      if (!p->adapt) continue;
       p->meas_parts[L] += 1;
       p->meas_bytes[L] += (double)bytes[L];
       p->meas_us[L] += p->throttle[L] > 0 ? us * p->throttle[L] : us;

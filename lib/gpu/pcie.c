@@ -533,7 +533,7 @@ flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *
   if (comm->rank == 0 && c % FC_STAGE2_EVERY == 0) post_update(p, c / FC_STAGE2_EVERY);
   if (c <= FC_LANE_STAGE2_LAG || (c - FC_LANE_STAGE2_LAG) % FC_STAGE2_EVERY) return FLEXCOLL_SUCCESS;
   const uint64_t m = (c - FC_LANE_STAGE2_LAG) / FC_STAGE2_EVERY;
-  fc_lane_board_entry_t e;
+  fc_lane_board_entry_t e = {0};
   FC_CHECK(install_update(comm, p, m, &e));
   const size_t ref = 64u << 20; /* a chunk to show the split at */
   FC_INFO(FC_SUB_SCHED,

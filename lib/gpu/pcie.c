@@ -563,8 +563,9 @@ int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, s
 }
 
 int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max) {
-  const struct fc_gpu *g = comm->gpu;
+  struct fc_gpu *g = comm->gpu;
   if (!g || !g->p2p || comm->nranks < 2) return 0;
+  take_records(&g->pcie, g); /* busy_us up to the last timed call that has finished */
   const int nlanes = g->ring && g->pcie.on ? 2 : 1;
   static const char *const names[2] = {"nvlink", "pcie"};
   for (int L = 0; L < nlanes && L < max; L++) {

@@ -9,7 +9,8 @@
  * share of a chunk must fall, then come back; both ranks must hold the same models and split
  * at the end of every phase; and every call's result must be bitwise the first one's, whatever
  * the split (the inputs are random floats, so a change of the reduction order would show).  The
- * lanes' statistics (flexcoll_comm_get_link_stats) must carry busy time.
+ * lanes' statistics (flexcoll_comm_get_link_stats) must carry busy time, and the pcie entry's
+ * share must fall with the lane.
  *
  * Exit 77 (automake's skip) where there is no GPU. */
 #define _GNU_SOURCE
@@ -124,6 +125,8 @@ static void *rank_main(void *arg) {
            r->pc[2], r->pc[1], r->pc[0]);
     EXPECT(r, r->busy[0][0] > 0 && r->busy[0][1] > 0, "link statistics without busy time: nvlink %.0f, pcie %.0f us",
            r->busy[0][0], r->busy[0][1]);
+    EXPECT(r, r->share[0] > 0 && r->share[1] < r->share[0], "the pcie entry's share went from %.4f to %.4f while 30x slower",
+           r->share[0], r->share[1]);
   }
   cudaFree(in);
   cudaFree(out);

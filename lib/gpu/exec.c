@@ -317,6 +317,8 @@ static void count_ring_bytes(struct fc_gpu *g, fc_ring_coll_t coll, const fc_alg
   const unsigned long long pc = pc_chunk < chunk ? pc_chunk : chunk;
   g->pcie.sent[1] += pushes * pc;
   g->pcie.sent[0] += pushes * (chunk - pc);
+  /* Where large calls are timed, the shares come from their records (pcie.c, take_records). */
+  if (g->pcie.stage2_bytes) return;
   g->pcie.share[1] = chunk ? (double)pc / (double)chunk : 0;
   g->pcie.share[0] = chunk ? 1 - g->pcie.share[1] : 0;
 }

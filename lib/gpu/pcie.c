@@ -433,6 +433,8 @@ static void take_records(fc_pcie_t *p, const struct fc_gpu *g) {
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (__atomic_load_n(&r->call, __ATOMIC_RELAXED) != want) continue;
+    if (bytes[0] + bytes[1]) /* the last large call that finished */
+      for (int L = 0; L < 2; L++) p->share[L] = (double)bytes[L] / (double)(bytes[0] + bytes[1]);
     for (int L = 0; L < 2; L++) {
       if (!ns[L] || !bytes[L]) continue;
       const double us = (double)ns[L] / 1e3;

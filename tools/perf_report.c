@@ -38,7 +38,7 @@ void perf_print_header(const perf_opts_t *o, const perf_run_info_t *ri) {
          o->graph);
   printf("# Collective %s, %d ranks, %s memory, %s %s, links %s, algorithm %s%s\n", o->coll, ri->nranks, o->memory,
          fc_dtype_name(o->dtype), redop_name(o), links && *links ? links : "all", algo && *algo ? algo : "auto",
-         ri->nccl ? ", baseline NCCL" : "");
+         ri->nccl ? (ri->nccl_windows ? ", baseline NCCL (symmetric windows)" : ", baseline NCCL (unregistered)") : "");
   printf("#\n# Using devices\n");
   for (int i = 0; i < ri->nranks; i++) {
     const perf_device_t *d = &ri->devices[i];
@@ -103,7 +103,8 @@ static void json_settings(FILE *f, const perf_opts_t *o, const perf_run_info_t *
   json_str(f, links && *links ? links : "all");
   fprintf(f, ", \"algorithm\": ");
   json_str(f, algo && *algo ? algo : "auto");
-  fprintf(f, ", \"baseline\": %s},\n  \"devices\": [", ri->nccl ? "\"nccl\"" : "null");
+  fprintf(f, ", \"baseline\": %s, \"baseline_windows\": %s},\n  \"devices\": [", ri->nccl ? "\"nccl\"" : "null",
+          ri->nccl && ri->nccl_windows ? "true" : "false");
   for (int i = 0; i < ri->nranks; i++) {
     const perf_device_t *d = &ri->devices[i];
     fprintf(f, "%s\n    {\"rank\": %d, \"pid\": %d, \"host\": ", i ? "," : "", d->rank, d->pid);

@@ -240,11 +240,11 @@ static void keep_result(perf_rank_t *r, const perf_result_t *res) {
  * registered as NCCL symmetric windows (NCCL's fastest mode since 2.27), for this size only.
  * Every rank allocates, agrees, registers (collective), agrees: a failure on one rank stops
  * them all before NCCL waits for it. */
-static double measure_nccl_windows(perf_rank_t *r, const perf_bufs_t *b, size_t big, double *wrong) {
+static void measure_nccl_windows(perf_rank_t *r, const perf_bufs_t *b, size_t big, double t[2], double wrong[2]) {
   const size_t esize = fc_dtype_size(r->o->dtype), sbytes = b->send_elems * esize + 64, rbytes = big + 64;
   perf_bufs_t nb = *b;
   void *win[2] = {NULL, NULL};
-  double t = 0;
+  t[0] = t[1] = 0;
   nb.send = perf_nccl_mem_alloc(sbytes);
   nb.recv = perf_nccl_mem_alloc(rbytes);
   int bad = max_over_ranks(r, !nb.send || !nb.recv) > 0;
@@ -253,15 +253,14 @@ static double measure_nccl_windows(perf_rank_t *r, const perf_bufs_t *b, size_t 
   if (bad) {
     if (r->rank == 0) fprintf(stderr, "flexcoll-perf: NCCL symmetric windows of %zu bytes failed (NCCL_DEBUG=WARN says why)\n", rbytes);
     r->status = 1;
-    *wrong = 1;
+    wrong[0] = 1;
   } else {
-    t = measure(r, 1, &nb, 0, wrong);
+    for (int ip = 0; ip < 2; ip++) t[ip] = measure(r, 1, &nb, ip, &wrong[ip]);
   }
   for (int i = 0; i < 2; i++)
     if (win[i] && perf_nccl_window_deregister(r->nccl, win[i])) r->status = 1;
   perf_nccl_mem_free(nb.send);
   perf_nccl_mem_free(nb.recv);
-  return t;
 }
 
 static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
@@ -284,7 +283,7 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
     fprintf(stderr, "flexcoll-perf: rank %d: flexcoll_window_register: %s\n", r->rank, flexcoll_get_last_error(r->comm));
     r->status = 1;
   }
-  double t[2], wr[2], tn = 0, wn = 0;
+  double t[2], wr[2], tn[2] = {0, 0}, wn[2] = {0, 0};
   perf_links_t links_before, links_after;
   link_bytes(r, &links_before);
   for (int ip = 0; ip < 2; ip++) {
@@ -292,22 +291,25 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
     t[ip] = measure(r, 0, &b, ip, &wr[ip]);
   }
   link_bytes(r, &links_after);
-  if (r->nccl && r->nccl_windows) tn = measure_nccl_windows(r, &b, big, &wn);
-  else if (r->nccl) tn = measure(r, 1, &b, 0, &wn);
+  if (r->nccl && r->nccl_windows) measure_nccl_windows(r, &b, big, tn, wn);
+  else if (r->nccl)
+    for (int ip = 0; ip < 2; ip++) tn[ip] = measure(r, 1, &b, ip, &wn[ip]);
   size_t total = (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL)
                      ? b.count * (size_t)r->nranks * esize
                      : b.count * esize;
   double f = bus_factor(coll, r->nranks);
-  *wrong_total += wr[0] + wr[1] + wn;
+  *wrong_total += wr[0] + wr[1] + wn[0] + wn[1];
   if (r->rank == 0) {
-    perf_result_t res = {.bytes = total, .count = b.count, .nccl_time = tn, .nccl_wrong = wn};
+    perf_result_t res = {.bytes = total, .count = b.count, .nccl_time = tn[0], .nccl_wrong = wn[0] + wn[1],
+                         .nccl_ip_time = tn[1]};
     for (int ip = 0; ip < 2; ip++) {
       res.time[ip] = t[ip];
       res.wrong[ip] = wr[ip];
       res.algbw[ip] = t[ip] > 0 ? (double)total / t[ip] / 1e9 : 0;
       res.busbw[ip] = res.algbw[ip] * f;
     }
-    res.nccl_busbw = tn > 0 ? (double)total / tn / 1e9 * f : 0;
+    res.nccl_busbw = tn[0] > 0 ? (double)total / tn[0] / 1e9 * f : 0;
+    res.nccl_ip_busbw = tn[1] > 0 ? (double)total / tn[1] / 1e9 * f : 0;
     link_shares(&links_before, &links_after, &res);
     perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL,
                           .nccl_windows = r->nccl_windows};

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
@@ -210,6 +211,8 @@ static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
  * everywhere (every rank must split alike). */
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   char key[256];
   cache_key(comm, g, key, sizeof key);
   const char *dir = fc_cost_cache_dir();
@@ -235,9 +238,12 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
   free(all);
   FC_CHECK(res);
   if (fresh && comm->rank == 0 && dir) fc_cost_cache_save(dir, key, p->model, 2);
-  FC_INFO(FC_SUB_SCHED, "rank %d: ring lanes %s: nvlink alpha %.1f us beta %.0f MB/s, pcie alpha %.1f us beta %.0f MB/s",
-          comm->rank, all_have ? "from the cache" : "calibrated", p->model[0].alpha_us, p->model[0].beta,
-          p->model[1].alpha_us, p->model[1].beta);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  FC_INFO(FC_SUB_SCHED,
+          "rank %d: ring lanes %s in %.1f ms: nvlink alpha %.1f us beta %.0f MB/s, pcie alpha %.1f us beta %.0f MB/s",
+          comm->rank, all_have ? "from the cache" : "calibrated",
+          (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6, p->model[0].alpha_us,
+          p->model[0].beta, p->model[1].alpha_us, p->model[1].beta);
   return FLEXCOLL_SUCCESS;
 }
 

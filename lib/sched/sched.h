@@ -153,6 +153,8 @@ typedef struct fc_links {
   unsigned wait_rounds;
 } fc_links_t;
 
+/* Whether FLEXCOLL_LINKS (unset or empty: every link) names the link `name`. */
+int fc_links_names(const char *name);
 /* Open every link FLEXCOLL_LINKS names (default: every host link) that works on every rank, and
  * seed the models (from the calibration cache, else a short calibration; only with 2 links or
  * more).  Fails when no link is left, naming why each was dropped. */

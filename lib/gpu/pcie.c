@@ -301,7 +301,8 @@ static flexcoll_result_t open_board(struct flexcoll_comm *comm, fc_pcie_t *p) {
       p->board = m;
     }
   }
-  FC_CHECK(everyone(comm, ok, &all_ok));
+  flexcoll_result_t res = everyone(comm, ok, &all_ok);
+  if (res != FLEXCOLL_SUCCESS) all_ok = 0; /* the name goes below all the same */
   if (all_ok && comm->rank != 0) {
     const int fd = shm_open(name, O_RDWR, 0600);
     void *m = fd < 0 ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -310,9 +311,13 @@ static flexcoll_result_t open_board(struct flexcoll_comm *comm, fc_pcie_t *p) {
     if (fd >= 0) close(fd);
     ok = p->board != NULL;
   }
-  flexcoll_result_t res = all_ok ? everyone(comm, ok, &all_ok) : FLEXCOLL_SUCCESS;
+  if (all_ok) res = everyone(comm, ok, &all_ok);
   if (comm->rank == 0 && p->board) shm_unlink(name); /* mapped by every rank that could */
-  FC_CHECK(res);
+  if (res != FLEXCOLL_SUCCESS) {
+    if (p->board) munmap(p->board, bytes);
+    p->board = NULL;
+    return res;
+  }
   if (!all_ok) {
     if (p->board) munmap(p->board, bytes);
     p->board = NULL;

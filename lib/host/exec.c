@@ -147,16 +147,21 @@ static flexcoll_result_t post_part(fc_exec_t *x, const fc_step_t *st, int link, 
   return FLEXCOLL_SUCCESS;
 }
 
-/* The elements of st that each link carries (the balancer's split of its bytes); posted[i]
- * says whether link i gets a message: one with a share, and the first link for an empty step
- * (it still matches its peer). */
+/* The elements of st that each link carries (the balancer's split of its bytes over the links
+ * of this pair); posted[i] says whether link i gets a message: one with a share, and for an
+ * empty step the first link that reaches the peer (it still matches its peer). */
 static flexcoll_result_t split_step(fc_exec_t *x, const fc_step_t *st, size_t *counts, int *posted) {
   const fc_links_t *links = x->comm->links;
   size_t shares[FC_MAX_LINKS];
-  FC_CHECK(fc_links_split(links, st->count * x->esize, FC_SHARE_ALIGN, shares));
+  flexcoll_result_t res = fc_links_split(links, st->peer, st->count * x->esize, FC_SHARE_ALIGN, shares);
+  if (res != FLEXCOLL_SUCCESS)
+    return fc_error(x->comm, res, "no link joins rank %d and rank %d", x->comm->rank, st->peer);
+  int first = 1;
   for (int i = 0; i < links->n; i++) {
     counts[i] = shares[i] / x->esize;
-    posted[i] = counts[i] || (i == 0 && st->count == 0);
+    int reaches = links->n == 1 || links->link[i].reach[st->peer];
+    posted[i] = counts[i] || (first && reaches && st->count == 0);
+    if (reaches) first = 0;
   }
   return FLEXCOLL_SUCCESS;
 }

@@ -97,7 +97,17 @@ void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len
  * sender and the receiver of a transfer cut it the same way without a message. */
 struct flexcoll_comm;
 
+#define FC_HOST_NAME_LEN 64
+
 typedef struct fc_links {
+  /* The ranks' hosts (ranks whose host names are equal share one; lib/topo.c's hash compares
+   * the same names): host[q] indexes host_name, hosts numbered in the order of their lowest rank.
+   * order lists the ranks host by host (ranks ascending within a host) and pos is its inverse:
+   * the host algorithms' rings and trees follow it, so that a host's ranks are neighbours
+   * whatever their numbering (lib/algos, fc_algo_args_t.order). */
+  int nhosts;
+  int *host, *order, *pos;
+  char (*host_name)[FC_HOST_NAME_LEN];
   int n;
   fc_link_t link[FC_MAX_LINKS];
   fc_link_model_t model[FC_MAX_LINKS];      /* in force, identical on every rank */
@@ -119,13 +129,20 @@ typedef struct fc_links {
   unsigned wait_rounds;
 } fc_links_t;
 
-/* Open every link FLEXCOLL_LINKS names (default: every host link) that works on every rank, and
- * seed the models (from the calibration cache, else a short calibration; only with 2 links or
- * more).  Fails when no link is left, naming why each was dropped. */
+/* Learn the ranks' hosts, open every link FLEXCOLL_LINKS names (default: every host link) that
+ * works on every rank, each toward the peers it can reach (shm: the ranks of this host), and seed
+ * the models (from the calibration cache, else a short calibration; only with 2 links or more).
+ * Fails when no link is left, naming why each was dropped, or when two ranks have no link
+ * between them (FLEXCOLL_INVALID_ARGUMENT where FLEXCOLL_LINKS left it out). */
 flexcoll_result_t fc_links_open(struct flexcoll_comm *comm);
 void fc_links_close(struct flexcoll_comm *comm, int force);
-/* Cut a transfer of bytes into per-link shares (multiples of align but the fastest link's). */
-flexcoll_result_t fc_links_split(const fc_links_t *l, size_t bytes, size_t align, size_t *shares);
+/* Cut a transfer of bytes to or from peer into per-link shares (multiples of align but the fastest
+ * link's) over the links that reach peer (a link that does not gets 0); peer < 0: over every
+ * link (statistics, tests).  The same on both ends of a pair. */
+flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, size_t align, size_t *shares);
+/* Whether link i of l joins ranks p and q (from the hosts and the link's same_host: the same
+ * answer on every rank). */
+int fc_links_joins(const fc_links_t *l, int i, int p, int q);
 /* A part of `bytes` to (is_send) or from peer completed on link i us microseconds after it was
  * posted: sends count in the statistics, receives (deliveries) feed stage 2. */
 void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us, int is_send);

@@ -1,19 +1,30 @@
 /* ring.c — FC_ALGO_RING: ring allreduce / allgather / reduce-scatter, pipelined chains for
- * broadcast and reduce, and pairwise exchange for alltoall.  Rank r sends to r+1 and receives
- * from r-1 (mod n), except the reduce chain, which runs the other way so that data ends at the
- * root, and alltoall, whose round k pairs r with r+k and r-k.
+ * broadcast and reduce, and pairwise exchange for alltoall.  The ring is the ranks in
+ * fc_algo_args_t.order (host by host; rank order without it): a rank sends to the next position
+ * and receives from the previous one, except the reduce chain, which runs the other way so that
+ * data ends at the root, and alltoall, whose round k pairs rank r with r+k and r-k.
  *
  * Rounds are numbered globally (see build.h); a message is always sent and received in the same
  * global round, so schedules stay deadlock-free even with rendezvous sends. */
 #include "build.h"
 
+/* Ranks sit on the ring in a->order (rank order without it): v is this rank's position, and
+ * block b of allgather and reduce_scatter belongs to the rank at position b (rk). */
 typedef struct {
   int n, r, next, prev;
   size_t count;
+  int v;
+  const int *order, *pos;
 } ring_t;
 
+static int rk(const ring_t *g, int p) { return g->order ? g->order[p] : p; }
+static int at(const ring_t *g, int rank) { return g->pos ? g->pos[rank] : rank; }
+
 static ring_t ring_of(const fc_algo_args_t *a) {
-  ring_t g = {a->nranks, a->rank, (a->rank + 1) % a->nranks, (a->rank + a->nranks - 1) % a->nranks, a->count};
+  ring_t g = {a->nranks, a->rank, 0, 0, a->count, 0, a->order && a->pos ? a->order : NULL, a->order && a->pos ? a->pos : NULL};
+  g.v = at(&g, a->rank);
+  g.next = rk(&g, (g.v + 1) % g.n);
+  g.prev = rk(&g, (g.v + g.n - 1) % g.n);
   return g;
 }
 
@@ -26,7 +37,7 @@ static ring_t ring_of(const fc_algo_args_t *a) {
 static void ring_allreduce(fc_build_t *b, const ring_t *g) {
   int n = g->n;
   for (int s = 0; s < n - 1; s++) {
-    int sb = fc_mod(g->r - s, n), rb = fc_mod(g->r - s - 1, n);
+    int sb = fc_mod(g->v - s, n), rb = fc_mod(g->v - s - 1, n);
     fc_build_round(b);
     fc_build_send(b, g->next, s == 0 ? FC_BUF_SEND : FC_BUF_RECV, fc_block_start(g->count, n, sb),
                   fc_block_len(g->count, n, sb));
@@ -35,7 +46,7 @@ static void ring_allreduce(fc_build_t *b, const ring_t *g) {
   }
   /* Rank r now owns block r+1. */
   for (int s = 0; s < n - 1; s++) {
-    int sb = fc_mod(g->r + 1 - s, n), rb = fc_mod(g->r - s, n);
+    int sb = fc_mod(g->v + 1 - s, n), rb = fc_mod(g->v - s, n);
     fc_build_round(b);
     fc_build_send(b, g->next, FC_BUF_RECV, fc_block_start(g->count, n, sb), fc_block_len(g->count, n, sb));
     fc_build_recv(b, g->prev, FC_BUF_RECV, fc_block_start(g->count, n, rb), fc_block_len(g->count, n, rb));
@@ -48,15 +59,15 @@ static void ring_allreduce(fc_build_t *b, const ring_t *g) {
 static void ring_allgather(fc_build_t *b, const ring_t *g) {
   size_t c = g->count;
   for (int s = 0; s < g->n - 1; s++) {
-    int sb = fc_mod(g->r - s, g->n), rb = fc_mod(g->r - s - 1, g->n);
+    int sb = fc_mod(g->v - s, g->n), rb = fc_mod(g->v - s - 1, g->n);
     fc_build_round(b);
     if (s == 0) {
       fc_build_copy(b, FC_BUF_RECV, (size_t)g->r * c, FC_BUF_SEND, 0, c);
       fc_build_send(b, g->next, FC_BUF_SEND, 0, c);
     } else {
-      fc_build_send(b, g->next, FC_BUF_RECV, (size_t)sb * c, c);
+      fc_build_send(b, g->next, FC_BUF_RECV, (size_t)rk(g, sb) * c, c);
     }
-    fc_build_recv(b, g->prev, FC_BUF_RECV, (size_t)rb * c, c);
+    fc_build_recv(b, g->prev, FC_BUF_RECV, (size_t)rk(g, rb) * c, c);
   }
 }
 
@@ -69,7 +80,7 @@ static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
   size_t c = g->count;
   int n = g->n;
   for (int s = 0; s < n - 1; s++) {
-    int sb = fc_mod(g->r - s - 1, n), rb = fc_mod(g->r - s - 2, n);
+    int sb = rk(g, fc_mod(g->v - s - 1, n)), rb = rk(g, fc_mod(g->v - s - 2, n));
     fc_build_round(b);
     if (s == 0)
       fc_build_send(b, g->next, FC_BUF_SEND, (size_t)sb * c, c);
@@ -88,7 +99,7 @@ static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
  * position p receives chunk k in global round p-1+k and forwards it in round p+k, so successive
  * chunks occupy successive links at once.  A round writes chunk g-p+1 and reads chunk g-p. */
 static void ring_broadcast(fc_build_t *b, const ring_t *g, int root, size_t chunk_count) {
-  int p = fc_mod(g->r - root, g->n);
+  int p = fc_mod(g->v - at(g, root), g->n);
   fc_chunks_t ch = fc_chunks(g->count, chunk_count);
   long long first = p > 0 ? p - 1 : 0, last = p + ch.nchunks - 1;
   for (long long gr = first; gr <= last; gr++) {
@@ -110,9 +121,9 @@ static void ring_broadcast(fc_build_t *b, const ring_t *g, int root, size_t chun
  * g-d, and a slot is rewritten only after its chunk was sent) and never touch recv; the root
  * reduces straight into recv. */
 static void ring_reduce(fc_build_t *b, const ring_t *g, int root, size_t chunk_count) {
-  int n = g->n, p = fc_mod(g->r - root, n), d = n - 1 - p;
+  int n = g->n, p = fc_mod(g->v - at(g, root), n), d = n - 1 - p;
   fc_chunks_t ch = fc_chunks(g->count, chunk_count);
-  int up = (g->r + 1) % n, down = g->prev; /* receive from up, send to down */
+  int up = g->next, down = g->prev; /* receive from up, send to down */
   long long first = d > 0 ? d - 1 : 0, last = d + ch.nchunks - 1;
   for (long long gr = first; gr <= last; gr++) {
     fc_build_round(b);

@@ -408,7 +408,15 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
     memcpy(copy, recvbuf, recv_bytes);
     sendbuf = copy;
   }
-  flexcoll_result_t res = fc_algo_build(&comm->schedule, args);
+  /* Ranks on several hosts: rings and trees follow the hosts (fc_algo_args_t.order).  One host
+   * keeps rank order, the schedules measured before hosts were known. */
+  fc_algo_args_t a = *args;
+  if (comm->links && comm->links->nhosts > 1) {
+    a.order = comm->links->order;
+    a.pos = comm->links->pos;
+    a.host = comm->links->host;
+  }
+  flexcoll_result_t res = fc_algo_build(&comm->schedule, &a);
   if (res != FLEXCOLL_SUCCESS) {
     free(copy);
     return fc_error(comm, res, "cannot build the schedule of this collective (%s)", flexcoll_get_error_string(res));

@@ -54,6 +54,64 @@ static void ring_allreduce(fc_build_t *b, const ring_t *g) {
   fc_build_result(b, FC_BUF_RECV, 0, g->count);
 }
 
+/* Allreduce over hosts of L ranks each (H >= 2 hosts, L >= 2, every host alike), in two
+ * dimensions as NCCL's trees and rings go within nodes first: (A) a ring reduce-scatter within
+ * the host leaves host position l with block l+1 of the message reduced over the host; (B) the H
+ * ranks of one host position, one per host, run a ring allreduce of that block (sub-blocks by host
+ * index); (C) a ring allgather within the host.  Between hosts each rank moves 2(H-1)/H of its
+ * block, 1/L of the message, over L parallel rings instead of the flat ring's whole message on one
+ * pair per host boundary; and 2(L-1) + 2(H-1) rounds instead of 2(LH-1).  Every element is folded
+ * at exactly one rank (its sub-block's last step in B) and only copied after, so every rank holds
+ * the same bits.  Rounds: A is 0..L-2, B the next 2(H-1), C the last L-1, the same on every rank,
+ * and each message is sent and received in one round (build.h).  In place, A is the flat ring's
+ * first half; B folds recv into itself, one element-wise step per sub-block and round. */
+static int uniform_hosts(const fc_algo_args_t *a, int *hosts, int *per) {
+  if (!a->order || !a->pos || !a->host || a->nranks < 4) return 0;
+  int h = a->host[a->order[a->nranks - 1]] + 1, l = a->nranks / h;
+  if (h < 2 || l < 2 || l * h != a->nranks) return 0;
+  for (int p = 0; p < a->nranks; p++)
+    if (a->host[a->order[p]] != p / l) return 0;
+  *hosts = h;
+  *per = l;
+  return 1;
+}
+
+static void ring2d_allreduce(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
+  const int v = a->pos[a->rank], hv = v / L, lv = v % L;
+  const int lnext = a->order[hv * L + (lv + 1) % L], lprev = a->order[hv * L + (lv + L - 1) % L];
+  const int hnext = a->order[((hv + 1) % H) * L + lv], hprev = a->order[((hv + H - 1) % H) * L + lv];
+  const size_t c = a->count;
+  for (int s = 0; s < L - 1; s++) { /* A */
+    int sb = fc_mod(lv - s, L), rb = fc_mod(lv - s - 1, L);
+    fc_build_round(b);
+    fc_build_send(b, lnext, s == 0 ? FC_BUF_SEND : FC_BUF_RECV, fc_block_start(c, L, sb), fc_block_len(c, L, sb));
+    fc_build_recv_reduce(b, lprev, FC_BUF_RECV, fc_block_start(c, L, rb), FC_BUF_SEND, fc_block_start(c, L, rb),
+                         fc_block_len(c, L, rb));
+  }
+  const int own = (lv + 1) % L; /* the block this rank holds reduced over its host */
+  const size_t bs = fc_block_start(c, L, own), bl = fc_block_len(c, L, own);
+  for (int s = 0; s < H - 1; s++) { /* B: reduce-scatter of the block between hosts */
+    int sb = fc_mod(hv - s, H), rb = fc_mod(hv - s - 1, H);
+    fc_build_round(b);
+    fc_build_send(b, hnext, FC_BUF_RECV, bs + fc_block_start(bl, H, sb), fc_block_len(bl, H, sb));
+    fc_build_recv_reduce(b, hprev, FC_BUF_RECV, bs + fc_block_start(bl, H, rb), FC_BUF_RECV,
+                         bs + fc_block_start(bl, H, rb), fc_block_len(bl, H, rb));
+  }
+  for (int s = 0; s < H - 1; s++) { /* B: allgather of the block between hosts */
+    int sb = fc_mod(hv + 1 - s, H), rb = fc_mod(hv - s, H);
+    fc_build_round(b);
+    fc_build_send(b, hnext, FC_BUF_RECV, bs + fc_block_start(bl, H, sb), fc_block_len(bl, H, sb));
+    fc_build_recv(b, hprev, FC_BUF_RECV, bs + fc_block_start(bl, H, rb), fc_block_len(bl, H, rb));
+  }
+  for (int s = 0; s < L - 1; s++) { /* C */
+    int sb = fc_mod(lv + 1 - s, L), rb = fc_mod(lv - s, L);
+    fc_build_round(b);
+    fc_build_send(b, lnext, FC_BUF_RECV, fc_block_start(c, L, sb), fc_block_len(c, L, sb));
+    fc_build_recv(b, lprev, FC_BUF_RECV, fc_block_start(c, L, rb), fc_block_len(c, L, rb));
+  }
+  fc_build_result(b, FC_BUF_RECV, 0, c);
+}
+
 /* Allgather: round s forwards block r-s and receives block r-s-1.  Round 0 sends straight from
  * send so the own-block copy (skipped in place) runs alongside instead of before it. */
 static void ring_allgather(fc_build_t *b, const ring_t *g) {
@@ -167,7 +225,12 @@ static void ring_alltoall(fc_build_t *b, const ring_t *g) {
 void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
   ring_t g = ring_of(a);
   switch (a->coll) {
-    case FC_COLL_ALLREDUCE: ring_allreduce(b, &g); break;
+    case FC_COLL_ALLREDUCE: {
+      int hosts, per;
+      if (uniform_hosts(a, &hosts, &per)) ring2d_allreduce(b, a, hosts, per);
+      else ring_allreduce(b, &g);
+      break;
+    }
     case FC_COLL_ALLGATHER: ring_allgather(b, &g); break;
     case FC_COLL_REDUCE_SCATTER: ring_reduce_scatter(b, &g); break;
     case FC_COLL_BROADCAST: ring_broadcast(b, &g, a->root, a->chunk_count); break;

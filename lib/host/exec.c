@@ -24,6 +24,9 @@
 #include "transports/transports.h"
 
 FC_PARAM_INT(slice_size, "SLICE_SIZE", 1 << 20)
+/* Ranks on several hosts: schedules by the hosts (1) or in rank order (0: as before hosts were
+ * known; for comparisons). */
+FC_PARAM_INT(hierarchy, "HIERARCHY", 1)
 
 #define FC_MAX_SLICES 0xffff
 /* Link shares are whole multiples of this (a multiple of every element size). */
@@ -408,10 +411,11 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
     memcpy(copy, recvbuf, recv_bytes);
     sendbuf = copy;
   }
-  /* Ranks on several hosts: rings and trees follow the hosts (fc_algo_args_t.order).  One host
-   * keeps rank order, the schedules measured before hosts were known. */
+  /* Ranks on several hosts: rings and trees follow the hosts, allreduce goes within hosts first
+   * (fc_algo_args_t.order).  One host keeps rank order, the schedules measured before hosts were
+   * known; FLEXCOLL_HIERARCHY=0 too. */
   fc_algo_args_t a = *args;
-  if (comm->links && comm->links->nhosts > 1) {
+  if (comm->links && comm->links->nhosts > 1 && fc_param_hierarchy()) {
     a.order = comm->links->order;
     a.pos = comm->links->pos;
     a.host = comm->links->host;

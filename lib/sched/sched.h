@@ -97,7 +97,7 @@ void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len
  * sender and the receiver of a transfer cut it the same way without a message. */
 struct flexcoll_comm;
 
-#define FC_HOST_NAME_LEN 64
+#define FC_HOST_NAME_LEN 72 /* HOST_NAME_MAX (64) and its NUL, rounded up */
 
 typedef struct fc_links {
   /* The ranks' hosts (ranks whose host names are equal share one; lib/topo.c's hash compares

@@ -74,7 +74,9 @@ SW=""
 HOSTPID=""
 make_hosts() { # make_hosts NH PRIVATE_SHM
   nh=$1 private=$2
-  hold true -n sleep 100000 || skip "cannot start the switch namespace"
+  # Checked by its hostname: until unshare(2) has run, nsenter would reach this namespace.
+  hold "test \$(hostname) = fch-switch" -n -u sh -c "hostname fch-switch && exec sleep 100000" ||
+    skip "cannot start the switch namespace"
   SW=$HELD
   nsenter -t "$SW" -n "$IP" link add br0 type bridge 2>"$W/ip.err" || skip "no bridge device: $(cat "$W/ip.err")"
   nsenter -t "$SW" -n "$IP" link set br0 up

@@ -51,7 +51,8 @@ held() { # held CHECK UNSHARE-ARGS...: start a namespace holder, wait until CHEC
   done
 }
 
-held true -n sleep 100000
+# Checked by its hostname: until unshare(2) has run, nsenter would reach the caller's namespace.
+held "test \$(hostname) = fch-switch" -n -u sh -c "hostname fch-switch && exec sleep 100000"
 SW=$HELD
 nsenter -t "$SW" -n "$IP" link add br0 type bridge
 nsenter -t "$SW" -n "$IP" link set br0 up

@@ -666,8 +666,10 @@ static Suite *coll_suite(void) {
  *   matrix       the forked cases' full matrix (full_matrix: every collective, datatype and op,
  *                odd counts, both roots, in place and out, send/recv), checked against the
  *                reference, under FLEXCOLL_ALGO as set; FC_TEST_SEED must be the same on every
- *                rank (each rank computes every rank's inputs from it).  Then one line per link
- *                and peer from flexcoll_comm_get_link_stats ("link NAME peer P bytes B").
+ *                rank (each rank computes every rank's inputs from it).  Then float32 allreduces
+ *                whose results must be bitwise the same on every rank (launcher_same_bits), and
+ *                one line per link and peer from flexcoll_comm_get_link_stats ("link NAME peer P
+ *                bytes B").
  *   init         the communicator's creation alone; prints its result ("init: CODE message").
  *   until-error  float32 sum allreduces of 1 Mi elements until one fails; after 20 calls it
  *                creates the file FC_TEST_READY (the script then breaks the network).  Prints
@@ -707,6 +709,33 @@ static int launcher_until_error(flexcoll_comm_t comm, int rank) {
   return res == FLEXCOLL_REMOTE_ERROR || res == FLEXCOLL_TIMEOUT ? 0 : 1;
 }
 
+/* Every rank must hold the same bits after an allreduce, whatever the schedule (flat, host by
+ * host, two-dimensional): float32 sums whose rounding depends on the order of the fold, at a
+ * tree size, a ring size and a large one, in place; each rank's digest all-gathered and compared. */
+static int launcher_same_bits(hx_rank_t *r) {
+  static const size_t counts[] = {8195, 65543, 1000003};
+  if (r->nranks > 64) return 0;
+  for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+    const size_t count = counts[k];
+    float *buf = malloc(count * sizeof *buf);
+    uint64_t dig[64] = {0};
+    if (!buf) return hx_fail(r, "out of memory");
+    hx_data_t d = {FLEXCOLL_FLOAT32, HX_GEN_SUM, r->seed, 1000000 + k, r->nranks};
+    hx_fill(&d, r->rank, buf, 0, count);
+    snprintf(r->what, sizeof r->what, "same bits: allreduce float32 sum count %zu in place", count);
+    flexcoll_result_t res = flexcoll_allreduce(buf, buf, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL);
+    if (hx_ok(r, res, r->comm, "flexcoll_allreduce")) hx_check_reduced(r, "same bits", &d, FLEXCOLL_SUM, buf, 0, count);
+    dig[r->rank] = hx_digest(buf, count * sizeof *buf);
+    free(buf);
+    if (res != FLEXCOLL_SUCCESS) return 1;
+    res = flexcoll_allgather(&dig[r->rank], dig, 1, FLEXCOLL_UINT64, r->comm, NULL);
+    if (!hx_ok(r, res, r->comm, "flexcoll_allgather")) return 1;
+    for (int q = 0; q < r->nranks; q++)
+      if (dig[q] != dig[r->rank]) hx_fail(r, "rank %d's result differs bitwise from this rank's", q);
+  }
+  return r->errors != 0;
+}
+
 static int launcher_main(const char *mode) {
   if (strcmp(mode, "matrix") && strcmp(mode, "init") && strcmp(mode, "until-error")) {
     fprintf(stderr, "test_coll --launcher %s: the mode is matrix, init or until-error\n", mode);
@@ -736,6 +765,7 @@ static int launcher_main(const char *mode) {
     r.comm = r.comms[0] = comm;
     r.ncomms = 1;
     rc = matrix_rank(&r) != 0 || r.errors != 0;
+    if (!rc) rc = launcher_same_bits(&r);
     flexcoll_link_stats_t st[64];
     int n = 0;
     if (flexcoll_comm_get_link_stats(comm, st, 64, &n) == FLEXCOLL_SUCCESS)

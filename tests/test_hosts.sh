@@ -9,7 +9,8 @@
 # (FLEXCOLL_RANK/NRANKS/ROOT; `test_coll --launcher MODE`).  Cases:
 #   matrix3   3 hosts, ranks numbered round the hosts (rank r on host r mod 3): test_coll's full
 #             matrix (every collective, datatype, op, odd counts, roots, in place and out,
-#             send/recv) checked on every rank, default links and algorithm choice; every rank's
+#             send/recv) checked on every rank, then float32 sums that must be bitwise the same
+#             on every rank, default links and algorithm choice; every rank's
 #             link statistics must show no shm toward another host and bytes toward every peer of
 #             another host over tcp, and the log (FLEXCOLL_DEBUG=INFO) the links between the hosts
 #   matrix2   2 hosts, ranks in blocks (0,1 | 2,3), the full matrix under FLEXCOLL_ALGO=ring

@@ -4,9 +4,10 @@
  * Open: every link FLEXCOLL_LINKS names is opened on every rank (collective), toward the peers it
  * can reach (shm: the ranks of this host; tcp and rdma: every rank), and kept only where it works
  * on all ranks; every pair of ranks must then have a link.  Transfers between two ranks use the
- * links of that pair only (fc_links_split).  Stage 1: with two links or more, the models come from the calibration
- * cache when every rank has it, else from a short calibration (a ring exchange per link and
- * size), averaged over the ranks so that all ranks hold the same numbers.  Stage 2: the executors
+ * links of that pair only (fc_links_split).  Stage 1: with two links or more, the models come
+ * from the calibration cache when every rank has it, else from a short calibration (a ring
+ * exchange per link and size, around the ranks the link joins), averaged over the ranks that
+ * measured them so that all ranks hold the same numbers.  Stage 2: the executors
  * record per-link part times; every FC_STAGE2_EVERY large collectives the ranks exchange them over
  * the bootstrap and apply the same update, so the split follows a link that slows down and comes
  * back when it recovers, on every rank alike. */

@@ -21,7 +21,8 @@ static int rk(const ring_t *g, int p) { return g->order ? g->order[p] : p; }
 static int at(const ring_t *g, int rank) { return g->pos ? g->pos[rank] : rank; }
 
 static ring_t ring_of(const fc_algo_args_t *a) {
-  ring_t g = {a->nranks, a->rank, 0, 0, a->count, 0, a->order && a->pos ? a->order : NULL, a->order && a->pos ? a->pos : NULL};
+  const int hier = a->order && a->pos;
+  ring_t g = {a->nranks, a->rank, 0, 0, a->count, 0, hier ? a->order : NULL, hier ? a->pos : NULL};
   g.v = at(&g, a->rank);
   g.next = rk(&g, (g.v + 1) % g.n);
   g.prev = rk(&g, (g.v + g.n - 1) % g.n);

@@ -1,8 +1,8 @@
 /* tree.c — FC_ALGO_TREE: binomial trees, pipelined over chunks as a wavefront.
  *
  * Ranks are renumbered v = (rank - root + n) % n, or by the hierarchy where the ranks are on
- * several hosts (tnode_t.order: the root's host first, each host a contiguous range of nodes).  The parent of v > 0 is v with its lowest set
- * bit cleared; the children of v are v + 2^j for every j below that bit (every j for v = 0) with
+ * several hosts (tnode_t.order: the root's host first, each host a contiguous range of nodes).
+ * The parent of v > 0 is v with its lowest set bit cleared; the children of v are v + 2^j for every j below that bit (every j for v = 0) with
  * v + 2^j < n.  So v's subtree is the contiguous range [v, v + 2^t) with t = v's lowest bit, and
  * the depth of v is popcount(v).
  *

@@ -16,6 +16,13 @@
  * with FLEXCOLL_INVALID_USAGE and a message that says why, before enqueuing anything, so the
  * captured graph stays empty, the capture valid and the communicator usable.
  *
+ * Then the same again without peer access (FLEXCOLL_LINKS=pcie,shm,tcp: the peers' device memory
+ * is never mapped, as between GPUs that cannot reach each other): the ring kernels run every
+ * allreduce, allgather, reduce_scatter, broadcast and reduce through host memory (the pcie
+ * lane alone) and are captured and replayed (fewer times); alltoall, sends and receives and
+ * gather go through host copies and must be refused.  With FLEXCOLL_LINKS set by the caller,
+ * only that pass runs.
+ *
  * Ranks are threads of this process, all on device 0 (several ranks may share a GPU), so the
  * test runs on a one-GPU node.  Exit 77 (automake's skip) where there is no GPU.  Not under
  * CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue, threads of one process on one GPU
@@ -39,6 +46,9 @@
 /* The ring kernels are on (FLEXCOLL_RING_KERNEL unset or not 0): reduce and large calls are
  * captured and replayed, not refused. */
 static int g_ring = 1;
+/* This pass leaves nvlink out (FLEXCOLL_LINKS): no peer access; replays divided by this. */
+static int g_no_peer = 0;
+#define NO_PEER_REPLAY_DIV 10
 
 typedef struct {
   int rank;
@@ -124,9 +134,16 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
     expect_refused(r, comm, flexcoll_reduce(b->dev, b->dev + COUNT, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0, comm, s),
                    "reduce (staged schedule)");
   }
-  if (b->win)
+  /* Without peer access, the ring kernels take calls in windows too (through host memory). */
+  if (b->win && !g_no_peer)
     expect_refused(r, comm, flexcoll_allreduce(b->big_win, b->big_win, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
                    "allreduce in a window (direct mode)");
+  if (g_no_peer) {
+    expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
+                   "alltoall without peer access");
+    expect_refused(r, comm, flexcoll_send(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send without peer access");
+    expect_refused(r, comm, flexcoll_recv(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "recv without peer access");
+  }
   if (!g_ring) {
     expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
                    "alltoall (staged schedule)");
@@ -445,12 +462,18 @@ static void replay_all(rank_t *r, flexcoll_comm_t comm, const replay_bufs_t *b, 
   long replays = 0;
   for (size_t k = 0; k < NCOLLS; k++)
     for (size_t j = 0; j < NCOUNTS; j++) {
-      const long n = k == 0 && j == 2 ? LONG_REPLAYS : counts[j] == MAX_COUNT ? BIG_REPLAYS : REPLAYS;
+      const kind_t kind = colls[k].kind;
+      /* Without peer access these go through host copies: refused (refused_calls). */
+      if (g_no_peer && (kind == K_ALLTOALL || kind == K_SENDRECV || kind == K_GATHER)) continue;
+      long n = k == 0 && j == 2 ? LONG_REPLAYS : counts[j] == MAX_COUNT ? BIG_REPLAYS : REPLAYS;
+      if (g_no_peer) n /= NO_PEER_REPLAY_DIV;
       if (!replay_case(r, comm, b, s, &colls[k], counts[j], n)) return;
       cases++;
       replays += n;
     }
-  if (r->rank == 0) fprintf(stderr, "[test_capture] %d captured calls replayed %ld times in all\n", cases, replays);
+  if (r->rank == 0)
+    fprintf(stderr, "[test_capture] %d captured calls replayed %ld times in all%s\n", cases, replays,
+            g_no_peer ? " (no peer access: the ring kernels through host memory)" : "");
 }
 
 /* Device, host and window buffers of both parts; false (reported) when some allocation failed. */
@@ -546,17 +569,29 @@ int main(void) {
     return 1;
   }
   g_ring = !getenv("FLEXCOLL_RING_KERNEL") || atoi(getenv("FLEXCOLL_RING_KERNEL")) != 0;
+  const char *links = getenv("FLEXCOLL_LINKS");
+  const int passes = links ? 1 : 2;
   pthread_barrier_init(&g_barrier, NULL, NRANKS);
-  rank_t ranks[NRANKS];
-  pthread_t threads[NRANKS];
-  for (int i = 0; i < NRANKS; i++) {
-    ranks[i] = (rank_t){.rank = i, .id = id};
-    pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
-  }
   int failures = 0;
-  for (int i = 0; i < NRANKS; i++) {
-    pthread_join(threads[i], NULL);
-    failures += ranks[i].failures;
+  for (int pass = 0; pass < passes; pass++) {
+    /* The library reads FLEXCOLL_LINKS at each communicator's creation; no thread runs now. */
+    if (pass == 1) setenv("FLEXCOLL_LINKS", "pcie,shm,tcp", 1);
+    links = getenv("FLEXCOLL_LINKS");
+    g_no_peer = links && !strstr(links, "nvlink");
+    if (pass == 1 && flexcoll_get_unique_id(&id) != FLEXCOLL_SUCCESS) {
+      fprintf(stderr, "[test_capture] get_unique_id: %s\n", flexcoll_get_last_error(NULL));
+      return 1;
+    }
+    rank_t ranks[NRANKS];
+    pthread_t threads[NRANKS];
+    for (int i = 0; i < NRANKS; i++) {
+      ranks[i] = (rank_t){.rank = i, .id = id};
+      pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
+    }
+    for (int i = 0; i < NRANKS; i++) {
+      pthread_join(threads[i], NULL);
+      failures += ranks[i].failures;
+    }
   }
   fprintf(stderr, "[test_capture] %s (%d ranks on device 0)\n", failures ? "FAILED" : "passed", NRANKS);
   return failures ? 1 : 0;

@@ -34,6 +34,7 @@ typedef struct {
   size_t bytes, count;
   double time[2], algbw[2], busbw[2], wrong[2]; /* out-of-place, in-place; time 0: not run */
   double nccl_time, nccl_busbw, nccl_wrong;     /* the baseline, out of place */
+  double nccl_ip_time, nccl_ip_busbw;           /* ... in place (its wrong counts into nccl_wrong) */
   int nlinks, links_used;                       /* links that carried bytes: more than 1 to show */
   char link[PERF_MAX_LINKS][16];
   double share[PERF_MAX_LINKS];
@@ -49,6 +50,7 @@ typedef struct {
 typedef struct {
   int nranks, threads; /* ranks in all, ranks as threads of this process */
   int nccl;            /* the NCCL baseline ran */
+  int nccl_windows;    /* ... on buffers registered as NCCL symmetric windows (with -R) */
   const perf_device_t *devices;
 } perf_run_info_t;
 
@@ -121,5 +123,13 @@ int perf_nccl_init_rank(perf_nccl_comm_t **comm, int n, const void *id, int rank
 int perf_nccl_run(perf_nccl_comm_t *comm, int coll, const void *send, void *recv, size_t count, flexcoll_datatype_t dt,
                   flexcoll_op_t op, int root, void *stream);
 void perf_nccl_destroy(perf_nccl_comm_t *comm);
+/* NCCL's symmetric windows (2.27 and later): whether the library has them; buffers from
+ * ncclMemAlloc; registration with NCCL_WIN_COLL_SYMMETRIC (collective: every rank, same order).
+ * The int functions return 0 on success. */
+int perf_nccl_has_windows(void);
+void *perf_nccl_mem_alloc(size_t bytes);
+void perf_nccl_mem_free(void *p);
+int perf_nccl_window_register(perf_nccl_comm_t *comm, void *buf, size_t bytes, void **win);
+int perf_nccl_window_deregister(perf_nccl_comm_t *comm, void *win);
 
 #endif

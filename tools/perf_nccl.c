@@ -16,6 +16,12 @@ typedef int (*nccl_broadcast_fn)(const void *, void *, size_t, int, int, void *,
 typedef int (*nccl_reduce_fn)(const void *, void *, size_t, int, int, int, void *, void *);
 typedef int (*nccl_alltoall_fn)(const void *, void *, size_t, int, void *, void *);
 typedef int (*nccl_destroy_fn)(void *);
+typedef int (*nccl_mem_alloc_fn)(void **, size_t);
+typedef int (*nccl_mem_free_fn)(void *);
+typedef int (*nccl_win_register_fn)(void *, void *, size_t, void **, int);
+typedef int (*nccl_win_deregister_fn)(void *, void *);
+/* ncclCommWindowRegister's flag for NCCL's symmetric kernels (nccl.h, NCCL 2.27). */
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
 
 static struct {
   void *lib;
@@ -28,6 +34,11 @@ static struct {
   nccl_reduce_fn reduce;
   nccl_alltoall_fn alltoall; /* NCCL >= 2.28; NULL before */
   nccl_destroy_fn destroy;
+  /* NCCL >= 2.27: buffers from ncclMemAlloc registered as symmetric windows; NULL before. */
+  nccl_mem_alloc_fn mem_alloc;
+  nccl_mem_free_fn mem_free;
+  nccl_win_register_fn win_register;
+  nccl_win_deregister_fn win_deregister;
 } nccl;
 
 struct perf_nccl_comm {
@@ -51,6 +62,10 @@ int perf_nccl_load(char *err, size_t errlen) {
   nccl.reduce = (nccl_reduce_fn)dlsym(lib, "ncclReduce");
   nccl.destroy = (nccl_destroy_fn)dlsym(lib, "ncclCommDestroy");
   nccl.alltoall = (nccl_alltoall_fn)dlsym(lib, "ncclAlltoAll");
+  nccl.mem_alloc = (nccl_mem_alloc_fn)dlsym(lib, "ncclMemAlloc");
+  nccl.mem_free = (nccl_mem_free_fn)dlsym(lib, "ncclMemFree");
+  nccl.win_register = (nccl_win_register_fn)dlsym(lib, "ncclCommWindowRegister");
+  nccl.win_deregister = (nccl_win_deregister_fn)dlsym(lib, "ncclCommWindowDeregister");
   if (!nccl.get_id || !nccl.init_rank || !nccl.allreduce || !nccl.allgather || !nccl.reduce_scatter ||
       !nccl.broadcast || !nccl.reduce || !nccl.destroy) {
     snprintf(err, errlen, "libnccl.so.2 lacks an expected symbol");
@@ -97,6 +112,28 @@ int perf_nccl_run(perf_nccl_comm_t *c, int coll, const void *send, void *recv, s
     case PERF_ALLTOALL: return nccl.alltoall ? nccl.alltoall(send, recv, count, t, c->comm, stream) : 1;
     default: return nccl.reduce(send, recv, count, t, o, root, c->comm, stream);
   }
+}
+
+int perf_nccl_has_windows(void) {
+  return nccl.mem_alloc && nccl.mem_free && nccl.win_register && nccl.win_deregister;
+}
+
+void *perf_nccl_mem_alloc(size_t bytes) {
+  void *p = NULL;
+  return nccl.mem_alloc && nccl.mem_alloc(&p, bytes) == 0 ? p : NULL;
+}
+
+void perf_nccl_mem_free(void *p) {
+  if (p && nccl.mem_free) nccl.mem_free(p);
+}
+
+int perf_nccl_window_register(perf_nccl_comm_t *c, void *buf, size_t bytes, void **win) {
+  *win = NULL;
+  return !nccl.win_register || nccl.win_register(c->comm, buf, bytes, win, NCCL_WIN_COLL_SYMMETRIC) != 0;
+}
+
+int perf_nccl_window_deregister(perf_nccl_comm_t *c, void *win) {
+  return win && nccl.win_deregister ? nccl.win_deregister(c->comm, win) != 0 : 0;
 }
 
 void perf_nccl_destroy(perf_nccl_comm_t *c) {

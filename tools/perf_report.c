@@ -38,7 +38,7 @@ void perf_print_header(const perf_opts_t *o, const perf_run_info_t *ri) {
          o->graph);
   printf("# Collective %s, %d ranks, %s memory, %s %s, links %s, algorithm %s%s\n", o->coll, ri->nranks, o->memory,
          fc_dtype_name(o->dtype), redop_name(o), links && *links ? links : "all", algo && *algo ? algo : "auto",
-         ri->nccl ? ", baseline NCCL" : "");
+         ri->nccl ? (ri->nccl_windows ? ", baseline NCCL (symmetric windows)" : ", baseline NCCL (unregistered)") : "");
   printf("#\n# Using devices\n");
   for (int i = 0; i < ri->nranks; i++) {
     const perf_device_t *d = &ri->devices[i];
@@ -50,9 +50,9 @@ void perf_print_header(const perf_opts_t *o, const perf_run_info_t *ri) {
   printf("#\n");
   /* The labels sit over their groups of four columns (time, algbw, busbw, #wrong). */
   printf("#%47s  %-32s  %-32s%s\n", "", "          out-of-place", "            in-place",
-         ri->nccl ? "  NCCL, out-of-place" : "");
+         ri->nccl ? "  NCCL, out-of-place             NCCL, in-place" : "");
   printf("#%11s %12s %8s %6s %5s  %9s %7s %7s %6s  %9s %7s %7s %6s%s\n", "size", "count", "type", "redop", "root",
-         "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", ri->nccl ? "  nccl:time  busbw  flexcoll/nccl" : "");
+         "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", ri->nccl ? "  nccl:time  busbw  flexcoll/nccl  nccl:time  busbw  flexcoll/nccl" : "");
   printf("#%11s %12s %8s %6s %5s  %9s %7s %7s %6s  %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
          "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
   fflush(stdout);
@@ -64,7 +64,11 @@ void perf_print_row(const perf_opts_t *o, const perf_run_info_t *ri, const perf_
     if (r->time[ip] > 0) printf("  %9.2f %7.2f %7.2f %6.0f", r->time[ip] * 1e6, r->algbw[ip], r->busbw[ip], r->wrong[ip]);
     else printf("  %9s %7s %7s %6s", "n/a", "", "", "");
   }
-  if (ri->nccl) printf("  %9.2f %6.2f %8.3f", r->nccl_time * 1e6, r->nccl_busbw, r->time[0] > 0 ? r->nccl_time / r->time[0] : 0);
+  if (ri->nccl)
+    for (int ip = 0; ip < 2; ip++) {
+      const double tn = ip ? r->nccl_ip_time : r->nccl_time, bw = ip ? r->nccl_ip_busbw : r->nccl_busbw;
+      printf("  %9.2f %6.2f %13.3f", tn * 1e6, bw, r->time[ip] > 0 ? tn / r->time[ip] : 0);
+    }
   /* Each link's share of the bytes, where more than one carried some. */
   for (int k = 0; k < r->nlinks && r->links_used > 1; k++) printf("%s%s %.3f", k ? " " : "  links: ", r->link[k], r->share[k]);
   printf("\n");
@@ -103,7 +107,8 @@ static void json_settings(FILE *f, const perf_opts_t *o, const perf_run_info_t *
   json_str(f, links && *links ? links : "all");
   fprintf(f, ", \"algorithm\": ");
   json_str(f, algo && *algo ? algo : "auto");
-  fprintf(f, ", \"baseline\": %s},\n  \"devices\": [", ri->nccl ? "\"nccl\"" : "null");
+  fprintf(f, ", \"baseline\": %s, \"baseline_windows\": %s},\n  \"devices\": [", ri->nccl ? "\"nccl\"" : "null",
+          ri->nccl && ri->nccl_windows ? "true" : "false");
   for (int i = 0; i < ri->nranks; i++) {
     const perf_device_t *d = &ri->devices[i];
     fprintf(f, "%s\n    {\"rank\": %d, \"pid\": %d, \"host\": ", i ? "," : "", d->rank, d->pid);
@@ -119,7 +124,9 @@ static void json_result(FILE *f, const perf_result_t *r, int nccl) {
   fprintf(f, "    {\"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, \"algbw\": %.3f, \"busbw\": %.3f, \"wrong\": %.0f, "
           "\"inplace_time_us\": %.3f, \"inplace_busbw\": %.3f, \"inplace_wrong\": %.0f", r->bytes, r->count,
           r->time[0] * 1e6, r->algbw[0], r->busbw[0], r->wrong[0], r->time[1] * 1e6, r->busbw[1], r->wrong[1]);
-  if (nccl) fprintf(f, ", \"nccl_time_us\": %.3f, \"nccl_busbw\": %.3f", r->nccl_time * 1e6, r->nccl_busbw);
+  if (nccl)
+    fprintf(f, ", \"nccl_time_us\": %.3f, \"nccl_busbw\": %.3f, \"nccl_inplace_time_us\": %.3f, \"nccl_inplace_busbw\": %.3f",
+            r->nccl_time * 1e6, r->nccl_busbw, r->nccl_ip_time * 1e6, r->nccl_ip_busbw);
   fprintf(f, ", \"links\": {");
   for (int k = 0; k < r->nlinks; k++) fprintf(f, "%s\"%s\": %.4f", k ? ", " : "", r->link[k], r->share[k]);
   fprintf(f, "}}");

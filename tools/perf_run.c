@@ -28,6 +28,7 @@ typedef struct {
   int rank, nranks, device;
   flexcoll_comm_t comm;
   perf_nccl_comm_t *nccl;
+  int nccl_windows;      /* the NCCL baseline's buffers are NCCL symmetric windows (-R) */
   void *stream;
   FILE *json;
   int status;
@@ -235,6 +236,33 @@ static void keep_result(perf_rank_t *r, const perf_result_t *res) {
   v[r->nresults++] = *res;
 }
 
+/* Like for like with flexcoll's windows: the NCCL baseline on its own buffers from ncclMemAlloc,
+ * registered as NCCL symmetric windows (NCCL's fastest mode since 2.27), for this size only.
+ * Every rank allocates, agrees, registers (collective), agrees: a failure on one rank stops
+ * them all before NCCL waits for it. */
+static void measure_nccl_windows(perf_rank_t *r, const perf_bufs_t *b, size_t big, double t[2], double wrong[2]) {
+  const size_t esize = fc_dtype_size(r->o->dtype), sbytes = b->send_elems * esize + 64, rbytes = big + 64;
+  perf_bufs_t nb = *b;
+  void *win[2] = {NULL, NULL};
+  t[0] = t[1] = 0;
+  nb.send = perf_nccl_mem_alloc(sbytes);
+  nb.recv = perf_nccl_mem_alloc(rbytes);
+  int bad = max_over_ranks(r, !nb.send || !nb.recv) > 0;
+  if (!bad) bad = max_over_ranks(r, perf_nccl_window_register(r->nccl, nb.send, sbytes, &win[0]) ||
+                                        perf_nccl_window_register(r->nccl, nb.recv, rbytes, &win[1])) > 0;
+  if (bad) {
+    if (r->rank == 0) fprintf(stderr, "flexcoll-perf: NCCL symmetric windows of %zu bytes failed (NCCL_DEBUG=WARN says why)\n", rbytes);
+    r->status = 1;
+    wrong[0] = 1;
+  } else {
+    for (int ip = 0; ip < 2; ip++) t[ip] = measure(r, 1, &nb, ip, &wrong[ip]);
+  }
+  for (int i = 0; i < 2; i++)
+    if (win[i] && perf_nccl_window_deregister(r->nccl, win[i])) r->status = 1;
+  perf_nccl_mem_free(nb.send);
+  perf_nccl_mem_free(nb.recv);
+}
+
 static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
   const perf_opts_t *o = r->o;
   int coll = perf_coll_from_name(o->coll);
@@ -246,7 +274,8 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
   b.recv = perf_alloc(big + 64, r->device);
   b.host = malloc(big + 64);
   /* Symmetric windows: flexcoll's large device collectives copy straight between the ranks'
-   * buffers (the NCCL baseline gets the same buffers, unregistered, as nccl-tests does). */
+   * buffers (the NCCL baseline then gets its own, in NCCL's symmetric windows; with -R 0 it gets
+   * these, unregistered, as nccl-tests does by default). */
   flexcoll_window_t win[2] = {NULL, NULL};
   if (r->o->windows && r->device >= 0 && b.send && b.recv &&
       (flexcoll_window_register(r->comm, b.send, b.send_elems * esize + 64, &win[0]) ||
@@ -254,7 +283,7 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
     fprintf(stderr, "flexcoll-perf: rank %d: flexcoll_window_register: %s\n", r->rank, flexcoll_get_last_error(r->comm));
     r->status = 1;
   }
-  double t[2], wr[2], tn = 0, wn = 0;
+  double t[2], wr[2], tn[2] = {0, 0}, wn[2] = {0, 0};
   perf_links_t links_before, links_after;
   link_bytes(r, &links_before);
   for (int ip = 0; ip < 2; ip++) {
@@ -262,23 +291,28 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
     t[ip] = measure(r, 0, &b, ip, &wr[ip]);
   }
   link_bytes(r, &links_after);
-  if (r->nccl) tn = measure(r, 1, &b, 0, &wn);
+  if (r->nccl && r->nccl_windows) measure_nccl_windows(r, &b, big, tn, wn);
+  else if (r->nccl)
+    for (int ip = 0; ip < 2; ip++) tn[ip] = measure(r, 1, &b, ip, &wn[ip]);
   size_t total = (coll == PERF_ALLGATHER || coll == PERF_REDUCE_SCATTER || coll == PERF_ALLTOALL)
                      ? b.count * (size_t)r->nranks * esize
                      : b.count * esize;
   double f = bus_factor(coll, r->nranks);
-  *wrong_total += wr[0] + wr[1] + wn;
+  *wrong_total += wr[0] + wr[1] + wn[0] + wn[1];
   if (r->rank == 0) {
-    perf_result_t res = {.bytes = total, .count = b.count, .nccl_time = tn, .nccl_wrong = wn};
+    perf_result_t res = {.bytes = total, .count = b.count, .nccl_time = tn[0], .nccl_wrong = wn[0] + wn[1],
+                         .nccl_ip_time = tn[1]};
     for (int ip = 0; ip < 2; ip++) {
       res.time[ip] = t[ip];
       res.wrong[ip] = wr[ip];
       res.algbw[ip] = t[ip] > 0 ? (double)total / t[ip] / 1e9 : 0;
       res.busbw[ip] = res.algbw[ip] * f;
     }
-    res.nccl_busbw = tn > 0 ? (double)total / tn / 1e9 * f : 0;
+    res.nccl_busbw = tn[0] > 0 ? (double)total / tn[0] / 1e9 * f : 0;
+    res.nccl_ip_busbw = tn[1] > 0 ? (double)total / tn[1] / 1e9 * f : 0;
     link_shares(&links_before, &links_after, &res);
-    perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL};
+    perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL,
+                          .nccl_windows = r->nccl_windows};
     perf_print_row(o, &ri, &res);
     keep_result(r, &res);
   }
@@ -358,6 +392,10 @@ static void *rank_main(void *arg) {
     /* Rank 0 alone knows whether NCCL gave an id: all ranks go on, or none. */
     if (max_over_ranks(r, r->status) > 0) r->status = 1;
     else if (perf_nccl_init_rank(&r->nccl, r->nranks, id, r->rank)) r->status = 1;
+    r->nccl_windows = o->windows && r->nccl && perf_nccl_has_windows();
+    if (r->rank == 0 && o->windows && r->nccl && !r->nccl_windows)
+      fprintf(stderr, "flexcoll-perf: this NCCL has no symmetric windows (ncclCommWindowRegister, NCCL 2.27): "
+                      "the baseline runs unregistered\n");
   }
   /* Rank 0 alone writes the files; the sweep below stops every rank when it cannot. */
   if (r->rank == 0) open_outputs(r);
@@ -367,7 +405,8 @@ static void *rank_main(void *arg) {
     return NULL;
   }
   perf_device_t *devs = gather_devices(r);
-  perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL, .devices = devs};
+  perf_run_info_t ri = {.nranks = r->nranks, .threads = r->threads, .nccl = r->nccl != NULL,
+                        .nccl_windows = r->nccl_windows, .devices = devs};
   if (r->rank == 0 && !r->status && devs) perf_print_header(o, &ri);
   double wrong = 0;
   size_t esize = fc_dtype_size(o->dtype), unit = esize * (size_t)r->nranks;

@@ -289,11 +289,13 @@ static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
 void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a) {
   const int n = comm->nranks, me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
   const fc_pcie_t *p = &g->pcie;
+  /* Without peer access the neighbours' staging is not mapped (NULL): no NVLink lane. */
+  char *const next_stage = g->peers[next].stage, *const prev_stage = g->peers[prev].stage;
   *a = (fc_ring_args_t){.rank = me, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
-                        .area_next = g->peers[next].stage + g->ring_off,
+                        .area_next = next_stage ? next_stage + g->ring_off : NULL,
                         .ctr = (uint64_t *)(g->stage + g->ring_ctr_off),
-                        .ctr_next = (uint64_t *)(g->peers[next].stage + g->ring_ctr_off),
-                        .ctr_prev = (uint64_t *)(g->peers[prev].stage + g->ring_ctr_off),
+                        .ctr_next = next_stage ? (uint64_t *)(next_stage + g->ring_ctr_off) : NULL,
+                        .ctr_prev = prev_stage ? (uint64_t *)(prev_stage + g->ring_ctr_off) : NULL,
                         .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
                         .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
   if (p->on) {
@@ -351,6 +353,42 @@ static int alltoall_kernel(const struct fc_gpu *g, const fc_algo_args_t *args) {
          fc_tuner_kernels() && g->oneshot_slot >= FC_ALLTOALL_MIN_ROOM;
 }
 
+/* Whether the point-to-point kernel runs the batches: the same on every rank (communicator
+ * constants only), so that both ends of a pair use it; so it must take every batch. */
+static int p2p_kernel(const struct fc_gpu *g) { return g->ring && g->p2p_region && fc_tuner_kernels(); }
+
+/* An alltoall the alltoall kernel does not take (more ranks than it knows, or no one-shot
+ * slots) runs as one batch of the point-to-point kernel, a send and a receive per peer: one
+ * kernel per rank and call, its counters on the device, rather than the staged schedule. */
+static int alltoall_by_p2p(const struct fc_gpu *g, const fc_algo_args_t *args) {
+  return args->coll == FC_COLL_ALLTOALL && args->nranks >= 2 && 2 * (args->nranks - 1) <= FC_P2P_MAX_OPS &&
+         p2p_kernel(g) && !alltoall_kernel(g, args);
+}
+
+static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                        cudaStream_t stream);
+
+/* Our own block is a copy on the stream; every other block a send and a receive of the batch. */
+static flexcoll_result_t run_alltoall_p2p(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                          cudaStream_t stream) {
+  const int n = args->nranks, me = args->rank;
+  const size_t block = args->count * x->esize;
+  fc_p2p_op_t ops[FC_P2P_MAX_OPS];
+  void *bufs[FC_P2P_MAX_OPS];
+  int k = 0;
+  for (int d = 1; d < n; d++) {
+    const int to = (me + d) % n, from = (me + n - d) % n;
+    ops[k] = (fc_p2p_op_t){.is_send = 1, .peer = to, .count = block};
+    bufs[k++] = (char *)send + (size_t)to * block;
+    ops[k] = (fc_p2p_op_t){.is_send = 0, .peer = from, .count = block};
+    bufs[k++] = (char *)recv + (size_t)from * block;
+  }
+  if (send != recv)
+    CUDA_TRY(x->comm, cudaMemcpyAsync((char *)recv + (size_t)me * block, (const char *)send + (size_t)me * block, block,
+                                      cudaMemcpyDeviceToDevice, stream));
+  return run_p2p_kernel(x, ops, k, bufs, stream);
+}
+
 static flexcoll_result_t run_alltoall(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
                                       cudaStream_t stream) {
   fc_oneshot_args_t a = kernel_args(x->g, args);
@@ -373,10 +411,17 @@ static size_t largest_count(const fc_algo_args_t *args) {
   return send > recv ? send : recv;
 }
 
-/* With FLEXCOLL_LINKS naming pcie and not nvlink, what the ring kernels can run goes through
- * them (and so through host memory) whatever its size: not the one-shot, pipelined or direct paths. */
+/* Without peer access (or with FLEXCOLL_LINKS leaving nvlink out), what the ring kernels can run
+ * goes through them, on the pcie lane alone, whatever its size: the one-shot, pipelined and
+ * direct paths need the peers' device memory. */
 static int ring_only(const struct fc_gpu *g, const fc_algo_args_t *args) {
   return g->pcie.only && args->coll != FC_COLL_ALLTOALL;
+}
+
+/* Whether a call on a communicator without peer access runs through host copies: all that moves
+ * data between ranks but what the ring kernels take on the pcie lane. */
+static int through_host(const struct fc_gpu *g, const fc_algo_args_t *args) {
+  return !g->p2p && args->nranks > 1 && args->count && !(ring_only(g, args) && ring_takes(g, args));
 }
 
 /* Whether the one-shot kernels take the collective (sizes only: a graph's replays take the
@@ -397,15 +442,16 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
                                  const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream) {
   const struct fc_gpu *g = comm->gpu;
   const size_t esize = fc_dtype_size(dtype);
-  if (!g->p2p) return "the GPUs have no peer access, so the call runs through host copies";
+  if (through_host(g, args))
+    return g->pcie.on ? "the GPUs have no peer access and the ring kernels do not run this call, so it runs through host copies"
+                      : "the GPUs have no peer access, so the call runs through host copies";
   if (args->count == 0 || args->nranks == 1) return NULL;
   if (!takes_oneshot(g, args, esize)) {
     if (!ring_only(g, args) && fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
         fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
       return "it would take direct mode (buffers in windows, or FLEXCOLL_DIRECT=2), which keeps its counters on the host";
-    if (!pipelined(g, args) && !ring_takes(g, args) && !alltoall_kernel(g, args))
-      return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or an alltoall of more than 8 ranks or without "
-             "one-shot slots), which keeps its counters on the host";
+    if (!pipelined(g, args) && !ring_takes(g, args) && !alltoall_kernel(g, args) && !alltoall_by_p2p(g, args))
+      return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0 or FLEXCOLL_ALGO), which keeps its counters on the host";
   }
   return other_stream_refusal(g, stream);
 }
@@ -482,9 +528,6 @@ static void leave_device(struct fc_gpu *g, int prev) {
   if (prev != g->device && prev >= 0) cudaSetDevice(prev);
 }
 
-/* Whether the point-to-point kernel runs the batches: the same on every rank (communicator
- * constants only), so that both ends of a pair use it; so it must take every batch. */
-static int p2p_kernel(const struct fc_gpu *g) { return g->ring && g->p2p_region && fc_tuner_kernels(); }
 _Static_assert(FC_P2P_KERNEL_OPS >= FC_P2P_MAX_OPS, "the point-to-point kernel takes every batch");
 
 static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
@@ -576,7 +619,7 @@ static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args
   fc_dexec_t x = {.comm = comm, .g = g, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op, .capturing = capturing};
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   const size_t largest = largest_count(args);
-  if (!g->p2p) {
+  if (through_host(g, args)) {
     res = run_through_host(&x, args, sendbuf, recvbuf, user);
   } else if (args->count == 0) {
     /* nothing moves */
@@ -602,9 +645,10 @@ static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args
       if (res != FLEXCOLL_SUCCESS && done) fc_comm_set_async_error(comm, res);
       if (res != FLEXCOLL_SUCCESS || done) goto tracked;
     }
-    if (pipelined(g, args) || ring_takes(g, args) || alltoall_kernel(g, args)) {
-      res = pipelined(g, args)        ? run_pipelined(&x, args, sendbuf, recvbuf, user)
+    if (pipelined(g, args) || ring_takes(g, args) || alltoall_kernel(g, args) || alltoall_by_p2p(g, args)) {
+      res = pipelined(g, args)         ? run_pipelined(&x, args, sendbuf, recvbuf, user)
             : alltoall_kernel(g, args) ? run_alltoall(&x, args, sendbuf, recvbuf, user)
+            : alltoall_by_p2p(g, args) ? run_alltoall_p2p(&x, args, sendbuf, recvbuf, user)
                                        : run_ring(&x, args, sendbuf, recvbuf, user);
       /* As the one-shot kernels: the peers wait for this one, and it bounds its own waits. */
       if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);

@@ -340,11 +340,21 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
     g->where_hash = fc_hash_bytes(g->where_hash, &all[q].host_hash, sizeof all[q].host_hash);
     g->where_hash = fc_hash_bytes(g->where_hash, all[q].pci_bus_id, strlen(all[q].pci_bus_id));
   }
-  g->p2p = 1;
-  for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS; q++) {
-    if (q == comm->rank) { g->peers[q].stage = g->stage; continue; }
+  /* FLEXCOLL_LINKS without nvlink: no peer's device memory is used, as where peer access is
+   * missing (the ring kernels then run through host memory, the rest through host copies). */
+  const int use_nvlink = fc_links_names("nvlink");
+  g->p2p = use_nvlink;
+  g->peers[comm->rank].stage = g->stage;
+  for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS && use_nvlink; q++) {
+    if (q == comm->rank) continue;
     res = map_peer(comm, g, me, &all[q], &g->peers[q]);
     if (!g->peers[q].stage) g->p2p = 0;
+  }
+  /* Every rank must take the same path for a call: peer access one way only counts as none. */
+  if (res == FLEXCOLL_SUCCESS) {
+    int first_not = -1;
+    res = fc_bootstrap_agree(comm->bootstrap, g->p2p, &first_not);
+    if (first_not >= 0) g->p2p = 0;
   }
   /* A pipelined kernel's blocks wait for the peer's and fill most SMs: two ranks on one GPU
    * could not both be resident (each rank sees the same, so both decide alike). */
@@ -355,7 +365,9 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, struct fc_gpu
   g->p2p_blocks = g->ring_blocks < 16 ? g->ring_blocks : 16;
   if (res == FLEXCOLL_SUCCESS)
     FC_INFO(FC_SUB_GPU, "rank %d: GPU %d (%s), %s, staging %zu MB", comm->rank, g->device, me->pci_bus_id,
-            g->p2p ? "peer access to every rank" : "some peers without peer access: device collectives go through host memory",
+            g->p2p     ? "peer access to every rank"
+            : use_nvlink ? "some ranks lack peer access: device collectives go through host memory"
+                         : "nvlink left out (FLEXCOLL_LINKS): device collectives go through host memory",
             g->stage_bytes >> 20);
 out:
   free(all);

@@ -13,7 +13,8 @@
  * The split of a chunk between the lanes comes from two cost models (nvlink, pcie), calibrated
  * at creation by timing the ring kernel on each lane alone, averaged over the ranks (every rank
  * splits alike), cached on disk by the topology; FLEXCOLL_LINK_SHARES fixes it instead, and
- * FLEXCOLL_LINKS=pcie (without nvlink) sends every ring call through host memory whole. */
+ * where the ranks have no peer access (or FLEXCOLL_LINKS leaves nvlink out, which leaves the
+ * peers unmapped), the ring kernels run on this lane alone, every call through host memory whole. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -26,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
@@ -38,17 +40,6 @@
 
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
 FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 16)
-
-/* Whether FLEXCOLL_LINKS (unset: every link) names `name`. */
-static int links_name(const char *name) {
-  const char *s = fc_param_str("FLEXCOLL_LINKS", NULL);
-  if (!s || !*s) return 1;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", s);
-  for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save))
-    if (!strcmp(tok, name)) return 1;
-  return 0;
-}
 
 /* FLEXCOLL_LINK_SHARES's pcie fraction of nvlink + pcie; -1 when it names neither. */
 static double fixed_fraction(void) {
@@ -220,6 +211,8 @@ static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
  * everywhere (every rank must split alike). */
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   char key[256];
   cache_key(comm, g, key, sizeof key);
   const char *dir = fc_cost_cache_dir();
@@ -245,9 +238,12 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
   free(all);
   FC_CHECK(res);
   if (fresh && comm->rank == 0 && dir) fc_cost_cache_save(dir, key, p->model, 2);
-  FC_INFO(FC_SUB_SCHED, "rank %d: ring lanes %s: nvlink alpha %.1f us beta %.0f MB/s, pcie alpha %.1f us beta %.0f MB/s",
-          comm->rank, all_have ? "from the cache" : "calibrated", p->model[0].alpha_us, p->model[0].beta,
-          p->model[1].alpha_us, p->model[1].beta);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  FC_INFO(FC_SUB_SCHED,
+          "rank %d: ring lanes %s in %.1f ms: nvlink alpha %.1f us beta %.0f MB/s, pcie alpha %.1f us beta %.0f MB/s",
+          comm->rank, all_have ? "from the cache" : "calibrated",
+          (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6, p->model[0].alpha_us,
+          p->model[0].beta, p->model[1].alpha_us, p->model[1].beta);
   return FLEXCOLL_SUCCESS;
 }
 
@@ -265,8 +261,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   p->blocks = blocks < 1 ? 1u : (unsigned)blocks;
   if (p->blocks > g->ring_blocks / 2) p->blocks = g->ring_blocks / 2;
   int want = 1;
-  if (!links_name("pcie")) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
-  else if (!g->ring || !g->p2p) snprintf(why, sizeof why, "the ring kernels are off or some peer has no peer access"), want = 0;
+  if (!fc_links_names("pcie")) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
+  else if (!g->ring) snprintf(why, sizeof why, "the ring kernels are off (FLEXCOLL_RING_KERNEL=0)"), want = 0;
   else if (p->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
   /* Every rank decides alike on the above (communicator constants); the mappings may still fail
    * on one rank, so they are agreed on. */
@@ -300,13 +296,15 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     return FLEXCOLL_SUCCESS;
   }
   p->on = 1;
-  p->only = links_name("pcie") && !links_name("nvlink");
+  /* Without peer access (or without nvlink by choice, which leaves the peers unmapped) the
+   * NVLink lane has nowhere to write: the ring kernels run on this lane alone. */
+  p->only = !g->p2p;
   p->fixed = fixed_fraction();
   if (!p->only && p->fixed < 0) FC_CHECK(seed_models(comm, g));
   if (p->on)
     FC_INFO(FC_SUB_SCHED, "rank %d: pcie link on: %zu KiB host ring area per rank, up to %u blocks, %s", comm->rank,
             p->area_bytes >> 10, p->blocks,
-            p->only ? "every ring call through it (FLEXCOLL_LINKS)" : p->fixed >= 0 ? "fixed share" : "balanced share");
+            p->only ? "every ring call through it (no peer access)" : p->fixed >= 0 ? "fixed share" : "balanced share");
   else
     fc_pcie_close(g);
   return FLEXCOLL_SUCCESS;
@@ -330,17 +328,20 @@ size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk) {
 
 int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max) {
   const struct fc_gpu *g = comm->gpu;
-  if (!g || !g->p2p || comm->nranks < 2) return 0;
-  const int nlanes = g->ring && g->pcie.on ? 2 : 1;
+  if (!g || comm->nranks < 2) return 0;
+  /* The lanes this communicator has: nvlink with peer access, pcie where its lane is on. */
+  const int has[2] = {g->p2p, g->ring && g->pcie.on};
   static const char *const names[2] = {"nvlink", "pcie"};
-  for (int L = 0; L < nlanes && L < max; L++) {
-    flexcoll_link_stats_t *s = &stats[L];
+  int k = 0; /* lanes counted; those that fit in max written (as the host links are) */
+  for (int L = 0; L < 2; L++) {
+    if (!has[L] || k++ >= max) continue;
+    flexcoll_link_stats_t *s = &stats[k - 1];
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", names[L]);
     s->peer = (comm->rank + 1) % comm->nranks;
     s->bytes = g->pcie.sent[L];
     s->share = g->pcie.share[L];
   }
-  return nlanes;
+  return k;
 }
 #endif

@@ -182,6 +182,13 @@ static flexcoll_result_t window_register(struct flexcoll_comm *comm, void *buf, 
       goto fail;
     }
   }
+  /* Without peer access (agreed by every rank at creation) nothing is mapped: the window is
+   * kept, so that its calls and its deregistration work, and its calls take the paths without
+   * peer access (windows are a speed-up, never a requirement). */
+  if (!g->p2p) {
+    for (int q = 0; q < n; q++) peer[q] = q == me ? buf : NULL;
+    goto registered;
+  }
   res = fc_peer_mem_reserve(g, n);
   if (res != FLEXCOLL_SUCCESS) {
     res = fc_error(comm, res, "flexcoll_window_register: more than %d peer allocations mapped at once", FC_IPC_CACHE);
@@ -201,6 +208,7 @@ static flexcoll_result_t window_register(struct flexcoll_comm *comm, void *buf, 
       goto fail;
     }
   }
+registered:
   w->magic = WINDOW_MAGIC;
   w->comm = comm;
   w->base = buf;
@@ -210,7 +218,8 @@ static flexcoll_result_t window_register(struct flexcoll_comm *comm, void *buf, 
   w->mapping = peer + n;
   w->next = g->windows;
   g->windows = w;
-  FC_INFO(FC_SUB_GPU, "rank %d: window %u registered: %zu bytes at %p", me, w->id, bytes, buf);
+  FC_INFO(FC_SUB_GPU, "rank %d: window %u registered: %zu bytes at %p%s", me, w->id, bytes, buf,
+          g->p2p ? "" : " (no peer access: not mapped into the peers)");
   free(all);
   *out = w;
   return FLEXCOLL_SUCCESS;

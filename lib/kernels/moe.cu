@@ -141,6 +141,58 @@ __device__ void post_all(const fc_moe_kargs_t &a, size_t off, bool fence, int sk
   }
 }
 
+/* Vectors of 16 bytes each lane keeps in flight: a row (7168 bf16 = 896 vectors) copied or
+ * polled by one warp a vector per lane at a time would wait for one load latency per 32
+ * vectors; CU of them in flight wait once per 32 * CU.  A slab is what one warp takes at once. */
+constexpr unsigned CU = 8;
+constexpr size_t SLAB = 32 * CU;
+__device__ __forceinline__ size_t slabs_of(size_t nvec) { return (nvec + SLAB - 1) / SLAB; }
+
+/* The warp copies vectors [v0, v1) of a row (SENTINEL: a payload equal to the sentinel is
+ * changed as fix_sentinel says), all its loads before its stores. */
+__device__ __forceinline__ void warp_copy(uint4 *dst, const uint4 *src, size_t v0, size_t v1, unsigned lane,
+                                          bool sentinel, int esize, int dtype) {
+  for (size_t base = v0; base < v1; base += SLAB) {
+    uint4 x[CU];
+#pragma unroll
+    for (unsigned j = 0; j < CU; j++) {
+      const size_t v = base + j * 32 + lane;
+      if (v < v1) x[j] = __ldcg(src + v);
+    }
+#pragma unroll
+    for (unsigned j = 0; j < CU; j++) {
+      const size_t v = base + j * 32 + lane;
+      if (v < v1) dst[v] = sentinel ? fix_sentinel(x[j], esize, dtype) : x[j];
+    }
+  }
+}
+
+/* SENTINEL: the warp polls vectors [v0, v1) of a received row until none holds the sentinel,
+ * all its loads issued before it looks at any; false after a timeout or abort. */
+__device__ __forceinline__ bool warp_poll(const fc_moe_kargs_t &a, const char *row, size_t v0, size_t v1, unsigned lane,
+                                          int esize) {
+  for (size_t base = v0; base < v1; base += SLAB) {
+    uint4 x[CU];
+#pragma unroll
+    for (unsigned j = 0; j < CU; j++) {
+      const size_t v = base + j * 32 + lane;
+      if (v < v1) x[j] = ld_volatile_v4(row + 16 * v);
+    }
+#pragma unroll
+    for (unsigned j = 0; j < CU; j++) {
+      const size_t v = base + j * 32 + lane;
+      if (v >= v1) continue;
+      const long long start = clock64();
+      long long last = start;
+      while (!arrived(x[j], esize)) {
+        if (fc_wait_expired(a, start, &last)) return false;
+        x[j] = ld_volatile_v4(row + 16 * v);
+      }
+    }
+  }
+  return true;
+}
+
 __global__ void __launch_bounds__(MT) fc_moe_dispatch_kernel(const fc_moe_kargs_t a, const char *tokens, const int *ids,
                                                              int T) {
   __shared__ unsigned long long e_sh;
@@ -211,11 +263,7 @@ __global__ void __launch_bounds__(MT) fc_moe_dispatch_kernel(const fc_moe_kargs_
       char *area = a.peer[dd];
       const size_t at = (size_t)me * a.max_tokens + (size_t)rr;
       uint4 *dst = (uint4 *)(area + a.off_recv + at * a.row_bytes);
-      for (size_t v = lane; v < nvec; v += 32) {
-        uint4 x = __ldg(src + v);
-        if (a.sentinel) x = fix_sentinel(x, esize, a.dtype);
-        dst[v] = x;
-      }
+      warp_copy(dst, src, 0, nvec, lane, a.sentinel, esize, a.dtype);
       if (lane == 0) {
         const uint64_t meta = (uint64_t)e32 << 32 | (uint64_t)(kmask << 16 | (unsigned)t);
         uint64_t *mp = (uint64_t *)(area + a.off_meta) + at;
@@ -238,26 +286,24 @@ __global__ void __launch_bounds__(MT) fc_moe_dispatch_kernel(const fc_moe_kargs_
     if (blockIdx.x == 0) a.recv_counts[s] = (int)sum;
   }
   __syncthreads();
+  /* Each warp takes (row, slab) pairs: a few rows are polled by many warps at once.  The slab
+   * 0 warp of a row also waits for its meta word (SENTINEL) and copies it out. */
+  const size_t ns = a.sentinel ? slabs_of(nvec) : 1;
   bool ok = true;
   for (int s = 0; s < n && ok; s++)
-    for (size_t r = gw; r < (size_t)in_sh[s] && ok; r += nw) {
-      const size_t at = (size_t)s * a.max_tokens + r;
+    for (size_t i = gw; i < (size_t)in_sh[s] * ns && ok; i += nw) {
+      const size_t r = i / ns, sl = i % ns, at = (size_t)s * a.max_tokens + r;
       const uint64_t *mp = (const uint64_t *)(a.shared + a.off_meta) + at;
       if (a.sentinel) {
         int good = 1;
-        if (lane == 0) good = wait_word(a, mp, [e32](uint64_t v) { return (uint32_t)(v >> 32) == e32; });
+        if (sl == 0 && lane == 0) good = wait_word(a, mp, [e32](uint64_t v) { return (uint32_t)(v >> 32) == e32; });
         good = __shfl_sync(0xffffffffu, good, 0);
-        const char *row = a.shared + a.off_recv + at * a.row_bytes;
-        for (size_t v = lane; v < nvec && good; v += 32) {
-          const long long start = clock64();
-          long long last = start;
-          while (!arrived(ld_volatile_v4(row + 16 * v), esize))
-            if (fc_wait_expired(a, start, &last)) { good = 0; break; }
-        }
+        const size_t v0 = sl * SLAB, v1 = v0 + SLAB < nvec ? v0 + SLAB : nvec;
+        if (good) good = warp_poll(a, a.shared + a.off_recv + at * a.row_bytes, v0, v1, lane, esize);
         ok = __all_sync(0xffffffffu, good);
         if (!ok) break;
       }
-      if (lane == 0) a.recv_meta[at] = (int)(uint32_t)fc_ld_volatile(mp);
+      if (sl == 0 && lane == 0) a.recv_meta[at] = (int)(uint32_t)fc_ld_volatile(mp);
     }
   if (!ok && lane == 0) set_timeout(a);
 }
@@ -299,48 +345,68 @@ __device__ __forceinline__ uint4 from_float(const float *f, int dtype) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* Step 3 of combine for one warp's token t; false after a timeout (SENTINEL polls). */
+/* Step 3 of combine for vectors [v0, v1) of token t, by one warp: per k, the lanes' RU vectors
+ * of that row are loaded (SENTINEL: polled) together, then folded in k order; false after a
+ * timeout (SENTINEL polls). */
+constexpr unsigned RU = 4;
 template <int ES>
-__device__ bool reduce_token(const fc_moe_kargs_t &a, const char *eout, char *out, size_t t,
-                             const int *rt, const float *wt, unsigned lane) {
+__device__ bool reduce_slab(const fc_moe_kargs_t &a, const char *eout, char *out, size_t t, const int *rt,
+                            const float *wt, unsigned lane, size_t v0, size_t v1) {
   constexpr int E = 16 / ES;
-  const size_t nvec = a.row_bytes / 16;
   const int me = a.rank;
-  for (size_t v = lane; v < nvec; v += 32) {
-    float acc[E];
+  for (size_t base = v0; base < v1; base += 32 * RU) {
+    float acc[RU][E];
 #pragma unroll
-    for (int j = 0; j < E; j++) acc[j] = 0.0f;
+    for (unsigned u = 0; u < RU; u++)
+#pragma unroll
+      for (int j = 0; j < E; j++) acc[u][j] = 0.0f;
     for (int k = 0; k < a.top_k; k++) {
       const int r = rt[k];
       if (r < 0) continue;
       const int d = r / a.max_tokens, slot = r % a.max_tokens;
-      uint4 x;
-      if (d == me) {
-        x = __ldcg((const uint4 *)(eout + ((size_t)me * a.max_tokens + slot) * a.row_bytes) + v);
-      } else {
-        const char *p = a.shared + a.off_comb + ((size_t)d * a.max_tokens + slot) * a.row_bytes + 16 * v;
-        if (a.sentinel) {
-          const long long start = clock64();
-          long long last = start;
-          while (!arrived(x = ld_volatile_v4(p), ES))
-            if (fc_wait_expired(a, start, &last)) return false;
-        } else {
-          x = __ldcg((const uint4 *)p);
-        }
+      const char *row = d == me ? eout + ((size_t)me * a.max_tokens + slot) * a.row_bytes
+                                : a.shared + a.off_comb + ((size_t)d * a.max_tokens + slot) * a.row_bytes;
+      const bool poll = d != me && a.sentinel;
+      uint4 x[RU];
+#pragma unroll
+      for (unsigned u = 0; u < RU; u++) {
+        const size_t v = base + u * 32 + lane;
+        if (v < v1) x[u] = poll ? ld_volatile_v4(row + 16 * v) : __ldcg((const uint4 *)row + v);
       }
-      float f[E];
-      to_float<ES>(x, a.dtype, f);
       const float w = wt[k];
 #pragma unroll
-      for (int j = 0; j < E; j++) acc[j] = fc_fadd(acc[j], fc_fmul(w, f[j]));
+      for (unsigned u = 0; u < RU; u++) {
+        const size_t v = base + u * 32 + lane;
+        if (v >= v1) continue;
+        if (poll) {
+          const long long start = clock64();
+          long long last = start;
+          while (!arrived(x[u], ES)) {
+            if (fc_wait_expired(a, start, &last)) return false;
+            x[u] = ld_volatile_v4(row + 16 * v);
+          }
+        }
+        float f[E];
+        to_float<ES>(x[u], a.dtype, f);
+#pragma unroll
+        for (int j = 0; j < E; j++) acc[u][j] = fc_fadd(acc[u][j], fc_fmul(w, f[j]));
+      }
     }
-    ((uint4 *)(out + t * a.row_bytes))[v] = from_float<ES>(acc, a.dtype);
+#pragma unroll
+    for (unsigned u = 0; u < RU; u++) {
+      const size_t v = base + u * 32 + lane;
+      if (v < v1) ((uint4 *)(out + t * a.row_bytes))[v] = from_float<ES>(acc[u], a.dtype);
+    }
     if (a.sentinel)
       for (int k = 0; k < a.top_k; k++) {
         const int r = rt[k];
         if (r < 0 || r / a.max_tokens == me) continue;
-        char *p = a.shared + a.off_comb + (size_t)r * a.row_bytes + 16 * v;
-        *(uint4 *)p = make_uint4(~0u, ~0u, ~0u, ~0u);
+        char *p = a.shared + a.off_comb + (size_t)r * a.row_bytes;
+#pragma unroll
+        for (unsigned u = 0; u < RU; u++) {
+          const size_t v = base + u * 32 + lane;
+          if (v < v1) ((uint4 *)p)[v] = make_uint4(~0u, ~0u, ~0u, ~0u);
+        }
       }
   }
   return true;
@@ -359,19 +425,17 @@ __global__ void __launch_bounds__(MT) fc_moe_combine_kernel(const fc_moe_kargs_t
   for (int q = threadIdx.x; q < n; q += blockDim.x) cnt_sh[q] = a.recv_counts[q];
   __syncthreads();
 
-  /* 1. push */
+  /* 1. push: (row, slab) pairs over the warps */
+  const size_t ns = slabs_of(nvec);
   for (int d = 1; d < n; d++) {
     const int s = (me + d) % n;
     char *area = a.peer[s];
-    for (size_t r = gw; r < (size_t)cnt_sh[s]; r += nw) {
+    for (size_t i = gw; i < (size_t)cnt_sh[s] * ns; i += nw) {
+      const size_t r = i / ns, v0 = (i % ns) * SLAB, v1 = v0 + SLAB < nvec ? v0 + SLAB : nvec;
       const size_t at = (size_t)s * a.max_tokens + r;
       const uint4 *src = (const uint4 *)(eout + at * a.row_bytes);
       uint4 *dst = (uint4 *)(area + a.off_comb + ((size_t)me * a.max_tokens + r) * a.row_bytes);
-      for (size_t v = lane; v < nvec; v += 32) {
-        uint4 x = __ldcg(src + v);
-        if (a.sentinel) x = fix_sentinel(x, esize, a.dtype);
-        dst[v] = x;
-      }
+      warp_copy(dst, src, v0, v1, lane, a.sentinel, esize, a.dtype);
     }
   }
   /* 2. */
@@ -380,16 +444,17 @@ __global__ void __launch_bounds__(MT) fc_moe_combine_kernel(const fc_moe_kargs_t
     if (!wait_all(a, a.off_cflag, e, false, me)) return;
   }
 
-  /* 3. reduce */
+  /* 3. reduce: (token, slab) pairs over the warps, so that a few tokens use many warps */
   bool ok = true;
-  for (size_t t = gw; t < (size_t)T && ok; t += nw) {
+  for (size_t i = gw; i < (size_t)T * ns && ok; i += nw) {
+    const size_t t = i / ns, v0 = (i % ns) * SLAB, v1 = v0 + SLAB < nvec ? v0 + SLAB : nvec;
     if ((int)lane < a.top_k) {
       rt_sh[warp][lane] = a.route[t * a.top_k + lane];
       wt_sh[warp][lane] = weights[t * a.top_k + lane];
     }
     __syncwarp();
-    const bool good = esize == 4 ? reduce_token<4>(a, eout, out, t, rt_sh[warp], wt_sh[warp], lane)
-                                 : reduce_token<2>(a, eout, out, t, rt_sh[warp], wt_sh[warp], lane);
+    const bool good = esize == 4 ? reduce_slab<4>(a, eout, out, t, rt_sh[warp], wt_sh[warp], lane, v0, v1)
+                                 : reduce_slab<2>(a, eout, out, t, rt_sh[warp], wt_sh[warp], lane, v0, v1);
     ok = __all_sync(0xffffffffu, good);
     __syncwarp();
   }

@@ -408,10 +408,13 @@ struct fc_ring_visit {
   }
 };
 
-bool fc_ring_args_ok(const fc_ring_args_t *a) {
+/* nvlink: whether the NVLink lane carries bytes (without peer access it has no peer area and
+ * the pcie lane takes whole chunks). */
+bool fc_ring_args_ok(const fc_ring_args_t *a, bool nvlink) {
   return a && a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
-         a->area && a->area_next && a->ctr && a->ctr_next && a->ctr_prev && ((uintptr_t)a->area & 15u) == 0 &&
-         ((uintptr_t)a->area_next & 15u) == 0 && (a->area_bytes & 15u) == 0 && a->blocks >= 1 &&
+         (!nvlink || (a->area && a->area_next && a->ctr && a->ctr_next && a->ctr_prev && ((uintptr_t)a->area & 15u) == 0 &&
+                      ((uintptr_t)a->area_next & 15u) == 0)) &&
+         (a->area_bytes & 15u) == 0 && a->blocks >= 1 &&
          a->blocks <= FC_MAX_BLOCKS && a->subslots >= 2 && a->subslots <= 8 &&
          (!a->pc_chunk_bytes ||
           (a->pc_area && a->pc_area_next && a->pc_ctr && a->pc_ctr_next && a->pc_ctr_prev &&
@@ -429,7 +432,9 @@ extern "C" int fc_kernel_ring_collective(const fc_ring_args_t *args, fc_ring_col
   if (reduces && ((unsigned)dtype >= FLEXCOLL_NUM_DATATYPES || (unsigned)op >= FLEXCOLL_NUM_OPS))
     return (int)cudaErrorInvalidValue;
   if (bytes == 0) return (int)cudaSuccess; /* nothing launched, on every rank alike */
-  if (!fc_ring_args_ok(args) || root < 0 || root >= args->nranks) return (int)cudaErrorInvalidValue;
+  if (!args || args->nranks < 2) return (int)cudaErrorInvalidValue;
+  const bool nvlink = args->pc_chunk_bytes < fc_ring_chunk_bytes(coll, bytes, args->nranks);
+  if (!fc_ring_args_ok(args, nvlink) || root < 0 || root >= args->nranks) return (int)cudaErrorInvalidValue;
   fc_ring_launch l = {args, {}, 0, op == FLEXCOLL_AVG && reduces, (cudaStream_t)stream};
   if (!fc_ring_plan(args, coll, bytes, root, &l.io, &l.grid)) return (int)cudaErrorInvalidValue;
   l.io.send = (const char *)sendbuf;

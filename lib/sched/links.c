@@ -55,6 +55,16 @@ int fc_link_name_known(const char *name) {
   return 0;
 }
 
+int fc_links_names(const char *name) {
+  const char *s = fc_param_str("FLEXCOLL_LINKS", NULL);
+  if (!s || !*s) return 1;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save))
+    if (!strcmp(tok, name)) return 1;
+  return 0;
+}
+
 static double now_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);

@@ -129,6 +129,8 @@ typedef struct fc_links {
   unsigned wait_rounds;
 } fc_links_t;
 
+/* Whether FLEXCOLL_LINKS (unset or empty: every link) names the link `name`. */
+int fc_links_names(const char *name);
 /* Learn the ranks' hosts, open every link FLEXCOLL_LINKS names (default: every host link) that
  * works on every rank, each toward the peers it can reach (shm: the ranks of this host), and seed
  * the models (from the calibration cache, else a short calibration; only with 2 links or more).

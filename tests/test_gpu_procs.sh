@@ -1,0 +1,65 @@
+#!/bin/sh
+# test_gpu_procs.sh — device collectives with ranks as separate processes (tests/test_onegpu runs
+# them as threads): every collective of flexcoll-perf (allreduce, allgather, reduce_scatter,
+# broadcast, reduce, alltoall), three datatype/op pairs, 2, 3 and 4 ranks (2 and 3 without
+# peer access), 8 B to 16 MiB by
+# factors of 8 (the LL, one-shot, ring and alltoall kernels), out of place and in place, every
+# result checked by flexcoll-perf (-c 1), once with the default links and once without peer
+# access (FLEXCOLL_LINKS=pcie,shm,tcp: the ring kernels through host memory, the rest through
+# host copies).  The ranks share the GPUs present (device = local rank modulo the GPUs), so the
+# test runs on a one-GPU node; through CUDA IPC and shared host memory between processes, which
+# threads of one process never use.  Exit 77 (automake's skip) where there is no GPU.
+set -u
+perf=${PERF:-./tools/flexcoll-perf}
+[ -x "$perf" ] || { echo "test_gpu_procs: no $perf"; exit 99; }
+nvidia-smi -L 2>/dev/null | grep -q '^GPU' || { echo "test_gpu_procs: no GPU here: skipped"; exit 77; }
+# One GPU test at a time (tests/gpu_serial.h): the same lock file, held until this script exits.
+lock="${TMPDIR:-/tmp}/flexcoll-gpu-tests.$(id -u).lock"
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$lock" && flock 9
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_gpu_procs.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+export NCCL_NVLS_ENABLE=0 FLEXCOLL_TIMEOUT_MS=20000
+port=$((23000 + $$ % 8000)) pass=0 fail=0
+
+# One run: n processes in launcher mode; passes when every rank exits 0 (flexcoll-perf exits 1
+# on a wrong element or a failed call).
+run() {
+  n=$1 links=$2
+  shift 2
+  port=$((port + 1))
+  pids="" r=0
+  while [ $r -lt "$n" ]; do
+    FLEXCOLL_LINKS=$links FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=$n FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r \
+      timeout 120 "$perf" "$@" -n 2 -w 1 -c 1 >"$tmp/out.$r" 2>&1 &
+    pids="$pids $!"
+    r=$((r + 1))
+  done
+  bad=0
+  for p in $pids; do wait "$p" || bad=1; done
+  if [ $bad = 0 ]; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}, $*"
+    grep -hE "wrong|failed|rror" "$tmp"/out.* | sort | uniq -c | head -5
+  fi
+}
+
+for links in "" pcie,shm,tcp; do
+  ns="2 3 4"
+  [ -n "$links" ] && ns="2 3"
+  for n in $ns; do
+    for coll in allreduce allgather reduce_scatter broadcast reduce alltoall; do
+      for dt_op in "float32 sum" "bfloat16 max" "int32 sum"; do
+        # shellcheck disable=SC2086
+        set -- $dt_op
+        case $coll in allgather|broadcast|alltoall) [ "$1" = float32 ] || continue ;; esac
+        run "$n" "$links" --coll "$coll" -d "$1" -o "$2" -r $((n - 1)) -b 8 -e 16M -f 8
+      done
+    done
+  done
+done
+echo "test_gpu_procs: $pass runs passed, $fail failed"
+[ $fail = 0 ]

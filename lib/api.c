@@ -524,7 +524,8 @@ flexcoll_result_t flexcoll_comm_get_link_stats(flexcoll_comm_t comm, flexcoll_li
   int n = 0;
   for (int i = 0; l && i < l->n; i++)
     for (int q = 0; q < comm->nranks; q++) {
-      if (q == comm->rank) continue;
+      /* The pairs the link joins only (shm: the ranks of this host). */
+      if (q == comm->rank || !l->link[i].reach[q]) continue;
       if (n < max_links) {
         flexcoll_link_stats_t *s = &stats[n];
         memset(s, 0, sizeof *s);

@@ -62,6 +62,8 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_SLICE_SIZE", FC_PK_INT, "1048576", "bytes per host transfer slice", 1, 1, BIG, NULL},
     {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks", 1, 0,
      0, NULL},
+    {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce within hosts first (0: rank order)",
+     1, 0, 1, NULL},
     {"FLEXCOLL_LINK_SHARES", FC_PK_SHARES, "(balanced)", "fixed fractions per link instead of the balancer, e.g. shm:0.7,tcp:0.3",
      1, 0, 0, NULL},
     {"FLEXCOLL_VERBS_PROVIDER", FC_PK_TEXT, "(libibverbs.so.1)", "the rdma link's verbs library: a path, or fake (the test suite's)", 0,

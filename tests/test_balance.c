@@ -576,7 +576,7 @@ static double lanes_run(lanes_t *s, const fc_link_model_t *truth, double slow, s
     size_t shares[LANE_RANKS][2];
     for (int q = 0; q < LANE_RANKS; q++) {
       lane_rank_t *r = &s->rank[q];
-      ck_assert_int_eq(fc_stage2_split(r->model, r->probe, 2, chunk, 16, shares[q]), FLEXCOLL_SUCCESS);
+      ck_assert_int_eq(fc_stage2_split(r->model, NULL, r->probe, 2, chunk, 16, shares[q]), FLEXCOLL_SUCCESS);
       ck_assert_uint_eq(shares[q][0] + shares[q][1], chunk);
       ck_assert_msg(shares[q][1] == shares[0][1], "call %d: rank %d puts %zu bytes on pcie, rank 0 %zu", s->calls, q,
                     shares[q][1], shares[0][1]);
@@ -616,7 +616,7 @@ START_TEST(test_lanes_stage2) {
   const size_t chunk = 64u << 20;
   int probes = 0;
   size_t first[2];
-  ck_assert_int_eq(fc_stage2_split(s.rank[0].model, NULL, 2, chunk, 16, first), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_stage2_split(s.rank[0].model, NULL, NULL, 2, chunk, 16, first), FLEXCOLL_SUCCESS);
   ck_assert_uint_eq(first[1], 0);
   const double fair = 25000.0 / 425000.0;
   const double settled = lanes_run(&s, truth, 1, chunk, 160, &probes);

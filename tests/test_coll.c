@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dtype.h"
 #include "harness.h"
@@ -659,7 +660,129 @@ static Suite *coll_suite(void) {
   return s;
 }
 
-int main(void) {
+/* ---- launcher mode: one rank of a job that a script starts (tests/test_hosts.sh) --------------
+ * `test_coll --launcher MODE` is one rank: flexcoll_comm_init_from_env (FLEXCOLL_RANK, NRANKS,
+ * ROOT), then MODE:
+ *   matrix       the forked cases' full matrix (full_matrix: every collective, datatype and op,
+ *                odd counts, both roots, in place and out, send/recv), checked against the
+ *                reference, under FLEXCOLL_ALGO as set; FC_TEST_SEED must be the same on every
+ *                rank (each rank computes every rank's inputs from it).  Then float32 allreduces
+ *                whose results must be bitwise the same on every rank (launcher_same_bits), and
+ *                one line per link and peer from flexcoll_comm_get_link_stats ("link NAME peer P
+ *                bytes B").
+ *   init         the communicator's creation alone; prints its result ("init: CODE message").
+ *   until-error  float32 sum allreduces of 1 Mi elements until one fails; after 20 calls it
+ *                creates the file FC_TEST_READY (the script then breaks the network).  Prints
+ *                "error CODE after N calls at T" (T: CLOCK_REALTIME seconds) and exits 0 when
+ *                the error is REMOTE_ERROR or TIMEOUT, 1 otherwise or when none came within
+ *                FC_TEST_LOOP_S seconds (default 120).
+ * Exit 0 on success. */
+static double realtime_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int launcher_until_error(flexcoll_comm_t comm, int rank) {
+  const size_t count = 1u << 20;
+  float *buf = malloc(count * sizeof *buf);
+  if (!buf) return 1;
+  for (size_t i = 0; i < count; i++) buf[i] = (float)(i % 7);
+  const char *ready = getenv("FC_TEST_READY"), *limit_s = getenv("FC_TEST_LOOP_S");
+  double limit = hx_now() + (limit_s ? atof(limit_s) : 120.0);
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  long calls = 0;
+  while (res == FLEXCOLL_SUCCESS && hx_now() < limit) {
+    res = flexcoll_allreduce(buf, buf, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);
+    if (res == FLEXCOLL_SUCCESS && ++calls == 20 && ready) {
+      FILE *f = fopen(ready, "w");
+      if (f) fclose(f);
+    }
+  }
+  free(buf);
+  if (res == FLEXCOLL_SUCCESS) {
+    printf("rank %d: no error within the limit (%ld calls)\n", rank, calls);
+    return 1;
+  }
+  printf("rank %d: error %d (%s) after %ld calls at %.3f: %s\n", rank, (int)res, flexcoll_get_error_string(res), calls,
+         realtime_s(), flexcoll_get_last_error(comm));
+  return res == FLEXCOLL_REMOTE_ERROR || res == FLEXCOLL_TIMEOUT ? 0 : 1;
+}
+
+/* Every rank must hold the same bits after an allreduce, whatever the schedule (flat, host by
+ * host, two-dimensional): float32 sums whose rounding depends on the order of the fold, at a
+ * tree size, a ring size and a large one, in place; each rank's digest all-gathered and compared. */
+static int launcher_same_bits(hx_rank_t *r) {
+  static const size_t counts[] = {8195, 65543, 1000003};
+  if (r->nranks > 64) return 0;
+  for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+    const size_t count = counts[k];
+    float *buf = malloc(count * sizeof *buf);
+    uint64_t dig[64] = {0};
+    if (!buf) return hx_fail(r, "out of memory");
+    hx_data_t d = {FLEXCOLL_FLOAT32, HX_GEN_SUM, r->seed, 1000000 + k, r->nranks};
+    hx_fill(&d, r->rank, buf, 0, count);
+    snprintf(r->what, sizeof r->what, "same bits: allreduce float32 sum count %zu in place", count);
+    flexcoll_result_t res = flexcoll_allreduce(buf, buf, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL);
+    if (hx_ok(r, res, r->comm, "flexcoll_allreduce")) hx_check_reduced(r, "same bits", &d, FLEXCOLL_SUM, buf, 0, count);
+    dig[r->rank] = hx_digest(buf, count * sizeof *buf);
+    free(buf);
+    if (res != FLEXCOLL_SUCCESS) return 1;
+    res = flexcoll_allgather(&dig[r->rank], dig, 1, FLEXCOLL_UINT64, r->comm, NULL);
+    if (!hx_ok(r, res, r->comm, "flexcoll_allgather")) return 1;
+    for (int q = 0; q < r->nranks; q++)
+      if (dig[q] != dig[r->rank]) hx_fail(r, "rank %d's result differs bitwise from this rank's", q);
+  }
+  return r->errors != 0;
+}
+
+static int launcher_main(const char *mode) {
+  if (strcmp(mode, "matrix") && strcmp(mode, "init") && strcmp(mode, "until-error")) {
+    fprintf(stderr, "test_coll --launcher %s: the mode is matrix, init or until-error\n", mode);
+    return 2;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  flexcoll_comm_t comm = NULL;
+  double t0 = hx_now();
+  flexcoll_result_t res = flexcoll_comm_init_from_env(&comm, NULL);
+  if (!strcmp(mode, "init") || res != FLEXCOLL_SUCCESS) {
+    printf("init: %d %s: %s (%.1f s)\n", (int)res, flexcoll_get_error_string(res), flexcoll_get_last_error(comm),
+           hx_now() - t0);
+    if (comm) flexcoll_comm_destroy(comm);
+    return res == FLEXCOLL_SUCCESS ? 0 : 3;
+  }
+  int rank = 0, nranks = 0;
+  flexcoll_comm_user_rank(comm, &rank);
+  flexcoll_comm_count(comm, &nranks);
+  int rc;
+  if (!strcmp(mode, "until-error")) {
+    rc = launcher_until_error(comm, rank);
+    flexcoll_comm_abort(comm);
+  } else {
+    hx_opts_t o = {.label = "launcher", .algo = getenv("FLEXCOLL_ALGO")};
+    hx_rank_t r;
+    hx_rank_init(&r, &o, rank, nranks, (void *)&full_matrix);
+    r.comm = r.comms[0] = comm;
+    r.ncomms = 1;
+    rc = matrix_rank(&r) != 0 || r.errors != 0;
+    if (!rc) rc = launcher_same_bits(&r);
+    flexcoll_link_stats_t st[64];
+    int n = 0;
+    if (flexcoll_comm_get_link_stats(comm, st, 64, &n) == FLEXCOLL_SUCCESS)
+      for (int i = 0; i < n && i < 64; i++)
+        printf("rank %d: link %s peer %d bytes %llu\n", rank, st[i].name, st[i].peer, st[i].bytes);
+    printf("rank %d: matrix %s in %.1f s\n", rank, rc ? "FAILED" : "passed", hx_now() - t0);
+  }
+  flexcoll_comm_destroy(comm);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && !strcmp(argv[1], "--launcher")) return launcher_main(argv[2]);
+  if (argc != 1) {
+    fprintf(stderr, "usage: test_coll [--launcher matrix|init|until-error]\n");
+    return 2;
+  }
   uint64_t seed = hx_seed(); /* chosen and printed once; the forked tests inherit it */
   double t0 = hx_now();
   SRunner *sr = srunner_create(coll_suite());

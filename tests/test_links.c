@@ -186,7 +186,7 @@ static double sim_share(const fc_link_model_t *truth, fc_links_t *l, double slow
   double share = 0;
   for (int k = 0; k < rounds; k++) {
     size_t shares[2];
-    ck_assert_int_eq(fc_links_split(l, bytes, 4096, shares), FLEXCOLL_SUCCESS);
+    ck_assert_int_eq(fc_links_split(l, -1, bytes, 4096, shares), FLEXCOLL_SUCCESS);
     ck_assert_uint_eq(shares[0] + shares[1], bytes);
     double parts[2], b[2], us[2];
     for (int i = 0; i < 2; i++) {

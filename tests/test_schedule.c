@@ -9,7 +9,8 @@
  * After the run, recv must hold the reference result and every other cell (guards, the user's send
  * buffer, a non-root's recv in reduce) must be untouched; only scratch may change.
  * Point-to-point batches (fc_algo_build_p2p) run on the same simulator, with each op's buffer
- * FC_BUF_EXT + i a separate region of the rank's array.
+ * FC_BUF_EXT + i a separate region of the rank's array.  test_hierarchy_sweep runs every algorithm
+ * again with the ranks on several hosts (fc_algo_args_t.order: rings and trees host by host).
  */
 #include <check.h>
 #include <stdarg.h>
@@ -524,6 +525,59 @@ START_TEST(test_sweep) {
 }
 END_TEST
 
+/* Ranks on several hosts: the hierarchy lib/sched/links.c hands the algorithms (hosts numbered by
+ * their lowest rank, order host by host, pos its inverse), from a raw host per rank. */
+static int h_host[MAXN], h_order[MAXN], h_pos[MAXN];
+
+static void make_hierarchy(int n, const int *raw) {
+  int id[MAXN], nh = 0;
+  for (int r = 0; r < n; r++) {
+    h_host[r] = -1;
+    for (int q = 0; q < r && h_host[r] < 0; q++)
+      if (raw[q] == raw[r]) h_host[r] = h_host[q];
+    if (h_host[r] < 0) h_host[r] = nh++;
+    id[r] = h_host[r];
+  }
+  int k = 0;
+  for (int h = 0; h < nh; h++)
+    for (int r = 0; r < n; r++)
+      if (id[r] == h) { h_order[k] = r; h_pos[r] = k++; }
+}
+
+/* Every collective and algorithm with the ranks spread over hosts: round the hosts (2 and 3),
+ * in uneven blocks, and scattered; results checked as in test_sweep (bitwise agreement of
+ * allreduce under an order-sensitive op included).  _i = coll * FC_NUM_ALGOS + algo. */
+START_TEST(test_hierarchy_sweep) {
+  fc_algo_args_t a = {0};
+  a.coll = (fc_coll_t)(_i / FC_NUM_ALGOS);
+  a.algo = (fc_algo_t)(_i % FC_NUM_ALGOS);
+  if (!fc_algo_supports(a.coll, a.algo)) return;
+  int rooted = a.coll == FC_COLL_BROADCAST || a.coll == FC_COLL_REDUCE, cfg = 0;
+  static const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 11, 16};
+  for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+    int n = sizes[si];
+    for (int layout = 0; layout < 4; layout++) {
+      int raw[MAXN];
+      for (int r = 0; r < n; r++)
+        raw[r] = layout == 0 ? r % 2 : layout == 1 ? r % 3 : layout == 2 ? (r >= n / 3) : (r * 7 + 3) % 5 % 3;
+      make_hierarchy(n, raw);
+      a.order = h_order;
+      a.pos = h_pos;
+      a.host = h_host;
+      int roots[3] = {0, n - 1, n / 2}, nroots = rooted ? 3 : 1;
+      size_t counts[] = {0, 1, 7, (size_t)n + 1, 1000};
+      for (int ri = 0; ri < nroots; ri++)
+        for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+          a.nranks = n;
+          a.root = roots[ri];
+          a.count = counts[k];
+          sweep_one(a, cfg++);
+        }
+    }
+  }
+}
+END_TEST
+
 /* The simulator itself must catch the faults it is there to catch. */
 static void hand_schedule(int r, const fc_step_t *steps, const int *round_of, int nsteps) {
   fc_build_t b = {&S.rk[r].s, FLEXCOLL_SUCCESS};
@@ -539,7 +593,7 @@ static void hand_schedule(int r, const fc_step_t *steps, const int *round_of, in
 
 static const char *run_hand(const fc_step_t *s0, const int *r0, int n0, const fc_step_t *s1, const int *r1, int n1,
                             int rendezvous) {
-  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0};
+  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0, NULL, NULL, NULL};
   ck_assert_int_eq(sim_build(&S, &a), FLEXCOLL_SUCCESS);
   hand_schedule(0, s0, r0, n0);
   hand_schedule(1, s1, r1, n1);
@@ -586,7 +640,7 @@ END_TEST
 
 START_TEST(test_verify_catches_wrong_data) {
   /* A correct schedule whose reduction is then dropped on one rank must fail verification. */
-  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 3, 0, 10, 0};
+  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 3, 0, 10, 0, NULL, NULL, NULL};
   ck_assert_int_eq(sim_build(&S, &a), FLEXCOLL_SUCCESS);
   fc_step_t *st = &S.rk[1].s.steps[1];
   ck_assert_int_eq(st->kind, FC_STEP_RECV_REDUCE);
@@ -645,7 +699,7 @@ END_TEST
 START_TEST(test_invalid_args_and_reuse) {
   fc_schedule_t s;
   fc_schedule_init(&s);
-  fc_algo_args_t ok = {FC_COLL_BROADCAST, FC_ALGO_TREE, 2, 5, 4, 100, 7}, a;
+  fc_algo_args_t ok = {FC_COLL_BROADCAST, FC_ALGO_TREE, 2, 5, 4, 100, 7, NULL, NULL, NULL}, a;
   ck_assert_int_eq(fc_algo_build(NULL, &ok), FLEXCOLL_INVALID_ARGUMENT);
   ck_assert_int_eq(fc_algo_build(&s, NULL), FLEXCOLL_INVALID_ARGUMENT);
   a = ok, a.nranks = 0, a.rank = 0, a.root = 0;
@@ -691,7 +745,7 @@ END_TEST
 START_TEST(test_alltoall_shape) {
   fc_schedule_t s;
   fc_schedule_init(&s);
-  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, 1, 0, 6, 0};
+  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, 1, 0, 6, 0, NULL, NULL, NULL};
   ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
   ck_assert_int_eq(s.nrounds, 1);
   ck_assert_int_eq(s.nsteps, 1);
@@ -790,7 +844,7 @@ static int p2p_verify(sim_t *sim) {
 
 /* Build every rank's batch, check each schedule against its ops, simulate and verify. */
 static const char *run_p2p(sim_t *sim, int n, int rendezvous, uint64_t seed) {
-  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, n, 0, 0, 0};
+  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, n, 0, 0, 0, NULL, NULL, NULL};
   sim->a = a;
   sim->p2p = 1;
   sim->err[0] = 0;
@@ -887,7 +941,7 @@ START_TEST(test_p2p_invalid_and_empty) {
   ck_assert_int_eq(s.nrounds, 0);
   ck_assert_int_eq(s.nsteps, 0);
   /* Count-0 ops are skipped but keep their buffer index; a reused schedule loses its old result. */
-  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0};
+  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0, NULL, NULL, NULL};
   ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
   ck_assert_uint_ne(s.result_count, 0);
   ck_assert_int_eq(fc_algo_build_p2p(&s, ops, 3), FLEXCOLL_SUCCESS);
@@ -917,6 +971,7 @@ static Suite *schedule_suite(void) {
   tc = tcase_create("simulate");
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
+  tcase_add_loop_test(tc, test_hierarchy_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
   tcase_add_test(tc, test_p2p_batches);
   suite_add_tcase(su, tc);
   return su;

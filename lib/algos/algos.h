@@ -62,6 +62,14 @@ typedef struct {
   int rank, nranks, root;
   size_t count;
   size_t chunk_count; /* pipeline chunk in elements (tree/chain algorithms); 0: one chunk */
+  /* The ranks' hierarchy (NULL: rank order, one host).  order[p] is the rank at position p, the
+   * ranks of each host next to each other; pos its inverse; host[r] the host of rank r.  Rings
+   * follow order (a ring crosses each host boundary once whatever the rank numbering); the
+   * binomial trees of allreduce, broadcast and reduce number their nodes so that the root's host
+   * comes first and each host is a contiguous range of nodes, so the lowest levels (the first
+   * reduction steps, the last broadcast steps) stay within hosts and only the upper ones cross
+   * between them.  Every rank must pass the same arrays. */
+  const int *order, *pos, *host;
 } fc_algo_args_t;
 
 /* Build the schedule of args on this rank into s (fc_schedule_init'ed or reused; fc_schedule_reset

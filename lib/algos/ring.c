@@ -1,19 +1,31 @@
 /* ring.c — FC_ALGO_RING: ring allreduce / allgather / reduce-scatter, pipelined chains for
- * broadcast and reduce, and pairwise exchange for alltoall.  Rank r sends to r+1 and receives
- * from r-1 (mod n), except the reduce chain, which runs the other way so that data ends at the
- * root, and alltoall, whose round k pairs r with r+k and r-k.
+ * broadcast and reduce, and pairwise exchange for alltoall.  The ring is the ranks in
+ * fc_algo_args_t.order (host by host; rank order without it): a rank sends to the next position
+ * and receives from the previous one, except the reduce chain, which runs the other way so that
+ * data ends at the root, and alltoall, whose round k pairs rank r with r+k and r-k.
  *
  * Rounds are numbered globally (see build.h); a message is always sent and received in the same
  * global round, so schedules stay deadlock-free even with rendezvous sends. */
 #include "build.h"
 
+/* Ranks sit on the ring in a->order (rank order without it): v is this rank's position, and
+ * block b of allgather and reduce_scatter belongs to the rank at position b (rk). */
 typedef struct {
   int n, r, next, prev;
   size_t count;
+  int v;
+  const int *order, *pos;
 } ring_t;
 
+static int rk(const ring_t *g, int p) { return g->order ? g->order[p] : p; }
+static int at(const ring_t *g, int rank) { return g->pos ? g->pos[rank] : rank; }
+
 static ring_t ring_of(const fc_algo_args_t *a) {
-  ring_t g = {a->nranks, a->rank, (a->rank + 1) % a->nranks, (a->rank + a->nranks - 1) % a->nranks, a->count};
+  const int hier = a->order && a->pos;
+  ring_t g = {a->nranks, a->rank, 0, 0, a->count, 0, hier ? a->order : NULL, hier ? a->pos : NULL};
+  g.v = at(&g, a->rank);
+  g.next = rk(&g, (g.v + 1) % g.n);
+  g.prev = rk(&g, (g.v + g.n - 1) % g.n);
   return g;
 }
 
@@ -26,7 +38,7 @@ static ring_t ring_of(const fc_algo_args_t *a) {
 static void ring_allreduce(fc_build_t *b, const ring_t *g) {
   int n = g->n;
   for (int s = 0; s < n - 1; s++) {
-    int sb = fc_mod(g->r - s, n), rb = fc_mod(g->r - s - 1, n);
+    int sb = fc_mod(g->v - s, n), rb = fc_mod(g->v - s - 1, n);
     fc_build_round(b);
     fc_build_send(b, g->next, s == 0 ? FC_BUF_SEND : FC_BUF_RECV, fc_block_start(g->count, n, sb),
                   fc_block_len(g->count, n, sb));
@@ -35,7 +47,7 @@ static void ring_allreduce(fc_build_t *b, const ring_t *g) {
   }
   /* Rank r now owns block r+1. */
   for (int s = 0; s < n - 1; s++) {
-    int sb = fc_mod(g->r + 1 - s, n), rb = fc_mod(g->r - s, n);
+    int sb = fc_mod(g->v + 1 - s, n), rb = fc_mod(g->v - s, n);
     fc_build_round(b);
     fc_build_send(b, g->next, FC_BUF_RECV, fc_block_start(g->count, n, sb), fc_block_len(g->count, n, sb));
     fc_build_recv(b, g->prev, FC_BUF_RECV, fc_block_start(g->count, n, rb), fc_block_len(g->count, n, rb));
@@ -43,20 +55,78 @@ static void ring_allreduce(fc_build_t *b, const ring_t *g) {
   fc_build_result(b, FC_BUF_RECV, 0, g->count);
 }
 
+/* Allreduce over hosts of L ranks each (H >= 2 hosts, L >= 2, every host alike), in two
+ * dimensions as NCCL's trees and rings go within nodes first: (A) a ring reduce-scatter within
+ * the host leaves host position l with block l+1 of the message reduced over the host; (B) the H
+ * ranks of one host position, one per host, run a ring allreduce of that block (sub-blocks by host
+ * index); (C) a ring allgather within the host.  Between hosts each rank moves 2(H-1)/H of its
+ * block, 1/L of the message, over L parallel rings instead of the flat ring's whole message on one
+ * pair per host boundary; and 2(L-1) + 2(H-1) rounds instead of 2(LH-1).  Every element is folded
+ * at exactly one rank (its sub-block's last step in B) and only copied after, so every rank holds
+ * the same bits.  Rounds: A is 0..L-2, B the next 2(H-1), C the last L-1, the same on every rank,
+ * and each message is sent and received in one round (build.h).  In place, A is the flat ring's
+ * first half; B folds recv into itself, one element-wise step per sub-block and round. */
+static int uniform_hosts(const fc_algo_args_t *a, int *hosts, int *per) {
+  if (!a->order || !a->pos || !a->host || a->nranks < 4) return 0;
+  int h = a->host[a->order[a->nranks - 1]] + 1, l = a->nranks / h;
+  if (h < 2 || l < 2 || l * h != a->nranks) return 0;
+  for (int p = 0; p < a->nranks; p++)
+    if (a->host[a->order[p]] != p / l) return 0;
+  *hosts = h;
+  *per = l;
+  return 1;
+}
+
+static void ring2d_allreduce(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
+  const int v = a->pos[a->rank], hv = v / L, lv = v % L;
+  const int lnext = a->order[hv * L + (lv + 1) % L], lprev = a->order[hv * L + (lv + L - 1) % L];
+  const int hnext = a->order[((hv + 1) % H) * L + lv], hprev = a->order[((hv + H - 1) % H) * L + lv];
+  const size_t c = a->count;
+  for (int s = 0; s < L - 1; s++) { /* A */
+    int sb = fc_mod(lv - s, L), rb = fc_mod(lv - s - 1, L);
+    fc_build_round(b);
+    fc_build_send(b, lnext, s == 0 ? FC_BUF_SEND : FC_BUF_RECV, fc_block_start(c, L, sb), fc_block_len(c, L, sb));
+    fc_build_recv_reduce(b, lprev, FC_BUF_RECV, fc_block_start(c, L, rb), FC_BUF_SEND, fc_block_start(c, L, rb),
+                         fc_block_len(c, L, rb));
+  }
+  const int own = (lv + 1) % L; /* the block this rank holds reduced over its host */
+  const size_t bs = fc_block_start(c, L, own), bl = fc_block_len(c, L, own);
+  for (int s = 0; s < H - 1; s++) { /* B: reduce-scatter of the block between hosts */
+    int sb = fc_mod(hv - s, H), rb = fc_mod(hv - s - 1, H);
+    fc_build_round(b);
+    fc_build_send(b, hnext, FC_BUF_RECV, bs + fc_block_start(bl, H, sb), fc_block_len(bl, H, sb));
+    fc_build_recv_reduce(b, hprev, FC_BUF_RECV, bs + fc_block_start(bl, H, rb), FC_BUF_RECV,
+                         bs + fc_block_start(bl, H, rb), fc_block_len(bl, H, rb));
+  }
+  for (int s = 0; s < H - 1; s++) { /* B: allgather of the block between hosts */
+    int sb = fc_mod(hv + 1 - s, H), rb = fc_mod(hv - s, H);
+    fc_build_round(b);
+    fc_build_send(b, hnext, FC_BUF_RECV, bs + fc_block_start(bl, H, sb), fc_block_len(bl, H, sb));
+    fc_build_recv(b, hprev, FC_BUF_RECV, bs + fc_block_start(bl, H, rb), fc_block_len(bl, H, rb));
+  }
+  for (int s = 0; s < L - 1; s++) { /* C */
+    int sb = fc_mod(lv + 1 - s, L), rb = fc_mod(lv - s, L);
+    fc_build_round(b);
+    fc_build_send(b, lnext, FC_BUF_RECV, fc_block_start(c, L, sb), fc_block_len(c, L, sb));
+    fc_build_recv(b, lprev, FC_BUF_RECV, fc_block_start(c, L, rb), fc_block_len(c, L, rb));
+  }
+  fc_build_result(b, FC_BUF_RECV, 0, c);
+}
+
 /* Allgather: round s forwards block r-s and receives block r-s-1.  Round 0 sends straight from
  * send so the own-block copy (skipped in place) runs alongside instead of before it. */
 static void ring_allgather(fc_build_t *b, const ring_t *g) {
   size_t c = g->count;
   for (int s = 0; s < g->n - 1; s++) {
-    int sb = fc_mod(g->r - s, g->n), rb = fc_mod(g->r - s - 1, g->n);
+    int sb = fc_mod(g->v - s, g->n), rb = fc_mod(g->v - s - 1, g->n);
     fc_build_round(b);
     if (s == 0) {
       fc_build_copy(b, FC_BUF_RECV, (size_t)g->r * c, FC_BUF_SEND, 0, c);
       fc_build_send(b, g->next, FC_BUF_SEND, 0, c);
     } else {
-      fc_build_send(b, g->next, FC_BUF_RECV, (size_t)sb * c, c);
+      fc_build_send(b, g->next, FC_BUF_RECV, (size_t)rk(g, sb) * c, c);
     }
-    fc_build_recv(b, g->prev, FC_BUF_RECV, (size_t)rb * c, c);
+    fc_build_recv(b, g->prev, FC_BUF_RECV, (size_t)rk(g, rb) * c, c);
   }
 }
 
@@ -69,7 +139,7 @@ static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
   size_t c = g->count;
   int n = g->n;
   for (int s = 0; s < n - 1; s++) {
-    int sb = fc_mod(g->r - s - 1, n), rb = fc_mod(g->r - s - 2, n);
+    int sb = rk(g, fc_mod(g->v - s - 1, n)), rb = rk(g, fc_mod(g->v - s - 2, n));
     fc_build_round(b);
     if (s == 0)
       fc_build_send(b, g->next, FC_BUF_SEND, (size_t)sb * c, c);
@@ -88,7 +158,7 @@ static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
  * position p receives chunk k in global round p-1+k and forwards it in round p+k, so successive
  * chunks occupy successive links at once.  A round writes chunk g-p+1 and reads chunk g-p. */
 static void ring_broadcast(fc_build_t *b, const ring_t *g, int root, size_t chunk_count) {
-  int p = fc_mod(g->r - root, g->n);
+  int p = fc_mod(g->v - at(g, root), g->n);
   fc_chunks_t ch = fc_chunks(g->count, chunk_count);
   long long first = p > 0 ? p - 1 : 0, last = p + ch.nchunks - 1;
   for (long long gr = first; gr <= last; gr++) {
@@ -110,9 +180,9 @@ static void ring_broadcast(fc_build_t *b, const ring_t *g, int root, size_t chun
  * g-d, and a slot is rewritten only after its chunk was sent) and never touch recv; the root
  * reduces straight into recv. */
 static void ring_reduce(fc_build_t *b, const ring_t *g, int root, size_t chunk_count) {
-  int n = g->n, p = fc_mod(g->r - root, n), d = n - 1 - p;
+  int n = g->n, p = fc_mod(g->v - at(g, root), n), d = n - 1 - p;
   fc_chunks_t ch = fc_chunks(g->count, chunk_count);
-  int up = (g->r + 1) % n, down = g->prev; /* receive from up, send to down */
+  int up = g->next, down = g->prev; /* receive from up, send to down */
   long long first = d > 0 ? d - 1 : 0, last = d + ch.nchunks - 1;
   for (long long gr = first; gr <= last; gr++) {
     fc_build_round(b);
@@ -156,7 +226,12 @@ static void ring_alltoall(fc_build_t *b, const ring_t *g) {
 void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
   ring_t g = ring_of(a);
   switch (a->coll) {
-    case FC_COLL_ALLREDUCE: ring_allreduce(b, &g); break;
+    case FC_COLL_ALLREDUCE: {
+      int hosts, per;
+      if (uniform_hosts(a, &hosts, &per)) ring2d_allreduce(b, a, hosts, per);
+      else ring_allreduce(b, &g);
+      break;
+    }
     case FC_COLL_ALLGATHER: ring_allgather(b, &g); break;
     case FC_COLL_REDUCE_SCATTER: ring_reduce_scatter(b, &g); break;
     case FC_COLL_BROADCAST: ring_broadcast(b, &g, a->root, a->chunk_count); break;

@@ -1,7 +1,8 @@
 /* tree.c — FC_ALGO_TREE: binomial trees, pipelined over chunks as a wavefront.
  *
- * Ranks are renumbered v = (rank - root + n) % n.  The parent of v > 0 is v with its lowest set
- * bit cleared; the children of v are v + 2^j for every j below that bit (every j for v = 0) with
+ * Ranks are renumbered v = (rank - root + n) % n, or by the hierarchy where the ranks are on
+ * several hosts (tnode_t.order: the root's host first, each host a contiguous range of nodes).
+ * The parent of v > 0 is v with its lowest set bit cleared; the children of v are v + 2^j for every j below that bit (every j for v = 0) with
  * v + 2^j < n.  So v's subtree is the contiguous range [v, v + 2^t) with t = v's lowest bit, and
  * the depth of v is popcount(v).
  *
@@ -18,10 +19,33 @@ typedef struct {
   int depth; /* popcount(v) */
   int t;     /* v > 0: index of v's lowest set bit (v sends up in round t+k) */
   int nkids; /* children are v + 2^j for j < nkids */
+  /* With a hierarchy (fc_algo_args_t.order): node u is the rank at position (u + rot) % n of
+   * order, where rot is the first position of the root's host, except that the root and the
+   * rank at rot trade places (u = 0 is the root, u = swap the other).  Hosts stay contiguous
+   * ranges of nodes, so subtrees fill a host before they cross to the next. */
+  const int *order;
+  int rot, swap;
 } tnode_t;
 
-static tnode_t tnode_of(int n, int rank, int root) {
-  tnode_t nd = {n, root, fc_mod(rank - root, n), 0, 0, 0};
+/* The node number of rank r. */
+static int node_of(const tnode_t *nd, const fc_algo_args_t *a, int r) {
+  if (!nd->order) return fc_mod(r - nd->root, nd->n);
+  int u = fc_mod(a->pos[r] - nd->rot, nd->n);
+  return u == nd->swap ? 0 : u == 0 ? nd->swap : u;
+}
+
+/* The tree of rank `rank` rooted at root; hier: number the nodes by the hierarchy (where a
+ * has one), else by rank (allgather's gather needs subtrees that are rank ranges). */
+static tnode_t tnode_of(const fc_algo_args_t *a, int rank, int root, int hier) {
+  const int n = a->nranks;
+  tnode_t nd = {n, root, 0, 0, 0, 0, NULL, 0, 0};
+  if (hier && a->order && a->pos && a->host) {
+    nd.order = a->order;
+    nd.rot = a->pos[root];
+    while (nd.rot > 0 && a->host[a->order[nd.rot - 1]] == a->host[root]) nd.rot--;
+    nd.swap = a->pos[root] - nd.rot;
+  }
+  nd.v = node_of(&nd, a, rank);
   for (int x = nd.v; x; x &= x - 1) nd.depth++;
   if (nd.v)
     while (!((nd.v >> nd.t) & 1)) nd.t++;
@@ -29,7 +53,12 @@ static tnode_t tnode_of(int n, int rank, int root) {
   return nd;
 }
 
-static int rank_of(const tnode_t *nd, long long u) { return (int)((u + nd->root) % nd->n); }
+static int rank_of(const tnode_t *nd, long long u) {
+  if (!nd->order) return (int)((u + nd->root) % nd->n);
+  if (u == 0) return nd->root;
+  if (u == nd->swap) return nd->order[nd->rot];
+  return nd->order[(u + nd->rot) % nd->n];
+}
 static int child_rank(const tnode_t *nd, int j) { return rank_of(nd, nd->v + (1LL << j)); }
 static int parent_rank(const tnode_t *nd) { return rank_of(nd, nd->v & (nd->v - 1)); }
 
@@ -88,7 +117,7 @@ static long long tree_bcast_last(const tnode_t *nd, const fc_chunks_t *ch) {
 }
 
 static void tree_broadcast(fc_build_t *b, const fc_algo_args_t *a) {
-  tnode_t nd = tnode_of(a->nranks, a->rank, a->root);
+  tnode_t nd = tnode_of(a, a->rank, a->root, 1);
   fc_chunks_t ch = fc_chunks(a->count, a->chunk_count);
   for (long long g = nd.v ? nd.depth - 1 : 0; g <= tree_bcast_last(&nd, &ch); g++) {
     fc_build_round(b);
@@ -101,7 +130,7 @@ static void tree_broadcast(fc_build_t *b, const fc_algo_args_t *a) {
  * not write).  A non-root's chunk k is live from round k (first child) to round t+k (sent), so
  * t+1 slots suffice. */
 static void tree_reduce(fc_build_t *b, const fc_algo_args_t *a) {
-  tred_t r = {tnode_of(a->nranks, a->rank, a->root), fc_chunks(a->count, a->chunk_count), FC_BUF_RECV, 0};
+  tred_t r = {tnode_of(a, a->rank, a->root, 1), fc_chunks(a->count, a->chunk_count), FC_BUF_RECV, 0};
   if (r.nd.v) {
     r.acc = FC_BUF_SCRATCH;
     r.nslots = r.ch.nchunks < r.nd.t + 1 ? r.ch.nchunks : r.nd.t + 1;
@@ -124,8 +153,8 @@ static void tree_reduce(fc_build_t *b, const fc_algo_args_t *a) {
  * (B0 > t since 2^t <= v < n <= 2^B0), so the two phases never share memory in a round, and a
  * chunk is overwritten by the broadcast only after its partial went up. */
 static void tree_allreduce(fc_build_t *b, const fc_algo_args_t *a) {
-  tred_t r = {tnode_of(a->nranks, a->rank, 0), fc_chunks(a->count, a->chunk_count), FC_BUF_RECV, 0};
-  long long b0 = tnode_of(a->nranks, 0, 0).nkids;
+  tred_t r = {tnode_of(a, a->rank, 0, 1), fc_chunks(a->count, a->chunk_count), FC_BUF_RECV, 0};
+  long long b0 = tnode_of(a, 0, 0, 1).nkids;
   long long last = tree_reduce_last(&r), blast = b0 + tree_bcast_last(&r.nd, &r.ch);
   if (blast > last) last = blast;
   for (long long g = 0; g <= last; g++) {
@@ -161,9 +190,9 @@ static void tree_gather_round(fc_build_t *b, const tnode_t *nd, size_t c, long l
  * when rank 0's gather is done.  Every rank receives the whole buffer, its own blocks included:
  * one contiguous message per chunk beats skipping a few blocks for the small sizes trees are for. */
 static void tree_allgather(fc_build_t *b, const fc_algo_args_t *a) {
-  tnode_t nd = tnode_of(a->nranks, a->rank, 0);
+  tnode_t nd = tnode_of(a, a->rank, 0, 0);
   fc_chunks_t ch = fc_chunks((size_t)a->nranks * a->count, a->chunk_count);
-  long long b0 = tnode_of(a->nranks, 0, 0).nkids;
+  long long b0 = tnode_of(a, 0, 0, 0).nkids;
   if (a->count == 0) return;
   for (long long g = 0; g <= b0 + tree_bcast_last(&nd, &ch); g++) {
     fc_build_round(b);

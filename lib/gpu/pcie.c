@@ -407,7 +407,7 @@ size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk) {
     pc = (size_t)((double)chunk * p->fixed);
   } else {
     size_t shares[2] = {0, 0};
-    if (fc_stage2_split(p->model, p->probe, 2, chunk, 16, shares) != FLEXCOLL_SUCCESS) return 0;
+    if (fc_stage2_split(p->model, NULL, p->probe, 2, chunk, 16, shares) != FLEXCOLL_SUCCESS) return 0;
     pc = shares[1];
   }
   if (pc >= chunk) return chunk;

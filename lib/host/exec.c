@@ -24,6 +24,9 @@
 #include "transports/transports.h"
 
 FC_PARAM_INT(slice_size, "SLICE_SIZE", 1 << 20)
+/* Ranks on several hosts: schedules by the hosts (1) or in rank order (0: as before hosts were
+ * known; for comparisons). */
+FC_PARAM_INT(hierarchy, "HIERARCHY", 1)
 
 #define FC_MAX_SLICES 0xffff
 /* Link shares are whole multiples of this (a multiple of every element size). */
@@ -147,16 +150,21 @@ static flexcoll_result_t post_part(fc_exec_t *x, const fc_step_t *st, int link, 
   return FLEXCOLL_SUCCESS;
 }
 
-/* The elements of st that each link carries (the balancer's split of its bytes); posted[i]
- * says whether link i gets a message: one with a share, and the first link for an empty step
- * (it still matches its peer). */
+/* The elements of st that each link carries (the balancer's split of its bytes over the links
+ * of this pair); posted[i] says whether link i gets a message: one with a share, and for an
+ * empty step the first link that reaches the peer (it still matches its peer). */
 static flexcoll_result_t split_step(fc_exec_t *x, const fc_step_t *st, size_t *counts, int *posted) {
   const fc_links_t *links = x->comm->links;
   size_t shares[FC_MAX_LINKS];
-  FC_CHECK(fc_links_split(links, st->count * x->esize, FC_SHARE_ALIGN, shares));
+  flexcoll_result_t res = fc_links_split(links, st->peer, st->count * x->esize, FC_SHARE_ALIGN, shares);
+  if (res != FLEXCOLL_SUCCESS)
+    return fc_error(x->comm, res, "no link joins rank %d and rank %d", x->comm->rank, st->peer);
+  int first = 1;
   for (int i = 0; i < links->n; i++) {
     counts[i] = shares[i] / x->esize;
-    posted[i] = counts[i] || (i == 0 && st->count == 0);
+    int reaches = links->n == 1 || links->link[i].reach[st->peer];
+    posted[i] = counts[i] || (first && reaches && st->count == 0);
+    if (reaches) first = 0;
   }
   return FLEXCOLL_SUCCESS;
 }
@@ -403,7 +411,16 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
     memcpy(copy, recvbuf, recv_bytes);
     sendbuf = copy;
   }
-  flexcoll_result_t res = fc_algo_build(&comm->schedule, args);
+  /* Ranks on several hosts: rings and trees follow the hosts, allreduce goes within hosts first
+   * (fc_algo_args_t.order).  One host keeps rank order, the schedules measured before hosts were
+   * known; FLEXCOLL_HIERARCHY=0 too. */
+  fc_algo_args_t a = *args;
+  if (comm->links && comm->links->nhosts > 1 && fc_param_hierarchy()) {
+    a.order = comm->links->order;
+    a.pos = comm->links->pos;
+    a.host = comm->links->host;
+  }
+  flexcoll_result_t res = fc_algo_build(&comm->schedule, &a);
   if (res != FLEXCOLL_SUCCESS) {
     free(copy);
     return fc_error(comm, res, "cannot build the schedule of this collective (%s)", flexcoll_get_error_string(res));

@@ -1,9 +1,13 @@
 /* links.c — a communicator's links and their shared cost models.
  *
- * Open: every link FLEXCOLL_LINKS names is opened on every rank (collective), and kept only where
- * it works on all ranks.  Stage 1: with two links or more, the models come from the calibration
- * cache when every rank has it, else from a short calibration (a ring exchange per link and
- * size), averaged over the ranks so that all ranks hold the same numbers.  Stage 2: the executors
+ * Hosts: the ranks' host names are all-gathered first; ranks with the same name share a host.
+ * Open: every link FLEXCOLL_LINKS names is opened on every rank (collective), toward the peers it
+ * can reach (shm: the ranks of this host; tcp and rdma: every rank), and kept only where it works
+ * on all ranks; every pair of ranks must then have a link.  Transfers between two ranks use the
+ * links of that pair only (fc_links_split).  Stage 1: with two links or more, the models come
+ * from the calibration cache when every rank has it, else from a short calibration (a ring
+ * exchange per link and size, around the ranks the link joins), averaged over the ranks that
+ * measured them so that all ranks hold the same numbers.  Stage 2: the executors
  * record per-link part times; every FC_STAGE2_EVERY large collectives the ranks exchange them over
  * the bootstrap and apply the same update, so the split follows a link that slows down and comes
  * back when it recovers, on every rank alike. */
@@ -112,16 +116,145 @@ static flexcoll_result_t fixed_shares(struct flexcoll_comm *comm, fc_links_t *l)
   return FLEXCOLL_SUCCESS;
 }
 
+/* ---- hosts ------------------------------------------------------------------------------------ */
+
+/* All-gather the host names; number the hosts by their lowest rank; the ranks host by host. */
+static flexcoll_result_t find_hosts(struct flexcoll_comm *comm, fc_links_t *l) {
+  const int n = comm->nranks;
+  char(*names)[FC_HOST_NAME_LEN] = calloc((size_t)n, sizeof *names);
+  l->host = calloc(3 * (size_t)n, sizeof *l->host);
+  if (!names || !l->host) {
+    free(names);
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  }
+  l->order = l->host + n;
+  l->pos = l->order + n;
+  gethostname(names[comm->rank], FC_HOST_NAME_LEN - 1);
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, names, FC_HOST_NAME_LEN);
+  if (res != FLEXCOLL_SUCCESS) {
+    free(names);
+    return res;
+  }
+  l->nhosts = 0;
+  for (int q = 0; q < n; q++) {
+    names[q][FC_HOST_NAME_LEN - 1] = 0; /* a peer's bytes: terminated here whatever it sent */
+    l->host[q] = -1;
+    for (int p = 0; p < q && l->host[q] < 0; p++)
+      if (!strcmp(names[p], names[q])) l->host[q] = l->host[p];
+    if (l->host[q] < 0) l->host[q] = l->nhosts++;
+  }
+  l->host_name = calloc((size_t)l->nhosts, sizeof *l->host_name);
+  if (!l->host_name) {
+    free(names);
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  }
+  int k = 0;
+  for (int h = 0; h < l->nhosts; h++)
+    for (int q = 0; q < n; q++)
+      if (l->host[q] == h) {
+        if (k == 0 || l->host[l->order[k - 1]] != h) memcpy(l->host_name[h], names[q], FC_HOST_NAME_LEN);
+        l->order[k] = q;
+        l->pos[q] = k++;
+      }
+  free(names);
+  return FLEXCOLL_SUCCESS;
+}
+
+int fc_links_joins(const fc_links_t *l, int i, int p, int q) {
+  /* Every link joins a rank to itself (send/recv to self, as before links were per pair). */
+  return !l->link[i].ops->same_host || l->host[p] == l->host[q];
+}
+
+/* "0 3 5" (the ranks of host h, ascending), cut short with "..." where buf is too small. */
+static void host_ranks(const fc_links_t *l, int nranks, int h, char *buf, size_t len) {
+  size_t used = 0;
+  buf[0] = 0;
+  for (int q = 0; q < nranks; q++) {
+    if (l->host[q] != h) continue;
+    int w = snprintf(buf + used, len - used, "%s%d", used ? " " : "", q);
+    if (w < 0 || (size_t)w >= len - used) {
+      snprintf(buf + (len > 4 ? len - 4 : 0), len > 4 ? 4 : len, "...");
+      return;
+    }
+    used += (size_t)w;
+  }
+}
+
+/* One INFO line per pair of hosts that involves this rank's host: which links join them. */
+static void log_hosts(struct flexcoll_comm *comm, const fc_links_t *l) {
+  const int n = comm->nranks, mine = l->host[comm->rank];
+  for (int a = 0; a < l->nhosts; a++)
+    for (int b = a; b < l->nhosts; b++) {
+      if (a != mine && b != mine) continue;
+      /* Two ranks standing for the hosts (two of host a's when a == b). */
+      int p = -1, q = -1;
+      for (int r = 0; r < n; r++) {
+        if (p < 0 && l->host[r] == a) p = r;
+        else if (q < 0 && l->host[r] == b) q = r;
+      }
+      if (p < 0 || q < 0) continue; /* a host of one rank has nothing within it */
+      char over[96] = "", ra[128], rb[128];
+      for (int i = 0; i < l->n; i++)
+        if (fc_links_joins(l, i, p, q)) {
+          size_t used = strlen(over);
+          snprintf(over + used, sizeof over - used, "%s%s", used ? ", " : "", l->link[i].ops->name);
+        }
+      host_ranks(l, n, a, ra, sizeof ra);
+      host_ranks(l, n, b, rb, sizeof rb);
+      if (a == b)
+        FC_INFO(FC_SUB_SCHED, "links within host %s (ranks %s) over %s", l->host_name[a], ra, over);
+      else
+        FC_INFO(FC_SUB_SCHED, "links between hosts %s (ranks %s) and %s (ranks %s) over %s", l->host_name[a], ra,
+                l->host_name[b], rb, over);
+    }
+}
+
+/* Every pair of ranks has a link (the same check on every rank: hosts and links are agreed). */
+static flexcoll_result_t check_pairs(struct flexcoll_comm *comm, const fc_links_t *l, const char *dropped) {
+  for (int p = 0; p < comm->nranks; p++)
+    for (int q = p + 1; q < comm->nranks; q++) {
+      int joined = 0;
+      for (int i = 0; i < l->n && !joined; i++) joined = fc_links_joins(l, i, p, q);
+      if (joined) continue;
+      const char *set = fc_param_str("FLEXCOLL_LINKS", NULL);
+      char open[64] = "";
+      for (int i = 0; i < l->n; i++) {
+        size_t used = strlen(open);
+        snprintf(open + used, sizeof open - used, "%s%s", used ? "," : "", l->link[i].ops->name);
+      }
+      /* Named by the user: a setting that cannot work here; by default: links that failed. */
+      return fc_error(comm, set ? FLEXCOLL_INVALID_ARGUMENT : FLEXCOLL_SYSTEM_ERROR,
+                      "no link of FLEXCOLL_LINKS=%s joins rank %d (host %s) and rank %d (host %s): open are %s, and shm "
+                      "joins the ranks of one host only%s%s",
+                      set ? set : "shm,tcp,rdma", p, l->host_name[l->host[p]], q, l->host_name[l->host[q]], open,
+                      *dropped ? "; left out: " : "", dropped);
+    }
+  return FLEXCOLL_SUCCESS;
+}
+
 /* Open registry entry r; keep it when every rank could.  Collective. */
 static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int r, char *dropped, size_t dlen) {
   fc_link_t *link = &l->link[l->n];
   memset(link, 0, sizeof *link);
   link->ops = registry[r];
+  /* A host link where every rank has a host of its own joins nobody: not opened (every rank
+   * decides alike from the hosts). */
+  if (link->ops->same_host && l->nhosts == comm->nranks && comm->nranks > 1) {
+    FC_INFO(FC_SUB_SCHED, "link %s left out: every rank is on a host of its own", registry[r]->name);
+    size_t used = strlen(dropped);
+    snprintf(dropped + used, dlen - used, "%s%s: every rank is on a host of its own", used ? "; " : "", registry[r]->name);
+    return FLEXCOLL_SUCCESS;
+  }
+  link->reach = calloc((size_t)comm->nranks, 1);
+  if (!link->reach) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  for (int q = 0; q < comm->nranks; q++) link->reach[q] = (unsigned char)fc_links_joins(l, l->n, comm->rank, q);
   int usable = 0;
   char why[200] = "";
   flexcoll_result_t res = link->ops->open(comm, link, &usable, why, sizeof why);
   if (res != FLEXCOLL_SUCCESS) {
     link->ops->close(comm, link, 1);
+    free(link->reach);
+    link->reach = NULL;
     return res;
   }
   int first_not = -1;
@@ -132,6 +265,9 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
   if (res != FLEXCOLL_SUCCESS || !everywhere || !link->stats) {
     link->ops->close(comm, link, 1);
     free(link->stats);
+    free(link->reach);
+    link->stats = NULL;
+    link->reach = NULL;
     if (res == FLEXCOLL_SUCCESS && everywhere) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
     if (res == FLEXCOLL_SUCCESS) {
       FC_INFO(FC_SUB_SCHED, "link %s left out: %s", registry[r]->name, why);
@@ -146,11 +282,21 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
 
 /* ---- stage 1: calibration --------------------------------------------------------------------- */
 
-/* Microseconds of one ring exchange of `bytes` on link i: send to the next rank, receive from
- * the previous one.  Tags above every collective's and point-to-point message number. */
-static flexcoll_result_t ring_exchange(struct flexcoll_comm *comm, fc_link_t *link, char *sbuf, char *rbuf, size_t bytes,
-                                       int k, double *us) {
-  int next = (comm->rank + 1) % comm->nranks, prev = (comm->rank + comm->nranks - 1) % comm->nranks;
+/* Link i's calibration ring: the ranks it joins with this one (its host's for shm, else all), in
+ * l->order, and this rank's neighbours there.  0 when it joins nobody (a host of one rank). */
+static int cal_ring(const fc_links_t *l, int i, int me, int n, int *next, int *prev) {
+  *next = *prev = -1;
+  for (int s = 1; s < n && *next < 0; s++)
+    if (fc_links_joins(l, i, me, l->order[(l->pos[me] + s) % n])) *next = l->order[(l->pos[me] + s) % n];
+  for (int s = 1; s < n && *prev < 0; s++)
+    if (fc_links_joins(l, i, me, l->order[(l->pos[me] - s + n) % n])) *prev = l->order[(l->pos[me] - s + n) % n];
+  return *next >= 0 && *prev >= 0;
+}
+
+/* Microseconds of one ring exchange of `bytes` on link i: send to next, receive from prev.  Tags
+ * above every collective's and point-to-point message number. */
+static flexcoll_result_t ring_exchange(struct flexcoll_comm *comm, fc_link_t *link, int next, int prev, char *sbuf,
+                                       char *rbuf, size_t bytes, int k, double *us) {
   uint64_t tag_out = ((uint64_t)(uint16_t)comm->rank << 48) | (1ull << 47) | (0x7fffffffull << 16) | (uint64_t)k;
   uint64_t tag_in = ((uint64_t)(uint16_t)prev << 48) | (1ull << 47) | (0x7fffffffull << 16) | (uint64_t)k;
   fc_link_req_t sreq = NULL, rreq = NULL;
@@ -173,8 +319,9 @@ static flexcoll_result_t ring_exchange(struct flexcoll_comm *comm, fc_link_t *li
   return FLEXCOLL_SUCCESS;
 }
 
-/* Fit each link's model from ring exchanges of a few sizes (best of a few tries each). */
-static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l) {
+/* Fit each link's model from ring exchanges of a few sizes (best of a few tries each); measured[i]
+ * = 0 where link i joins this rank to nobody (it then has nothing to add to the average). */
+static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l, int *measured) {
   /* Two sizes, the best of a few tries each: the fixed cost is the small one's time, the bandwidth
    * the large one's rate.  Conservative (the fixed cost counts twice at large sizes) but never
    * absurd: on a busy host a fit through the two points turned one slow small exchange into a
@@ -185,17 +332,21 @@ static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l) {
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   if (!sbuf || !rbuf) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for link calibration");
   else memset(sbuf, 0x5a, sizes[NSIZES - 1]);
-  int k = 0;
   for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
     double x[NSIZES], y[NSIZES], warm;
+    int next, prev;
+    /* Each link's own tag numbers: ranks that skip a link stay in step with those that do not. */
+    int k = i * (1 + NSIZES * TRIES);
+    measured[i] = cal_ring(l, i, comm->rank, comm->nranks, &next, &prev);
+    if (!measured[i]) continue;
     /* The first message of a link sets up its connection: not part of the model. */
-    res = ring_exchange(comm, &l->link[i], sbuf, rbuf, 1, k++, &warm);
+    res = ring_exchange(comm, &l->link[i], next, prev, sbuf, rbuf, 1, k++, &warm);
     for (int s = 0; s < NSIZES && res == FLEXCOLL_SUCCESS; s++) {
       x[s] = (double)sizes[s];
       y[s] = INFINITY;
       for (int t = 0; t < TRIES && res == FLEXCOLL_SUCCESS; t++) {
         double us = INFINITY;
-        res = ring_exchange(comm, &l->link[i], sbuf, rbuf, sizes[s], k++, &us);
+        res = ring_exchange(comm, &l->link[i], next, prev, sbuf, rbuf, sizes[s], k++, &us);
         if (res == FLEXCOLL_SUCCESS && us < y[s]) y[s] = us;
       }
     }
@@ -233,24 +384,29 @@ static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t 
   return res;
 }
 
-/* All ranks end with the mean of everyone's models (bitwise the same everywhere). */
-static flexcoll_result_t average_models(struct flexcoll_comm *comm, fc_links_t *l) {
-  size_t per = (size_t)l->n * 2;
+/* All ranks end with the mean of the models of the ranks that measured them (bitwise the same
+ * everywhere). */
+static flexcoll_result_t average_models(struct flexcoll_comm *comm, fc_links_t *l, const int *measured) {
+  size_t per = (size_t)l->n * 3;
   double *all = calloc((size_t)comm->nranks * per, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   for (int i = 0; i < l->n; i++) {
-    all[(size_t)comm->rank * per + 2 * (size_t)i] = l->model[i].alpha_us;
-    all[(size_t)comm->rank * per + 2 * (size_t)i + 1] = l->model[i].beta;
+    all[(size_t)comm->rank * per + 3 * (size_t)i] = l->model[i].alpha_us;
+    all[(size_t)comm->rank * per + 3 * (size_t)i + 1] = l->model[i].beta;
+    all[(size_t)comm->rank * per + 3 * (size_t)i + 2] = measured[i];
   }
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per * sizeof *all);
   for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
-    double a = 0, b = 0;
+    double a = 0, b = 0, cnt = 0;
     for (int q = 0; q < comm->nranks; q++) {
-      a += all[(size_t)q * per + 2 * (size_t)i];
-      b += all[(size_t)q * per + 2 * (size_t)i + 1];
+      if (all[(size_t)q * per + 3 * (size_t)i + 2] == 0) continue;
+      a += all[(size_t)q * per + 3 * (size_t)i];
+      b += all[(size_t)q * per + 3 * (size_t)i + 1];
+      cnt += 1;
     }
-    l->model[i].alpha_us = a / comm->nranks;
-    l->model[i].beta = b / comm->nranks;
+    /* A kept link joins some pair, whose ranks measured it; cnt 0 cannot happen, but never / 0. */
+    l->model[i].alpha_us = cnt > 0 ? a / cnt : 0;
+    l->model[i].beta = cnt > 0 ? b / cnt : 1;
     l->model[i].port = -1;
     /* A share is worth sending when it takes at least its fixed cost again. */
     l->model[i].min_bytes = l->model[i].alpha_us * l->model[i].beta;
@@ -275,13 +431,18 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, flags, sizeof *flags);
   for (int q = 0; q < comm->nranks; q++) all_have &= flags[q];
   free(flags);
-  if (res == FLEXCOLL_SUCCESS && !all_have) res = calibrate(comm, l);
-  if (res == FLEXCOLL_SUCCESS) res = average_models(comm, l);
+  int measured[FC_MAX_LINKS];
+  for (int i = 0; i < l->n; i++) measured[i] = 1; /* from the cache: every rank has them */
+  if (res == FLEXCOLL_SUCCESS && !all_have) res = calibrate(comm, l, measured);
+  if (res == FLEXCOLL_SUCCESS) res = average_models(comm, l, measured);
   if (res != FLEXCOLL_SUCCESS) return res;
-  /* Within one host, shared memory and TCP are both copies through the same memory system:
-   * one port, so the balancer splits between them only where that beats the better one alone
-   * (measured on the GPU node's 16 cores: TCP beside shared memory only slowed it down). */
-  for (int i = 0; i < l->n && one_host; i++) l->model[i].port = 0;
+  /* One port for all: within a host shared memory, TCP and a NIC's loopback are all copies
+   * through the same memory system (measured on the GPU node's 16 cores: TCP beside shared
+   * memory only slowed it down), and between hosts TCP and RDMA leave through the same NIC on
+   * most machines; so the balancer splits only where that beats the better link alone.  (Before
+   * links were per pair this held within one host only; ranks on several hosts had no shm.) */
+  (void)one_host;
+  for (int i = 0; i < l->n; i++) l->model[i].port = 0;
   FC_INFO(FC_SUB_SCHED, "link models %s in %.1f ms (key %s)", all_have ? "from the cache" : "calibrated",
           (now_us() - t0) / 1e3, key);
   if (!all_have && dir && fc_cost_cache_save(dir, key, l->model, l->n) != FLEXCOLL_SUCCESS)
@@ -295,12 +456,15 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
   comm->links = l;
   int mask;
   FC_CHECK(wanted_links(comm, &mask));
+  FC_CHECK(find_hosts(comm, l));
   char dropped[512] = "";
   for (int r = 0; r < FC_NREGISTRY; r++)
     if (mask & (1 << r)) FC_CHECK(open_one(comm, l, r, dropped, sizeof dropped));
   if (l->n == 0)
     return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "no host link works on every rank (FLEXCOLL_LINKS=%s)%s%s",
                     fc_param_str("FLEXCOLL_LINKS", "shm,tcp,rdma"), *dropped ? ": " : "", dropped);
+  FC_CHECK(check_pairs(comm, l, dropped));
+  log_hosts(comm, l);
   l->call_bytes = calloc((size_t)l->n * (size_t)comm->nranks, sizeof *l->call_bytes);
   if (!l->call_bytes) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   for (int i = 0; i < l->n; i++) l->model[i] = (fc_link_model_t){.beta = 1, .port = -1};
@@ -315,25 +479,45 @@ void fc_links_close(struct flexcoll_comm *comm, int force) {
   for (int i = 0; i < l->n; i++) {
     l->link[i].ops->close(comm, &l->link[i], force);
     free(l->link[i].stats);
+    free(l->link[i].reach);
   }
   free(l->call_bytes);
+  free(l->host);
+  free(l->host_name);
   free(l);
   comm->links = NULL;
 }
 
 /* ---- the split and stage 2 --------------------------------------------------------------------- */
 
-flexcoll_result_t fc_links_split(const fc_links_t *l, size_t bytes, size_t align, size_t *shares) {
+flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, size_t align, size_t *shares) {
   if (l->n == 1) {
     shares[0] = bytes;
     return FLEXCOLL_SUCCESS;
   }
-  if (!l->fixed_set) return fc_stage2_split(l->model, l->probe, l->n, bytes, align, shares);
-  /* Fixed fractions, rounded down to align; what is left goes to the largest fraction's link. */
-  size_t given = 0;
-  int most = 0;
+  /* The links of this pair: both ends compute the same set (reach is symmetric). */
+  int enabled[FC_MAX_LINKS], nen = 0, first = -1;
   for (int i = 0; i < l->n; i++) {
-    shares[i] = (size_t)((double)bytes * l->fixed[i]) / align * align;
+    enabled[i] = peer < 0 || (l->link[i].reach && l->link[i].reach[peer]);
+    shares[i] = 0;
+    if (enabled[i] && nen++ == 0) first = i;
+  }
+  if (nen == 0) return FLEXCOLL_INVALID_ARGUMENT; /* no link joins the pair: open refused that */
+  if (nen == 1) {
+    shares[first] = bytes;
+    return FLEXCOLL_SUCCESS;
+  }
+  if (!l->fixed_set) return fc_stage2_split(l->model, enabled, l->probe, l->n, bytes, align, shares);
+  /* Fixed fractions of the pair's links (renormalised over them), rounded down to align; what is
+   * left goes to the largest fraction's link, all of it to the first link where they sum to 0. */
+  double sum = 0;
+  for (int i = 0; i < l->n; i++)
+    if (enabled[i]) sum += l->fixed[i];
+  size_t given = 0;
+  int most = first;
+  for (int i = 0; i < l->n && sum > 0; i++) {
+    if (!enabled[i]) continue;
+    shares[i] = (size_t)((double)bytes * (l->fixed[i] / sum)) / align * align;
     given += shares[i];
     if (l->fixed[i] > l->fixed[most]) most = i;
   }
@@ -403,7 +587,7 @@ static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t 
     fc_links_stage2_update(l, parts, bytes, us);
     size_t shares[FC_MAX_LINKS];
     const size_t ref = 64u << 20; /* a transfer size to show the split at */
-    int have = fc_links_split(l, ref, 4096, shares) == FLEXCOLL_SUCCESS;
+    int have = fc_links_split(l, -1, ref, 4096, shares) == FLEXCOLL_SUCCESS;
     for (int i = 0; i < l->n; i++)
       FC_INFO(FC_SUB_SCHED, "link %s: stage 2 over %.0f parts: alpha %.2f us, beta %.1f MB/s, share of 64 MiB %.3f%s",
               l->link[i].ops->name, parts[i], l->model[i].alpha_us, l->model[i].beta,

@@ -116,11 +116,12 @@ void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len
  * may be NULL: no floor). */
 void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, const double *floor, int n, const double *parts,
                       const double *bytes, const double *us);
-/* fc_balance over the models, then every link with probe[i] and no share takes bytes /
- * FC_PROBE_PART (align multiples) out of the largest share, where that leaves it at least as
- * much again.  probe may be NULL.  A pure function of its arguments, like fc_balance. */
-flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *probe, int n, size_t bytes, size_t align,
-                                  size_t *shares);
+/* fc_balance over the enabled models (enabled may be NULL: all), then every enabled link with
+ * probe[i] and no share takes bytes / FC_PROBE_PART (align multiples) out of the largest share,
+ * where that leaves it at least as much again.  probe may be NULL.  A pure function of its
+ * arguments, like fc_balance. */
+flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe, int n,
+                                  size_t bytes, size_t align, size_t *shares);
 /* all: nranks rows of 3n doubles (per link: parts, bytes, us), row q rank q's; their sums per link,
  * added in rank order (the same bits on every rank that holds the same rows). */
 void fc_stage2_sum(const double *all, int nranks, int n, double *parts, double *bytes, double *us);
@@ -131,7 +132,17 @@ void fc_stage2_sum(const double *all, int nranks, int n, double *parts, double *
  * sender and the receiver of a transfer cut it the same way without a message. */
 struct flexcoll_comm;
 
+#define FC_HOST_NAME_LEN 72 /* HOST_NAME_MAX (64) and its NUL, rounded up */
+
 typedef struct fc_links {
+  /* The ranks' hosts (ranks whose host names are equal share one; lib/topo.c's hash compares
+   * the same names): host[q] indexes host_name, hosts numbered in the order of their lowest rank.
+   * order lists the ranks host by host (ranks ascending within a host) and pos is its inverse:
+   * the host algorithms' rings and trees follow it, so that a host's ranks are neighbours
+   * whatever their numbering (lib/algos, fc_algo_args_t.order). */
+  int nhosts;
+  int *host, *order, *pos;
+  char (*host_name)[FC_HOST_NAME_LEN];
   int n;
   fc_link_t link[FC_MAX_LINKS];
   fc_link_model_t model[FC_MAX_LINKS];      /* in force, identical on every rank */
@@ -155,13 +166,20 @@ typedef struct fc_links {
 
 /* Whether FLEXCOLL_LINKS (unset or empty: every link) names the link `name`. */
 int fc_links_names(const char *name);
-/* Open every link FLEXCOLL_LINKS names (default: every host link) that works on every rank, and
- * seed the models (from the calibration cache, else a short calibration; only with 2 links or
- * more).  Fails when no link is left, naming why each was dropped. */
+/* Learn the ranks' hosts, open every link FLEXCOLL_LINKS names (default: every host link) that
+ * works on every rank, each toward the peers it can reach (shm: the ranks of this host), and seed
+ * the models (from the calibration cache, else a short calibration; only with 2 links or more).
+ * Fails when no link is left, naming why each was dropped, or when two ranks have no link
+ * between them (FLEXCOLL_INVALID_ARGUMENT where FLEXCOLL_LINKS left it out). */
 flexcoll_result_t fc_links_open(struct flexcoll_comm *comm);
 void fc_links_close(struct flexcoll_comm *comm, int force);
-/* Cut a transfer of bytes into per-link shares (multiples of align but the fastest link's). */
-flexcoll_result_t fc_links_split(const fc_links_t *l, size_t bytes, size_t align, size_t *shares);
+/* Cut a transfer of bytes to or from peer into per-link shares (multiples of align but the fastest
+ * link's) over the links that reach peer (a link that does not gets 0); peer < 0: over every
+ * link (statistics, tests).  The same on both ends of a pair. */
+flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, size_t align, size_t *shares);
+/* Whether link i of l joins ranks p and q (from the hosts and the link's same_host: the same
+ * answer on every rank). */
+int fc_links_joins(const fc_links_t *l, int i, int p, int q);
 /* A part of `bytes` to (is_send) or from peer completed on link i us microseconds after it was
  * posted: sends count in the statistics, receives (deliveries) feed stage 2. */
 void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us, int is_send);

@@ -28,15 +28,15 @@ void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, const doubl
   }
 }
 
-flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *probe, int n, size_t bytes, size_t align,
-                                  size_t *shares) {
-  flexcoll_result_t res = fc_balance(model, NULL, n, bytes, align, shares, NULL);
+flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe, int n,
+                                  size_t bytes, size_t align, size_t *shares) {
+  flexcoll_result_t res = fc_balance(model, enabled, n, bytes, align, shares, NULL);
   if (res != FLEXCOLL_SUCCESS || !probe) return res;
   if (align == 0) align = 1;
   /* Probe shares come out of the largest share. */
   const size_t give = bytes / FC_PROBE_PART / align * align;
   for (int i = 0; i < n && give; i++) {
-    if (!probe[i] || shares[i]) continue;
+    if (!probe[i] || shares[i] || (enabled && !enabled[i])) continue;
     int most = 0;
     for (int j = 1; j < n; j++)
       if (shares[j] > shares[most]) most = j;

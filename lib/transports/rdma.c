@@ -1438,7 +1438,8 @@ static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
   *req = NULL;
 }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, rdma_isend, rdma_irecv, rdma_progress, rdma_test, rdma_cancel, 0};
+/* Between hosts as within one (a NIC reaches any port of the fabric). */
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, rdma_isend, rdma_irecv, rdma_progress, rdma_test, rdma_cancel, 0, 0};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1456,6 +1457,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0};
 
 #endif

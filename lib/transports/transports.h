@@ -50,6 +50,9 @@ typedef struct {
    * whose idle progress is costly (a TCP worker's is a system call); zero where an idle link's
    * progress still owes peers something (rdma returns receive credits there). */
   int idle_progress_rarely;
+  /* Nonzero: the link joins ranks of one host only (shared memory); lib/sched/links.c then never
+   * asks it for a peer on another host.  Zero: any two ranks, wherever they run. */
+  int same_host;
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */
@@ -63,6 +66,11 @@ struct fc_link {
   const fc_link_ops_t *ops;
   void *state;                  /* the transport's */
   fc_link_peer_stats_t *stats;  /* per peer */
+  /* Per peer: 1 where this link joins this rank and the peer (1 for itself).  Set by
+   * lib/sched/links.c before open from the ranks' hosts and the link's same_host, so both ends of
+   * a pair agree without a message; open connects those peers only, and nothing is ever sent to
+   * a peer the link does not reach. */
+  unsigned char *reach;
 };
 
 /* The transports this build knows, in the order FLEXCOLL_LINKS lists them by default. */

@@ -168,8 +168,8 @@ out:
 
 /* Endpoints to every peer; *usable = 0 (why filled) when UCX finds no transport of this link to
  * some peer, e.g. shared memory with peer-failure handling where UCX_MM_ERROR_HANDLING=n. */
-static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const char *addrs, size_t stride,
-                                       int *usable, char *why, size_t len) {
+static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const unsigned char *reach,
+                                       const char *addrs, size_t stride, int *usable, char *why, size_t len) {
   /* With peer-failure handling, a peer that dies makes transfers fail instead of aborting this
    * process (UCX's cross-memory attach, CMA, treats a vanished peer as fatal otherwise); UCX then
    * keeps to transports that can report it: TCP, and shared memory's FIFOs when create_worker
@@ -177,6 +177,8 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, 
    * zero-copy speed on large messages. */
   int safe = fc_param_ucx_peer_failure() != 0;
   for (int r = 0; r < comm->nranks; r++) {
+    /* Peers on other hosts, for shared memory: no endpoint (UCX would find no transport). */
+    if (!reach[r]) continue;
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
                           .address = (const ucp_address_t *)(addrs + (size_t)r * stride)};
     if (safe) {
@@ -258,9 +260,10 @@ static flexcoll_result_t wireup_done(struct flexcoll_comm *comm, const char *nam
  * wait on, and idle ones rarely: exec.c) finishes it only in destroy's flush, which then waits
  * for a peer that nobody progresses (test_api destroy_sequential).  A worker flush completes once
  * this rank's endpoints are connected; its peers' may still need this worker, so each rank then
- * tells every peer it is done and keeps progressing until every peer has said so.  Collective,
+ * tells every peer the link reaches that it is done and keeps progressing until every peer has said so.  Collective,
  * on every rank of a link usable everywhere; bounded like every other wait. */
-static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, const char *name) {
+static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, const unsigned char *reach,
+                                       const char *name) {
   const int n = comm->nranks, me = comm->rank;
   if (n < 2) return FLEXCOLL_SUCCESS;
   /* Static: a send still pending when an error returns may read it later. */
@@ -273,7 +276,7 @@ static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, 
   /* Receives first: a peer done before this rank's flush finds them posted. */
   ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
   for (int r = 0; r < n && res == FLEXCOLL_SUCCESS; r++)
-    if (r != me)
+    if (r != me && reach[r])
       res = post_result(comm, ucp_tag_recv_nbx(u->worker, &in[r], 1, wireup_tag(r), UINT64_MAX, &rp), &reqs[r],
                         "wire-up recv");
   if (res != FLEXCOLL_SUCCESS) goto out;
@@ -294,7 +297,7 @@ static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, 
   }
   ucp_request_param_t sp = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
   for (int r = 0; r < n && res == FLEXCOLL_SUCCESS; r++)
-    if (r != me)
+    if (r != me && reach[r])
       res = post_result(comm, ucp_tag_send_nbx(u->eps[r], &hello, 1, wireup_tag(me), &sp), &reqs[n + r],
                         "wire-up send");
   if (res != FLEXCOLL_SUCCESS) goto out;
@@ -351,13 +354,13 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
     *usable = 0;
     snprintf(why, len, "not available on rank %d", missing);
   }
-  if (res == FLEXCOLL_SUCCESS && *usable) res = connect_peers(comm, u, addrs, stride, usable, why, len);
+  if (res == FLEXCOLL_SUCCESS && *usable) res = connect_peers(comm, u, link->reach, addrs, stride, usable, why, len);
   free(addrs);
   /* Every rank's endpoints exist before any wires them up; where some rank has none, the link
    * is closed everywhere (by the caller) without wire-up. */
   int first_not = -1;
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(comm->bootstrap, *usable, &first_not);
-  if (res == FLEXCOLL_SUCCESS && first_not < 0) res = finish_wireup(comm, u, kind->name);
+  if (res == FLEXCOLL_SUCCESS && first_not < 0) res = finish_wireup(comm, u, link->reach, kind->name);
   return res;
 }
 
@@ -490,5 +493,6 @@ static flexcoll_result_t tcp_open(struct flexcoll_comm *comm, fc_link_t *link, i
 
 /* Idle progress may be rare: open finishes the wire-up (finish_wireup), and UCX's own traffic
  * after it (keepalives) waits in the transport until the next progress. */
-const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1};
-const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1};
+/* Shared memory joins the ranks of one host (host name: lib/sched/links.c), TCP any two. */
+const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 1};
+const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 0};

@@ -1,0 +1,315 @@
+#!/bin/sh
+# test_hosts.sh — ranks on several "hosts" of one machine (issue 17, between nodes).
+#
+# Each host is a network + UTS + IPC + mount namespace: its own hostname (fch-1, fch-2, ...),
+# loopback and one veth (eth0, 10.77.0.H/24) to a bridge in a "switch" namespace, and its own
+# /dev/shm (a tmpfs mounted in its mount namespace) and System V IPC, so that shared memory
+# cannot cross hosts, as between machines.  Nothing is added to the caller's namespaces.  Each
+# host runs 2 ranks, processes started in it by nsenter in flexcoll's launcher mode
+# (FLEXCOLL_RANK/NRANKS/ROOT; `test_coll --launcher MODE`).  Cases:
+#   matrix3   3 hosts, ranks numbered round the hosts (rank r on host r mod 3): test_coll's full
+#             matrix (every collective, datatype, op, odd counts, roots, in place and out,
+#             send/recv) checked on every rank, then float32 sums that must be bitwise the same
+#             on every rank, default links and algorithm choice; every rank's
+#             link statistics must show no shm toward another host and bytes toward every peer of
+#             another host over tcp, and the log (FLEXCOLL_DEBUG=INFO) the links between the hosts
+#   matrix2   2 hosts, ranks in blocks (0,1 | 2,3), the full matrix under FLEXCOLL_ALGO=ring
+#   rdma      2 hosts over the fake verbs provider (FLEXCOLL_LINKS=shm,rdma,
+#             FLEXCOLL_VERBS_PROVIDER=fake): the fake's wire is POSIX shared memory (/dev/shm
+#             inboxes), which a private /dev/shm would cut, so these hosts keep the machine's
+#             /dev/shm (network, UTS and IPC namespaces still their own); rdma must carry the bytes
+#             between the hosts and shm within them
+#   shmonly   FLEXCOLL_LINKS=shm over 2 hosts: creation must fail on every rank, naming the ranks
+#             that no link joins
+#   down      2 hosts running allreduces until one fails; host 2's veth goes down: every rank
+#             must return REMOTE_ERROR or TIMEOUT within FLEXCOLL_TIMEOUT_MS (8 s) + 5 s
+# FC_HOSTS_CASES="matrix3 down" runs some; FC_TEST_SEED fixes the data.  Needs root and
+# unshare(1), nsenter(1) and ip(8): exits 77 (skip) with the reason where they cannot work.
+set -u
+
+skip() { echo "SKIP: test_hosts.sh: $*"; exit 77; }
+fail() { echo "FAIL: test_hosts.sh: $*"; FAILED=1; }
+
+B=$(pwd)
+TC=$B/tests/test_coll
+FAKE=$B/tests/.libs/libfakeverbs.so
+IP=$(command -v ip 2>/dev/null || echo /usr/sbin/ip)
+[ -x "$TC" ] || skip "$TC is not built (run it from the build directory under make check)"
+[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces (uid $(id -u))"
+for t in unshare nsenter; do command -v $t >/dev/null 2>&1 || skip "$t(1) is not installed"; done
+[ -x "$IP" ] || skip "ip(8) is not installed"
+unshare -n -u -i -m true 2>/dev/null || skip "unshare -n -u -i -m is refused here (a container without CAP_SYS_ADMIN?)"
+
+W=$(mktemp -d /tmp/fc-hosts.XXXXXX)
+PIDS=""
+FAILED=0
+SEED=${FC_TEST_SEED:-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')}
+case $SEED in 0x*) ;; *) SEED=0x$SEED ;; esac
+echo "test_hosts.sh: FC_TEST_SEED=$SEED, work directory $W"
+
+cleanup() {
+  for p in $PIDS; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$W"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# Start a process that holds new namespaces; HELD = its pid, once CHECK holds inside it.
+HELD=""
+hold() { # hold CHECK UNSHARE-ARGS...
+  check=$1; shift
+  unshare "$@" </dev/null >/dev/null 2>&1 &
+  HELD=$!
+  PIDS="$PIDS $HELD"
+  i=0
+  until nsenter -t "$HELD" -u -m sh -c "$check" >/dev/null 2>&1; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || return 1
+    sleep 0.05
+  done
+}
+
+# Build NH hosts behind one bridge.  PRIVATE_SHM=1: each host mounts its own /dev/shm.
+SW=""
+HOSTPID=""
+make_hosts() { # make_hosts NH PRIVATE_SHM
+  nh=$1 private=$2
+  # Checked by its hostname: until unshare(2) has run, nsenter would reach this namespace.
+  hold "test \$(hostname) = fch-switch" -n -u sh -c "hostname fch-switch && exec sleep 100000" ||
+    skip "cannot start the switch namespace"
+  SW=$HELD
+  nsenter -t "$SW" -n "$IP" link add br0 type bridge 2>"$W/ip.err" || skip "no bridge device: $(cat "$W/ip.err")"
+  nsenter -t "$SW" -n "$IP" link set br0 up
+  HOSTPID=""
+  h=1
+  while [ $h -le "$nh" ]; do
+    if [ "$private" = 1 ]; then
+      hold "test \$(hostname) = fch-$h && grep -q '^fchost /dev/shm tmpfs' /proc/self/mounts" \
+        -n -u -i -m --propagation private sh -c \
+        "hostname fch-$h && mount -t tmpfs -o size=1g fchost /dev/shm && exec sleep 100000" ||
+        skip "cannot make host $h (hostname and a private /dev/shm in new namespaces)"
+    else
+      hold "test \$(hostname) = fch-$h" -n -u -i sh -c "hostname fch-$h && exec sleep 100000" ||
+        skip "cannot make host $h"
+    fi
+    pid=$HELD
+    nsenter -t "$SW" -n "$IP" link add "vh$h" type veth peer name eth0 netns "$pid" 2>"$W/ip.err" ||
+      skip "no veth pair: $(cat "$W/ip.err")"
+    nsenter -t "$SW" -n "$IP" link set "vh$h" master br0 up
+    nsenter -t "$pid" -n "$IP" addr add "10.77.0.$h/24" dev eth0
+    nsenter -t "$pid" -n "$IP" link set eth0 up
+    nsenter -t "$pid" -n "$IP" link set lo up
+    HOSTPID="$HOSTPID $pid"
+    h=$((h + 1))
+  done
+  # Every host reaches every other before any rank starts (where ping is installed).
+  command -v ping >/dev/null 2>&1 || return 0
+  for p in $HOSTPID; do
+    h=1
+    while [ $h -le "$nh" ]; do
+      nsenter -t "$p" -n ping -c1 -W2 "10.77.0.$h" >/dev/null 2>&1 ||
+        nsenter -t "$p" -n ping -c1 -W2 "10.77.0.$h" >/dev/null 2>&1 || fail "host pid $p cannot reach 10.77.0.$h"
+      h=$((h + 1))
+    done
+  done
+}
+
+drop_hosts() {
+  for p in $HOSTPID $SW; do kill -9 "$p" 2>/dev/null; done
+  HOSTPID="" SW=""
+}
+
+nth() { # nth N WORDS...: the Nth word (1-based)
+  n=$1; shift
+  eval "echo \${$n}"
+}
+
+# Host (1-based) of rank r: LAYOUT=round (r mod NH + 1) or block (r / 2 + 1).
+host_of() {
+  if [ "$LAYOUT" = round ]; then echo $(($1 % NH + 1)); else echo $(($1 / 2 + 1)); fi
+}
+
+# Start NR ranks of test_coll --launcher MODE with the extra environment given; rank r's output
+# goes to $W/$CASE.r.out (stdout) and .err (stderr).
+RANKPIDS=""
+start_ranks() { # start_ranks MODE VAR=VALUE...
+  mode=$1; shift
+  root_host=$(host_of 0)
+  RANKPIDS=""
+  r=0
+  while [ $r -lt "$NR" ]; do
+    h=$(host_of $r)
+    pid=$(nth "$h" $HOSTPID)
+    nsenter -t "$pid" -n -u -i -m --wd="$B" env FLEXCOLL_RANK=$r FLEXCOLL_NRANKS="$NR" \
+      FLEXCOLL_ROOT="10.77.0.$root_host:29500" FLEXCOLL_SOCKET_IFNAME=eth0 FLEXCOLL_BOOTSTRAP_SECRET=fc-hosts \
+      FLEXCOLL_CACHE_DIR="$W/cache" FLEXCOLL_DEBUG=INFO FC_TEST_SEED="$SEED" FLEXCOLL_VERBS_FAKE_LIB="$FAKE" \
+      UCX_MEM_EVENTS=no "$@" "$TC" --launcher "$mode" >"$W/$CASE.$r.out" 2>"$W/$CASE.$r.err" &
+    RANKPIDS="$RANKPIDS $!"
+    PIDS="$PIDS $!"
+    r=$((r + 1))
+  done
+}
+
+# Wait for the ranks at most LIMIT seconds; kill what is left.  Sets RCS (exit codes by rank).
+wait_ranks() { # wait_ranks LIMIT
+  end=$(($(date +%s) + $1))
+  RCS=""
+  for p in $RANKPIDS; do
+    while kill -0 "$p" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 0.2; done
+    if kill -0 "$p" 2>/dev/null; then
+      kill -9 "$p" 2>/dev/null
+      RCS="$RCS killed"
+    else
+      wait "$p"
+      RCS="$RCS $?"
+    fi
+  done
+}
+
+show() { # the tail of every rank's output, after a failure
+  r=0
+  while [ $r -lt "$NR" ]; do
+    echo "---- $CASE rank $r (host fch-$(host_of $r)) stdout:"
+    tail -n 5 "$W/$CASE.$r.out"
+    echo "---- stderr (warnings, errors, the last lines):"
+    grep -E 'WARN|ERROR|FAIL' "$W/$CASE.$r.err" | head -n 20
+    tail -n 5 "$W/$CASE.$r.err"
+    r=$((r + 1))
+  done
+}
+
+# Every rank passed; its link statistics keep shm (and, with FORBID, that link) within its host
+# and show bytes to every peer of another host on link CROSS.
+check_matrix() { # check_matrix CROSS
+  bad=0
+  r=0
+  for rc in $RCS; do
+    [ "$rc" = 0 ] || { fail "$CASE: rank $r exited $rc"; bad=1; }
+    r=$((r + 1))
+  done
+  r=0
+  while [ $r -lt "$NR" ]; do
+    hr=$(host_of $r)
+    q=0
+    while [ $q -lt "$NR" ]; do
+      if [ $q != $r ]; then
+        hq=$(host_of $q)
+        if [ "$hq" != "$hr" ]; then
+          grep -q "^rank $r: link shm peer $q " "$W/$CASE.$r.out" &&
+            { fail "$CASE: rank $r lists shm toward rank $q on another host"; bad=1; }
+          grep -Eq "^rank $r: link $1 peer $q bytes [1-9]" "$W/$CASE.$r.out" ||
+            { fail "$CASE: rank $r sent nothing over $1 to rank $q (host fch-$hq)"; bad=1; }
+        elif [ "$2" = shm ]; then
+          grep -Eq "^rank $r: link shm peer $q bytes [1-9]" "$W/$CASE.$r.out" ||
+            { fail "$CASE: rank $r sent nothing over shm to rank $q on its own host"; bad=1; }
+        fi
+      fi
+      q=$((q + 1))
+    done
+    r=$((r + 1))
+  done
+  # The log names the links between each pair of hosts (lib/sched/links.c, "between hosts").
+  grep -h "between hosts" "$W/$CASE".*.err | sort -u | head -n 10
+  grep -q "between hosts fch-.* over $1" "$W/$CASE.0.err" ||
+    { fail "$CASE: rank 0's log (FLEXCOLL_DEBUG=INFO) names no link $1 between hosts"; bad=1; }
+  [ $bad = 0 ] && echo "PASS: $CASE" || show
+}
+
+want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 rdma shmonly down} " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# ---- matrix3: 3 hosts, ranks round the hosts, default links -----------------------------------
+if want matrix3; then
+  CASE=matrix3 NH=3 NR=6 LAYOUT=round
+  make_hosts 3 1
+  t0=$(date +%s)
+  start_ranks matrix FLEXCOLL_TIMEOUT_MS=60000
+  wait_ranks 900
+  echo "$CASE: $(($(date +%s) - t0)) s"
+  check_matrix tcp shm
+  drop_hosts
+fi
+
+# ---- matrix2: 2 hosts, ranks in blocks, the ring -------------------------------------------------
+if want matrix2; then
+  CASE=matrix2 NH=2 NR=4 LAYOUT=block
+  make_hosts 2 1
+  t0=$(date +%s)
+  start_ranks matrix FLEXCOLL_TIMEOUT_MS=60000 FLEXCOLL_ALGO=ring
+  wait_ranks 900
+  echo "$CASE: $(($(date +%s) - t0)) s"
+  check_matrix tcp shm
+  drop_hosts
+fi
+
+# ---- rdma: the fake provider between 2 hosts that share /dev/shm -------------------------------
+if want rdma; then
+  CASE=rdma NH=2 NR=4 LAYOUT=round
+  if [ ! -e "$FAKE" ]; then
+    echo "SKIP: $CASE: $FAKE is not built (configured without infiniband/verbs.h)"
+  else
+    make_hosts 2 0
+    t0=$(date +%s)
+    start_ranks matrix FLEXCOLL_TIMEOUT_MS=60000 FLEXCOLL_LINKS=shm,rdma FLEXCOLL_VERBS_PROVIDER=fake
+    wait_ranks 900
+    echo "$CASE: $(($(date +%s) - t0)) s"
+    check_matrix rdma shm
+    drop_hosts
+  fi
+fi
+
+# ---- shmonly: no link joins the hosts -------------------------------------------------------------
+if want shmonly; then
+  CASE=shmonly NH=2 NR=4 LAYOUT=block
+  make_hosts 2 1
+  start_ranks init FLEXCOLL_TIMEOUT_MS=10000 FLEXCOLL_LINKS=shm
+  wait_ranks 60
+  r=0
+  bad=0
+  for rc in $RCS; do
+    if [ "$rc" != 3 ] || ! grep -q "no link of FLEXCOLL_LINKS=shm joins rank" "$W/$CASE.$r.out"; then
+      fail "$CASE: rank $r: exit $rc, wanted 3 and the ranks no link joins: $(cat "$W/$CASE.$r.out")"
+      bad=1
+    fi
+    r=$((r + 1))
+  done
+  [ $bad = 0 ] && { echo "PASS: $CASE: $(head -n1 "$W/$CASE.0.out")"; } || show
+  drop_hosts
+fi
+
+# ---- down: a host's veth goes down mid-run -----------------------------------------------------------
+if want down; then
+  CASE=down NH=2 NR=4 LAYOUT=round
+  TMO=8
+  make_hosts 2 1
+  rm -f "$W/ready"
+  start_ranks until-error FLEXCOLL_TIMEOUT_MS=$((TMO * 1000)) FC_TEST_LOOP_S=200 FC_TEST_READY="$W/ready"
+  # A rank that ran 20 allreduces creates the file: all ranks are in the loop by then.
+  i=0
+  while [ ! -e "$W/ready" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done
+  [ -e "$W/ready" ] || fail "$CASE: no rank ran 20 allreduces within 120 s"
+  sleep 1
+  t_down=$(date +%s.%N)
+  nsenter -t "$(nth 2 $HOSTPID)" -n "$IP" link set eth0 down
+  echo "$CASE: host fch-2's eth0 down at $t_down"
+  wait_ranks $((TMO + 30))
+  r=0
+  bad=0
+  for rc in $RCS; do
+    line=$(grep "error" "$W/$CASE.$r.out" | head -n1)
+    at=$(echo "$line" | sed -n 's/.* at \([0-9.]*\):.*/\1/p')
+    late=$(awk -v a="${at:-0}" -v d="$t_down" -v t=$TMO 'BEGIN { print (a - d > t + 5) ? 1 : 0 }')
+    echo "$CASE: rank $r (host fch-$(host_of $r)): exit $rc: $line"
+    if [ "$rc" != 0 ] || [ -z "$at" ] || [ "$late" != 0 ]; then
+      fail "$CASE: rank $r did not return REMOTE_ERROR or TIMEOUT within ${TMO} s + 5 s of the link going down"
+      bad=1
+    fi
+    r=$((r + 1))
+  done
+  [ $bad = 0 ] && echo "PASS: $CASE" || show
+  drop_hosts
+fi
+
+[ $FAILED = 0 ] || exit 1
+echo "PASS: test_hosts.sh"
+exit 0

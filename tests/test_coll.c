@@ -46,7 +46,7 @@
 
 typedef struct {
   unsigned colls, dtypes, ops;
-  size_t counts[4];
+  size_t counts[6];
   int ncounts;
   /* One more, larger size for a subset: big elements (big_bytes == 0) or big_bytes bytes for the
    * larger of the two buffers (allgather: recvbuf, reduce_scatter: sendbuf). */
@@ -69,6 +69,20 @@ static int verbose(void) {
   return v;
 }
 
+/* Where run_one writes a digest of every result (FC_TEST_DIGESTS=<dir>/<run>, set for the ranks
+ * of the bitwise comparisons: <dir>/<run>.rank<q>), NULL when it does not; per thread, since
+ * ranks may be threads. */
+static __thread FILE *digests;
+
+static void write_digest(const pcall_t *p) {
+  const size_t es = fc_dtype_size(p->dtype), n = (size_t)p->nranks;
+  size_t elems = p->coll == C_ALLGATHER || p->coll == C_ALLTOALL ? n * p->count : p->count;
+  if (p->coll == C_REDUCE && p->rank != p->root) elems = 0; /* nothing to compare */
+  fprintf(digests, "%s %s %s count %zu %s %016llx\n", coll_names[p->coll], fc_dtype_name(p->dtype),
+          coll_reduces(p->coll) ? fc_op_name(p->op) : "-", p->count, p->inplace ? "in" : "out",
+          (unsigned long long)hx_digest(elems ? p->recv : NULL, elems * es));
+}
+
 /* Run one call on r->comm and check it.  Returns 0, or -1 when the library returned an error (the
  * ranks may then be out of step: stop). */
 static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
@@ -84,6 +98,7 @@ static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
     pcall_free(p);
     return -1;
   }
+  if (digests) write_digest(p);
   pcall_check(r, p);
   double t = hx_now() - t0;
   ct->t[p->coll] += t;
@@ -193,7 +208,22 @@ static int p2p_phase(hx_rank_t *r, uint64_t *call, size_t count, flexcoll_dataty
   return 0;
 }
 
+static int matrix_calls(hx_rank_t *r);
+
 static int matrix_rank(hx_rank_t *r) {
+  const char *dpath = getenv("FC_TEST_DIGESTS");
+  if (dpath) {
+    char path[400];
+    snprintf(path, sizeof path, "%s.rank%d", dpath, r->rank);
+    if (!(digests = fopen(path, "w"))) return hx_fail(r, "cannot write %s", path);
+  }
+  int rc = matrix_calls(r);
+  if (digests) fclose(digests);
+  digests = NULL;
+  return rc;
+}
+
+static int matrix_calls(hx_rank_t *r) {
   const matrix_t *m = r->arg;
   const int n = r->nranks;
   const int tree = r->algo && strcmp(r->algo, "tree") == 0;
@@ -269,16 +299,21 @@ static const matrix_t full_matrix = {
     .big_ops = BIT(FLEXCOLL_SUM) | BIT(FLEXCOLL_AVG) | BIT(FLEXCOLL_MAX), .big_modes = BIT(0) | BIT(1),
     .big_one_root = 1, .both_roots = 1, .modes = BIT(0) | BIT(1), .p2p = 1};
 
-static const char *const algos[3] = {"ring", "tree", "exchange"};
+/* FLEXCOLL_ALGO of each loop of a case; NULL (the last): unset, so the tuner chooses, which on
+ * one host means the shared-memory path (lib/host/shm.c) for every host collective. */
+static const char *const algos[4] = {"ring", "tree", "exchange", NULL};
+#define ALGO_NAME(a) ((a) ? (a) : "default (shared memory)")
 
 static int run_matrix_procs(int nranks, const char *algo, const matrix_t *m) {
   char label[64];
-  snprintf(label, sizeof label, "procs n=%d %s", nranks, algo);
+  snprintf(label, sizeof label, "procs n=%d %s", nranks, ALGO_NAME(algo));
   hx_opts_t o = {.label = label, .algo = algo, .deadline_s = 240};
   return hx_run_procs(nranks, &o, matrix_rank, (void *)m);
 }
 
-START_TEST(test_procs2) { ck_assert_msg(run_matrix_procs(2, algos[_i], &full_matrix), "2 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs2) {
+  ck_assert_msg(run_matrix_procs(2, algos[_i], &full_matrix), "2 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
 
 /* The full matrix over UCX's shared-memory transports: the default peer-failure mode keeps UCX
@@ -293,11 +328,17 @@ START_TEST(test_procs_shm) {
                 algos[_i]);
 }
 END_TEST
-START_TEST(test_procs3) { ck_assert_msg(run_matrix_procs(3, algos[_i], &full_matrix), "3 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs3) {
+  ck_assert_msg(run_matrix_procs(3, algos[_i], &full_matrix), "3 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
-START_TEST(test_procs4) { ck_assert_msg(run_matrix_procs(4, algos[_i], &full_matrix), "4 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs4) {
+  ck_assert_msg(run_matrix_procs(4, algos[_i], &full_matrix), "4 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
-START_TEST(test_procs8) { ck_assert_msg(run_matrix_procs(8, algos[_i], &full_matrix), "8 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs8) {
+  ck_assert_msg(run_matrix_procs(8, algos[_i], &full_matrix), "8 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
 
 /* 64 MiB (the larger buffer of each call), 4 ranks: allreduce float32 sum under ring and tree;
@@ -312,10 +353,11 @@ static const matrix_t big64_tree = {
 
 START_TEST(test_big64) {
   char label[64];
-  snprintf(label, sizeof label, "64MiB n=4 %s", algos[_i]);
-  hx_opts_t o = {.label = label, .algo = algos[_i], .deadline_s = 240};
-  ck_assert_msg(hx_run_procs(4, &o, matrix_rank, (void *)(_i == 0 ? &big64_ring : &big64_tree)),
-                "64 MiB, 4 ranks, %s: see stderr", algos[_i]);
+  const char *algo = _i == 2 ? NULL : algos[_i];
+  snprintf(label, sizeof label, "64MiB n=4 %s", ALGO_NAME(algo));
+  hx_opts_t o = {.label = label, .algo = algo, .deadline_s = 240};
+  ck_assert_msg(hx_run_procs(4, &o, matrix_rank, (void *)(_i == 1 ? &big64_tree : &big64_ring)),
+                "64 MiB, 4 ranks, %s: see stderr", ALGO_NAME(algo));
 }
 END_TEST
 
@@ -329,13 +371,66 @@ static const matrix_t threads_matrix = {
     .both_roots = 1, .modes = BIT(0) | BIT(1), .p2p = 1};
 
 START_TEST(test_threads) {
-  int nranks = 2 + _i / 2;
-  const char *algo = algos[_i % 2];
+  static const char *const per_case[3] = {"ring", "tree", NULL};
+  int nranks = 2 + _i / 3;
+  const char *algo = per_case[_i % 3];
   char label[64];
-  snprintf(label, sizeof label, "threads n=%d %s", nranks, algo);
+  snprintf(label, sizeof label, "threads n=%d %s", nranks, ALGO_NAME(algo));
   hx_opts_t o = {.label = label, .algo = algo, .deadline_s = 180};
   ck_assert_msg(hx_run_threads(nranks, &o, matrix_rank, (void *)&threads_matrix), "threads, %d ranks, %s: see stderr",
-                nranks, algo);
+                nranks, ALGO_NAME(algo));
+}
+END_TEST
+
+/* ---- the shared-memory path, bitwise against the exchange over UCX -------------------------------- */
+
+/* Every collective x dtype x op, counts 0, 1, 7, odd, not divisible by 2, 3, 4 or 8, and one
+ * larger than a slot for some types (several rounds per call), in and out of place. */
+static const matrix_t bitwise_matrix = {
+    .colls = ALL_COLLS, .dtypes = ALL_DTYPES, .ops = ALL_OPS, .counts = {0, 1, 7, 1001, 8003}, .ncounts = 5,
+    .big = 70001, .big_colls = ALL_COLLS,
+    .big_dtypes = BIT(FLEXCOLL_FLOAT32) | BIT(FLEXCOLL_FLOAT16) | BIT(FLEXCOLL_INT64) | BIT(FLEXCOLL_UINT8),
+    .big_ops = BIT(FLEXCOLL_SUM) | BIT(FLEXCOLL_MAX) | BIT(FLEXCOLL_AVG), .big_modes = BIT(0) | BIT(1),
+    .both_roots = 1, .modes = BIT(0) | BIT(1)};
+
+static char g_dir[256]; /* the digests of the bitwise comparisons */
+
+/* One run of bitwise_matrix, its digests under g_dir/<run>; env: more settings (NULL-ended). */
+static int bitwise_run(int nranks, int threads, const char *run, const char *algo, const char *const *env) {
+  char dig[400];
+  snprintf(dig, sizeof dig, "FC_TEST_DIGESTS=%s/%s", g_dir, run);
+  const char *all[8] = {dig};
+  int k = 1;
+  for (; env && *env && k < 7; env++) all[k++] = *env;
+  all[k] = NULL;
+  /* One label for all runs of a configuration: it salts the seed, and they must see the same data. */
+  char label[64];
+  snprintf(label, sizeof label, "bitwise %s n=%d", threads ? "threads" : "procs", nranks);
+  fprintf(stderr, "[%s] run %s\n", label, run);
+  hx_opts_t o = {.label = label, .algo = algo, .env = all, .deadline_s = 400};
+  return threads ? hx_run_threads(nranks, &o, matrix_rank, (void *)&bitwise_matrix)
+                 : hx_run_procs(nranks, &o, matrix_rank, (void *)&bitwise_matrix);
+}
+
+/* The default (the shared-memory path at every size), and the same with every allreduce split
+ * and slots of one page (many rounds per call, parts of a few lines), must give the bits of the
+ * exchange over UCX (FLEXCOLL_ALGO=exchange), besides being right (the reference checks). */
+START_TEST(test_shm_bitwise) {
+  static const int ranks[] = {2, 3, 4, 8, 2, 3};
+  const int nranks = ranks[_i], threads = _i >= 4;
+  char ref[32], dflt[32], small[32];
+  snprintf(ref, sizeof ref, "exchange-%d-%d", nranks, threads);
+  snprintf(dflt, sizeof dflt, "shm-%d-%d", nranks, threads);
+  snprintf(small, sizeof small, "shm-small-%d-%d", nranks, threads);
+  static const char *const small_env[] = {"FLEXCOLL_SHM_SPLIT_MIN_BYTES=0", "FLEXCOLL_SHM_SLOT_BYTES=4096", NULL};
+  ck_assert_msg(bitwise_run(nranks, threads, ref, "exchange", NULL), "%d ranks, FLEXCOLL_ALGO=exchange: see stderr", nranks);
+  ck_assert_msg(bitwise_run(nranks, threads, dflt, NULL, NULL), "%d ranks, shared memory: see stderr", nranks);
+  ck_assert_msg(bitwise_run(nranks, threads, small, NULL, small_env), "%d ranks, shared memory, split, 4 KiB slots: see stderr",
+                nranks);
+  ck_assert_msg(hx_same_digests("test_coll", g_dir, nranks, ref, dflt), "%d ranks (%s): the shared-memory path differs "
+                "from the exchange", nranks, threads ? "threads" : "processes");
+  ck_assert_msg(hx_same_digests("test_coll", g_dir, nranks, ref, small), "%d ranks (%s): the shared-memory path with 4 KiB "
+                "slots, split, differs from the exchange", nranks, threads ? "threads" : "processes");
 }
 END_TEST
 
@@ -645,9 +740,9 @@ static Suite *coll_suite(void) {
     const TTest *test;
     int loops;
   } cases[] = {
-      {"procs2", test_procs2, 3}, {"procs3", test_procs3, 3}, {"procs4", test_procs4, 3},
-      {"procs8", test_procs8, 3}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 2},
-      {"threads", test_threads, 4},
+      {"procs2", test_procs2, 4}, {"procs3", test_procs3, 4}, {"procs4", test_procs4, 4},
+      {"procs8", test_procs8, 4}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 3},
+      {"threads", test_threads, 6}, {"shm_bitwise", test_shm_bitwise, 6},
       {"group", test_group, 2},   {"multicomm", test_multicomm, 1}, {"early_destroy", test_early_destroy, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -662,10 +757,18 @@ static Suite *coll_suite(void) {
 int main(void) {
   uint64_t seed = hx_seed(); /* chosen and printed once; the forked tests inherit it */
   double t0 = hx_now();
+  snprintf(g_dir, sizeof g_dir, "/tmp/fc-test-coll-XXXXXX");
+  if (!mkdtemp(g_dir)) {
+    perror("mkdtemp");
+    return EXIT_FAILURE;
+  }
   SRunner *sr = srunner_create(coll_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (!failed && system(cmd) != 0) fprintf(stderr, "[test_coll] could not remove %s\n", g_dir);
   fprintf(stderr, "[test_coll] %s in %.1f s; FC_TEST_SEED=0x%016" PRIx64 " reproduces the data\n",
           failed ? "FAILED" : "passed", hx_now() - t0, seed);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -14,13 +14,20 @@
  * group, nesting), processes that each drive two communicators in groups, and a rank that
  * destroys its communicator while its peers still finish (early_destroy).
  *
+ * Every matrix also runs with FLEXCOLL_ALGO unset, where the tuner sends every host collective of
+ * ranks on one host through the communicator's shared-memory segment (lib/host/shm.c); and
+ * shm_bitwise compares that path's results bit for bit with the exchange over UCX
+ * (FLEXCOLL_ALGO=exchange), also with every allreduce split and slots of 4 KiB (many rounds per
+ * call), for 2, 3, 4 and 8 ranks as processes and 2 and 3 as threads: every collective x datatype
+ * x op x counts 0, 1, 7, 1001, 8003 (and 70001 for four types), in place and out of place.
+ *
  * Every output buffer is poisoned (0xA5) before each call and has poisoned guards on both sides
  * that must survive; inputs must be unchanged; a non-root's recvbuf in reduce must stay poisoned
  * (or is NULL); a non-root's sendbuf in broadcast is ignored (or NULL).
  *
  * Environment: FC_TEST_SEED reproduces a run's data (printed with every failure);
- * CK_RUN_CASE=<tcase> runs one case (procs2, procs3, procs4, procs8, big64, threads, group,
- * multicomm, early_destroy); FC_TEST_NO_BIG=1 leaves out the 1000003-element calls;
+ * CK_RUN_CASE=<tcase> runs one case (procs2, procs3, procs4, procs8, procs_shm, big64, threads,
+ * shm_bitwise, shm_bad_slot, group, multicomm, early_destroy); FC_TEST_NO_BIG=1 leaves out the 1000003-element calls;
  * FC_TEST_VERBOSE=1 times every large call (2: every call).  Timing lines go to stderr.
  */
 #define _GNU_SOURCE
@@ -434,6 +441,28 @@ START_TEST(test_shm_bitwise) {
 }
 END_TEST
 
+/* A slot size the segment cannot be cut into: every rank's creation fails, naming the setting. */
+static int bad_slot_body(void *arg) {
+  const hx_opts_t *o = arg;
+  hx_rank_t rr, *r = &rr;
+  hx_rank_init(r, o, 0, 2, NULL);
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  flexcoll_comm_t c[2] = {NULL, NULL};
+  snprintf(r->what, sizeof r->what, "flexcoll_comm_init_all(2) with FLEXCOLL_SHM_SLOT_BYTES=5000");
+  flexcoll_result_t res = flexcoll_comm_init_all(c, 2, NULL);
+  const char *e = flexcoll_get_last_error(NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT) hx_fail(r, "returned %d (%s), expected FLEXCOLL_INVALID_ARGUMENT", res, e);
+  else if (!strstr(e, "FLEXCOLL_SHM_SLOT_BYTES")) hx_fail(r, "the error does not name the setting: %s", e);
+  return r->errors != 0;
+}
+
+START_TEST(test_shm_bad_slot) {
+  static const char *const env[] = {"FLEXCOLL_SHM_SLOT_BYTES=5000", NULL};
+  hx_opts_t o = {.label = "bad slot size", .env = env, .deadline_s = 60};
+  ck_assert_msg(hx_run_process(&o, bad_slot_body, &o), "FLEXCOLL_SHM_SLOT_BYTES=5000: see stderr");
+}
+END_TEST
+
 /* ---- groups: several communicators from one thread ---------------------------------------------- */
 
 /* The calls of one collective on every rank of a communicator whose ranks all live in this thread. */
@@ -743,6 +772,7 @@ static Suite *coll_suite(void) {
       {"procs2", test_procs2, 4}, {"procs3", test_procs3, 4}, {"procs4", test_procs4, 4},
       {"procs8", test_procs8, 4}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 3},
       {"threads", test_threads, 6}, {"shm_bitwise", test_shm_bitwise, 6},
+      {"shm_bad_slot", test_shm_bad_slot, 1},
       {"group", test_group, 2},   {"multicomm", test_multicomm, 1}, {"early_destroy", test_early_destroy, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

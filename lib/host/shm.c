@@ -17,7 +17,8 @@
  *  - FC_SHM_EXCHANGE: every collective, one round per piece of at most a slot: each rank copies
  *    its input piece (or the blocks its peers need) into its slot, and every rank that needs a
  *    result reads or folds all the slots in rank order; small messages take one round.
- *  - FC_SHM_SPLIT (allreduce): reduce-scatter then allgather per step, two rounds: each rank
+ *  - FC_SHM_SPLIT (allreduce, large, ranks not outnumbering cores): reduce-scatter then
+ *    allgather per step, two rounds: each rank
  *    copies into its slot the parts of the step that the others own, folds its own part from the
  *    n inputs (its own read from its buffer) into its next slot, posts it, and every rank copies
  *    the n reduced parts out.  Each rank reads every byte of the message once and folds 1/n of it,
@@ -63,6 +64,7 @@ typedef struct {
   uint64_t magic;
   uint32_t nranks, nslots;
   uint64_t slot_bytes;
+  uint32_t cores; /* this host's online cores as rank 0 counted them: every rank decides alike */
   /* Set by a rank whose wait failed (peer lost, timeout, abort): every rank's waits stop. */
   atomic_uint broken;
 } shm_header_t;
@@ -80,6 +82,7 @@ struct fc_shm {
   char *slots;      /* [nranks][FC_SHM_SLOTS][slot_bytes] */
   size_t slot_bytes;
   uint64_t round;   /* rounds so far */
+  int crowded;      /* more ranks than the host has cores */
 };
 
 static size_t ctl_offset(void) { return LINE; }
@@ -418,6 +421,8 @@ static struct fc_shm *create(const char *name, int n, size_t slot, char *why, si
   h->nranks = (uint32_t)n;
   h->nslots = FC_SHM_SLOTS;
   h->slot_bytes = slot;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  h->cores = cores > 0 ? (uint32_t)cores : 1;
   atomic_init(&h->broken, 0);
   h->magic = SHM_MAGIC; /* the name reaches the others over the bootstrap, after this */
   return m;
@@ -461,7 +466,10 @@ static void finish_layout(struct fc_shm *m, int n, size_t slot) {
   m->ctl = (shm_ctl_t *)(m->base + ctl_offset());
   m->slots = m->base + slots_offset(n);
   m->slot_bytes = slot;
+  m->crowded = (uint32_t)n > m->hdr->cores;
 }
+
+int fc_shm_crowded(const struct flexcoll_comm *c) { return c->shm && c->shm->crowded; }
 
 flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
   const int n = c->nranks, me = c->rank;
@@ -525,7 +533,8 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
   }
   finish_layout(m, n, slot);
   c->shm = m;
-  FC_INFO(FC_SUB_INIT, "shared-memory collectives on: %d ranks, %d slots of %zu bytes each", n, FC_SHM_SLOTS, slot);
+  FC_INFO(FC_SUB_INIT, "shared-memory collectives on: %d ranks, %d slots of %zu bytes each, %u cores", n, FC_SHM_SLOTS, slot,
+          m->hdr->cores);
   return FLEXCOLL_SUCCESS;
 }
 

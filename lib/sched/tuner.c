@@ -20,8 +20,9 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
 /* Host collectives of ranks of one host through the communicator's shared-memory segment. */
 FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)
 /* Allreduce from this size splits the reduction over the ranks (reduce-scatter + allgather
- * through the segment); below it every rank folds every input (one round). */
-FC_PARAM_INT(shm_split_min_bytes, "SHM_SPLIT_MIN_BYTES", 64 << 10)
+ * through the segment, two rounds per slot); below it every rank folds every input (one round
+ * per slot).  docs/PERFORMANCE.md has the measurements behind the default. */
+FC_PARAM_INT(shm_split_min_bytes, "SHM_SPLIT_MIN_BYTES", 1 << 20)
 
 /* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
  * transports (shared memory / TCP latency of a few microseconds per step). */
@@ -69,9 +70,15 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
 
 int fc_tuner_shm_enabled(void) { return fc_param_shm_direct() && forced_algo() < 0; }
 
-fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks) {
+fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks, int crowded) {
   if (!fc_tuner_shm_enabled() || nranks < 2) return FC_SHM_OFF;
-  if (coll == FC_COLL_ALLREDUCE && bytes >= (size_t)fc_param_shm_split_min_bytes()) return FC_SHM_SPLIT;
+  /* Crowded, every round may wait for a peer's next time slice: the split's second round per
+   * slot cost more than its smaller folds saved (4 ranks on 2 cores, docs/PERFORMANCE.md).  A
+   * threshold set by hand holds all the same (tests, studies). */
+  static int set_by_hand = -1;
+  if (set_by_hand < 0) set_by_hand = fc_param_str("FLEXCOLL_SHM_SPLIT_MIN_BYTES", NULL) != NULL;
+  if (coll == FC_COLL_ALLREDUCE && (!crowded || set_by_hand) && bytes >= (size_t)fc_param_shm_split_min_bytes())
+    return FC_SHM_SPLIT;
   return FC_SHM_EXCHANGE;
 }
 

@@ -2,16 +2,19 @@
  *
  * Layout (every rank computes it from the rank count and FLEXCOLL_SHM_SLOT_BYTES, both the same
  * on every rank; the header repeats them as a check):
- *   header line | per rank: posted line, done line | per rank: FC_SHM_SLOTS slots of slot bytes
+ *   header line | per rank: done line | per rank: FC_SHM_SLOTS slots, each a line (the round
+ *   posted in it, then up to INLINE_BYTES of data) and slot bytes
  * Every control word has a cache line of its own: a rank polling a peer's word never shares a
- * line with a word that someone else writes.
+ * line with a word that someone else writes.  A round whose data fits beside its post carries it
+ * there: the reader's poll brings the data along, one line moved instead of two.
  *
  * Rounds (shm.h): rounds are numbered from 1 over the communicator's life, the same on every
  * rank, and every rank takes part in every round (posting even when it has nothing to write), so
  * "q posted s" implies "q finished s - 1".  Round s writes slot s % FC_SHM_SLOTS; before that a
- * rank waits until every peer is done with round s - FC_SHM_SLOTS, the last one that used it.
- * A peer can therefore run at most FC_SHM_SLOTS - 1 rounds ahead, and a reader sees posted >= s
- * (not == s).
+ * rank waits until every peer is done with round s - FC_SHM_SLOTS, the last one that used it
+ * (known without a look where it saw that peer post s - FC_SHM_SLOTS + 1 or later).  A peer can
+ * therefore run at most FC_SHM_SLOTS - 1 rounds ahead, and a slot's post is exactly s when a
+ * reader of round s looks (it waits for >= s all the same).
  *
  * Two modes (the tuner picks, lib/sched/tuner.c):
  *  - FC_SHM_EXCHANGE: every collective, one round per piece of at most a slot: each rank copies
@@ -70,27 +73,43 @@ typedef struct {
 } shm_header_t;
 
 typedef struct {
-  _Alignas(LINE) _Atomic uint64_t posted; /* last round whose slot content is in place */
   _Alignas(LINE) _Atomic uint64_t done;   /* last round this rank finished reading */
 } shm_ctl_t;
+
+#define INLINE_BYTES (LINE - 8)
+typedef struct {
+  _Alignas(LINE) _Atomic uint64_t posted; /* the last round whose content is in this slot */
+  char data[INLINE_BYTES];                /* that content, where it fits */
+} slot_head_t;
 
 struct fc_shm {
   char *base;
   size_t bytes;
   shm_header_t *hdr;
   shm_ctl_t *ctl;   /* [nranks] */
-  char *slots;      /* [nranks][FC_SHM_SLOTS][slot_bytes] */
+  char *slots;      /* [nranks][FC_SHM_SLOTS][a head line + slot_bytes] */
   size_t slot_bytes;
+  uint64_t *seen_done; /* per rank: the last round it is known to have finished reading */
   uint64_t round;   /* rounds so far */
   int crowded;      /* more ranks than the host has cores */
 };
 
 static size_t ctl_offset(void) { return LINE; }
 static size_t slots_offset(int n) { return ctl_offset() + (size_t)n * sizeof(shm_ctl_t); }
-static size_t segment_bytes(int n, size_t slot) { return slots_offset(n) + (size_t)n * FC_SHM_SLOTS * slot; }
+static size_t segment_bytes(int n, size_t slot) {
+  return slots_offset(n) + (size_t)n * FC_SHM_SLOTS * (sizeof(slot_head_t) + slot);
+}
 
-static char *slot_of(const struct fc_shm *m, int rank, uint64_t round) {
-  return m->slots + ((size_t)rank * FC_SHM_SLOTS + (size_t)(round % FC_SHM_SLOTS)) * m->slot_bytes;
+static slot_head_t *head_of(const struct fc_shm *m, int rank, uint64_t round) {
+  return (slot_head_t *)(m->slots + ((size_t)rank * FC_SHM_SLOTS + (size_t)(round % FC_SHM_SLOTS)) *
+                                        (sizeof(slot_head_t) + m->slot_bytes));
+}
+
+/* Where rank's content of round `round` lies, `bytes` in all (writer and readers compute the same
+ * bytes): beside the post when it fits, else in the slot proper. */
+static char *slot_of(const struct fc_shm *m, int rank, uint64_t round, size_t bytes) {
+  slot_head_t *h = head_of(m, rank, round);
+  return bytes <= INLINE_BYTES ? h->data : (char *)(h + 1);
 }
 
 /* ---- waits ----------------------------------------------------------------------------------- */
@@ -116,16 +135,16 @@ static inline void cpu_relax(void) {
  * busy elsewhere (its own computation, a slow start), and spinning would only steal its core. */
 #define SLEEP_AFTER_MS 5.0
 
-/* Wait until word (posted or done) of rank q is at least v.  The stuck checks are the host
- * executor's (abort, asynchronous error, the bootstrap ring's watch, the timeout), plus the
- * segment's broken word; a failure marks the segment broken for every rank on the host. */
-static flexcoll_result_t wait_word(struct flexcoll_comm *c, struct fc_shm *m, int q, int which, uint64_t v,
-                                   double *last, double *next_peer_check) {
-  _Atomic uint64_t *w = which ? &m->ctl[q].done : &m->ctl[q].posted;
-  if (atomic_load_explicit(w, memory_order_acquire) >= v) return FLEXCOLL_SUCCESS;
+/* Wait until *w (a post or a done word) is at least v; *seen gets the value that satisfied it.
+ * The stuck checks are the host executor's (abort, asynchronous error, the bootstrap ring's
+ * watch, the timeout), plus the segment's broken word; a failure marks the segment broken for
+ * every rank on the host. */
+static flexcoll_result_t wait_word(struct flexcoll_comm *c, struct fc_shm *m, _Atomic uint64_t *w, uint64_t v,
+                                   uint64_t *seen, double *last, double *next_peer_check) {
+  if ((*seen = atomic_load_explicit(w, memory_order_acquire)) >= v) return FLEXCOLL_SUCCESS;
   for (unsigned i = 1;; i++) {
     for (int k = 0; k < SPINS; k++) {
-      if (atomic_load_explicit(w, memory_order_acquire) >= v) {
+      if ((*seen = atomic_load_explicit(w, memory_order_acquire)) >= v) {
         *last = -1; /* progress: the caller's next wait starts its clock again */
         return FLEXCOLL_SUCCESS;
       }
@@ -168,21 +187,29 @@ static void waiter_init(waiter_t *w, struct flexcoll_comm *c) {
   w->next_peer_check = now_ms() + 50;
 }
 
-/* Start round s: the slot it writes is free once every peer is done with round s - FC_SHM_SLOTS. */
+/* Start round s: the slot it writes is free once every peer is done with round s - FC_SHM_SLOTS.
+ * Where this rank waited for every peer's post lately (allreduce, allgather, ...), it knows that
+ * already and reads no peer's line. */
 static flexcoll_result_t begin_round(waiter_t *w, uint64_t s) {
   if (s <= FC_SHM_SLOTS) return FLEXCOLL_SUCCESS;
+  struct fc_shm *m = w->m;
   for (int q = 0; q < w->c->nranks; q++)
-    if (q != w->c->rank) FC_CHECK(wait_word(w->c, w->m, q, 1, s - FC_SHM_SLOTS, &w->last, &w->next_peer_check));
+    if (q != w->c->rank && m->seen_done[q] < s - FC_SHM_SLOTS)
+      FC_CHECK(wait_word(w->c, m, &m->ctl[q].done, s - FC_SHM_SLOTS, &m->seen_done[q], &w->last, &w->next_peer_check));
   return FLEXCOLL_SUCCESS;
 }
 
 static void post(waiter_t *w, uint64_t s) {
-  atomic_store_explicit(&w->m->ctl[w->c->rank].posted, s, memory_order_release);
+  atomic_store_explicit(&head_of(w->m, w->c->rank, s)->posted, s, memory_order_release);
 }
 
 static flexcoll_result_t wait_posted(waiter_t *w, int q, uint64_t s) {
   if (q == w->c->rank) return FLEXCOLL_SUCCESS;
-  return wait_word(w->c, w->m, q, 0, s, &w->last, &w->next_peer_check);
+  uint64_t seen;
+  FC_CHECK(wait_word(w->c, w->m, &head_of(w->m, q, s)->posted, s, &seen, &w->last, &w->next_peer_check));
+  /* q posted s only after it finished s - 1 (every rank takes part in every round). */
+  if (w->m->seen_done[q] < s - 1) w->m->seen_done[q] = s - 1;
+  return FLEXCOLL_SUCCESS;
 }
 
 static flexcoll_result_t wait_all_posted(waiter_t *w, uint64_t s) {
@@ -237,7 +264,9 @@ static flexcoll_result_t exchange_piece(call_t *x, size_t first, size_t len) {
   const uint64_t s = ++m->round;
   const char *in[FC_SHM_MAX_RANKS];
   FC_CHECK(begin_round(&x->w, s));
-  char *mine = slot_of(m, me, s);
+  const int blocks = x->a->coll == FC_COLL_REDUCE_SCATTER || x->a->coll == FC_COLL_ALLTOALL;
+  const size_t used = blocks ? (size_t)n * bytes : bytes; /* of a slot, by each rank */
+  char *mine = slot_of(m, me, s, used);
   switch (x->a->coll) {
     case FC_COLL_ALLREDUCE:
     case FC_COLL_REDUCE:
@@ -261,13 +290,13 @@ static flexcoll_result_t exchange_piece(call_t *x, size_t first, size_t len) {
     case FC_COLL_REDUCE:
       if (x->a->coll == FC_COLL_REDUCE && me != root) break;
       FC_CHECK(wait_all_posted(&x->w, s));
-      for (int q = 0; q < n; q++) in[q] = slot_of(m, q, s);
+      for (int q = 0; q < n; q++) in[q] = slot_of(m, q, s, used);
       fold(x->recv + first * es, in, n, len, es, x->dtype, x->op);
       if (x->op == FLEXCOLL_AVG) fc_host_divide(x->recv + first * es, len, x->dtype, n);
       break;
     case FC_COLL_REDUCE_SCATTER:
       FC_CHECK(wait_all_posted(&x->w, s));
-      for (int q = 0; q < n; q++) in[q] = slot_of(m, q, s) + (size_t)me * bytes;
+      for (int q = 0; q < n; q++) in[q] = slot_of(m, q, s, used) + (size_t)me * bytes;
       fold(x->recv + first * es, in, n, len, es, x->dtype, x->op);
       if (x->op == FLEXCOLL_AVG) fc_host_divide(x->recv + first * es, len, x->dtype, n);
       break;
@@ -275,20 +304,20 @@ static flexcoll_result_t exchange_piece(call_t *x, size_t first, size_t len) {
       for (int q = 0; q < n; q++) {
         FC_CHECK(wait_posted(&x->w, q, s));
         /* In place, this rank's block of recv is its sendbuf: copy() skips it. */
-        copy(x->recv + ((size_t)q * count + first) * es, q == me ? x->send + first * es : slot_of(m, q, s), bytes);
+        copy(x->recv + ((size_t)q * count + first) * es, q == me ? x->send + first * es : slot_of(m, q, s, used), bytes);
       }
       break;
     case FC_COLL_ALLTOALL:
       for (int q = 0; q < n; q++) {
         FC_CHECK(wait_posted(&x->w, q, s));
-        copy(x->recv + ((size_t)q * count + first) * es, slot_of(m, q, s) + (size_t)me * bytes, bytes);
+        copy(x->recv + ((size_t)q * count + first) * es, slot_of(m, q, s, used) + (size_t)me * bytes, bytes);
       }
       break;
     case FC_COLL_BROADCAST:
       if (me == root) copy(x->recv + first * es, x->send + first * es, bytes);
       else {
         FC_CHECK(wait_posted(&x->w, root, s));
-        copy(x->recv + first * es, slot_of(m, root, s), bytes);
+        copy(x->recv + first * es, slot_of(m, root, s, used), bytes);
       }
       break;
     default:
@@ -334,7 +363,7 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
   /* Round s: the parts the others own, at their offsets within the step. */
   const uint64_t s = ++m->round;
   FC_CHECK(begin_round(&x->w, s));
-  char *mine = slot_of(m, me, s);
+  char *mine = slot_of(m, me, s, len * es);
   for (int q = 0; q < n; q++) {
     part(len, pp, q, &off, &k);
     if (q != me) copy(mine + off * es, x->send + (base + off) * es, k * es);
@@ -344,8 +373,8 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
   /* Fold this rank's part into its slot of round s + 1, free already: every peer posted s, so
    * every peer finished s - 1 and round s + 1 - FC_SHM_SLOTS before it. */
   part(len, pp, me, &off, &k);
-  for (int q = 0; q < n; q++) in[q] = q == me ? x->send + (base + off) * es : slot_of(m, q, s) + off * es;
-  char *out = slot_of(m, me, s + 1);
+  for (int q = 0; q < n; q++) in[q] = q == me ? x->send + (base + off) * es : slot_of(m, q, s, len * es) + off * es;
+  char *out = slot_of(m, me, s + 1, k * es);
   fold(out, in, n, k, es, x->dtype, x->op);
   if (x->op == FLEXCOLL_AVG) fc_host_divide(out, k, x->dtype, n);
   finish_round(&x->w, s);
@@ -356,7 +385,7 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
   for (int q = 0; q < n; q++) {
     FC_CHECK(wait_posted(&x->w, q, t));
     part(len, pp, q, &off, &k);
-    copy(x->recv + (base + off) * es, slot_of(m, q, t), k * es);
+    copy(x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
   }
   finish_round(&x->w, t);
   return FLEXCOLL_SUCCESS;
@@ -391,6 +420,7 @@ flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, con
 
 static void unmap(struct fc_shm *m) {
   if (m->base) munmap(m->base, m->bytes);
+  free(m->seen_done);
   free(m);
 }
 
@@ -417,6 +447,12 @@ static struct fc_shm *create(const char *name, int n, size_t slot, char *why, si
   }
   close(fd);
   m->base = p;
+  if (!(m->seen_done = calloc((size_t)n, sizeof *m->seen_done))) {
+    snprintf(why, wlen, "out of memory");
+    unmap(m);
+    shm_unlink(name);
+    return NULL;
+  }
   shm_header_t *h = p;
   h->nranks = (uint32_t)n;
   h->nslots = FC_SHM_SLOTS;
@@ -452,6 +488,11 @@ static struct fc_shm *attach(const char *name, int n, size_t slot, char *why, si
     return NULL;
   }
   m->base = p;
+  if (!(m->seen_done = calloc((size_t)n, sizeof *m->seen_done))) {
+    snprintf(why, wlen, "out of memory");
+    unmap(m);
+    return NULL;
+  }
   const shm_header_t *h = p;
   if (h->magic != SHM_MAGIC || h->nranks != (uint32_t)n || h->slot_bytes != slot || h->nslots != FC_SHM_SLOTS) {
     snprintf(why, wlen, "%s does not hold this communicator's layout", name);

@@ -92,6 +92,7 @@ struct fc_shm {
   uint64_t *seen_done; /* per rank: the last round it is known to have finished reading */
   uint64_t round;   /* rounds so far */
   int crowded;      /* more ranks than the host has cores */
+  int spins;        /* polls of a word between yields */
 };
 
 static size_t ctl_offset(void) { return LINE; }
@@ -129,8 +130,10 @@ static inline void cpu_relax(void) {
 }
 
 /* Spins on the peer's word before giving the core away: a peer that runs is a few hundred
- * nanoseconds from its post, and ranks often outnumber cores (threads of one process, CI). */
+ * nanoseconds from its post.  Where ranks outnumber cores, the peer waited for is often not
+ * running, and every spin delays it: yield almost at once (docs/PERFORMANCE.md). */
 #define SPINS 128
+#define SPINS_CROWDED 16
 /* Past this long without progress the wait sleeps between looks: a peer that is this late is
  * busy elsewhere (its own computation, a slow start), and spinning would only steal its core. */
 #define SLEEP_AFTER_MS 5.0
@@ -143,7 +146,7 @@ static flexcoll_result_t wait_word(struct flexcoll_comm *c, struct fc_shm *m, _A
                                    uint64_t *seen, double *last, double *next_peer_check) {
   if ((*seen = atomic_load_explicit(w, memory_order_acquire)) >= v) return FLEXCOLL_SUCCESS;
   for (unsigned i = 1;; i++) {
-    for (int k = 0; k < SPINS; k++) {
+    for (int k = 0; k < m->spins; k++) {
       if ((*seen = atomic_load_explicit(w, memory_order_acquire)) >= v) {
         *last = -1; /* progress: the caller's next wait starts its clock again */
         return FLEXCOLL_SUCCESS;
@@ -508,6 +511,7 @@ static void finish_layout(struct fc_shm *m, int n, size_t slot) {
   m->slots = m->base + slots_offset(n);
   m->slot_bytes = slot;
   m->crowded = (uint32_t)n > m->hdr->cores;
+  m->spins = m->crowded ? SPINS_CROWDED : SPINS;
 }
 
 int fc_shm_crowded(const struct flexcoll_comm *c) { return c->shm && c->shm->crowded; }

@@ -66,8 +66,8 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_SHM_SLOT_BYTES", FC_PK_INT, "262144", "bytes of each of a rank's 4 slots in that segment (a multiple of 4096)",
      1, 4096, 1 << 30, NULL},
     {"FLEXCOLL_SHM_SPLIT_MIN_BYTES", FC_PK_INT, "1048576",
-     "shared-memory allreduce from this size, ranks not outnumbering cores: reduce-scatter + allgather (else every rank folds "
-     "every input)", 1, 0, BIG, NULL},
+     "shared-memory allreduce from this size: reduce-scatter + allgather (below: every rank folds every input)", 1, 0, BIG,
+     NULL},
     {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks", 1, 0,
      0, NULL},
     {"FLEXCOLL_LINK_SHARES", FC_PK_SHARES, "(balanced)", "fixed fractions per link instead of the balancer, e.g. shm:0.7,tcp:0.3",

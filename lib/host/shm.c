@@ -20,8 +20,7 @@
  *  - FC_SHM_EXCHANGE: every collective, one round per piece of at most a slot: each rank copies
  *    its input piece (or the blocks its peers need) into its slot, and every rank that needs a
  *    result reads or folds all the slots in rank order; small messages take one round.
- *  - FC_SHM_SPLIT (allreduce, large, ranks not outnumbering cores): reduce-scatter then
- *    allgather per step, two rounds: each rank
+ *  - FC_SHM_SPLIT (allreduce, large): reduce-scatter then allgather per step, two rounds: each rank
  *    copies into its slot the parts of the step that the others own, folds its own part from the
  *    n inputs (its own read from its buffer) into its next slot, posts it, and every rank copies
  *    the n reduced parts out.  Each rank reads every byte of the message once and folds 1/n of it,
@@ -67,7 +66,7 @@ typedef struct {
   uint64_t magic;
   uint32_t nranks, nslots;
   uint64_t slot_bytes;
-  uint32_t cores; /* this host's online cores as rank 0 counted them: every rank decides alike */
+  uint32_t cores; /* this host's online cores as rank 0 counted them */
   /* Set by a rank whose wait failed (peer lost, timeout, abort): every rank's waits stop. */
   atomic_uint broken;
 } shm_header_t;
@@ -514,7 +513,6 @@ static void finish_layout(struct fc_shm *m, int n, size_t slot) {
   m->spins = m->crowded ? SPINS_CROWDED : SPINS;
 }
 
-int fc_shm_crowded(const struct flexcoll_comm *c) { return c->shm && c->shm->crowded; }
 
 flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
   const int n = c->nranks, me = c->rank;

@@ -35,10 +35,6 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *comm);
 /* Unmap (local; the segment was unlinked at creation).  NULL comm->shm is fine. */
 void fc_shm_close(struct flexcoll_comm *comm);
 
-/* Whether comm's ranks outnumber their host's cores (rank 0's count, the same on every rank):
- * then a rank that waits often waits for a peer that is not running, and fewer rounds win. */
-int fc_shm_crowded(const struct flexcoll_comm *comm);
-
 /* Run a host collective through the segment in the given mode (fc_tuner_shm's pick, not
  * FC_SHM_OFF); the buffers were checked by the API (count > 0, in-place forms only). */
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,

@@ -70,19 +70,9 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
 
 int fc_tuner_shm_enabled(void) { return fc_param_shm_direct() && forced_algo() < 0; }
 
-fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks, int crowded) {
+fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks) {
   if (!fc_tuner_shm_enabled() || nranks < 2) return FC_SHM_OFF;
-  /* Crowded, every round may wait for a peer's next time slice: the split's second round per
-   * slot cost more than its smaller folds saved (4 ranks on 2 cores, docs/PERFORMANCE.md).  A
-   * threshold set by hand holds all the same (tests, studies). */
-  static int set_by_hand = -1; /* racing first callers compute the same value */
-  int by_hand = __atomic_load_n(&set_by_hand, __ATOMIC_RELAXED);
-  if (by_hand < 0) {
-    by_hand = fc_param_str("FLEXCOLL_SHM_SPLIT_MIN_BYTES", NULL) != NULL;
-    __atomic_store_n(&set_by_hand, by_hand, __ATOMIC_RELAXED);
-  }
-  if (coll == FC_COLL_ALLREDUCE && (!crowded || by_hand) && bytes >= (size_t)fc_param_shm_split_min_bytes())
-    return FC_SHM_SPLIT;
+  if (coll == FC_COLL_ALLREDUCE && bytes >= (size_t)fc_param_shm_split_min_bytes()) return FC_SHM_SPLIT;
   return FC_SHM_EXCHANGE;
 }
 

@@ -3,7 +3,7 @@
  * Layout (every rank computes it from the rank count and FLEXCOLL_SHM_SLOT_BYTES, both the same
  * on every rank; the header repeats them as a check):
  *   header line | per rank: done line | per rank: FC_SHM_SLOTS slots, each a line (the round
- *   posted in it, then up to INLINE_BYTES of data) and slot bytes
+ *   posted in it, the call's word, then up to INLINE_BYTES of data) and slot bytes
  * Every control word has a cache line of its own: a rank polling a peer's word never shares a
  * line with a word that someone else writes.  A round whose data fits beside its post carries it
  * there: the reader's poll brings the data along, one line moved instead of two.
@@ -75,10 +75,11 @@ typedef struct {
   _Alignas(LINE) _Atomic uint64_t done;   /* last round this rank finished reading */
 } shm_ctl_t;
 
-#define INLINE_BYTES (LINE - 8)
+#define INLINE_BYTES (LINE - 16)
 typedef struct {
   _Alignas(LINE) _Atomic uint64_t posted; /* the last round whose content is in this slot */
-  char data[INLINE_BYTES];                /* that content, where it fits */
+  uint64_t call;                          /* that round's call (call_word): ranks must agree */
+  char data[INLINE_BYTES];                /* its content, where it fits */
 } slot_head_t;
 
 struct fc_shm {
@@ -180,13 +181,24 @@ typedef struct {
   struct flexcoll_comm *c;
   struct fc_shm *m;
   double last, next_peer_check;
+  uint64_t call; /* call_word of this call */
 } waiter_t;
 
-static void waiter_init(waiter_t *w, struct flexcoll_comm *c) {
+/* The call as a word every rank computes alike: where ranks disagree (count, type, op, root,
+ * collective), a reader sees another word in the slot and fails instead of reading too few
+ * or too many bytes (the links' receives check the length for the same reason). */
+static uint64_t call_word(const fc_algo_args_t *a, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+  const uint64_t f[5] = {(uint64_t)a->coll, (uint64_t)a->count, (uint64_t)dtype, (uint64_t)op,
+                         (uint64_t)(a->coll == FC_COLL_BROADCAST || a->coll == FC_COLL_REDUCE ? a->root : 0)};
+  return fc_hash_bytes(FC_HASH_INIT, f, sizeof f);
+}
+
+static void waiter_init(waiter_t *w, struct flexcoll_comm *c, uint64_t call) {
   w->c = c;
   w->m = c->shm;
   w->last = -1;
   w->next_peer_check = now_ms() + 50;
+  w->call = call;
 }
 
 /* Start round s: the slot it writes is free once every peer is done with round s - FC_SHM_SLOTS.
@@ -202,13 +214,22 @@ static flexcoll_result_t begin_round(waiter_t *w, uint64_t s) {
 }
 
 static void post(waiter_t *w, uint64_t s) {
-  atomic_store_explicit(&head_of(w->m, w->c->rank, s)->posted, s, memory_order_release);
+  slot_head_t *h = head_of(w->m, w->c->rank, s);
+  h->call = w->call;
+  atomic_store_explicit(&h->posted, s, memory_order_release);
 }
 
 static flexcoll_result_t wait_posted(waiter_t *w, int q, uint64_t s) {
   if (q == w->c->rank) return FLEXCOLL_SUCCESS;
   uint64_t seen;
-  FC_CHECK(wait_word(w->c, w->m, &head_of(w->m, q, s)->posted, s, &seen, &w->last, &w->next_peer_check));
+  slot_head_t *h = head_of(w->m, q, s);
+  FC_CHECK(wait_word(w->c, w->m, &h->posted, s, &seen, &w->last, &w->next_peer_check));
+  if (h->call != w->call) {
+    atomic_store(&w->m->hdr->broken, 1);
+    fc_comm_set_async_error(w->c, FLEXCOLL_INVALID_USAGE);
+    return fc_error(w->c, FLEXCOLL_INVALID_USAGE, "rank %d made another call than this one (collective, count, datatype, "
+                    "op or root differ; shared-memory round %llu)", q, (unsigned long long)s);
+  }
   /* q posted s only after it finished s - 1 (every rank takes part in every round). */
   if (w->m->seen_done[q] < s - 1) w->m->seen_done[q] = s - 1;
   return FLEXCOLL_SUCCESS;
@@ -407,7 +428,7 @@ static flexcoll_result_t run_split(call_t *x) {
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
                              const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
   call_t x = {.a = args, .send = sendbuf, .recv = recvbuf, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
-  waiter_init(&x.w, comm);
+  waiter_init(&x.w, comm, call_word(args, dtype, op));
   flexcoll_result_t res =
       mode == FC_SHM_SPLIT && args->coll == FC_COLL_ALLREDUCE ? run_split(&x) : run_exchange(&x);
   /* A call that failed half-way leaves this rank's rounds out of step with its peers: the

@@ -15,6 +15,7 @@
 #include "error.h"
 #include "gpu/gpu.h"
 #include "group.h"
+#include "host/shm.h"
 #include "param.h"
 #include "sched/sched.h"
 #include "transports/transports.h"
@@ -209,6 +210,7 @@ flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   if (!c->p2p_sent) { res = fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto fail; }
   c->p2p_received = c->p2p_sent + c->nranks;
   FC_CHECK_GOTO(fc_links_open(c), res, fail);
+  FC_CHECK_GOTO(fc_shm_open(c), res, fail);
   FC_CHECK_GOTO(fc_gpu_comm_init(c), res, fail);
   /* Unless aborted meanwhile (a non-blocking initialisation): that stays. */
   int pending = FC_COMM_PENDING;
@@ -261,6 +263,7 @@ static void comm_free(flexcoll_comm_t c, int force) {
   if (c->init_thread_started) pthread_join(c->init_thread, NULL); /* it has left the communicator */
   fc_gpu_comm_fini(c);
   fc_links_close(c, force);
+  fc_shm_close(c);
   fc_bootstrap_stop_root(c->root);
   if (c->bootstrap) fc_bootstrap_close(c->bootstrap);
   fc_schedule_free(&c->schedule);

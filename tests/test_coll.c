@@ -14,13 +14,20 @@
  * group, nesting), processes that each drive two communicators in groups, and a rank that
  * destroys its communicator while its peers still finish (early_destroy).
  *
+ * Every matrix also runs with FLEXCOLL_ALGO unset, where the tuner sends every host collective of
+ * ranks on one host through the communicator's shared-memory segment (lib/host/shm.c); and
+ * shm_bitwise compares that path's results bit for bit with the exchange over UCX
+ * (FLEXCOLL_ALGO=exchange), also with every allreduce split and slots of 4 KiB (many rounds per
+ * call), for 2, 3, 4 and 8 ranks as processes and 2 and 3 as threads: every collective x datatype
+ * x op x counts 0, 1, 7, 1001, 8003 (and 70001 for four types), in place and out of place.
+ *
  * Every output buffer is poisoned (0xA5) before each call and has poisoned guards on both sides
  * that must survive; inputs must be unchanged; a non-root's recvbuf in reduce must stay poisoned
  * (or is NULL); a non-root's sendbuf in broadcast is ignored (or NULL).
  *
  * Environment: FC_TEST_SEED reproduces a run's data (printed with every failure);
- * CK_RUN_CASE=<tcase> runs one case (procs2, procs3, procs4, procs8, big64, threads, group,
- * multicomm, early_destroy); FC_TEST_NO_BIG=1 leaves out the 1000003-element calls;
+ * CK_RUN_CASE=<tcase> runs one case (procs2, procs3, procs4, procs8, procs_shm, big64, threads,
+ * shm_bitwise, shm_bad_slot, group, multicomm, early_destroy); FC_TEST_NO_BIG=1 leaves out the 1000003-element calls;
  * FC_TEST_VERBOSE=1 times every large call (2: every call).  Timing lines go to stderr.
  */
 #define _GNU_SOURCE
@@ -47,7 +54,7 @@
 
 typedef struct {
   unsigned colls, dtypes, ops;
-  size_t counts[4];
+  size_t counts[6];
   int ncounts;
   /* One more, larger size for a subset: big elements (big_bytes == 0) or big_bytes bytes for the
    * larger of the two buffers (allgather: recvbuf, reduce_scatter: sendbuf). */
@@ -70,6 +77,20 @@ static int verbose(void) {
   return v;
 }
 
+/* Where run_one writes a digest of every result (FC_TEST_DIGESTS=<dir>/<run>, set for the ranks
+ * of the bitwise comparisons: <dir>/<run>.rank<q>), NULL when it does not; per thread, since
+ * ranks may be threads. */
+static __thread FILE *digests;
+
+static void write_digest(const pcall_t *p) {
+  const size_t es = fc_dtype_size(p->dtype), n = (size_t)p->nranks;
+  size_t elems = p->coll == C_ALLGATHER || p->coll == C_ALLTOALL ? n * p->count : p->count;
+  if (p->coll == C_REDUCE && p->rank != p->root) elems = 0; /* nothing to compare */
+  fprintf(digests, "%s %s %s count %zu %s %016llx\n", coll_names[p->coll], fc_dtype_name(p->dtype),
+          coll_reduces(p->coll) ? fc_op_name(p->op) : "-", p->count, p->inplace ? "in" : "out",
+          (unsigned long long)hx_digest(elems ? p->recv : NULL, elems * es));
+}
+
 /* Run one call on r->comm and check it.  Returns 0, or -1 when the library returned an error (the
  * ranks may then be out of step: stop). */
 static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
@@ -85,6 +106,7 @@ static int run_one(hx_rank_t *r, pcall_t *p, uint64_t call, coll_times_t *ct) {
     pcall_free(p);
     return -1;
   }
+  if (digests) write_digest(p);
   pcall_check(r, p);
   double t = hx_now() - t0;
   ct->t[p->coll] += t;
@@ -194,7 +216,22 @@ static int p2p_phase(hx_rank_t *r, uint64_t *call, size_t count, flexcoll_dataty
   return 0;
 }
 
+static int matrix_calls(hx_rank_t *r);
+
 static int matrix_rank(hx_rank_t *r) {
+  const char *dpath = getenv("FC_TEST_DIGESTS");
+  if (dpath) {
+    char path[400];
+    snprintf(path, sizeof path, "%s.rank%d", dpath, r->rank);
+    if (!(digests = fopen(path, "w"))) return hx_fail(r, "cannot write %s", path);
+  }
+  int rc = matrix_calls(r);
+  if (digests) fclose(digests);
+  digests = NULL;
+  return rc;
+}
+
+static int matrix_calls(hx_rank_t *r) {
   const matrix_t *m = r->arg;
   const int n = r->nranks;
   const int tree = r->algo && strcmp(r->algo, "tree") == 0;
@@ -270,16 +307,21 @@ static const matrix_t full_matrix = {
     .big_ops = BIT(FLEXCOLL_SUM) | BIT(FLEXCOLL_AVG) | BIT(FLEXCOLL_MAX), .big_modes = BIT(0) | BIT(1),
     .big_one_root = 1, .both_roots = 1, .modes = BIT(0) | BIT(1), .p2p = 1};
 
-static const char *const algos[3] = {"ring", "tree", "exchange"};
+/* FLEXCOLL_ALGO of each loop of a case; NULL (the last): unset, so the tuner chooses, which on
+ * one host means the shared-memory path (lib/host/shm.c) for every host collective. */
+static const char *const algos[4] = {"ring", "tree", "exchange", NULL};
+#define ALGO_NAME(a) ((a) ? (a) : "default (shared memory)")
 
 static int run_matrix_procs(int nranks, const char *algo, const matrix_t *m) {
   char label[64];
-  snprintf(label, sizeof label, "procs n=%d %s", nranks, algo);
+  snprintf(label, sizeof label, "procs n=%d %s", nranks, ALGO_NAME(algo));
   hx_opts_t o = {.label = label, .algo = algo, .deadline_s = 240};
   return hx_run_procs(nranks, &o, matrix_rank, (void *)m);
 }
 
-START_TEST(test_procs2) { ck_assert_msg(run_matrix_procs(2, algos[_i], &full_matrix), "2 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs2) {
+  ck_assert_msg(run_matrix_procs(2, algos[_i], &full_matrix), "2 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
 
 /* The full matrix over UCX's shared-memory transports: the default peer-failure mode keeps UCX
@@ -294,11 +336,17 @@ START_TEST(test_procs_shm) {
                 algos[_i]);
 }
 END_TEST
-START_TEST(test_procs3) { ck_assert_msg(run_matrix_procs(3, algos[_i], &full_matrix), "3 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs3) {
+  ck_assert_msg(run_matrix_procs(3, algos[_i], &full_matrix), "3 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
-START_TEST(test_procs4) { ck_assert_msg(run_matrix_procs(4, algos[_i], &full_matrix), "4 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs4) {
+  ck_assert_msg(run_matrix_procs(4, algos[_i], &full_matrix), "4 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
-START_TEST(test_procs8) { ck_assert_msg(run_matrix_procs(8, algos[_i], &full_matrix), "8 ranks, %s: see stderr", algos[_i]); }
+START_TEST(test_procs8) {
+  ck_assert_msg(run_matrix_procs(8, algos[_i], &full_matrix), "8 ranks, %s: see stderr", ALGO_NAME(algos[_i]));
+}
 END_TEST
 
 /* 64 MiB (the larger buffer of each call), 4 ranks: allreduce float32 sum under ring and tree;
@@ -313,10 +361,11 @@ static const matrix_t big64_tree = {
 
 START_TEST(test_big64) {
   char label[64];
-  snprintf(label, sizeof label, "64MiB n=4 %s", algos[_i]);
-  hx_opts_t o = {.label = label, .algo = algos[_i], .deadline_s = 240};
-  ck_assert_msg(hx_run_procs(4, &o, matrix_rank, (void *)(_i == 0 ? &big64_ring : &big64_tree)),
-                "64 MiB, 4 ranks, %s: see stderr", algos[_i]);
+  const char *algo = _i == 2 ? NULL : algos[_i];
+  snprintf(label, sizeof label, "64MiB n=4 %s", ALGO_NAME(algo));
+  hx_opts_t o = {.label = label, .algo = algo, .deadline_s = 240};
+  ck_assert_msg(hx_run_procs(4, &o, matrix_rank, (void *)(_i == 1 ? &big64_tree : &big64_ring)),
+                "64 MiB, 4 ranks, %s: see stderr", ALGO_NAME(algo));
 }
 END_TEST
 
@@ -330,13 +379,88 @@ static const matrix_t threads_matrix = {
     .both_roots = 1, .modes = BIT(0) | BIT(1), .p2p = 1};
 
 START_TEST(test_threads) {
-  int nranks = 2 + _i / 2;
-  const char *algo = algos[_i % 2];
+  static const char *const per_case[3] = {"ring", "tree", NULL};
+  int nranks = 2 + _i / 3;
+  const char *algo = per_case[_i % 3];
   char label[64];
-  snprintf(label, sizeof label, "threads n=%d %s", nranks, algo);
+  snprintf(label, sizeof label, "threads n=%d %s", nranks, ALGO_NAME(algo));
   hx_opts_t o = {.label = label, .algo = algo, .deadline_s = 180};
   ck_assert_msg(hx_run_threads(nranks, &o, matrix_rank, (void *)&threads_matrix), "threads, %d ranks, %s: see stderr",
-                nranks, algo);
+                nranks, ALGO_NAME(algo));
+}
+END_TEST
+
+/* ---- the shared-memory path, bitwise against the exchange over UCX -------------------------------- */
+
+/* Every collective x dtype x op, counts 0, 1, 7, odd, not divisible by 2, 3, 4 or 8, and one
+ * larger than a slot for some types (several rounds per call), in and out of place. */
+static const matrix_t bitwise_matrix = {
+    .colls = ALL_COLLS, .dtypes = ALL_DTYPES, .ops = ALL_OPS, .counts = {0, 1, 7, 1001, 8003}, .ncounts = 5,
+    .big = 70001, .big_colls = ALL_COLLS,
+    .big_dtypes = BIT(FLEXCOLL_FLOAT32) | BIT(FLEXCOLL_FLOAT16) | BIT(FLEXCOLL_INT64) | BIT(FLEXCOLL_UINT8),
+    .big_ops = BIT(FLEXCOLL_SUM) | BIT(FLEXCOLL_MAX) | BIT(FLEXCOLL_AVG), .big_modes = BIT(0) | BIT(1),
+    .both_roots = 1, .modes = BIT(0) | BIT(1)};
+
+static char g_dir[256]; /* the digests of the bitwise comparisons */
+
+/* One run of bitwise_matrix, its digests under g_dir/<run>; env: more settings (NULL-ended). */
+static int bitwise_run(int nranks, int threads, const char *run, const char *algo, const char *const *env) {
+  char dig[400];
+  snprintf(dig, sizeof dig, "FC_TEST_DIGESTS=%s/%s", g_dir, run);
+  const char *all[8] = {dig};
+  int k = 1;
+  for (; env && *env && k < 7; env++) all[k++] = *env;
+  all[k] = NULL;
+  /* One label for all runs of a configuration: it salts the seed, and they must see the same data. */
+  char label[64];
+  snprintf(label, sizeof label, "bitwise %s n=%d", threads ? "threads" : "procs", nranks);
+  fprintf(stderr, "[%s] run %s\n", label, run);
+  hx_opts_t o = {.label = label, .algo = algo, .env = all, .deadline_s = 400};
+  return threads ? hx_run_threads(nranks, &o, matrix_rank, (void *)&bitwise_matrix)
+                 : hx_run_procs(nranks, &o, matrix_rank, (void *)&bitwise_matrix);
+}
+
+/* The default (the shared-memory path at every size), and the same with every allreduce split
+ * and slots of one page (many rounds per call, parts of a few lines), must give the bits of the
+ * exchange over UCX (FLEXCOLL_ALGO=exchange), besides being right (the reference checks). */
+START_TEST(test_shm_bitwise) {
+  static const int ranks[] = {2, 3, 4, 8, 2, 3};
+  const int nranks = ranks[_i], threads = _i >= 4;
+  char ref[32], dflt[32], small[32];
+  snprintf(ref, sizeof ref, "exchange-%d-%d", nranks, threads);
+  snprintf(dflt, sizeof dflt, "shm-%d-%d", nranks, threads);
+  snprintf(small, sizeof small, "shm-small-%d-%d", nranks, threads);
+  static const char *const small_env[] = {"FLEXCOLL_SHM_SPLIT_MIN_BYTES=0", "FLEXCOLL_SHM_SLOT_BYTES=4096", NULL};
+  ck_assert_msg(bitwise_run(nranks, threads, ref, "exchange", NULL), "%d ranks, FLEXCOLL_ALGO=exchange: see stderr", nranks);
+  ck_assert_msg(bitwise_run(nranks, threads, dflt, NULL, NULL), "%d ranks, shared memory: see stderr", nranks);
+  ck_assert_msg(bitwise_run(nranks, threads, small, NULL, small_env), "%d ranks, shared memory, split, 4 KiB slots: see stderr",
+                nranks);
+  ck_assert_msg(hx_same_digests("test_coll", g_dir, nranks, ref, dflt), "%d ranks (%s): the shared-memory path differs "
+                "from the exchange", nranks, threads ? "threads" : "processes");
+  ck_assert_msg(hx_same_digests("test_coll", g_dir, nranks, ref, small), "%d ranks (%s): the shared-memory path with 4 KiB "
+                "slots, split, differs from the exchange", nranks, threads ? "threads" : "processes");
+}
+END_TEST
+
+/* A slot size the segment cannot be cut into: every rank's creation fails, naming the setting. */
+static int bad_slot_body(void *arg) {
+  const hx_opts_t *o = arg;
+  hx_rank_t rr, *r = &rr;
+  hx_rank_init(r, o, 0, 2, NULL);
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  flexcoll_comm_t c[2] = {NULL, NULL};
+  snprintf(r->what, sizeof r->what, "flexcoll_comm_init_all(2) with FLEXCOLL_SHM_SLOT_BYTES=5000");
+  flexcoll_result_t res = flexcoll_comm_init_all(c, 2, NULL);
+  const char *e = flexcoll_get_last_error(NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT) hx_fail(r, "returned %d (%s), expected FLEXCOLL_INVALID_ARGUMENT", res, e);
+  else if (!strstr(e, "FLEXCOLL_SHM_SLOT_BYTES")) hx_fail(r, "the error does not name the setting: %s", e);
+  return r->errors != 0;
+}
+
+START_TEST(test_shm_bad_slot) {
+  static const char *const env[] = {"FLEXCOLL_SHM_SLOT_BYTES=5000", NULL};
+  hx_opts_t o = {.label = "bad slot size", .env = env, .deadline_s = 60};
+  ck_assert_msg(hx_run_process(&o, bad_slot_body, &o), "FLEXCOLL_SHM_SLOT_BYTES=5000: see stderr");
 }
 END_TEST
 
@@ -561,10 +685,11 @@ static int group_body(void *arg) {
 }
 
 START_TEST(test_group) {
+  const char *algo = _i == 2 ? NULL : algos[_i];
   char label[64];
-  snprintf(label, sizeof label, "group %s", algos[_i]);
-  hx_opts_t o = {.label = label, .algo = algos[_i], .deadline_s = 200};
-  ck_assert_msg(hx_run_process(&o, group_body, &o), "groups (%s): see stderr", algos[_i]);
+  snprintf(label, sizeof label, "group %s", ALGO_NAME(algo));
+  hx_opts_t o = {.label = label, .algo = algo, .deadline_s = 200};
+  ck_assert_msg(hx_run_process(&o, group_body, &o), "groups (%s): see stderr", ALGO_NAME(algo));
 }
 END_TEST
 
@@ -646,10 +771,11 @@ static Suite *coll_suite(void) {
     const TTest *test;
     int loops;
   } cases[] = {
-      {"procs2", test_procs2, 3}, {"procs3", test_procs3, 3}, {"procs4", test_procs4, 3},
-      {"procs8", test_procs8, 3}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 2},
-      {"threads", test_threads, 4},
-      {"group", test_group, 2},   {"multicomm", test_multicomm, 1}, {"early_destroy", test_early_destroy, 1},
+      {"procs2", test_procs2, 4}, {"procs3", test_procs3, 4}, {"procs4", test_procs4, 4},
+      {"procs8", test_procs8, 4}, {"procs_shm", test_procs_shm, 2}, {"big64", test_big64, 3},
+      {"threads", test_threads, 6}, {"shm_bitwise", test_shm_bitwise, 6},
+      {"shm_bad_slot", test_shm_bad_slot, 1},
+      {"group", test_group, 3},   {"multicomm", test_multicomm, 1}, {"early_destroy", test_early_destroy, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     TCase *tc = tcase_create(cases[i].name);
@@ -785,10 +911,18 @@ int main(int argc, char **argv) {
   }
   uint64_t seed = hx_seed(); /* chosen and printed once; the forked tests inherit it */
   double t0 = hx_now();
+  snprintf(g_dir, sizeof g_dir, "/tmp/fc-test-coll-XXXXXX");
+  if (!mkdtemp(g_dir)) {
+    perror("mkdtemp");
+    return EXIT_FAILURE;
+  }
   SRunner *sr = srunner_create(coll_suite());
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+  if (!failed && system(cmd) != 0) fprintf(stderr, "[test_coll] could not remove %s\n", g_dir);
   fprintf(stderr, "[test_coll] %s in %.1f s; FC_TEST_SEED=0x%016" PRIx64 " reproduces the data\n",
           failed ? "FAILED" : "passed", hx_now() - t0, seed);
   return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -106,6 +106,21 @@ __attribute__((format(printf, 1, 2))) static void rank_fail(const char *fmt, ...
 
 typedef void (*rank_fn_t)(int rank, const flexcoll_unique_id_t *id, void *arg);
 
+/* The ranks' pids; a rank sees those of the ranks forked before it (rank 0's in all of them). */
+static pid_t rank_pids[NRANKS];
+
+/* Entries of /dev/shm left by the shared-memory segments that pid created (rank 0's: the
+ * segment's name starts with flexcoll-shm-<pid>-, lib/host/shm.c). */
+static int shm_leftovers(pid_t pid) {
+  char prefix[64];
+  int len = snprintf(prefix, sizeof prefix, "flexcoll-shm-%d-", (int)pid), n = 0;
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, (size_t)len) == 0;
+  closedir(d);
+  return n;
+}
+
 enum { EXPECT_OK, EXPECT_EXIT0, EXPECT_SIGKILL, EXPECT_ANY };
 
 /* Fork NRANKS ranks running fn with an id made here, before the fork; wait at most deadline_ms,
@@ -121,7 +136,7 @@ static void run_ranks(rank_fn_t fn, void *arg, const int expect[NRANKS], int dea
   pid_t parent = getpid(), pids[NRANKS];
   fflush(NULL);
   for (int r = 0; r < NRANKS; r++) {
-    pids[r] = fork();
+    pids[r] = rank_pids[r] = fork();
     ck_assert_int_ge(pids[r], 0);
     if (pids[r] == 0) {
       /* Die with the test process (Check kills it on its own timeout). */
@@ -187,6 +202,9 @@ static void run_ranks(rank_fn_t fn, void *arg, const int expect[NRANKS], int dea
   munmap(reports, NRANKS * sizeof *reports);
   reports = NULL;
   ck_assert_msg(!failed, "%s%s", timed_out ? "deadline passed: " : "", why);
+  /* Whatever happened, the segment was unlinked once mapped (or on the failure): nothing left. */
+  for (int r = 0; r < NRANKS; r++)
+    ck_assert_msg(shm_leftovers(pids[r]) == 0, "rank %d (pid %d) left a shared-memory segment in /dev/shm", r, (int)pids[r]);
   ck_assert_msg(tf_now_ms() - t0 < deadline_ms, "the ranks took %.0f ms", tf_now_ms() - t0);
 }
 
@@ -203,7 +221,10 @@ typedef struct {
   leave_t how;
   int victim;
   int use_env; /* the timeout from FLEXCOLL_TIMEOUT_MS instead of config.timeout_ms */
-  const char *links; /* FLEXCOLL_LINKS for the ranks, NULL: the default links */
+  /* FLEXCOLL_LINKS for the ranks, with the shared-memory path off (FLEXCOLL_SHM_DIRECT=0) so that
+   * the link carries the data; NULL: the defaults, where the shared-memory path carries it */
+  const char *links;
+  const char *split_min; /* FLEXCOLL_SHM_SPLIT_MIN_BYTES for the ranks, NULL: the default */
 } job_t;
 
 /* Open file descriptors of this process. */
@@ -249,6 +270,8 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   if (job->use_env) setenv("FLEXCOLL_TIMEOUT_MS", "3000", 1); /* before any library call here */
   else cfg.timeout_ms = TIMEOUT_MS;
   if (job->links) setenv("FLEXCOLL_LINKS", job->links, 1);
+  if (job->links) setenv("FLEXCOLL_SHM_DIRECT", "0", 1);
+  if (job->split_min) setenv("FLEXCOLL_SHM_SPLIT_MIN_BYTES", job->split_min, 1);
   flexcoll_comm_t comm = NULL;
   open_process_lifetime_fds();
   int fds_before = count_fds();
@@ -287,6 +310,16 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
       if (!strcmp(st[i].name, job->links)) carried += st[i].bytes;
     rank_log("%s carried %llu bytes", job->links, carried);
     RANK_CHECK(carried > 0, "link %s carried nothing of the good allreduces (%d links)", job->links, nl);
+  } else {
+    /* The defaults: the ranks share this host, so the shared-memory path carried the good
+     * allreduces and no link carried a byte of them. */
+    flexcoll_link_stats_t st[16];
+    int nl = 0;
+    RANK_OK(flexcoll_comm_get_link_stats(comm, st, 16, &nl));
+    unsigned long long carried = 0;
+    for (int i = 0; i < nl && i < 16; i++) carried += st[i].bytes;
+    RANK_CHECK(carried == 0, "the links carried %llu bytes of the good allreduces: the shared-memory path was not taken",
+               carried);
   }
 
   if (rank == job->victim) {
@@ -372,12 +405,17 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   free(out);
 }
 
-static void run_leave_on(leave_t how, int victim, int use_env, const char *links) {
-  job_t job = {how, victim, use_env, links};
+static void run_job(job_t job) {
+  const leave_t how = job.how;
+  const int victim = job.victim;
   int expect[NRANKS];
   for (int r = 0; r < NRANKS; r++) expect[r] = EXPECT_OK;
   expect[victim] = how == LEAVE_EXIT ? EXPECT_EXIT0 : how == LEAVE_STALL ? EXPECT_ANY : EXPECT_SIGKILL;
   run_ranks(leave_rank, &job, expect, 6 * TIMEOUT_MS);
+}
+
+static void run_leave_on(leave_t how, int victim, int use_env, const char *links) {
+  run_job((job_t){how, victim, use_env, links, NULL});
 }
 
 static void run_leave(leave_t how, int victim, int use_env) { run_leave_on(how, victim, use_env, NULL); }
@@ -398,6 +436,12 @@ END_TEST
 START_TEST(test_rank_killed_mid_transfer) { run_leave(LEAVE_MIDKILL, 1, 0); }
 END_TEST
 
+/* The defaults above take the shared-memory path (lib/host/shm.c): the 64 MB allreduce split
+ * (reduce-scatter + allgather through the segment), the small ones in one exchange round.  Here
+ * the 64 MB one in exchange rounds instead, slot after slot. */
+START_TEST(test_rank_killed_mid_exchange_rounds) { run_job((job_t){LEAVE_MIDKILL, 2, 0, NULL, "1G"}); }
+END_TEST
+
 /* The same over shared memory alone, in the default (peer-failure) mode: UCX's FIFOs with their
  * error handling (lib/transports/ucx_host.c).  A survivor must neither abort (no SIGBUS from the
  * dead rank's segment, no UCX assertion) nor hang: REMOTE_ERROR or TIMEOUT within the timeout. */
@@ -406,6 +450,55 @@ END_TEST
 
 /* And a rank killed between collectives, shared memory alone. */
 START_TEST(test_rank_killed_shm) { run_leave_on(LEAVE_SIGKILL, 2, 0, "shm"); }
+END_TEST
+
+/* ---- a rank dies while the shared-memory segment is being set up ---------------------------------- */
+
+/* Rank 2 kills itself as soon as rank 0's segment appears in /dev/shm: rank 0 has created it and
+ * waits for the others to map it.  The survivors' init must fail within the timeout (or succeed,
+ * when rank 2 got through before its signal) and leave nothing in /dev/shm either way. */
+static void *kill_at_segment(void *arg) {
+  (void)arg;
+  for (;;) {
+    if (shm_leftovers(rank_pids[0])) raise(SIGKILL);
+    struct timespec t = {0, 20 * 1000};
+    nanosleep(&t, NULL);
+  }
+  return NULL;
+}
+
+static void init_kill_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
+  (void)arg;
+  flexcoll_config_t cfg = FLEXCOLL_CONFIG_INITIALIZER;
+  cfg.cuda_device = -1;
+  cfg.timeout_ms = TIMEOUT_MS;
+  if (rank == 2) {
+    pthread_t t;
+    RANK_CHECK(pthread_create(&t, NULL, kill_at_segment, NULL) == 0, "cannot start the killer thread");
+  }
+  PHASE("flexcoll_comm_init_rank");
+  flexcoll_comm_t comm = NULL;
+  double t0 = tf_now_ms();
+  flexcoll_result_t res = flexcoll_comm_init_rank(&comm, NRANKS, *id, rank, &cfg);
+  double took = tf_now_ms() - t0;
+  rank_log("init %s in %.0f ms", result_name(res), took);
+  RANK_CHECK(res == FLEXCOLL_SUCCESS || is_peer_failure(res), "init returned %d (%s): %s", res,
+             flexcoll_get_error_string(res), flexcoll_get_last_error(NULL));
+  RANK_CHECK(took < 3.0 * TIMEOUT_MS, "init took %.0f ms", took);
+  RANK_CHECK(shm_leftovers(rank_pids[0]) == 0, "rank 0's segment is still in /dev/shm after init returned %s",
+             result_name(res));
+  if (rank == 2) raise(SIGKILL); /* got through before its thread saw the segment */
+  if (res == FLEXCOLL_SUCCESS) {
+    PHASE("flexcoll_comm_destroy");
+    flexcoll_comm_abort(comm);
+    RANK_OK(flexcoll_comm_destroy(comm));
+  }
+}
+
+START_TEST(test_rank_killed_during_shm_setup) {
+  static const int expect[NRANKS] = {EXPECT_OK, EXPECT_OK, EXPECT_SIGKILL};
+  run_ranks(init_kill_rank, NULL, expect, 6 * TIMEOUT_MS);
+}
 END_TEST
 
 /* ---- init whose peer never comes --------------------------------------------------------------- */
@@ -798,9 +891,11 @@ static Suite *failure_suite(void) {
   tcase_add_test(dead, test_rank_killed);
   tcase_add_test(dead, test_rank_stalls);
   tcase_add_test(dead, test_rank_killed_mid_transfer);
+  tcase_add_test(dead, test_rank_killed_mid_exchange_rounds);
   tcase_add_test(dead, test_rank_killed_mid_transfer_shm);
   tcase_add_test(dead, test_rank_killed_shm);
   tcase_add_test(dead, test_init_peer_missing);
+  tcase_add_test(dead, test_rank_killed_during_shm_setup);
   suite_add_tcase(s, dead);
 
   TCase *abort_tc = tcase_create("abort");

@@ -957,6 +957,9 @@ int main(void) {
   /* make check's build of the fake; a user's setting wins. */
   setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 0);
 #endif
+  /* The rdma link carries the host collectives only with the shared-memory path off
+   * (lib/host/shm.c would take every collective of these one-host ranks). */
+  setenv("FLEXCOLL_SHM_DIRECT", "0", 1);
   snprintf(g_dir, sizeof g_dir, "/tmp/fc-test-rdma-XXXXXX");
   if (!mkdtemp(g_dir)) {
     perror("mkdtemp");

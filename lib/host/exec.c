@@ -19,6 +19,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "host.h"
+#include "host/shm.h"
 #include "param.h"
 #include "sched/sched.h"
 #include "transports/transports.h"
@@ -208,9 +209,7 @@ static double now_ms(void) {
   return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-/* Why a wait must stop: abort, an asynchronous error, a lost peer, or no progress for timeout_ms. */
-static flexcoll_result_t check_stuck(fc_exec_t *x, double last_progress, double *next_peer_check) {
-  struct flexcoll_comm *c = x->comm;
+flexcoll_result_t fc_host_check_stuck(struct flexcoll_comm *c, uint32_t seq, double last_progress, double *next_peer_check) {
   if (atomic_load(&c->abort_flag)) return fc_error(c, FLEXCOLL_REMOTE_ERROR, "collective interrupted: communicator aborted");
   int async = atomic_load(&c->async_error);
   if (async != FLEXCOLL_SUCCESS) return fc_error(c, (flexcoll_result_t)async, "a peer failed during the collective");
@@ -219,14 +218,18 @@ static flexcoll_result_t check_stuck(fc_exec_t *x, double last_progress, double 
     *next_peer_check = t + 50;
     if (c->bootstrap && fc_bootstrap_peer_lost(c->bootstrap)) {
       fc_comm_set_async_error(c, FLEXCOLL_REMOTE_ERROR);
-      return fc_error(c, FLEXCOLL_REMOTE_ERROR, "a neighbouring rank exited during a collective (seq %u)", x->seq);
+      return fc_error(c, FLEXCOLL_REMOTE_ERROR, "a neighbouring rank exited during a collective (seq %u)", seq);
     }
   }
   if (c->timeout_ms > 0 && t - last_progress > c->timeout_ms) {
     fc_comm_set_async_error(c, FLEXCOLL_TIMEOUT);
-    return fc_error(c, FLEXCOLL_TIMEOUT, "no progress from peers for %d ms (collective seq %u)", c->timeout_ms, x->seq);
+    return fc_error(c, FLEXCOLL_TIMEOUT, "no progress from peers for %d ms (collective seq %u)", c->timeout_ms, seq);
   }
   return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t check_stuck(fc_exec_t *x, double last_progress, double *next_peer_check) {
+  return fc_host_check_stuck(x->comm, x->seq, last_progress, next_peer_check);
 }
 
 /* How often the waits progress the links they do not wait on (those whose ops allow it), in
@@ -400,6 +403,11 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   const size_t esize = fc_dtype_size(dtype);
   size_t bytes = fc_coll_send_count(args->coll, args->count, comm->nranks) * esize;
   size_t recv_bytes = fc_coll_recv_count(args->coll, args->count, comm->nranks) * esize;
+  /* Ranks of one host: straight through the communicator's segment where the tuner says it is
+   * faster (every rank decides alike: the same shared settings and sizes). */
+  fc_shm_mode_t shm = comm->shm ? fc_tuner_shm(args->coll, bytes > recv_bytes ? bytes : recv_bytes, comm->nranks)
+                                : FC_SHM_OFF;
+  if (shm != FC_SHM_OFF && args->count) return fc_shm_run(comm, shm, args, sendbuf, recvbuf, dtype, op);
   /* In-place alltoall (NCCL allows it, and nccl-tests runs it): a round receives into blocks that
    * a later round still sends from, so the input is sent from a copy. */
   char *copy = NULL;

@@ -4,6 +4,7 @@
 #define FC_HOST_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "flexcoll.h"
 #include "algos/algos.h"
 
@@ -19,6 +20,13 @@ struct flexcoll_comm;
 /* Run the schedule of args on comm with host buffers; returns when this rank's part is done. */
 flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                               void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op);
+
+/* Why a host wait must stop, or FLEXCOLL_SUCCESS: abort, an asynchronous error, a ring
+ * neighbour lost (looked at when now passes *next_peer_check, then 50 ms later), or no progress
+ * since last_progress (ms, CLOCK_MONOTONIC) for the communicator's timeout; seq names the
+ * collective in the message.  The last two also set the communicator's asynchronous error. */
+flexcoll_result_t fc_host_check_stuck(struct flexcoll_comm *comm, uint32_t seq, double last_progress,
+                                      double *next_peer_check);
 
 /* Run a batch of point-to-point sends and receives (counts in bytes) over host buffers bufs[i]. */
 flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs);

@@ -23,6 +23,15 @@ int fc_tuner_direct_exchange(void);
 /* Whether device calls above the one-shot limit may take the collective kernels (ring,
  * alltoall): not when FLEXCOLL_ALGO forces an algorithm, which the staged schedule runs. */
 int fc_tuner_kernels(void);
+/* Host collectives through the communicator's shared-memory segment (lib/host/shm.c): not at
+ * all (FC_SHM_OFF: FLEXCOLL_SHM_DIRECT=0, FLEXCOLL_ALGO forcing an algorithm), in exchange rounds
+ * (every collective; every rank reads all the inputs), or split (allreduce from
+ * FLEXCOLL_SHM_SPLIT_MIN_BYTES: reduce-scatter then allgather through the slots, two rounds per
+ * slot's worth). */
+typedef enum { FC_SHM_OFF, FC_SHM_EXCHANGE, FC_SHM_SPLIT } fc_shm_mode_t;
+/* Whether communicators map a segment at all (FLEXCOLL_SHM_DIRECT, no forced algorithm). */
+int fc_tuner_shm_enabled(void);
+fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks);
 /* Pipeline chunk in elements for a message of count elements of esize bytes. */
 size_t fc_tuner_chunk_count(size_t count, size_t esize);
 

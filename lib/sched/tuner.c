@@ -17,6 +17,12 @@ FC_PARAM_INT(direct_min_bytes, "DIRECT_MIN_BYTES", 1 << 20)
  * pipeline measured faster (142 against 154 GB/s busbw at 16 MB; at 32 MB direct 87.6 µs,
  * staged 93.0, NCCL 91.0; for 2 ranks the one-shot kernel covers up to 16 MB). */
 FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
+/* Host collectives of ranks of one host through the communicator's shared-memory segment. */
+FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)
+/* Allreduce from this size splits the reduction over the ranks (reduce-scatter + allgather
+ * through the segment, two rounds per slot); below it every rank folds every input (one round
+ * per slot).  docs/PERFORMANCE.md has the measurements behind the default. */
+FC_PARAM_INT(shm_split_min_bytes, "SHM_SPLIT_MIN_BYTES", 1 << 20)
 
 /* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
  * transports (shared memory / TCP latency of a few microseconds per step). */
@@ -60,6 +66,14 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
     default:
       return FC_ALGO_RING;
   }
+}
+
+int fc_tuner_shm_enabled(void) { return fc_param_shm_direct() && forced_algo() < 0; }
+
+fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks) {
+  if (!fc_tuner_shm_enabled() || nranks < 2) return FC_SHM_OFF;
+  if (coll == FC_COLL_ALLREDUCE && bytes >= (size_t)fc_param_shm_split_min_bytes()) return FC_SHM_SPLIT;
+  return FC_SHM_EXCHANGE;
 }
 
 int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {

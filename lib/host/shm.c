@@ -1,0 +1,609 @@
+/* shm.c — host collectives through one shared-memory segment per communicator (shm.h).
+ *
+ * Layout (every rank computes it from the rank count and FLEXCOLL_SHM_SLOT_BYTES, both the same
+ * on every rank; the header repeats them as a check):
+ *   header line | per rank: done line | per rank: FC_SHM_SLOTS slots, each a line (the round
+ *   posted in it, the call's word, then up to INLINE_BYTES of data) and slot bytes
+ * Every control word has a cache line of its own: a rank polling a peer's word never shares a
+ * line with a word that someone else writes.  A round whose data fits beside its post carries it
+ * there: the reader's poll brings the data along, one line moved instead of two.
+ *
+ * Rounds (shm.h): rounds are numbered from 1 over the communicator's life, the same on every
+ * rank, and every rank takes part in every round (posting even when it has nothing to write), so
+ * "q posted s" implies "q finished s - 1".  Round s writes slot s % FC_SHM_SLOTS; before that a
+ * rank waits until every peer is done with round s - FC_SHM_SLOTS, the last one that used it
+ * (known without a look where it saw that peer post s - FC_SHM_SLOTS + 1 or later).  A peer can
+ * therefore run at most FC_SHM_SLOTS - 1 rounds ahead, and a slot's post is exactly s when a
+ * reader of round s looks (it waits for >= s all the same).
+ *
+ * Two modes (the tuner picks, lib/sched/tuner.c):
+ *  - FC_SHM_EXCHANGE: every collective, one round per piece of at most a slot: each rank copies
+ *    its input piece (or the blocks its peers need) into its slot, and every rank that needs a
+ *    result reads or folds all the slots in rank order; small messages take one round.
+ *  - FC_SHM_SPLIT (allreduce, large): reduce-scatter then allgather per step, two rounds: each rank
+ *    copies into its slot the parts of the step that the others own, folds its own part from the
+ *    n inputs (its own read from its buffer) into its next slot, posts it, and every rank copies
+ *    the n reduced parts out.  Each rank reads every byte of the message once and folds 1/n of it,
+ *    where the exchange folds all of it on every rank.
+ * Both fold in rank order (fold()), so both give the exchange algorithm's bits. */
+#define _GNU_SOURCE
+#include "host/shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "dtype.h"
+#include "error.h"
+#include "host/host.h"
+#include "log.h"
+#include "param.h"
+#include "topo.h"
+
+FC_PARAM_INT(shm_slot_bytes, "SHM_SLOT_BYTES", 256 << 10)
+
+#define LINE 64
+#define SHM_MAGIC 0x666373686d763031ULL /* "fcshmv01" */
+/* Slots per rank: the split mode uses two per step, so four let a rank copy in its next step
+ * while its peers still copy out the last one. */
+#define FC_SHM_SLOTS 4
+/* Bytes of each output a fold produces at a time: its n operand blocks and the result stay in
+ * the core's caches between the n - 1 passes. */
+#define FOLD_BLOCK (16 << 10)
+
+typedef struct {
+  uint64_t magic;
+  uint32_t nranks, nslots;
+  uint64_t slot_bytes;
+  uint32_t cores; /* this host's online cores as rank 0 counted them */
+  /* Set by a rank whose wait failed (peer lost, timeout, abort): every rank's waits stop. */
+  atomic_uint broken;
+} shm_header_t;
+
+typedef struct {
+  _Alignas(LINE) _Atomic uint64_t done;   /* last round this rank finished reading */
+} shm_ctl_t;
+
+#define INLINE_BYTES (LINE - 16)
+typedef struct {
+  _Alignas(LINE) _Atomic uint64_t posted; /* the last round whose content is in this slot */
+  uint64_t call;                          /* that round's call (call_word): ranks must agree */
+  char data[INLINE_BYTES];                /* its content, where it fits */
+} slot_head_t;
+
+struct fc_shm {
+  char *base;
+  size_t bytes;
+  shm_header_t *hdr;
+  shm_ctl_t *ctl;   /* [nranks] */
+  char *slots;      /* [nranks][FC_SHM_SLOTS][a head line + slot_bytes] */
+  size_t slot_bytes;
+  uint64_t *seen_done; /* per rank: the last round it is known to have finished reading */
+  uint64_t round;   /* rounds so far */
+  int crowded;      /* more ranks than the host has cores */
+  int spins;        /* polls of a word between yields */
+};
+
+static size_t ctl_offset(void) { return LINE; }
+static size_t slots_offset(int n) { return ctl_offset() + (size_t)n * sizeof(shm_ctl_t); }
+static size_t segment_bytes(int n, size_t slot) {
+  return slots_offset(n) + (size_t)n * FC_SHM_SLOTS * (sizeof(slot_head_t) + slot);
+}
+
+static slot_head_t *head_of(const struct fc_shm *m, int rank, uint64_t round) {
+  return (slot_head_t *)(m->slots + ((size_t)rank * FC_SHM_SLOTS + (size_t)(round % FC_SHM_SLOTS)) *
+                                        (sizeof(slot_head_t) + m->slot_bytes));
+}
+
+/* Where rank's content of round `round` lies, `bytes` in all (writer and readers compute the same
+ * bytes): beside the post when it fits, else in the slot proper. */
+static char *slot_of(const struct fc_shm *m, int rank, uint64_t round, size_t bytes) {
+  slot_head_t *h = head_of(m, rank, round);
+  return bytes <= INLINE_BYTES ? h->data : (char *)(h + 1);
+}
+
+/* ---- waits ----------------------------------------------------------------------------------- */
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins on the peer's word before giving the core away: a peer that runs is a few hundred
+ * nanoseconds from its post.  Where ranks outnumber cores, the peer waited for is often not
+ * running, and every spin delays it: yield almost at once (docs/PERFORMANCE.md). */
+#define SPINS 128
+#define SPINS_CROWDED 16
+/* Past this long without progress the wait sleeps between looks: a peer that is this late is
+ * busy elsewhere (its own computation, a slow start), and spinning would only steal its core. */
+#define SLEEP_AFTER_MS 5.0
+
+/* Wait until *w (a post or a done word) is at least v; *seen gets the value that satisfied it.
+ * The stuck checks are the host executor's (abort, asynchronous error, the bootstrap ring's
+ * watch, the timeout), plus the segment's broken word; a failure marks the segment broken for
+ * every rank on the host. */
+static flexcoll_result_t wait_word(struct flexcoll_comm *c, struct fc_shm *m, _Atomic uint64_t *w, uint64_t v,
+                                   uint64_t *seen, double *last, double *next_peer_check) {
+  if ((*seen = atomic_load_explicit(w, memory_order_acquire)) >= v) return FLEXCOLL_SUCCESS;
+  for (unsigned i = 1;; i++) {
+    for (int k = 0; k < m->spins; k++) {
+      if ((*seen = atomic_load_explicit(w, memory_order_acquire)) >= v) {
+        *last = -1; /* progress: the caller's next wait starts its clock again */
+        return FLEXCOLL_SUCCESS;
+      }
+      cpu_relax();
+    }
+    if (*last < 0) *last = now_ms();
+    double t = (i & 7) == 0 ? now_ms() : 0;
+    if (t > 0) {
+      flexcoll_result_t res = FLEXCOLL_SUCCESS;
+      if (atomic_load_explicit(&m->hdr->broken, memory_order_relaxed))
+        res = fc_error(c, FLEXCOLL_REMOTE_ERROR, "another rank on this host failed during the collective (shared "
+                       "memory round %llu)", (unsigned long long)v);
+      else
+        res = fc_host_check_stuck(c, c->coll_seq, *last, next_peer_check);
+      if (res != FLEXCOLL_SUCCESS) {
+        atomic_store(&m->hdr->broken, 1);
+        fc_comm_set_async_error(c, res);
+        return res;
+      }
+      if (t - *last > SLEEP_AFTER_MS) {
+        struct timespec ts = {0, 50 * 1000};
+        nanosleep(&ts, NULL);
+        continue;
+      }
+    }
+    sched_yield();
+  }
+}
+
+typedef struct {
+  struct flexcoll_comm *c;
+  struct fc_shm *m;
+  double last, next_peer_check;
+  uint64_t call; /* call_word of this call */
+} waiter_t;
+
+/* The call as a word every rank computes alike: where ranks disagree (count, type, op, root,
+ * collective), a reader sees another word in the slot and fails instead of reading too few
+ * or too many bytes (the links' receives check the length for the same reason). */
+static uint64_t call_word(const fc_algo_args_t *a, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+  const uint64_t f[5] = {(uint64_t)a->coll, (uint64_t)a->count, (uint64_t)dtype, (uint64_t)op,
+                         (uint64_t)(a->coll == FC_COLL_BROADCAST || a->coll == FC_COLL_REDUCE ? a->root : 0)};
+  return fc_hash_bytes(FC_HASH_INIT, f, sizeof f);
+}
+
+static void waiter_init(waiter_t *w, struct flexcoll_comm *c, uint64_t call) {
+  w->c = c;
+  w->m = c->shm;
+  w->last = -1;
+  w->next_peer_check = now_ms() + 50;
+  w->call = call;
+}
+
+/* Start round s: the slot it writes is free once every peer is done with round s - FC_SHM_SLOTS.
+ * Where this rank waited for every peer's post lately (allreduce, allgather, ...), it knows that
+ * already and reads no peer's line. */
+static flexcoll_result_t begin_round(waiter_t *w, uint64_t s) {
+  if (s <= FC_SHM_SLOTS) return FLEXCOLL_SUCCESS;
+  struct fc_shm *m = w->m;
+  for (int q = 0; q < w->c->nranks; q++)
+    if (q != w->c->rank && m->seen_done[q] < s - FC_SHM_SLOTS)
+      FC_CHECK(wait_word(w->c, m, &m->ctl[q].done, s - FC_SHM_SLOTS, &m->seen_done[q], &w->last, &w->next_peer_check));
+  return FLEXCOLL_SUCCESS;
+}
+
+static void post(waiter_t *w, uint64_t s) {
+  slot_head_t *h = head_of(w->m, w->c->rank, s);
+  h->call = w->call;
+  atomic_store_explicit(&h->posted, s, memory_order_release);
+}
+
+static flexcoll_result_t wait_posted(waiter_t *w, int q, uint64_t s) {
+  if (q == w->c->rank) return FLEXCOLL_SUCCESS;
+  uint64_t seen;
+  slot_head_t *h = head_of(w->m, q, s);
+  FC_CHECK(wait_word(w->c, w->m, &h->posted, s, &seen, &w->last, &w->next_peer_check));
+  if (h->call != w->call) {
+    atomic_store(&w->m->hdr->broken, 1);
+    fc_comm_set_async_error(w->c, FLEXCOLL_INVALID_USAGE);
+    return fc_error(w->c, FLEXCOLL_INVALID_USAGE, "rank %d made another call than this one (collective, count, datatype, "
+                    "op or root differ; shared-memory round %llu)", q, (unsigned long long)s);
+  }
+  /* q posted s only after it finished s - 1 (every rank takes part in every round). */
+  if (w->m->seen_done[q] < s - 1) w->m->seen_done[q] = s - 1;
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t wait_all_posted(waiter_t *w, uint64_t s) {
+  for (int q = 0; q < w->c->nranks; q++) FC_CHECK(wait_posted(w, q, s));
+  return FLEXCOLL_SUCCESS;
+}
+
+static void finish_round(waiter_t *w, uint64_t s) {
+  atomic_store_explicit(&w->m->ctl[w->c->rank].done, s, memory_order_release);
+}
+
+/* ---- folds ----------------------------------------------------------------------------------- */
+
+/* dst = in[0] op in[1] op ... op in[n-1], left to right as the exchange folds (recv = slot 0,
+ * recv op= slot 1, ...), block by block.  dst aliases none of in[1..]. */
+static void fold(char *dst, const char *const *in, int n, size_t count, size_t esize, flexcoll_datatype_t dtype,
+                 flexcoll_op_t op) {
+  const size_t per = FOLD_BLOCK / esize;
+  for (size_t first = 0; first < count; first += per) {
+    size_t k = count - first < per ? count - first : per, off = first * esize;
+    if (n == 1) {
+      if (dst + off != in[0] + off) memcpy(dst + off, in[0] + off, k * esize);
+      continue;
+    }
+    fc_host_reduce(dst + off, in[0] + off, in[1] + off, k, dtype, op);
+    for (int q = 2; q < n; q++) fc_host_reduce(dst + off, dst + off, in[q] + off, k, dtype, op);
+  }
+}
+
+static void copy(void *dst, const void *src, size_t bytes) {
+  if (bytes && dst != src) memcpy(dst, src, bytes);
+}
+
+/* ---- the exchange mode ----------------------------------------------------------------------- */
+
+typedef struct {
+  waiter_t w;
+  const fc_algo_args_t *a;
+  const char *send;
+  char *recv;
+  size_t esize;
+  flexcoll_datatype_t dtype;
+  flexcoll_op_t op;
+} call_t;
+
+/* One round of the exchange mode: elements [first, first + len) of the input (of each block). */
+static flexcoll_result_t exchange_piece(call_t *x, size_t first, size_t len) {
+  struct flexcoll_comm *c = x->w.c;
+  struct fc_shm *m = x->w.m;
+  const int n = c->nranks, me = c->rank, root = x->a->root;
+  const size_t es = x->esize, count = x->a->count, bytes = len * es;
+  const uint64_t s = ++m->round;
+  const char *in[FC_SHM_MAX_RANKS];
+  FC_CHECK(begin_round(&x->w, s));
+  const int blocks = x->a->coll == FC_COLL_REDUCE_SCATTER || x->a->coll == FC_COLL_ALLTOALL;
+  const size_t used = blocks ? (size_t)n * bytes : bytes; /* of a slot, by each rank */
+  char *mine = slot_of(m, me, s, used);
+  switch (x->a->coll) {
+    case FC_COLL_ALLREDUCE:
+    case FC_COLL_REDUCE:
+    case FC_COLL_ALLGATHER:
+      copy(mine, x->send + first * es, bytes);
+      break;
+    case FC_COLL_BROADCAST:
+      if (me == root) copy(mine, x->send + first * es, bytes);
+      break;
+    case FC_COLL_REDUCE_SCATTER:
+    case FC_COLL_ALLTOALL:
+      /* Block q's piece at q * len: what rank q reads. */
+      for (int q = 0; q < n; q++) copy(mine + (size_t)q * bytes, x->send + ((size_t)q * count + first) * es, bytes);
+      break;
+    default:
+      return fc_error(c, FLEXCOLL_INTERNAL_ERROR, "shared-memory exchange: collective %d", (int)x->a->coll);
+  }
+  post(&x->w, s);
+  switch (x->a->coll) {
+    case FC_COLL_ALLREDUCE:
+    case FC_COLL_REDUCE:
+      if (x->a->coll == FC_COLL_REDUCE && me != root) break;
+      FC_CHECK(wait_all_posted(&x->w, s));
+      for (int q = 0; q < n; q++) in[q] = slot_of(m, q, s, used);
+      fold(x->recv + first * es, in, n, len, es, x->dtype, x->op);
+      if (x->op == FLEXCOLL_AVG) fc_host_divide(x->recv + first * es, len, x->dtype, n);
+      break;
+    case FC_COLL_REDUCE_SCATTER:
+      FC_CHECK(wait_all_posted(&x->w, s));
+      for (int q = 0; q < n; q++) in[q] = slot_of(m, q, s, used) + (size_t)me * bytes;
+      fold(x->recv + first * es, in, n, len, es, x->dtype, x->op);
+      if (x->op == FLEXCOLL_AVG) fc_host_divide(x->recv + first * es, len, x->dtype, n);
+      break;
+    case FC_COLL_ALLGATHER:
+      for (int q = 0; q < n; q++) {
+        FC_CHECK(wait_posted(&x->w, q, s));
+        /* In place, this rank's block of recv is its sendbuf: copy() skips it. */
+        copy(x->recv + ((size_t)q * count + first) * es, q == me ? x->send + first * es : slot_of(m, q, s, used), bytes);
+      }
+      break;
+    case FC_COLL_ALLTOALL:
+      for (int q = 0; q < n; q++) {
+        FC_CHECK(wait_posted(&x->w, q, s));
+        copy(x->recv + ((size_t)q * count + first) * es, slot_of(m, q, s, used) + (size_t)me * bytes, bytes);
+      }
+      break;
+    case FC_COLL_BROADCAST:
+      if (me == root) copy(x->recv + first * es, x->send + first * es, bytes);
+      else {
+        FC_CHECK(wait_posted(&x->w, root, s));
+        copy(x->recv + first * es, slot_of(m, root, s, used), bytes);
+      }
+      break;
+    default:
+      break;
+  }
+  finish_round(&x->w, s);
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t run_exchange(call_t *x) {
+  const int n = x->w.c->nranks;
+  const fc_coll_t coll = x->a->coll;
+  /* Elements per round: what one slot holds of the input, or of each of the n blocks. */
+  size_t per = x->w.m->slot_bytes / x->esize;
+  if (coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_ALLTOALL) per /= (size_t)n;
+  for (size_t first = 0; first < x->a->count; first += per)
+    FC_CHECK(exchange_piece(x, first, x->a->count - first < per ? x->a->count - first : per));
+  return FLEXCOLL_SUCCESS;
+}
+
+/* ---- the split mode (allreduce) -------------------------------------------------------------- */
+
+/* Step [base, base + len) of the message: part q is [q * pp, (q + 1) * pp) of it, clipped. */
+static void part(size_t len, size_t pp, int q, size_t *off, size_t *k) {
+  size_t a = (size_t)q * pp, b = a + pp;
+  if (a > len) a = len;
+  if (b > len) b = len;
+  *off = a;
+  *k = b - a;
+}
+
+static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t align) {
+  struct flexcoll_comm *c = x->w.c;
+  struct fc_shm *m = x->w.m;
+  const int n = c->nranks, me = c->rank;
+  const size_t es = x->esize;
+  /* Parts start on cache lines (align elements), so no two ranks write one line of the output. */
+  size_t pp = (len + (size_t)n - 1) / (size_t)n;
+  pp = (pp + align - 1) / align * align;
+  const char *in[FC_SHM_MAX_RANKS];
+  size_t off, k;
+
+  /* Round s: the parts the others own, at their offsets within the step. */
+  const uint64_t s = ++m->round;
+  FC_CHECK(begin_round(&x->w, s));
+  char *mine = slot_of(m, me, s, len * es);
+  for (int q = 0; q < n; q++) {
+    part(len, pp, q, &off, &k);
+    if (q != me) copy(mine + off * es, x->send + (base + off) * es, k * es);
+  }
+  post(&x->w, s);
+  FC_CHECK(wait_all_posted(&x->w, s));
+  /* Fold this rank's part into its slot of round s + 1, free already: every peer posted s, so
+   * every peer finished s - 1 and round s + 1 - FC_SHM_SLOTS before it. */
+  part(len, pp, me, &off, &k);
+  for (int q = 0; q < n; q++) in[q] = q == me ? x->send + (base + off) * es : slot_of(m, q, s, len * es) + off * es;
+  char *out = slot_of(m, me, s + 1, k * es);
+  fold(out, in, n, k, es, x->dtype, x->op);
+  if (x->op == FLEXCOLL_AVG) fc_host_divide(out, k, x->dtype, n);
+  finish_round(&x->w, s);
+
+  /* Round s + 1: every reduced part into place. */
+  const uint64_t t = ++m->round;
+  post(&x->w, t);
+  for (int q = 0; q < n; q++) {
+    FC_CHECK(wait_posted(&x->w, q, t));
+    part(len, pp, q, &off, &k);
+    copy(x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
+  }
+  finish_round(&x->w, t);
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t run_split(call_t *x) {
+  const int n = x->w.c->nranks;
+  const size_t align = LINE / x->esize;
+  /* A step is n parts of a whole number of lines, each within a slot. */
+  size_t pp = x->w.m->slot_bytes / (size_t)n / LINE * LINE / x->esize;
+  size_t step = pp * (size_t)n;
+  for (size_t base = 0; base < x->a->count; base += step)
+    FC_CHECK(split_step(x, base, x->a->count - base < step ? x->a->count - base : step, align));
+  return FLEXCOLL_SUCCESS;
+}
+
+flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
+                             const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+  call_t x = {.a = args, .send = sendbuf, .recv = recvbuf, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
+  waiter_init(&x.w, comm, call_word(args, dtype, op));
+  flexcoll_result_t res =
+      mode == FC_SHM_SPLIT && args->coll == FC_COLL_ALLREDUCE ? run_split(&x) : run_exchange(&x);
+  /* A call that failed half-way leaves this rank's rounds out of step with its peers: the
+   * communicator is unusable (as for the host executor). */
+  if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
+  return res;
+}
+
+/* ---- set-up ---------------------------------------------------------------------------------- */
+
+#define NAME_LEN 64
+
+static void unmap(struct fc_shm *m) {
+  if (m->base) munmap(m->base, m->bytes);
+  free(m->seen_done);
+  free(m);
+}
+
+/* Create (rank 0) the segment named name, sized and initialised; NULL and why otherwise. */
+static struct fc_shm *create(const char *name, int n, size_t slot, char *why, size_t wlen) {
+  struct fc_shm *m = calloc(1, sizeof *m);
+  if (!m) return snprintf(why, wlen, "out of memory"), NULL;
+  m->bytes = segment_bytes(n, slot);
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    snprintf(why, wlen, "shm_open(%s): %s", name, strerror(errno));
+    free(m);
+    return NULL;
+  }
+  /* Reserve the pages now: a full /dev/shm fails here instead of raising SIGBUS at a store. */
+  int e = posix_fallocate(fd, 0, (off_t)m->bytes);
+  void *p = e ? MAP_FAILED : mmap(NULL, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    snprintf(why, wlen, "%s %zu bytes of %s: %s", e ? "reserving" : "mapping", m->bytes, name, strerror(e ? e : errno));
+    close(fd);
+    shm_unlink(name);
+    free(m);
+    return NULL;
+  }
+  close(fd);
+  m->base = p;
+  if (!(m->seen_done = calloc((size_t)n, sizeof *m->seen_done))) {
+    snprintf(why, wlen, "out of memory");
+    unmap(m);
+    shm_unlink(name);
+    return NULL;
+  }
+  shm_header_t *h = p;
+  h->nranks = (uint32_t)n;
+  h->nslots = FC_SHM_SLOTS;
+  h->slot_bytes = slot;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  h->cores = cores > 0 ? (uint32_t)cores : 1;
+  atomic_init(&h->broken, 0);
+  h->magic = SHM_MAGIC; /* the name reaches the others over the bootstrap, after this */
+  return m;
+}
+
+/* Map the segment rank 0 created; NULL and why otherwise. */
+static struct fc_shm *attach(const char *name, int n, size_t slot, char *why, size_t wlen) {
+  struct fc_shm *m = calloc(1, sizeof *m);
+  if (!m) return snprintf(why, wlen, "out of memory"), NULL;
+  m->bytes = segment_bytes(n, slot);
+  int fd = shm_open(name, O_RDWR, 0600);
+  if (fd < 0) {
+    snprintf(why, wlen, "shm_open(%s): %s", name, strerror(errno));
+    free(m);
+    return NULL;
+  }
+  struct stat st;
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && (size_t)st.st_size == m->bytes)
+    p = mmap(NULL, m->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  else
+    snprintf(why, wlen, "%s is not the %zu bytes expected", name, m->bytes);
+  close(fd);
+  if (p == MAP_FAILED) {
+    if (!why[0]) snprintf(why, wlen, "mmap of %s: %s", name, strerror(errno));
+    free(m);
+    return NULL;
+  }
+  m->base = p;
+  if (!(m->seen_done = calloc((size_t)n, sizeof *m->seen_done))) {
+    snprintf(why, wlen, "out of memory");
+    unmap(m);
+    return NULL;
+  }
+  const shm_header_t *h = p;
+  if (h->magic != SHM_MAGIC || h->nranks != (uint32_t)n || h->slot_bytes != slot || h->nslots != FC_SHM_SLOTS) {
+    snprintf(why, wlen, "%s does not hold this communicator's layout", name);
+    unmap(m);
+    return NULL;
+  }
+  return m;
+}
+
+static void finish_layout(struct fc_shm *m, int n, size_t slot) {
+  m->hdr = (shm_header_t *)m->base;
+  m->ctl = (shm_ctl_t *)(m->base + ctl_offset());
+  m->slots = m->base + slots_offset(n);
+  m->slot_bytes = slot;
+  m->crowded = (uint32_t)n > m->hdr->cores;
+  m->spins = m->crowded ? SPINS_CROWDED : SPINS;
+}
+
+
+flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
+  const int n = c->nranks, me = c->rank;
+  c->shm = NULL;
+  if (!fc_tuner_shm_enabled() || n < 2) return FLEXCOLL_SUCCESS;
+  if (n > FC_SHM_MAX_RANKS) {
+    FC_INFO(FC_SUB_INIT, "shared-memory collectives off: %d ranks (at most %d)", n, FC_SHM_MAX_RANKS);
+    return FLEXCOLL_SUCCESS;
+  }
+  const int64_t slot_param = fc_param_shm_slot_bytes();
+  if (slot_param < 4096 || slot_param % 4096 || slot_param / n < LINE)
+    return fc_error(c, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_SHM_SLOT_BYTES=%lld: not a multiple of 4096 of at least "
+                    "4096 and %d lines per rank", (long long)slot_param, n);
+  const size_t slot = (size_t)slot_param;
+
+  /* Every rank on this host? (The same answer everywhere: the same gathered hashes.) */
+  uint64_t *h = calloc((size_t)n, sizeof *h);
+  if (!h) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  h[me] = fc_topo_host_hash();
+  flexcoll_result_t res = fc_bootstrap_allgather(c->bootstrap, h, sizeof *h);
+  int one_host = 1;
+  for (int q = 0; q < n; q++) one_host &= h[q] == h[0];
+  free(h);
+  FC_CHECK(res);
+  if (!one_host) {
+    FC_INFO(FC_SUB_INIT, "shared-memory collectives off: the ranks are on several hosts");
+    return FLEXCOLL_SUCCESS;
+  }
+
+  /* Rank 0 creates the segment and hands its name round; rank 0's pid in the name says whose it
+   * is (tests look for leftovers by it). */
+  char *names = calloc((size_t)n, NAME_LEN), why[256] = "";
+  if (!names) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  struct fc_shm *m = NULL;
+  if (me == 0) {
+    static atomic_uint serial;
+    const uint64_t id = fc_hash_bytes(FC_HASH_INIT, &c->init_id, sizeof c->init_id);
+    snprintf(names, NAME_LEN, "/flexcoll-shm-%d-%u-%016llx", (int)getpid(), atomic_fetch_add(&serial, 1),
+             (unsigned long long)id);
+    m = create(names, n, slot, why, sizeof why);
+    if (!m) names[0] = '\0';
+  }
+  char mine[NAME_LEN];
+  snprintf(mine, sizeof mine, "%s", names);
+  res = fc_bootstrap_allgather(c->bootstrap, names, NAME_LEN);
+  if (res == FLEXCOLL_SUCCESS && me != 0) {
+    if (names[0]) m = attach(names, n, slot, why, sizeof why);
+    else snprintf(why, sizeof why, "rank 0 could not create the segment");
+  }
+  int first_not = -1;
+  if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(c->bootstrap, m != NULL, &first_not);
+  /* Every rank mapped it, failed to, or left: nobody opens it by name any more. */
+  if (me == 0 && mine[0]) shm_unlink(mine);
+  free(names);
+  if (res != FLEXCOLL_SUCCESS || first_not >= 0) {
+    if (m) unmap(m);
+    FC_CHECK(res);
+    FC_INFO(FC_SUB_INIT, "shared-memory collectives off: rank %d could not map the segment%s%s", first_not,
+            why[0] ? ": " : "", why);
+    return FLEXCOLL_SUCCESS;
+  }
+  finish_layout(m, n, slot);
+  c->shm = m;
+  FC_INFO(FC_SUB_INIT, "shared-memory collectives on: %d ranks, %d slots of %zu bytes each, %u cores", n, FC_SHM_SLOTS, slot,
+          m->hdr->cores);
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_shm_close(struct flexcoll_comm *c) {
+  if (!c->shm) return;
+  unmap(c->shm);
+  c->shm = NULL;
+}

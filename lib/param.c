@@ -65,8 +65,9 @@ static const fc_param_def_t table[] = {
      0, 1, NULL},
     {"FLEXCOLL_SHM_SLOT_BYTES", FC_PK_INT, "262144", "bytes of each of a rank's 4 slots in that segment (a multiple of 4096)",
      1, 4096, 1 << 30, NULL},
-    {"FLEXCOLL_SHM_SPLIT_MIN_BYTES", FC_PK_INT, "1048576",
-     "shared-memory allreduce from this size: reduce-scatter + allgather (below: every rank folds every input)", 1, 0, BIG,
+    {"FLEXCOLL_SHM_SPLIT_MIN_BYTES", FC_PK_INT, "64K|1M",
+     "shared-memory allreduce from this size: reduce-scatter + allgather (below: every rank folds every input); "
+     "default 64K with a core per rank, 1M where ranks outnumber cores", 1, 0, BIG,
      NULL},
     {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks", 1, 0,
      0, NULL},

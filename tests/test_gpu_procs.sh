@@ -36,14 +36,23 @@ run() {
     pids="$pids $!"
     r=$((r + 1))
   done
-  bad=0
-  for p in $pids; do wait "$p" || bad=1; done
+  bad=0 codes="" r=0
+  for p in $pids; do
+    wait "$p"
+    c=$?
+    codes="$codes $c"
+    [ $c = 0 ] || bad=1
+  done
   if [ $bad = 0 ]; then
     pass=$((pass + 1))
   else
     fail=$((fail + 1))
-    echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}, $*"
-    grep -hE "wrong|failed|rror" "$tmp"/out.* | sort | uniq -c | head -5
+    echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}, $*: exit codes$codes (124: timeout)"
+    r=0
+    while [ $r -lt "$n" ]; do
+      grep -v '^#' "$tmp/out.$r" | tail -n 3 | sed "s/^/  rank $r: /"
+      r=$((r + 1))
+    done
   fi
 }
 

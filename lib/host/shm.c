@@ -602,6 +602,8 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
   return FLEXCOLL_SUCCESS;
 }
 
+int fc_shm_crowded(const struct flexcoll_comm *c) { return c->shm ? c->shm->crowded : 0; }
+
 void fc_shm_close(struct flexcoll_comm *c) {
   if (!c->shm) return;
   unmap(c->shm);

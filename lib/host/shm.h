@@ -32,6 +32,9 @@ struct flexcoll_comm;
  * comm->shm stays NULL where any rank cannot use it (one INFO line says why).  Fails only when
  * the bootstrap does; then nothing is left in /dev/shm. */
 flexcoll_result_t fc_shm_open(struct flexcoll_comm *comm);
+/* Whether the segment's ranks outnumber the host's cores (rank 0's count: the same on every
+ * rank); 0 without a segment. */
+int fc_shm_crowded(const struct flexcoll_comm *comm);
 /* Unmap (local; the segment was unlinked at creation).  NULL comm->shm is fine. */
 void fc_shm_close(struct flexcoll_comm *comm);
 

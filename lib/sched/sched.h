@@ -31,7 +31,8 @@ int fc_tuner_kernels(void);
 typedef enum { FC_SHM_OFF, FC_SHM_EXCHANGE, FC_SHM_SPLIT } fc_shm_mode_t;
 /* Whether communicators map a segment at all (FLEXCOLL_SHM_DIRECT, no forced algorithm). */
 int fc_tuner_shm_enabled(void);
-fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks);
+/* crowded: the ranks outnumber the host's cores (the split's threshold is higher then). */
+fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks, int crowded);
 /* Pipeline chunk in elements for a message of count elements of esize bytes. */
 size_t fc_tuner_chunk_count(size_t count, size_t esize);
 

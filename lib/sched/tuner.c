@@ -21,8 +21,12 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
 FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)
 /* Allreduce from this size splits the reduction over the ranks (reduce-scatter + allgather
  * through the segment, two rounds per slot); below it every rank folds every input (one round
- * per slot).  docs/PERFORMANCE.md has the measurements behind the default. */
-FC_PARAM_INT(shm_split_min_bytes, "SHM_SPLIT_MIN_BYTES", 1 << 20)
+ * per slot).  Unset (-1): earlier where every rank has a core of its own (folding 1/n of the
+ * message each pays off sooner), later where ranks outnumber cores (each split round waits for
+ * peers that are not running).  docs/PERFORMANCE.md has the measurements behind both. */
+FC_PARAM_INT(shm_split_min_bytes, "SHM_SPLIT_MIN_BYTES", -1)
+#define SHM_SPLIT_MIN_BYTES_CORES (64u << 10)
+#define SHM_SPLIT_MIN_BYTES_CROWDED (1u << 20)
 
 /* Below these sizes (bytes) the tree's fewer steps beat the ring's smaller transfers on host
  * transports (shared memory / TCP latency of a few microseconds per step). */
@@ -70,9 +74,11 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem) 
 
 int fc_tuner_shm_enabled(void) { return fc_param_shm_direct() && forced_algo() < 0; }
 
-fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks) {
+fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks, int crowded) {
   if (!fc_tuner_shm_enabled() || nranks < 2) return FC_SHM_OFF;
-  if (coll == FC_COLL_ALLREDUCE && bytes >= (size_t)fc_param_shm_split_min_bytes()) return FC_SHM_SPLIT;
+  const int64_t set = fc_param_shm_split_min_bytes();
+  const size_t split = set >= 0 ? (size_t)set : crowded ? SHM_SPLIT_MIN_BYTES_CROWDED : SHM_SPLIT_MIN_BYTES_CORES;
+  if (coll == FC_COLL_ALLREDUCE && bytes >= split) return FC_SHM_SPLIT;
   return FC_SHM_EXCHANGE;
 }
 

@@ -218,28 +218,30 @@ check_matrix() { # check_matrix CROSS
 
 want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 rdma shmonly down} " in *" $1 "*) return 0 ;; esac; return 1; }
 
+# One matrix case: run_matrix PRIVATE_SHM INTER_LINK INTRA_LINK [VAR=VALUE...] (CASE, NH, NR and
+# LAYOUT set): NH hosts, the full matrix on every rank, then the links' checks.
+run_matrix() {
+  private=$1 inter=$2 intra=$3
+  shift 3
+  make_hosts "$NH" "$private"
+  t0=$(date +%s)
+  start_ranks matrix FLEXCOLL_TIMEOUT_MS=60000 "$@"
+  wait_ranks 900
+  echo "$CASE: $(($(date +%s) - t0)) s"
+  check_matrix "$inter" "$intra"
+  drop_hosts
+}
+
 # ---- matrix3: 3 hosts, ranks round the hosts, default links -----------------------------------
 if want matrix3; then
   CASE=matrix3 NH=3 NR=6 LAYOUT=round
-  make_hosts 3 1
-  t0=$(date +%s)
-  start_ranks matrix FLEXCOLL_TIMEOUT_MS=60000
-  wait_ranks 900
-  echo "$CASE: $(($(date +%s) - t0)) s"
-  check_matrix tcp shm
-  drop_hosts
+  run_matrix 1 tcp shm
 fi
 
 # ---- matrix2: 2 hosts, ranks in blocks, the ring -------------------------------------------------
 if want matrix2; then
   CASE=matrix2 NH=2 NR=4 LAYOUT=block
-  make_hosts 2 1
-  t0=$(date +%s)
-  start_ranks matrix FLEXCOLL_TIMEOUT_MS=60000 FLEXCOLL_ALGO=ring
-  wait_ranks 900
-  echo "$CASE: $(($(date +%s) - t0)) s"
-  check_matrix tcp shm
-  drop_hosts
+  run_matrix 1 tcp shm FLEXCOLL_ALGO=ring
 fi
 
 # ---- rdma: the fake provider between 2 hosts that share /dev/shm -------------------------------
@@ -248,13 +250,7 @@ if want rdma; then
   if [ ! -e "$FAKE" ]; then
     echo "SKIP: $CASE: $FAKE is not built (configured without infiniband/verbs.h)"
   else
-    make_hosts 2 0
-    t0=$(date +%s)
-    start_ranks matrix FLEXCOLL_TIMEOUT_MS=60000 FLEXCOLL_LINKS=shm,rdma FLEXCOLL_VERBS_PROVIDER=fake
-    wait_ranks 900
-    echo "$CASE: $(($(date +%s) - t0)) s"
-    check_matrix rdma shm
-    drop_hosts
+    run_matrix 0 rdma shm FLEXCOLL_LINKS=shm,rdma FLEXCOLL_VERBS_PROVIDER=fake
   fi
 fi
 

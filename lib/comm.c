@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "config.h"
 #include "error.h"
 #include "gpu/gpu.h"
@@ -275,12 +276,6 @@ static void comm_free(flexcoll_comm_t c, int force) {
   free(c);
 }
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 /* Freeing comm under a call in another thread crashed that thread (SIGABRT in UCX): refuse
  * instead, except where the call is about to end anyway (comm aborted, or only abort /
  * get_async_error inside): wait for it then, so that a watchdog may abort and destroy at once,
@@ -295,7 +290,7 @@ static flexcoll_result_t take_for_destroy(flexcoll_comm_t comm, const char *fn) 
     if (t == TAKE_GONE)
       return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "%s: comm %p is not a live communicator (destroyed twice?)", fn,
                       (void *)comm);
-    double now = now_ms();
+    double now = fc_now_ms();
     if (deadline < 0) deadline = now + (timeout_ms > 1000 ? timeout_ms : 1000);
     if (!waitable || now > deadline)
       return fc_error(comm, FLEXCOLL_INVALID_USAGE,

@@ -377,30 +377,6 @@ static int alltoall_by_p2p(const struct fc_gpu *g, const fc_algo_args_t *args) {
          p2p_kernel(g) && !alltoall_kernel(g, args);
 }
 
-static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
-                                        cudaStream_t stream);
-
-/* Our own block is a copy on the stream; every other block a send and a receive of the batch. */
-static flexcoll_result_t run_alltoall_p2p(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
-                                          cudaStream_t stream) {
-  const int n = args->nranks, me = args->rank;
-  const size_t block = args->count * x->esize;
-  fc_p2p_op_t ops[FC_P2P_MAX_OPS];
-  void *bufs[FC_P2P_MAX_OPS];
-  int k = 0;
-  for (int d = 1; d < n; d++) {
-    const int to = (me + d) % n, from = (me + n - d) % n;
-    ops[k] = (fc_p2p_op_t){.is_send = 1, .peer = to, .count = block};
-    bufs[k++] = (char *)send + (size_t)to * block;
-    ops[k] = (fc_p2p_op_t){.is_send = 0, .peer = from, .count = block};
-    bufs[k++] = (char *)recv + (size_t)from * block;
-  }
-  if (send != recv)
-    CUDA_TRY(x->comm, cudaMemcpyAsync((char *)recv + (size_t)me * block, (const char *)send + (size_t)me * block, block,
-                                      cudaMemcpyDeviceToDevice, stream));
-  return run_p2p_kernel(x, ops, k, bufs, stream);
-}
-
 static flexcoll_result_t run_alltoall(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
                                       cudaStream_t stream) {
   fc_oneshot_args_t a = kernel_args(x->g, args);
@@ -558,6 +534,27 @@ static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, i
   FC_CHECK(kernel_order_before(x, stream));
   CUDA_TRY(comm, fc_kernel_p2p(&a, kops, nops, stream));
   return kernel_order_after(x, stream);
+}
+
+/* Our own block is a copy on the stream; every other block a send and a receive of the batch. */
+static flexcoll_result_t run_alltoall_p2p(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
+                                          cudaStream_t stream) {
+  const int n = args->nranks, me = args->rank;
+  const size_t block = args->count * x->esize;
+  fc_p2p_op_t ops[FC_P2P_MAX_OPS];
+  void *bufs[FC_P2P_MAX_OPS];
+  int k = 0;
+  for (int d = 1; d < n; d++) {
+    const int to = (me + d) % n, from = (me + n - d) % n;
+    ops[k] = (fc_p2p_op_t){.is_send = 1, .peer = to, .count = block};
+    bufs[k++] = (char *)send + (size_t)to * block;
+    ops[k] = (fc_p2p_op_t){.is_send = 0, .peer = from, .count = block};
+    bufs[k++] = (char *)recv + (size_t)from * block;
+  }
+  if (send != recv)
+    CUDA_TRY(x->comm, cudaMemcpyAsync((char *)recv + (size_t)me * block, (const char *)send + (size_t)me * block, block,
+                                      cudaMemcpyDeviceToDevice, stream));
+  return run_p2p_kernel(x, ops, k, bufs, stream);
 }
 
 /* One rank's batch: its k-th send to itself lands in its k-th receive from itself (the order

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "comm.h"
 #include "error.h"
 #include "param.h"
@@ -553,19 +554,13 @@ void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
   if (prev >= 0) cudaSetDevice(prev);
 }
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream) {
   struct fc_gpu *g = comm->gpu;
   fc_gpu_poll_async_error(comm); /* retire finished entries first */
   if (g->inflight_head - g->inflight_tail == 64) return; /* full: the oldest still tells */
   unsigned i = g->inflight_head++ % 64;
   cudaEventRecord(g->inflight_ev[i], stream);
-  g->inflight_t[i] = now_ms();
+  g->inflight_t[i] = fc_now_ms();
 }
 
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
@@ -576,7 +571,7 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
     unsigned i = g->inflight_tail % 64;
     cudaError_t e = cudaEventQuery(g->inflight_ev[i]);
     if (e == cudaErrorNotReady) {
-      if (now_ms() - g->inflight_t[i] > comm->timeout_ms) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+      if (fc_now_ms() - g->inflight_t[i] > comm->timeout_ms) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
       return;
     }
     if (e != cudaSuccess) fc_comm_set_async_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR);

@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "comm.h"
 #include "error.h"
 #include "gpu/device.h"
@@ -238,8 +239,7 @@ static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
  * everywhere (every rank must split alike). */
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const double t0 = fc_now_ms();
   char key[256];
   cache_key(comm, g, key, sizeof key);
   const char *dir = fc_cost_cache_dir();
@@ -265,11 +265,9 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
   free(all);
   FC_CHECK(res);
   if (fresh && comm->rank == 0 && dir) fc_cost_cache_save(dir, key, p->model, 2);
-  clock_gettime(CLOCK_MONOTONIC, &t1);
   FC_INFO(FC_SUB_SCHED,
           "rank %d: ring lanes %s in %.1f ms: nvlink alpha %.1f us beta %.0f MB/s, pcie alpha %.1f us beta %.0f MB/s",
-          comm->rank, all_have ? "from the cache" : "calibrated",
-          (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6, p->model[0].alpha_us,
+          comm->rank, all_have ? "from the cache" : "calibrated", fc_now_ms() - t0, p->model[0].alpha_us,
           p->model[0].beta, p->model[1].alpha_us, p->model[1].beta);
   return FLEXCOLL_SUCCESS;
 }
@@ -489,8 +487,7 @@ static void post_update(fc_pcie_t *p, uint64_t m) {
 static flexcoll_result_t install_update(struct flexcoll_comm *comm, fc_pcie_t *p, uint64_t m, fc_lane_board_entry_t *out) {
   const fc_lane_board_entry_t *e = &p->board[m % FC_LANE_BOARD_ENTRIES];
   fc_lane_board_entry_t got;
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const double t0 = fc_now_ms();
   for (unsigned spins = 0;; spins++) {
     const uint64_t v = __atomic_load_n(&e->m, __ATOMIC_ACQUIRE);
     if (v == m) {
@@ -506,8 +503,7 @@ static flexcoll_result_t install_update(struct flexcoll_comm *comm, fc_pcie_t *p
                       (unsigned long long)m, comm->rank, FC_LANE_BOARD_ENTRIES);
     if (atomic_load(&comm->abort_flag))
       return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "ring lanes stage 2: aborted while waiting for rank 0's update");
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    const double ms = (double)(t.tv_sec - t0.tv_sec) * 1e3 + (double)(t.tv_nsec - t0.tv_nsec) / 1e6;
+    const double ms = fc_now_ms() - t0;
     if (comm->timeout_ms > 0 && ms > comm->timeout_ms)
       return fc_error(comm, FLEXCOLL_TIMEOUT,
                       "ring lanes stage 2: rank 0 has not posted update %llu after %.0f ms (its host is behind, or gone)",

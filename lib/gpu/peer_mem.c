@@ -186,7 +186,7 @@ static flexcoll_result_t window_register(struct flexcoll_comm *comm, void *buf, 
    * kept, so that its calls and its deregistration work, and its calls take the paths without
    * peer access (windows are a speed-up, never a requirement). */
   if (!g->p2p) {
-    for (int q = 0; q < n; q++) peer[q] = q == me ? buf : NULL;
+    peer[me] = buf; /* the others stay NULL (calloc) */
     goto registered;
   }
   res = fc_peer_mem_reserve(g, n);

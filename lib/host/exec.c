@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "comm.h"
 #include "dtype.h"
 #include "error.h"
@@ -76,12 +77,6 @@ static uint64_t make_tag(int sender, int p2p, uint32_t number, size_t slice) {
          (uint64_t)(slice & 0xffff);
 }
 
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
-
 static char *ref(fc_exec_t *x, int buf, size_t off) {
   char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
   return base + off * x->esize;
@@ -123,7 +118,7 @@ static flexcoll_result_t post_part(fc_exec_t *x, const fc_step_t *st, int link, 
   FC_CHECK(reserve_parts(x, 1));
   fc_part_t *part = &x->parts[x->nparts];
   *part = (fc_part_t){.link = link, .peer = peer, .is_send = is_send, .bytes = count * x->esize, .left = n,
-                      .t_post = now_us()};
+                      .t_post = fc_now_us()};
   for (size_t i = 0; i < n; i++) {
     fc_slice_t *s = &x->slices[x->nslices++];
     memset(s, 0, sizeof *s);
@@ -196,24 +191,18 @@ static void finish_slice(fc_exec_t *x, fc_slice_t *s) {
   s->pending = 0;
   fc_part_t *p = &x->parts[s->part];
   if (--p->left == 0)
-    fc_links_record(x->comm->links, x->comm->nranks, p->link, p->peer, p->bytes, now_us() - p->t_post, p->is_send);
+    fc_links_record(x->comm->links, x->comm->nranks, p->link, p->peer, p->bytes, fc_now_us() - p->t_post, p->is_send);
   if (!s->step) return;
   const fc_step_t *st = s->step;
   fc_host_reduce(ref(x, st->buf, st->off + s->first), ref(x, st->src_buf, st->src_off + s->first), s->tmp,
                  s->count, x->dtype, x->op);
 }
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 flexcoll_result_t fc_host_check_stuck(struct flexcoll_comm *c, uint32_t seq, double last_progress, double *next_peer_check) {
   if (atomic_load(&c->abort_flag)) return fc_error(c, FLEXCOLL_REMOTE_ERROR, "collective interrupted: communicator aborted");
   int async = atomic_load(&c->async_error);
   if (async != FLEXCOLL_SUCCESS) return fc_error(c, (flexcoll_result_t)async, "a peer failed during the collective");
-  double t = now_ms();
+  double t = fc_now_ms();
   if (t >= *next_peer_check) {
     *next_peer_check = t + 50;
     if (c->bootstrap && fc_bootstrap_peer_lost(c->bootstrap)) {
@@ -237,7 +226,7 @@ static flexcoll_result_t check_stuck(fc_exec_t *x, double last_progress, double 
 #define IDLE_LINK_ROUNDS 256u
 
 static flexcoll_result_t wait_slices(fc_exec_t *x) {
-  double last = now_ms(), next_peer_check = last + 50;
+  double last = fc_now_ms(), next_peer_check = last + 50;
   size_t left = x->nslices;
   unsigned idle = 0;
   fc_links_t *links = x->comm->links;
@@ -273,7 +262,7 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
     if (polled || completed) idle = 0;
     /* Only a finished slice of this collective is progress: UCX's own traffic (keepalives)
      * also makes the worker report activity, and would hold off the timeout forever. */
-    if (completed) last = now_ms();
+    if (completed) last = fc_now_ms();
     else FC_CHECK(check_stuck(x, last, &next_peer_check));
   }
   return FLEXCOLL_SUCCESS;

@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "comm.h"
 #include "dtype.h"
 #include "error.h"
@@ -115,12 +116,6 @@ static char *slot_of(const struct fc_shm *m, int rank, uint64_t round, size_t by
 
 /* ---- waits ----------------------------------------------------------------------------------- */
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -153,8 +148,8 @@ static flexcoll_result_t wait_word(struct flexcoll_comm *c, struct fc_shm *m, _A
       }
       cpu_relax();
     }
-    if (*last < 0) *last = now_ms();
-    double t = (i & 7) == 0 ? now_ms() : 0;
+    if (*last < 0) *last = fc_now_ms();
+    double t = (i & 7) == 0 ? fc_now_ms() : 0;
     if (t > 0) {
       flexcoll_result_t res = FLEXCOLL_SUCCESS;
       if (atomic_load_explicit(&m->hdr->broken, memory_order_relaxed))
@@ -197,7 +192,7 @@ static void waiter_init(waiter_t *w, struct flexcoll_comm *c, uint64_t call) {
   w->c = c;
   w->m = c->shm;
   w->last = -1;
-  w->next_peer_check = now_ms() + 50;
+  w->next_peer_check = fc_now_ms() + 50;
   w->call = call;
 }
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "comm.h"
 #include "error.h"
 #include "log.h"
@@ -54,12 +55,6 @@ int fc_links_names(const char *name) {
   for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save))
     if (!strcmp(tok, name)) return 1;
   return 0;
-}
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
 /* FLEXCOLL_LINKS as a mask over the registry; an unknown name is refused. */
@@ -300,7 +295,7 @@ static flexcoll_result_t ring_exchange(struct flexcoll_comm *comm, fc_link_t *li
   uint64_t tag_out = ((uint64_t)(uint16_t)comm->rank << 48) | (1ull << 47) | (0x7fffffffull << 16) | (uint64_t)k;
   uint64_t tag_in = ((uint64_t)(uint16_t)prev << 48) | (1ull << 47) | (0x7fffffffull << 16) | (uint64_t)k;
   fc_link_req_t sreq = NULL, rreq = NULL;
-  double t0 = now_us();
+  double t0 = fc_now_us();
   FC_CHECK(link->ops->irecv(comm, link, prev, rbuf, bytes, tag_in, &rreq));
   FC_CHECK(link->ops->isend(comm, link, next, sbuf, bytes, tag_out, &sreq));
   int sdone = 0, rdone = 0;
@@ -309,13 +304,13 @@ static flexcoll_result_t ring_exchange(struct flexcoll_comm *comm, fc_link_t *li
     if (!link->ops->progress(link) && spins > 64) sched_yield();
     if (!sdone) FC_CHECK(link->ops->test(comm, link, &sreq, SIZE_MAX, &sdone));
     if (!rdone) FC_CHECK(link->ops->test(comm, link, &rreq, bytes, &rdone));
-    if (now_us() - t0 > (double)comm->timeout_ms * 1e3) {
+    if (fc_now_us() - t0 > (double)comm->timeout_ms * 1e3) {
       link->ops->cancel(link, &sreq);
       link->ops->cancel(link, &rreq);
       return fc_error(comm, FLEXCOLL_TIMEOUT, "link %s calibration: no answer from rank %d", link->ops->name, prev);
     }
   }
-  *us = now_us() - t0;
+  *us = fc_now_us() - t0;
   return FLEXCOLL_SUCCESS;
 }
 
@@ -422,7 +417,7 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   int one_host = 0;
   FC_CHECK(cache_key(comm, l, key, sizeof key, &one_host));
   const char *dir = fc_cost_cache_dir();
-  double t0 = now_us();
+  double t0 = fc_now_us();
   int have = dir && fc_cost_cache_load(dir, key, l->model, l->n) == FLEXCOLL_SUCCESS;
   int all_have = have;
   int *flags = calloc((size_t)comm->nranks, sizeof *flags);
@@ -444,7 +439,7 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   (void)one_host;
   for (int i = 0; i < l->n; i++) l->model[i].port = 0;
   FC_INFO(FC_SUB_SCHED, "link models %s in %.1f ms (key %s)", all_have ? "from the cache" : "calibrated",
-          (now_us() - t0) / 1e3, key);
+          (fc_now_us() - t0) / 1e3, key);
   if (!all_have && dir && fc_cost_cache_save(dir, key, l->model, l->n) != FLEXCOLL_SUCCESS)
     FC_INFO(FC_SUB_SCHED, "link models not cached in %s: %s", dir, fc_thread_last_error());
   return FLEXCOLL_SUCCESS;

@@ -33,6 +33,7 @@
  * ranks on other hosts, several NICs, the NIC's place in the cost model. */
 #define _GNU_SOURCE
 #include "config.h"
+#include "clock.h"
 
 #include "transports.h"
 
@@ -1020,12 +1021,6 @@ static int rdma_progress(fc_link_t *link) {
 
 FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 /* The first active port of a device FLEXCOLL_IB_HCA allows: opens r->ctx.  0, or -1 with why. */
 static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t len) {
   int n = 0;
@@ -1277,11 +1272,11 @@ static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
   rdma_t *r = link->state;
   if (!r) return;
   if (!force && r->cq && !r->fatal) {
-    double bound = comm->timeout_ms > 0 && comm->timeout_ms < 2000 ? comm->timeout_ms : 2000, t0 = now_ms();
+    double bound = comm->timeout_ms > 0 && comm->timeout_ms < 2000 ? comm->timeout_ms : 2000, t0 = fc_now_ms();
     for (;;) {
       int busy = 0;
       for (int p = 0; p < r->nranks; p++) busy |= r->peers[p].qp && !r->peers[p].broken && r->peers[p].wr_out > 0;
-      if (!busy || now_ms() - t0 > bound) break;
+      if (!busy || fc_now_ms() - t0 > bound) break;
       if (!rdma_progress(link)) sched_yield();
     }
   }

@@ -11,6 +11,7 @@
 #include <ucp/api/ucp.h>
 
 #include "bootstrap.h"
+#include "clock.h"
 #include "comm.h"
 #include "error.h"
 #include "param.h"
@@ -212,12 +213,6 @@ static flexcoll_result_t post_result(struct flexcoll_comm *comm, ucs_status_ptr_
   return FLEXCOLL_SUCCESS;
 }
 
-static double now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
-}
-
 /* Tag of the wire-up exchange: the highest point-to-point number and slice, which no collective,
  * point-to-point or calibration message uses (make_tag in lib/host/exec.c, ring_exchange in
  * lib/sched/links.c); its messages are all matched before open returns anyway. */
@@ -230,7 +225,7 @@ static uint64_t wireup_tag(int sender) {
 static flexcoll_result_t wireup_stuck(struct flexcoll_comm *comm, const char *name, double last, double *next_check) {
   if (atomic_load(&comm->abort_flag))
     return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "link %s: UCX wire-up interrupted: communicator aborted", name);
-  double t = now_ms();
+  double t = fc_now_ms();
   if (t >= *next_check) {
     *next_check = t + 50;
     if (comm->bootstrap && fc_bootstrap_peer_lost(comm->bootstrap))
@@ -287,7 +282,7 @@ static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, 
     flush = NULL;
     goto out;
   }
-  double last = now_ms(), next_check = last + 50;
+  double last = fc_now_ms(), next_check = last + 50;
   unsigned spins = 0;
   for (int done = 0; !done;) {
     /* Ranks may outnumber cores (threads of one process): let the peers we wait for run. */
@@ -301,7 +296,7 @@ static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, 
       res = post_result(comm, ucp_tag_send_nbx(u->eps[r], &hello, 1, wireup_tag(me), &sp), &reqs[n + r],
                         "wire-up send");
   if (res != FLEXCOLL_SUCCESS) goto out;
-  last = now_ms();
+  last = fc_now_ms();
   for (int left = 1; left;) {
     if (!ucp_worker_progress(u->worker) && ++spins > 64) sched_yield();
     left = 0;
@@ -309,7 +304,7 @@ static flexcoll_result_t finish_wireup(struct flexcoll_comm *comm, fc_ucx_t *u, 
       if (!reqs[i]) continue;
       int done;
       FC_CHECK_GOTO(wireup_done(comm, name, &reqs[i], &done), res, out);
-      if (done) last = now_ms();
+      if (done) last = fc_now_ms();
       else left = 1;
     }
     if (left) FC_CHECK_GOTO(wireup_stuck(comm, name, last, &next_check), res, out);

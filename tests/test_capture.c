@@ -8,9 +8,10 @@
  * of a send and a receive, and gather: their own kernels; alltoall in place too, with its
  * temporary copy's allocation, copy and free in the graph) is replayed
  * hundreds to thousands of times on fresh inputs (written outside the graph, different per
- * replay and rank) and its results checked exactly, with eager calls in between.  Every other
- * path (host memory, a staged schedule — with FLEXCOLL_RING_KERNEL=0 large calls, reduce and
- * alltoall and send/recv take it —, direct mode, a collective in a group, a capture on another stream
+ * replay and rank) and its results checked exactly, with eager calls in between.  With
+ * FLEXCOLL_RING_KERNEL=0 (set by the caller) the calls the ring kernels would take run the
+ * algorithms' schedules, a point-to-point kernel per round, and are replayed alike.  Every other
+ * path (host memory, direct mode, a collective in a group, a capture on another stream
  * while the communicator's previous kernel there still runs) would replay stale host counters,
  * need a dependency from outside the capture, or not be in the graph at all: it must be refused
  * with FLEXCOLL_INVALID_USAGE and a message that says why, before enqueuing anything, so the
@@ -20,8 +21,8 @@
  * is never mapped, as between GPUs that cannot reach each other): the ring kernels run every
  * allreduce, allgather, reduce_scatter, broadcast and reduce through host memory (the pcie
  * lane alone) and are captured and replayed (fewer times); alltoall, sends and receives and
- * gather go through host copies and must be refused.  With FLEXCOLL_LINKS set by the caller,
- * only that pass runs.
+ * gather go through host copies and must be refused.  With FLEXCOLL_LINKS or
+ * FLEXCOLL_RING_KERNEL=0 set by the caller, only the first pass runs.
  *
  * Ranks are threads of this process, all on device 0 (several ranks may share a GPU), so the
  * test runs on a one-GPU node.  Exit 77 (automake's skip) where there is no GPU.  Not under
@@ -40,12 +41,11 @@
 
 #define NRANKS 2
 #define COUNT 1000
-/* Above the one-shot limit of 2 ranks (8 MB): a staged schedule, or direct mode in a window. */
+/* Above the one-shot limit of 2 ranks (8 MB): the ring kernels, or direct mode in a window. */
 #define BIG_COUNT (3u << 20)
 
-/* The ring kernels are on (FLEXCOLL_RING_KERNEL unset or not 0): reduce and large calls are
- * captured and replayed, not refused. */
-static int g_ring = 1;
+/* FLEXCOLL_RING_KERNEL=0: the algorithms' schedules run what the ring kernels would. */
+static int g_schedules = 0;
 /* This pass leaves nvlink out (FLEXCOLL_LINKS): no peer access; replays divided by this. */
 static int g_no_peer = 0;
 #define NO_PEER_REPLAY_DIV 10
@@ -120,20 +120,9 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
   EXPECT(r, ce == cudaSuccess, "cudaStreamBeginCapture: %s", cudaGetErrorString(ce));
   if (ce != cudaSuccess) return;
   const int peer = (r->rank + 1) % NRANKS;
-  /* The staged schedule runs sends and receives without the point-to-point kernel. */
-  if (!g_ring) {
-    expect_refused(r, comm, flexcoll_send(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send (staged schedule)");
-    expect_refused(r, comm, flexcoll_recv(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "recv (staged schedule)");
-  }
   expect_refused(r, comm, flexcoll_send(b->host, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send from host memory");
   expect_refused(r, comm, flexcoll_allreduce(b->host, b->host, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
                  "allreduce on host memory");
-  if (!g_ring) {
-    expect_refused(r, comm, flexcoll_allreduce(b->big, b->big, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
-                   "allreduce above the one-shot limit (staged schedule)");
-    expect_refused(r, comm, flexcoll_reduce(b->dev, b->dev + COUNT, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 0, comm, s),
-                   "reduce (staged schedule)");
-  }
   /* Without peer access, the ring kernels take calls in windows too (through host memory). */
   if (b->win && !g_no_peer)
     expect_refused(r, comm, flexcoll_allreduce(b->big_win, b->big_win, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
@@ -143,13 +132,6 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
                    "alltoall without peer access");
     expect_refused(r, comm, flexcoll_send(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send without peer access");
     expect_refused(r, comm, flexcoll_recv(b->dev, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "recv without peer access");
-  }
-  if (!g_ring) {
-    expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
-                   "alltoall (staged schedule)");
-    /* Refused as out of place, before its temporary copy is allocated (the graph stays empty). */
-    expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
-                   "in-place alltoall (staged schedule)");
   }
   /* In a group the refusal comes at the call, so the group never holds half a collective. */
   flexcoll_group_start();
@@ -347,18 +329,29 @@ static cudaGraphExec_t capture(rank_t *r, flexcoll_comm_t comm, const coll_t *c,
   ce = cudaStreamEndCapture(s, &graph);
   EXPECT(r, ce == cudaSuccess && graph, "%s count %zu: cudaStreamEndCapture: %s", c->name, n, cudaGetErrorString(ce));
   if (ce != cudaSuccess || !graph) return NULL;
-  size_t nodes = 0;
+  size_t nodes = 0, events = 0;
   cudaGraphGetNodes(graph, NULL, &nodes);
+  cudaGraphNode_t list[256];
+  size_t listed = nodes < 256 ? nodes : 256;
+  cudaGraphGetNodes(graph, list, &listed);
+  for (size_t i = 0; i < listed; i++) {
+    enum cudaGraphNodeType t;
+    if (cudaGraphNodeGetType(list[i], &t) == cudaSuccess && (t == cudaGraphNodeTypeEventRecord || t == cudaGraphNodeTypeWaitEvent))
+      events++;
+  }
   /* The kernel alone: no event wait or record from the ordering of the communicator's kernels.
-   * In place, an alltoall also allocates, fills and frees its copy of the input. */
+   * In place, an alltoall also allocates, fills and frees its copy of the input.  A schedule
+   * (g_schedules) has a kernel per round, copies, reductions and its scratch's allocation and
+   * free: any number of nodes, but no event either. */
   const size_t want_nodes = c->inplace ? 4 : 1;
-  EXPECT(r, nodes == want_nodes, "%s count %zu: the captured graph has %zu nodes, not %zu", c->name, n, nodes,
-         want_nodes);
+  EXPECT(r, (g_schedules && nodes <= 256) || nodes == want_nodes, "%s count %zu: the captured graph has %zu nodes, not %zu",
+         c->name, n, nodes, want_nodes);
+  EXPECT(r, events == 0, "%s count %zu: the captured graph has %zu event nodes", c->name, n, events);
   cudaGraphExec_t exec = NULL;
   ce = cudaGraphInstantiate(&exec, graph, 0);
   EXPECT(r, ce == cudaSuccess, "%s count %zu: cudaGraphInstantiate: %s", c->name, n, cudaGetErrorString(ce));
   cudaGraphDestroy(graph);
-  return res == FLEXCOLL_SUCCESS && ce == cudaSuccess && nodes == want_nodes ? exec : NULL;
+  return res == FLEXCOLL_SUCCESS && ce == cudaSuccess && (g_schedules || nodes == want_nodes) && !events ? exec : NULL;
 }
 
 /* The inputs of every variant, uploaded on s. */
@@ -568,9 +561,11 @@ int main(void) {
     fprintf(stderr, "[test_capture] get_unique_id: %s\n", flexcoll_get_last_error(NULL));
     return 1;
   }
-  g_ring = !getenv("FLEXCOLL_RING_KERNEL") || atoi(getenv("FLEXCOLL_RING_KERNEL")) != 0;
+  /* Without the ring kernels (FLEXCOLL_RING_KERNEL=0) nothing runs without peer access but
+   * host copies: the second pass is for them. */
+  g_schedules = getenv("FLEXCOLL_RING_KERNEL") && atoi(getenv("FLEXCOLL_RING_KERNEL")) == 0;
   const char *links = getenv("FLEXCOLL_LINKS");
-  const int passes = links ? 1 : 2;
+  const int passes = links || g_schedules ? 1 : 2;
   pthread_barrier_init(&g_barrier, NULL, NRANKS);
   int failures = 0;
   for (int pass = 0; pass < passes; pass++) {

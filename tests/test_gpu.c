@@ -16,19 +16,20 @@
  * Cases (CK_RUN_CASE=<name> runs one; each loop index is one forked child, or pair of children)
  *   p1, p2   (1proc, 2proc) x 10 variants, one per child because the library reads its
  *            environment once per process (FC_TEST_VARIANT=0,4 runs only those):
- *              0 ring/sm   FLEXCOLL_ALGO=ring NVLINK_ENGINE=sm ONESHOT_MAX_BYTES=0
- *              1 ring/ce   ring, ce, ONESHOT_MAX_BYTES=0, plus a 256 MB float32-sum case for
- *                          every collective (out of place)
- *              2 tree/sm   tree, sm, ONESHOT_MAX_BYTES=0 (reduce_scatter: ring only, skipped)
- *              3 tree/ce   tree, ce, ONESHOT_MAX_BYTES=0
+ *              0 ring      FLEXCOLL_ALGO=ring ONESHOT_MAX_BYTES=0: the ring's schedule
+ *              1 ring      the same, plus a 256 MB float32-sum case for every collective (out
+ *                          of place)
+ *              2 tree      tree, ONESHOT_MAX_BYTES=0 (reduce_scatter: ring only, skipped)
+ *              3 kernels   FLEXCOLL_RING_KERNEL=0 with nothing forced: what the ring kernels
+ *                          would run goes through the schedules the tuner picks
  *              4 default   nothing forced: the one-shot kernels (LL up to 64 KiB per rank, plain
  *                          up to 8 MiB) for allreduce, allgather, reduce_scatter and broadcast,
  *                          auto engine; counts at and just above the one-shot limit, and of
  *                          20-40 MB (the pipelined kernels with 2 ranks); buffers
  *                          misaligned by one element on every other call
- *              5 ring/sm, FLEXCOLL_GPU_SLICE_SIZE=65536     } one pipelining knob each, so a
- *              6 ring/ce, FLEXCOLL_GPU_SLOTS=2              } failure points at it; 1000003
- *              7 tree/ce, FLEXCOLL_CHUNK_SIZE=65536         } elements only
+ *              5 ring, FLEXCOLL_CHUNK_SIZE=65536            } one pipelining knob each, so a
+ *              6 ring, FLEXCOLL_RING_BLOCKS=1                } failure points at it; 1000003
+ *              7 tree, FLEXCOLL_CHUNK_SIZE=65536            } elements only
  *              8 direct    FLEXCOLL_DIRECT=2, DIRECT_MIN_BYTES=1, DIRECT_RS_MIN_BYTES=1,
  *                          ONESHOT_MAX_BYTES=0: allreduce, allgather, reduce_scatter and
  *                          broadcast of every size copied straight between the ranks' buffers,
@@ -181,46 +182,42 @@ typedef struct {
 } variant_t;
 
 #define ENV_COMMON                                                                                        \
-  "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES", "FLEXCOLL_ONESHOT_BLOCKS", \
+  "FLEXCOLL_RING_BLOCKS", "FLEXCOLL_RING_KERNEL", "FLEXCOLL_CHUNK_SIZE", "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES", "FLEXCOLL_DIRECT_RS_MIN_BYTES", "FLEXCOLL_LL_MAX_BYTES", "FLEXCOLL_ONESHOT_BLOCKS", \
       "FLEXCOLL_DIRECT_PIECE_BYTES", "FLEXCOLL_DIRECT_PIECES", "FLEXCOLL_PIPELINE", "FLEXCOLL_PIPELINE_BLOCKS", \
       "FLEXCOLL_PIPELINE_THREADS", "FLEXCOLL_PIPELINE_SUBSLOTS", "FLEXCOLL_PIPELINE_PUSH_THREADS"
-static const char *const env_sm[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
-static const char *const env_ce[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
-static const char *const env_default[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES", ENV_COMMON, NULL};
+static const char *const env_sched[] = {"FLEXCOLL_ONESHOT_MAX_BYTES=0", ENV_COMMON, NULL};
+static const char *const env_no_kernels[] = {"FLEXCOLL_ONESHOT_MAX_BYTES=0", "FLEXCOLL_RING_KERNEL=0",
+                                             "FLEXCOLL_RING_BLOCKS", "FLEXCOLL_CHUNK_SIZE", NULL};
+static const char *const env_default[] = {"FLEXCOLL_ONESHOT_MAX_BYTES", ENV_COMMON, NULL};
 /* The pipelining knobs one at a time, so that a failure points at one of them. */
-static const char *const env_sm_slices[] = {"FLEXCOLL_NVLINK_ENGINE=sm", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
-                                            "FLEXCOLL_GPU_SLICE_SIZE=65536", "FLEXCOLL_GPU_SLOTS",
-                                            "FLEXCOLL_CHUNK_SIZE", NULL};
-static const char *const env_ce_slots[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
-                                           "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS=2", "FLEXCOLL_CHUNK_SIZE",
-                                           NULL};
-static const char *const env_ce_chunks[] = {"FLEXCOLL_NVLINK_ENGINE=ce", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
-                                            "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS",
-                                            "FLEXCOLL_CHUNK_SIZE=65536", NULL};
+static const char *const env_chunks[] = {"FLEXCOLL_ONESHOT_MAX_BYTES=0", "FLEXCOLL_RING_KERNEL", "FLEXCOLL_RING_BLOCKS",
+                                         "FLEXCOLL_CHUNK_SIZE=65536", NULL};
+static const char *const env_one_block[] = {"FLEXCOLL_ONESHOT_MAX_BYTES=0", "FLEXCOLL_RING_KERNEL",
+                                            "FLEXCOLL_RING_BLOCKS=1", "FLEXCOLL_CHUNK_SIZE", NULL};
 
 /* Direct mode for every size: ranks with empty chunks, one-element pieces, misaligned buffers.
  * "direct": unregistered buffers, their addresses exchanged at every call (FLEXCOLL_DIRECT=2);
  * "window": the buffers in symmetric windows (the default FLEXCOLL_DIRECT=1). */
-static const char *const env_direct[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
-                                         "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE",
+static const char *const env_direct[] = {"FLEXCOLL_ONESHOT_MAX_BYTES=0", "FLEXCOLL_RING_KERNEL",
+                                         "FLEXCOLL_RING_BLOCKS", "FLEXCOLL_CHUNK_SIZE",
                                          "FLEXCOLL_DIRECT=2", "FLEXCOLL_DIRECT_MIN_BYTES=1",
                                          "FLEXCOLL_DIRECT_RS_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
                                          "FLEXCOLL_DIRECT_PIECES", NULL};
-static const char *const env_window[] = {"FLEXCOLL_NVLINK_ENGINE", "FLEXCOLL_ONESHOT_MAX_BYTES=0",
-                                         "FLEXCOLL_GPU_SLICE_SIZE", "FLEXCOLL_GPU_SLOTS", "FLEXCOLL_CHUNK_SIZE",
+static const char *const env_window[] = {"FLEXCOLL_ONESHOT_MAX_BYTES=0", "FLEXCOLL_RING_KERNEL",
+                                         "FLEXCOLL_RING_BLOCKS", "FLEXCOLL_CHUNK_SIZE",
                                          "FLEXCOLL_DIRECT", "FLEXCOLL_DIRECT_MIN_BYTES=1",
                                          "FLEXCOLL_DIRECT_RS_MIN_BYTES=1", "FLEXCOLL_DIRECT_PIECE_BYTES",
                                          "FLEXCOLL_DIRECT_PIECES", NULL};
 
 static const variant_t variants[] = {
-    {"ring/sm", "ring", env_sm, 1, 0, 0, 1, 0, 0, 0},
-    {"ring/ce", "ring", env_ce, 1, 0, 0, 1, 1, 0, 0},
-    {"tree/sm", "tree", env_sm, 1, 0, 0, 1, 0, 0, 0},
-    {"tree/ce", "tree", env_ce, 1, 0, 0, 1, 0, 0, 0},
+    {"ring", "ring", env_sched, 1, 0, 0, 1, 0, 0, 0},
+    {"ring, 256 MB", "ring", env_sched, 1, 0, 0, 1, 1, 0, 0},
+    {"tree", "tree", env_sched, 1, 0, 0, 1, 0, 0, 0},
+    {"no kernels", NULL, env_no_kernels, 1, 0, 0, 1, 0, 0, 0},
     {"default", NULL, env_default, 1, 1, 1, 1, 0, 1, 0},
-    {"ring/sm 64KiB slices", "ring", env_sm_slices, 0, 0, 0, 1, 0, 0, 0},
-    {"ring/ce 2 slots", "ring", env_ce_slots, 0, 0, 0, 1, 0, 0, 0},
-    {"tree/ce 64KiB chunks", "tree", env_ce_chunks, 0, 0, 0, 1, 0, 0, 0},
+    {"ring 64KiB chunks", "ring", env_chunks, 0, 0, 0, 1, 0, 0, 0},
+    {"ring kernels, 1 block", NULL, env_one_block, 0, 0, 0, 1, 0, 0, 0},
+    {"tree 64KiB chunks", "tree", env_chunks, 0, 0, 0, 1, 0, 0, 0},
     {"direct", NULL, env_direct, 1, 1, 0, 1, 1, 1, 0},
     {"window", NULL, env_window, 1, 1, 0, 1, 1, 1, 1},
 };

@@ -30,11 +30,12 @@
  *
  * The library reads its environment once per process, so each environment runs in a forked
  * child that sets it before its first CUDA call (the parent never touches CUDA; even the GPU
- * probe runs in a child).  Environments (FC_ONEGPU_ENVS, default "a,b,c,d,e"):
+ * probe runs in a child).  Environments (FC_ONEGPU_ENVS, default all):
  *   a  defaults (and CUDA_DEVICE_MAX_CONNECTIONS=32, see envs[])
  *   b  FLEXCOLL_ONESHOT_MAX_BYTES=0: no one-shot kernels, every non-empty call takes the N-rank
  *      ring kernels or the staged schedule
- *   c  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_RING_KERNEL=0: the older staged schedule
+ *   c  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_RING_KERNEL=0: the algorithms' schedules (lib/algos),
+ *      round by round on the caller's stream, each round's transfers one point-to-point kernel
  *   d  CUDA_DEVICE_MAX_CONNECTIONS=1 FLEXCOLL_ONESHOT_MAX_BYTES=0, one stream per rank in
  *      lockstep (g_lockstep says why)
  *   e  CUDA_DEVICE_MAX_CONNECTIONS=1, likewise
@@ -46,9 +47,11 @@
  *      at every size; the others (alltoall, sends and receives) through host copies
  *   h  CUDA_DEVICE_MAX_CONNECTIONS=1, lockstep, FLEXCOLL_ONESHOT_MAX_BYTES=0,
  *      FLEXCOLL_LINK_SHARES=nvlink:0.9,pcie:0.1
+ *   i  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_ALGO=tree: the tree schedules as in c (the trees
+ *      where the collective has one, the ring's schedule elsewhere)
  * In f, g and h the links' statistics must show bytes on pcie (and none on nvlink in g).
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only),
- * FC_ONEGPU_ALL=1 (every collective in d and e too, see only_one_kernel_colls).  Every wait is
+ * Every wait is
  * bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
  * One line per (environment, N, phase) goes to stderr, then a summary.  Exit 77 (automake's
  * skip) where there is no GPU. */
@@ -249,7 +252,7 @@ static double reduced(const case_t *c, int nranks, size_t i, int *approx) {
 
 /* ---- the cases ---- */
 
-static int g_quick, g_all;
+static int g_quick;
 /* One hardware queue (envs d, e): every call of every rank goes into it in issue order, and a
  * kernel that must wait for the same stream's previous one holds back everything behind it,
  * including the peers' kernels that previous one is waiting for.  Ranks that are threads of one
@@ -344,7 +347,6 @@ static rank_t g_ranks[MAX_RANKS];
 static pthread_barrier_t g_barrier;
 static flexcoll_unique_id_t g_id, g_tp_ids[2], g_dp_ids[2];
 static int g_votes[MAX_RANKS];
-static int g_kinds[NKINDS], g_nkinds;
 static char g_env;
 static int g_phase_fail; /* phases that failed in this child */
 static double g_phase_t0;
@@ -649,22 +651,6 @@ static void tpdp(rank_t *r) {
 
 /* ---- a rank of one N ---- */
 
-/* allreduce, allgather, reduce_scatter, broadcast and reduce go through one kernel per rank (the
- * one-shot or ring kernels), and so do send/recv batches (the point-to-point kernel), so every
- * rank's kernel is resident together even when one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)
- * serializes the streams; so does alltoall where the one-shot slots exist (env e, not d).  The
- * staged schedule (alltoall in env d, everything in env c) queues copies behind a stream wait for
- * a peer whose work sits behind it in the same queue: the hardware-queue rule, a known hang
- * there.  FC_ONEGPU_ALL=1 runs them anyway. */
-static const int only_one_kernel_colls[] = {C_ALLREDUCE, C_ALLGATHER, C_REDUCE_SCATTER, C_BROADCAST, C_REDUCE, C_SENDRECV};
-/* The staged schedule (env c) with 8 ranks on one GPU: each rank's two side streams wait on
- * stream-memory values, and 8 ranks' streams (56 with the tests' own) share the 32 hardware
- * queues, so a wait at the head of a shared queue holds back the peer work it waits for — the
- * reason the ring kernels replaced it.  Env c stops at this many ranks: with 3, half the runs
- * on the node hung (docs/PERFORMANCE.md, session 10).  The suspect is the same queue sharing:
- * 3 ranks' streams alone would fit, but queues are dealt out round-robin as streams are created,
- * earlier communicators' included; not established. */
-#define STAGED_MAX_RANKS 2
 
 static size_t max_footprint(int nranks, case_t *cases) {
   size_t m = (size_t)16 << 20;
@@ -737,8 +723,12 @@ static void *rank_main(void *arg) {
 
   if (ok) {
     unsigned seed = 1;
-    for (int k = 0; k < g_nkinds; k++) {
-      const int kind = g_kinds[k];
+    /* Every kind, with one hardware queue too: each call is one kernel per rank (the one-shot,
+     * ring, alltoall or point-to-point kernels).  Envs c and i are not run with one queue: a
+     * schedule is a kernel per round, and a rank's next round, queued behind its running kernel
+     * of this one, would hold back a peer's kernel of this round in the one queue that ranks of
+     * one process on one GPU share. */
+    for (int kind = 0; kind < NKINDS; kind++) {
       size_t nc = build_cases(kind, g_nranks, cases, &seed);
       phase_begin(r, kind_names[kind]);
       run_cases(r, cases, nc);
@@ -914,7 +904,7 @@ static int run_hang(void) {
 typedef struct {
   char key;
   const char *vars[4][2];
-  int one_queue; /* CUDA_DEVICE_MAX_CONNECTIONS=1: see only_one_kernel_colls */
+  int one_queue; /* CUDA_DEVICE_MAX_CONNECTIONS=1: lockstep (g_lockstep) */
 } env_t;
 /* a-c: 32 hardware queues, so that the ranks' 3 streams each (and the library's own) get queues
  * of their own: a communicator orders its kernels on different streams with an event wait, and
@@ -934,6 +924,7 @@ static const env_t envs[] = {
     {'f', {Q32, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_LINK_SHARES", "nvlink:0.5,pcie:0.5"}}, 0},
     {'g', {Q32, {"FLEXCOLL_LINKS", "pcie,shm,tcp"}, {"FLEXCOLL_PCIE_AREA_BYTES", "1M"}}, 0},
     {'h', {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_LINK_SHARES", "nvlink:0.9,pcie:0.1"}}, 1},
+    {'i', {Q32, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_ALGO", "tree"}}, 0},
 };
 #define NENVS (int)(sizeof envs / sizeof envs[0])
 
@@ -969,28 +960,16 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   unsetenv("FLEXCOLL_LINK_SHARES");
   unsetenv("FLEXCOLL_LINKS");
   unsetenv("FLEXCOLL_PCIE_AREA_BYTES");
+  unsetenv("FLEXCOLL_ALGO");
   for (int k = 0; k < 4; k++)
     if (e->vars[k][0]) setenv(e->vars[k][0], e->vars[k][1], 1);
   g_env = e->key;
   g_lockstep = e->one_queue;
   g_nstreams = g_lockstep ? 1 : NSTREAMS;
   signal(SIGALRM, on_alarm);
-  g_nkinds = 0;
-  if (e->one_queue && !g_all) {
-    for (size_t k = 0; k < sizeof only_one_kernel_colls / sizeof only_one_kernel_colls[0]; k++)
-      g_kinds[g_nkinds++] = only_one_kernel_colls[k];
-    /* alltoall has a kernel of its own where the one-shot slots exist to stage it. */
-    if (!getenv("FLEXCOLL_ONESHOT_MAX_BYTES")) g_kinds[g_nkinds++] = C_ALLTOALL;
-  }
-  else
-    for (int k = 0; k < NKINDS; k++) g_kinds[g_nkinds++] = k;
   int failed = 0;
   for (int i = 0; i < nranks_list; i++) {
     g_nindex = i;
-    if (e->key == 'c' && ranks[i] > STAGED_MAX_RANKS) {
-      fprintf(stderr, TAG " env c N=%d: skipped (the staged schedule, STAGED_MAX_RANKS)\n", ranks[i]);
-      continue;
-    }
     failed |= run_nranks(ranks[i]);
   }
   failed |= run_hang();
@@ -1021,12 +1000,11 @@ static int wait_child(pid_t pid, double limit_s) {
 
 int main(void) {
   g_quick = env_flag("FC_ONEGPU_QUICK");
-  g_all = env_flag("FC_ONEGPU_ALL");
   int ranks[16];
   const int nranks_list = parse_ranks(ranks);
   if (nranks_list < 0) return 1;
   const char *sel = getenv("FC_ONEGPU_ENVS");
-  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h";
+  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h,i";
   setvbuf(stderr, NULL, _IONBF, 0);
 
   /* The GPU probe in a child too: the parent's CUDA state would not survive a fork. */
@@ -1056,8 +1034,7 @@ int main(void) {
     ran++;
     fprintf(stderr, TAG " env %c:", envs[k].key);
     for (int v = 0; v < 3 && envs[k].vars[v][0]; v++) fprintf(stderr, " %s=%s", envs[k].vars[v][0], envs[k].vars[v][1]);
-    fprintf(stderr, "%s%s\n", envs[k].vars[0][0] ? "" : " defaults", envs[k].one_queue && !g_all ?
-            " (allreduce, allgather, reduce_scatter, broadcast only)" : "");
+    fprintf(stderr, "%s\n", envs[k].vars[0][0] ? "" : " defaults");
     pid = fork();
     if (pid == 0) _exit(child_main(&envs[k], ranks, nranks_list));
     results[k] = pid < 0 ? -1 : wait_child(pid, limit);

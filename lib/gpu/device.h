@@ -16,16 +16,12 @@ typedef CUresult (*fc_write_value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsig
 
 typedef CUresult (*fc_get_address_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 
-typedef enum { FC_ENGINE_CE, FC_ENGINE_SM, FC_ENGINE_AUTO } fc_engine_t;
-
-/* Flags of one peer pair, in the receiver's memory: written remotely by the peer. */
+/* Direct mode's flags of one peer pair, in the receiver's memory: written remotely by the peer. */
 typedef struct {
-  uint32_t ready;  /* chunks peer q has written into my slots from q */
-  uint32_t credit; /* chunks of mine that peer q has consumed from its slots from me */
   uint32_t arrive; /* direct mode: the last call peer q's stream has reached (its buffers are ready) */
   uint32_t done;   /* direct mode: the last call in which peer q has finished with my buffers */
   uint32_t desc;   /* direct mode: what peer q's current call is (coll, count, window offsets...) */
-  uint32_t pad[27];
+  uint32_t pad[29];
 } fc_pair_flags_t;
 
 /* A peer's allocation mapped into this process through CUDA IPC (peer_mem.c), kept while a
@@ -64,10 +60,6 @@ typedef struct {
   int ipc_opened;          /* stage came from cudaIpcOpenMemHandle */
   int same_process;        /* the peer's pointers are valid here as they are */
   int same_device;         /* the peer runs on our GPU (its kernels compete with ours for SMs) */
-  /* Chunks sent to / received from this peer so far.  64 bits, so that the slot index
-   * (chunk % nslots) never jumps; the flags in device memory carry the low 32 bits, which the
-   * stream waits compare wrap-aware. */
-  uint64_t sent, received;
 } fc_peer_t;
 
 /* Stage 2's board (pcie.c): the lanes' models as rank 0 updates them, one entry per update, in
@@ -116,9 +108,7 @@ struct fc_gpu {
   int device;
   uint64_t where_hash;     /* every rank's host and GPU, in rank order (connect_peers): a cache key */
   int p2p;                 /* every peer reachable by NVLink/PCIe peer access */
-  fc_engine_t engine;
-  size_t auto_sm_max;      /* auto engine: SM copies up to this slice size, copy engines above */
-  cudaStream_t send_stream, recv_stream, util_stream;
+  cudaStream_t send_stream, recv_stream, util_stream; /* direct mode's copies (direct.c); set-up */
   cudaStream_t reduce_stream;  /* direct mode: reductions, between the pull and push copies */
   cudaEvent_t ev_user, ev_send, ev_recv;
 
@@ -129,8 +119,6 @@ struct fc_gpu {
   size_t ll_off, ll_max;   /* the one-shot kernels' LL area, and their LL limit per rank (0: off) */
   unsigned oneshot_blocks; /* grid cap of the plain one-shot kernels */
   size_t pair_flags_off;   /* nranks fc_pair_flags_t: [q] written by peer q */
-  size_t slots_off, slice_bytes;
-  int nslots;              /* per peer */
   fc_peer_t *peers;
   /* One-shot and pipelined kernels enqueued or captured so far: only whether there was one
    * (the kernels number their calls themselves, in epoch). */

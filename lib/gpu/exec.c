@@ -8,14 +8,13 @@
  * Alltoall of up to 8 ranks: one alltoall kernel per rank (lib/kernels/alltoall.cu).  All of
  * these keep their sequence state on the device and run one after another per communicator
  * (kernel_order_before/after).
- * Send/recv batches: one point-to-point kernel per rank (lib/kernels/p2p.cu).
- * Larger alltoalls (and, with FLEXCOLL_RING_KERNEL=0, everything above the one-shot limit)
- * run the algorithm's schedule (lib/algos) on two side streams joined to the
- * caller's stream by events: a send stream moves slices into the peer's staging slots (copy
- * engine or SM stores over NVLink) and raises the peer's `ready` counter with a stream memory
- * write; a receive stream waits on its own `ready` counter, reduces or copies the slot into place
- * (a kernel or a local copy) and returns a `credit` to the sender, who waits on credits before
- * reusing a slot.  No host round trip, no device-wide synchronisation. */
+ * Send/recv batches, and alltoalls the alltoall kernel does not take: one point-to-point kernel
+ * per rank (lib/kernels/p2p.cu).  What none of them takes (FLEXCOLL_ALGO forcing an algorithm,
+ * FLEXCOLL_RING_KERNEL=0) runs the algorithm's schedule (lib/algos) on the caller's stream,
+ * round by round, each round's transfers one point-to-point kernel (run_schedule).  So every
+ * wait on a peer is inside a kernel that bounds it, with its counters on the device: no host
+ * round trip, no stream waiting on a peer in a hardware queue, and every path with peer access
+ * but direct mode (direct.c) replays from a CUDA graph. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -44,106 +43,6 @@ typedef struct {
 static char *dref(fc_dexec_t *x, int buf, size_t off) {
   char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
   return base + off * x->esize;
-}
-
-/* Slot `slot` of the ring that `sender` fills in the staging area `stage`. */
-static char *slot_ptr(struct fc_gpu *g, char *stage, int sender, uint64_t chunk) {
-  return stage + g->slots_off + ((size_t)sender * (size_t)g->nslots + (size_t)(chunk % (uint64_t)g->nslots)) * g->slice_bytes;
-}
-
-static int use_sm(struct fc_gpu *g, size_t bytes) {
-  return g->engine == FC_ENGINE_SM || (g->engine == FC_ENGINE_AUTO && bytes <= g->auto_sm_max);
-}
-
-static flexcoll_result_t send_step(fc_dexec_t *x, const fc_step_t *st) {
-  struct fc_gpu *g = x->g;
-  int q = st->peer, me = x->comm->rank;
-  fc_peer_t *p = &g->peers[q];
-  size_t per = g->slice_bytes / x->esize, done = 0;
-  do {
-    size_t n = st->count - done < per ? st->count - done : per;
-    if (p->sent >= (uint64_t)g->nslots) /* the slot is reused: wait until the peer has drained it */
-      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->credit,
-                                      (uint32_t)(p->sent - (uint64_t)g->nslots + 1), CU_STREAM_WAIT_VALUE_GEQ));
-    char *dst = slot_ptr(g, p->stage, me, p->sent);
-    const char *src = dref(x, st->buf, st->off + done);
-    if (n && use_sm(g, n * x->esize)) CUDA_TRY(x->comm, fc_kernel_copy(dst, src, n * x->esize, g->send_stream));
-    else if (n) CUDA_TRY(x->comm, cudaMemcpyAsync(dst, src, n * x->esize, cudaMemcpyDeviceToDevice, g->send_stream));
-    p->sent++;
-    CU_TRY(x->comm, g->write_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, p->stage, me)->ready, (uint32_t)p->sent, 0));
-    done += n;
-  } while (done < st->count);
-  return FLEXCOLL_SUCCESS;
-}
-
-static flexcoll_result_t recv_step(fc_dexec_t *x, const fc_step_t *st) {
-  struct fc_gpu *g = x->g;
-  int q = st->peer, me = x->comm->rank;
-  fc_peer_t *p = &g->peers[q];
-  size_t per = g->slice_bytes / x->esize, done = 0;
-  do {
-    size_t n = st->count - done < per ? st->count - done : per;
-    CU_TRY(x->comm, g->wait_value32(g->recv_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->ready,
-                                    (uint32_t)(p->received + 1), CU_STREAM_WAIT_VALUE_GEQ));
-    char *slot = slot_ptr(g, g->stage, q, p->received);
-    char *dst = dref(x, st->buf, st->off + done);
-    if (n && st->kind == FC_STEP_RECV_REDUCE)
-      CUDA_TRY(x->comm, fc_kernel_reduce(dst, dref(x, st->src_buf, st->src_off + done), slot, n, x->dtype, x->op,
-                                         g->recv_stream));
-    else if (n)
-      CUDA_TRY(x->comm, cudaMemcpyAsync(dst, slot, n * x->esize, cudaMemcpyDeviceToDevice, g->recv_stream));
-    p->received++;
-    CU_TRY(x->comm, g->write_value32(g->recv_stream, (CUdeviceptr)&fc_pair_flags(g, p->stage, me)->credit,
-                                     (uint32_t)p->received, 0));
-    done += n;
-  } while (done < st->count);
-  return FLEXCOLL_SUCCESS;
-}
-
-/* Both side streams wait for each other: the next round may read what this one wrote. */
-static flexcoll_result_t join_streams(fc_dexec_t *x) {
-  struct fc_gpu *g = x->g;
-  CUDA_TRY(x->comm, cudaEventRecord(g->ev_send, g->send_stream));
-  CUDA_TRY(x->comm, cudaEventRecord(g->ev_recv, g->recv_stream));
-  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->send_stream, g->ev_recv, 0));
-  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->recv_stream, g->ev_send, 0));
-  return FLEXCOLL_SUCCESS;
-}
-
-static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cudaStream_t user) {
-  struct fc_gpu *g = x->g;
-  CUDA_TRY(x->comm, cudaEventRecord(g->ev_user, user));
-  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->send_stream, g->ev_user, 0));
-  CUDA_TRY(x->comm, cudaStreamWaitEvent(g->recv_stream, g->ev_user, 0));
-  for (int r = 0; r < s->nrounds; r++) {
-    for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
-      const fc_step_t *st = &s->steps[i];
-      if (st->kind == FC_STEP_COPY) {
-        char *dst = dref(x, st->buf, st->off), *src = dref(x, st->src_buf, st->src_off);
-        if (dst != src && st->count)
-          CUDA_TRY(x->comm, cudaMemcpyAsync(dst, src, st->count * x->esize, cudaMemcpyDeviceToDevice, g->recv_stream));
-      } else if (st->kind == FC_STEP_REDUCE) {
-        char *dst = dref(x, st->buf, st->off);
-        CUDA_TRY(x->comm, fc_kernel_reduce(dst, dst, dref(x, st->src_buf, st->src_off), st->count, x->dtype, x->op,
-                                           g->recv_stream));
-      } else if (st->kind == FC_STEP_SEND) {
-        FC_CHECK(send_step(x, st));
-      } else {
-        FC_CHECK(recv_step(x, st));
-      }
-    }
-    FC_CHECK(join_streams(x));
-  }
-  /* End only when every peer has drained what we sent (its last write into our memory, the
-   * credit, has landed): then our staging area is quiet between collectives and at destroy. */
-  for (int q = 0; q < x->comm->nranks; q++)
-    if (q != x->comm->rank && g->peers[q].sent)
-      CU_TRY(x->comm, g->wait_value32(g->send_stream, (CUdeviceptr)&fc_pair_flags(g, g->stage, q)->credit,
-                                      (uint32_t)g->peers[q].sent, CU_STREAM_WAIT_VALUE_GEQ));
-  CUDA_TRY(x->comm, cudaEventRecord(g->ev_send, g->send_stream));
-  CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_send, 0));
-  CUDA_TRY(x->comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
-  return FLEXCOLL_SUCCESS;
 }
 
 /* Scratch in device memory, grown stream-ordered on the caller's stream: after this
@@ -367,7 +266,7 @@ static int alltoall_kernel(const struct fc_gpu *g, const fc_algo_args_t *args) {
 
 /* Whether the point-to-point kernel runs the batches: the same on every rank (communicator
  * constants only), so that both ends of a pair use it; so it must take every batch. */
-static int p2p_kernel(const struct fc_gpu *g) { return g->ring && g->p2p_region && fc_tuner_kernels(); }
+static int p2p_kernel(const struct fc_gpu *g) { return g->p2p_region != 0; }
 
 /* An alltoall the alltoall kernel does not take (more ranks than it knows, or no one-shot
  * slots) runs as one batch of the point-to-point kernel, a send and a receive per peer: one
@@ -438,8 +337,6 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
     if (!ring_only(g, args) && fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
         fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
       return "it would take direct mode (buffers in windows, or FLEXCOLL_DIRECT=2), which keeps its counters on the host";
-    if (!pipelined(g, args) && !ring_takes(g, args) && !alltoall_kernel(g, args) && !alltoall_by_p2p(g, args))
-      return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0 or FLEXCOLL_ALGO), which keeps its counters on the host";
   }
   return other_stream_refusal(g, stream);
 }
@@ -518,8 +415,9 @@ static void leave_device(struct fc_gpu *g, int prev) {
 
 _Static_assert(FC_P2P_KERNEL_OPS >= FC_P2P_MAX_OPS, "the point-to-point kernel takes every batch");
 
-static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
-                                        cudaStream_t stream) {
+/* One batch of the point-to-point kernel, unordered (the callers order it, kernel_order_*). */
+static flexcoll_result_t launch_p2p(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                    cudaStream_t stream) {
   struct fc_gpu *g = x->g;
   struct flexcoll_comm *comm = x->comm;
   fc_p2p_kop_t kops[FC_P2P_KERNEL_OPS];
@@ -531,9 +429,108 @@ static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, i
                      .peer_ctr = g->p2p_peer_ctr, .region_bytes = g->p2p_region, .blocks = g->p2p_blocks,
                      .subslots = 2, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
-  FC_CHECK(kernel_order_before(x, stream));
   CUDA_TRY(comm, fc_kernel_p2p(&a, kops, nops, stream));
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t run_p2p_kernel(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
+                                        cudaStream_t stream) {
+  FC_CHECK(kernel_order_before(x, stream));
+  FC_CHECK(launch_p2p(x, ops, nops, bufs, stream));
   return kernel_order_after(x, stream);
+}
+
+/* Round r of a schedule: its local copies and reductions, then its transfers as one batch of the
+ * point-to-point kernel (a receive that reduces lands at tmp first: the batch only moves bytes),
+ * then those receives' reductions.  The steps of a round touch disjoint memory (lib/algos), so
+ * this order is one of those the round allows.  All of a round's transfers go in one batch:
+ * split, a batch of sends could wait for receives that a peer posts only in the next one. */
+static flexcoll_result_t schedule_round(fc_dexec_t *x, const fc_schedule_t *s, int r, char *tmp, cudaStream_t user) {
+  struct flexcoll_comm *comm = x->comm;
+  const size_t es = x->esize;
+  fc_p2p_op_t ops[FC_P2P_MAX_OPS];
+  void *bufs[FC_P2P_MAX_OPS];
+  int k = 0;
+  size_t t = 0;
+  for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
+    const fc_step_t *st = &s->steps[i];
+    char *dst = dref(x, st->buf, st->off);
+    if (st->kind == FC_STEP_COPY) {
+      const char *src = dref(x, st->src_buf, st->src_off);
+      if (dst != src && st->count)
+        CUDA_TRY(comm, cudaMemcpyAsync(dst, src, st->count * es, cudaMemcpyDeviceToDevice, user));
+      continue;
+    }
+    if (st->kind == FC_STEP_REDUCE) {
+      if (st->count)
+        CUDA_TRY(comm, fc_kernel_reduce(dst, dst, dref(x, st->src_buf, st->src_off), st->count, x->dtype, x->op, user));
+      continue;
+    }
+    if (k == FC_P2P_MAX_OPS)
+      return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "a schedule round of %d ranks has more than %d transfers",
+                      comm->nranks, FC_P2P_MAX_OPS);
+    ops[k] = (fc_p2p_op_t){.is_send = st->kind == FC_STEP_SEND, .peer = st->peer, .count = st->count * es};
+    if (st->kind == FC_STEP_RECV_REDUCE) {
+      bufs[k++] = tmp + t * es;
+      t += st->count;
+    } else {
+      bufs[k++] = dst;
+    }
+  }
+  if (k) FC_CHECK(launch_p2p(x, ops, k, bufs, user));
+  t = 0;
+  for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++) {
+    const fc_step_t *st = &s->steps[i];
+    if (st->kind != FC_STEP_RECV_REDUCE) continue;
+    if (st->count)
+      CUDA_TRY(comm, fc_kernel_reduce(dref(x, st->buf, st->off), dref(x, st->src_buf, st->src_off), tmp + t * es,
+                                      st->count, x->dtype, x->op, user));
+    t += st->count;
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Elements of the largest round's reducing receives: the room their operands need. */
+static size_t schedule_tmp_count(const fc_schedule_t *s) {
+  size_t most = 0;
+  for (int r = 0; r < s->nrounds; r++) {
+    size_t t = 0;
+    for (int i = s->round_start[r]; i < s->round_start[r + 1]; i++)
+      if (s->steps[i].kind == FC_STEP_RECV_REDUCE) t += s->steps[i].count;
+    if (t > most) most = t;
+  }
+  return most;
+}
+
+/* An algorithm's schedule (lib/algos) on the caller's stream, round by round (schedule_round),
+ * for what no kernel of its own takes: FLEXCOLL_ALGO forcing an algorithm, FLEXCOLL_RING_KERNEL=0.
+ * Every wait on a peer is inside a point-to-point kernel, which bounds it and keeps its counters
+ * on the device, and everything runs on the one stream: no stream waits on a peer stand in a
+ * hardware queue (the hardware-queue rule), and a captured call replays.  The schedule's scratch
+ * and the receives' temporary are allocated and freed stream-ordered (graph nodes when captured). */
+static flexcoll_result_t run_schedule(fc_dexec_t *x, const fc_schedule_t *s, cudaStream_t user) {
+  struct flexcoll_comm *comm = x->comm;
+  const size_t align = 256, scratch = (s->scratch_count * x->esize + align - 1) / align * align;
+  const size_t bytes = scratch + schedule_tmp_count(s) * x->esize;
+  char *base = NULL;
+  if (bytes) {
+    const cudaError_t e = cudaMallocAsync((void **)&base, bytes, user);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "allocating %zu bytes of schedule scratch: %s", bytes,
+                      cudaGetErrorString(e));
+    }
+  }
+  x->bufs[FC_BUF_SCRATCH] = base;
+  flexcoll_result_t res = kernel_order_before(x, user);
+  for (int r = 0; r < s->nrounds && res == FLEXCOLL_SUCCESS; r++) res = schedule_round(x, s, r, base + scratch, user);
+  if (res == FLEXCOLL_SUCCESS) res = kernel_order_after(x, user);
+  /* Freed whatever happened: stream-ordered, after what of the call was enqueued. */
+  if (base && cudaFreeAsync(base, user) != cudaSuccess) {
+    cudaGetLastError();
+    if (res == FLEXCOLL_SUCCESS) res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "freeing the schedule scratch");
+  }
+  return res;
 }
 
 /* Our own block is a copy on the stream; every other block a send and a receive of the batch. */
@@ -586,9 +583,6 @@ const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream
   const struct fc_gpu *g = comm->gpu;
   if (!g->p2p) return "the GPUs have no peer access, so the batch runs through host copies";
   if (comm->nranks == 1) return NULL;
-  if (!p2p_kernel(g))
-    return "it runs a staged schedule (FLEXCOLL_RING_KERNEL=0, or FLEXCOLL_ALGO forced), which keeps its counters on "
-           "the host";
   return other_stream_refusal(g, stream);
 }
 
@@ -604,17 +598,10 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
     res = p2p_self_copies(&x, ops, nops, bufs, user);
   } else if (!g->p2p) {
     res = p2p_through_host(&x, ops, nops, bufs, user);
-  } else if (p2p_kernel(g)) {
+  } else {
     res = run_p2p_kernel(&x, ops, nops, bufs, user);
     /* The peers' kernels wait for this one, and it bounds its own waits. */
     if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
-  } else {
-    res = fc_algo_build_p2p(&comm->schedule, ops, nops);
-    if (res == FLEXCOLL_SUCCESS) {
-      res = run_schedule(&x, &comm->schedule, user);
-      if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
-    }
-    if (res == FLEXCOLL_SUCCESS) fc_gpu_track(comm, user);
   }
   leave_device(g, prev);
   return res;
@@ -667,15 +654,13 @@ static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args
     FC_CHECK_GOTO(fc_algo_build(s, args), res, out);
     x.bufs[FC_BUF_SEND] = (char *)sendbuf;
     x.bufs[FC_BUF_RECV] = recvbuf;
-    if (s->scratch_count)
-      FC_CHECK_GOTO(fc_gpu_scratch(comm, s->scratch_count * x.esize, user, &x.bufs[FC_BUF_SCRATCH]), res, out);
     res = run_schedule(&x, s, user);
+    if (res == FLEXCOLL_SUCCESS && op == FLEXCOLL_AVG && s->result_count &&
+        fc_kernel_divide(dref(&x, s->result_buf, s->result_off), s->result_count, dtype, comm->nranks, user))
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "average kernel launch failed");
     /* Half a collective may be enqueued: peers wait for the rest, so the communicator is done. */
-    if (res != FLEXCOLL_SUCCESS) { fc_comm_set_async_error(comm, res); goto out; }
-    if (op == FLEXCOLL_AVG && s->result_count)
-      res = fc_kernel_divide(dref(&x, s->result_buf, s->result_off), s->result_count, dtype, comm->nranks, user)
-                ? fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "average kernel launch failed")
-                : FLEXCOLL_SUCCESS;
+    if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
+    goto out;
   }
 tracked:
   if (res == FLEXCOLL_SUCCESS && g->p2p) fc_gpu_track(comm, user);

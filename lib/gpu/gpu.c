@@ -21,8 +21,6 @@
 #if HAVE_CUDA
 #include "device.h"
 
-FC_PARAM_INT(gpu_slice_size, "GPU_SLICE_SIZE", 4 << 20)
-FC_PARAM_INT(gpu_slots, "GPU_SLOTS", 8)
 /* -1: by rank count (plan_layout). */
 FC_PARAM_INT(oneshot_max, "ONESHOT_MAX_BYTES", -1)
 /* One-shot messages up to this many bytes per rank take the LL kernels (oneshot.cu). */
@@ -44,7 +42,7 @@ FC_PARAM_INT(pipeline_blocks, "PIPELINE_BLOCKS", FC_MAX_BLOCKS)
 FC_PARAM_INT(pipeline_threads, "PIPELINE_THREADS", 512)
 FC_PARAM_INT(pipeline_subslots, "PIPELINE_SUBSLOTS", 2)
 FC_PARAM_INT(pipeline_push_threads, "PIPELINE_PUSH_THREADS", 0)
-/* Ring kernels above the one-shot limit for any rank count (0: the staged schedule), their most
+/* Ring kernels above the one-shot limit for any rank count (0: the algorithms' schedules), their most
  * blocks, sub-slots and area (lib/kernels/ring.cu). */
 FC_PARAM_INT(ring_kernel, "RING_KERNEL", 1)
 FC_PARAM_INT(ring_blocks, "RING_BLOCKS", 32)
@@ -115,15 +113,8 @@ typedef struct {
   void *stage; /* valid in the owner's process only */
 } fc_gpu_peer_info_t;
 
-static fc_engine_t engine_param(void) {
-  const char *s = fc_param_str("FLEXCOLL_NVLINK_ENGINE", "auto");
-  if (strcmp(s, "sm") == 0) return FC_ENGINE_SM;
-  if (strcmp(s, "ce") == 0) return FC_ENGINE_CE;
-  if (strcmp(s, "auto")) FC_WARN("FLEXCOLL_NVLINK_ENGINE=%s is not sm, ce or auto; using auto", s);
-  return FC_ENGINE_AUTO;
-}
-
-/* Staging layout, the same on every rank: one-shot slots and flags, pair flags, pipeline slots. */
+/* Staging layout, the same on every rank: one-shot slots and flags, the LL area, pair flags, the
+ * ring and point-to-point counters, then the ring and point-to-point areas. */
 static void plan_layout(struct fc_gpu *g, int nranks) {
   size_t align = 4096;
   /* One-shot moves the whole message to every peer: as cheap as a ring for 2 ranks (up to 8 MB
@@ -164,15 +155,11 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
                 fc_pipe_room_bytes(g->oneshot_slot, g->pipe_blocks, g->pipe_subslots) >= FC_PIPE_MIN_STEP_BYTES;
   g->ll_off = g->oneshot_flags_off + ((4 * (size_t)nranks * FC_MAX_BLOCKS * 8 + align - 1) / align * align);
   g->pair_flags_off = g->ll_off + ((2 * (size_t)nranks * 2 * g->ll_max + align - 1) / align * align);
-  /* The ring and point-to-point kernels' counters (ready and ack per block) before the slots,
-   * inside the range zeroed at set-up; their areas after the slots. */
+  /* The ring and point-to-point kernels' counters (ready and ack per block) before their areas,
+   * inside the range zeroed at set-up. */
   g->ring_ctr_off = g->pair_flags_off + ((nranks * sizeof(fc_pair_flags_t) + align - 1) / align * align);
   g->p2p_ctr_off = g->ring_ctr_off + ((2 * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
-  g->slots_off = g->p2p_ctr_off + ((2 * (size_t)nranks * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
-  g->slice_bytes = ((size_t)fc_param_gpu_slice_size() + align - 1) / align * align;
-  g->nslots = (int)fc_param_gpu_slots();
-  if (g->nslots < 2) g->nslots = 2;
-  g->ring_off = g->slots_off + (size_t)nranks * (size_t)g->nslots * g->slice_bytes;
+  g->ring_off = g->p2p_ctr_off + ((2 * (size_t)nranks * FC_MAX_BLOCKS * sizeof(uint64_t) + align - 1) / align * align);
   int64_t rb = fc_param_ring_blocks(), rs = fc_param_ring_subslots(), ra = fc_param_ring_area_bytes();
   g->ring_blocks = rb < 1 ? 1u : rb > FC_MAX_BLOCKS ? (unsigned)FC_MAX_BLOCKS : (unsigned)rb;
   g->ring_subslots = rs < 2 ? 2u : rs > 8 ? 8u : (unsigned)rs;
@@ -181,7 +168,7 @@ static void plan_layout(struct fc_gpu *g, int nranks) {
   /* One region per sender: 16 MiB shared out, 256 KiB to 2 MiB each. */
   size_t region = ((size_t)16 << 20) / (size_t)nranks;
   region = region < ((size_t)256 << 10) ? (size_t)256 << 10 : region > ((size_t)2 << 20) ? (size_t)2 << 20 : region;
-  g->p2p_region = g->ring ? region / align * align : 0;
+  g->p2p_region = nranks >= 2 ? region / align * align : 0;
   g->p2p_off = g->ring_off + g->ring_bytes;
   g->stage_bytes = g->p2p_off + (size_t)nranks * g->p2p_region;
 }
@@ -215,7 +202,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   CUDA_CHECK(comm, cudaMalloc((void **)&g->stage, g->stage_bytes));
   /* On our own stream, not the legacy one: other communicators' kernels may be waiting on peers
    * on this device, and a legacy-stream memset would wait for them. */
-  CUDA_CHECK(comm, cudaMemsetAsync(g->stage + g->oneshot_flags_off, 0, g->slots_off - g->oneshot_flags_off, g->util_stream));
+  CUDA_CHECK(comm, cudaMemsetAsync(g->stage + g->oneshot_flags_off, 0, g->ring_off - g->oneshot_flags_off, g->util_stream));
   CUDA_CHECK(comm, cudaMalloc((void **)&g->epoch, sizeof *g->epoch));
   CUDA_CHECK(comm, cudaMemsetAsync(g->epoch, 0, sizeof *g->epoch, g->util_stream));
   const size_t base_bytes = (2 * (size_t)comm->nranks + 1) * sizeof(uint64_t);
@@ -405,54 +392,11 @@ static flexcoll_result_t upload_p2p_peers(struct flexcoll_comm *comm, struct fc_
   return res;
 }
 
-/* Time one copy of `bytes` to dst with each engine; 0 on success. */
-static int time_copy(struct fc_gpu *g, char *dst, size_t bytes, int sm, float *ms) {
-  cudaEvent_t a, b;
-  if (cudaEventCreate(&a) != cudaSuccess) return -1;
-  if (cudaEventCreate(&b) != cudaSuccess) { cudaEventDestroy(a); return -1; }
-  int e = 0;
-  *ms = 1e30f;
-  for (int rep = 0; rep < 4 && !e; rep++) { /* the first repetition warms up */
-    float t = 0;
-    e |= cudaEventRecord(a, g->util_stream) != cudaSuccess;
-    if (sm) e |= fc_kernel_copy(dst, g->stage + g->slots_off, bytes, g->util_stream) != 0;
-    else e |= cudaMemcpyAsync(dst, g->stage + g->slots_off, bytes, cudaMemcpyDeviceToDevice, g->util_stream) != cudaSuccess;
-    e |= cudaEventRecord(b, g->util_stream) != cudaSuccess;
-    e |= cudaEventSynchronize(b) != cudaSuccess;
-    e |= cudaEventElapsedTime(&t, a, b) != cudaSuccess;
-    if (!e && rep > 0 && t < *ms) *ms = t;
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return e;
-}
-
-/* FLEXCOLL_NVLINK_ENGINE=auto: measure SM stores against the copy engines into the next rank's
- * staging slots (ours to fill; nobody reads them before the first collective) for the slice
- * sizes the pipeline uses, and let SM stores carry the sizes where they won.  Any failure keeps
- * the copy engines, which the baselines say are faster for large transfers. */
-static void calibrate_engine(struct flexcoll_comm *comm, struct fc_gpu *g) {
-  g->auto_sm_max = 0;
-  if (g->engine != FC_ENGINE_AUTO || comm->nranks < 2 || !g->p2p) return;
-  int next = (comm->rank + 1) % comm->nranks;
-  char *dst = g->peers[next].stage + g->slots_off + (size_t)comm->rank * (size_t)g->nslots * g->slice_bytes;
-  for (size_t bytes = 64 << 10; bytes <= g->slice_bytes; bytes *= 4) {
-    float ce, sm;
-    if (time_copy(g, dst, bytes, 0, &ce) || time_copy(g, dst, bytes, 1, &sm)) break;
-    FC_INFO(FC_SUB_GPU, "rank %d: %zu KiB to rank %d: copy engine %.1f us, SM stores %.1f us", comm->rank, bytes >> 10,
-            next, ce * 1e3, sm * 1e3);
-    if (sm < ce) g->auto_sm_max = bytes;
-  }
-  cudaGetLastError();
-  FC_INFO(FC_SUB_GPU, "rank %d: auto engine: SM stores up to %zu bytes, copy engines above", comm->rank, g->auto_sm_max);
-}
-
 static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   struct fc_gpu *g = calloc(1, sizeof *g);
   if (!g) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   comm->gpu = g;
   comm->cuda_device = g->device = want;
-  g->engine = engine_param();
   fc_topo_log_once();
   FC_CHECK(load_stream_memops(comm, g));
   FC_CHECK(alloc_local(comm, g));
@@ -461,7 +405,6 @@ static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   /* Peers must not write into staging areas before their owners have cleared the flags. */
   FC_CHECK(fc_bootstrap_barrier(comm->bootstrap));
   FC_CHECK(fc_pcie_open(comm, g));
-  calibrate_engine(comm, g);
   return FLEXCOLL_SUCCESS;
 }
 
@@ -532,8 +475,8 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   if (prev >= 0) cudaSetDevice(prev);
 }
 
-/* Release device work stuck on peers: kernels see the error flag; stream waits see their flags
- * jump far ahead (the comparison is wrap-aware, so +2^30 satisfies any wait in flight). */
+/* Release device work stuck on peers: kernels see the error flag; direct mode's stream waits see
+ * their flags jump far ahead (the comparison is wrap-aware, so +2^30 satisfies any wait in flight). */
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
@@ -543,8 +486,6 @@ void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
   cudaSetDevice(g->device);
   for (int q = 0; q < comm->nranks; q++) {
     fc_pair_flags_t *f = (fc_pair_flags_t *)(g->stage + g->pair_flags_off) + q;
-    g->write_value32(g->util_stream, (CUdeviceptr)&f->ready, g->peers[q].received + (1u << 30), 0);
-    g->write_value32(g->util_stream, (CUdeviceptr)&f->credit, g->peers[q].sent + (1u << 30), 0);
     g->write_value32(g->util_stream, (CUdeviceptr)&f->arrive, g->direct_seq + (1u << 30), 0);
     g->write_value32(g->util_stream, (CUdeviceptr)&f->done, g->direct_seq + (1u << 30), 0);
     g->write_value32(g->util_stream, (CUdeviceptr)&f->desc, g->direct_desc, 0);

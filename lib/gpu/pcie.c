@@ -204,14 +204,14 @@ static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, 
 }
 
 /* Fit both lanes' models from two sizes (bytes pushed per rank against time); 0 on failure.
- * The buffer is the staging allocation's slots (the staged schedule's, idle during creation):
+ * The buffer is the staging allocation's point-to-point area (idle during creation):
  * cudaMalloc and cudaFree may wait for the whole device, where other communicators' kernels
  * (TP and DP groups being created at the same time) may wait for this very thread. */
 static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model_t *m) {
-  size_t room = (size_t)g->nslots * g->slice_bytes; /* per rank */
+  size_t room = g->p2p_region; /* per rank */
   size_t big = room < ((size_t)4 << 20) ? room / 16 * 16 : (size_t)4 << 20;
   const size_t sizes[2] = {big / 16, big};
-  char *buf = g->stage + g->slots_off;
+  char *buf = g->stage + g->p2p_off;
   if (sizes[0] < 16) return 0;
   int ok = 1;
   for (int lane = 0; lane < 2 && ok; lane++) {

@@ -18,10 +18,10 @@ fc_algo_t fc_tuner_pick(fc_coll_t coll, size_t bytes, int nranks, fc_mem_t mem);
  * FLEXCOLL_DIRECT=0 or FLEXCOLL_ALGO forces an algorithm. */
 int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks);
 /* Whether direct mode may exchange buffer addresses at a call (FLEXCOLL_DIRECT=2) for buffers
- * outside symmetric windows; otherwise those run the staged schedule. */
+ * outside symmetric windows; otherwise the other device paths run them. */
 int fc_tuner_direct_exchange(void);
 /* Whether device calls above the one-shot limit may take the collective kernels (ring,
- * alltoall): not when FLEXCOLL_ALGO forces an algorithm, which the staged schedule runs. */
+ * alltoall): not when FLEXCOLL_ALGO forces an algorithm, whose schedule then runs (lib/gpu). */
 int fc_tuner_kernels(void);
 /* Host collectives through the communicator's shared-memory segment (lib/host/shm.c): not at
  * all (FC_SHM_OFF: FLEXCOLL_SHM_DIRECT=0, FLEXCOLL_ALGO forcing an algorithm), in exchange rounds

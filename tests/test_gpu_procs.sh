@@ -50,7 +50,8 @@ run() {
     echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}, $*: exit codes$codes (124: timeout)"
     r=0
     while [ $r -lt "$n" ]; do
-      grep -v '^#' "$tmp/out.$r" | tail -n 3 | sed "s/^/  rank $r: /"
+      # Every size's row (a wrong count may sit in any) and any error, not only the end.
+      grep -v '^#' "$tmp/out.$r" | tail -n 12 | sed "s/^/  rank $r: /"
       r=$((r + 1))
     done
   fi

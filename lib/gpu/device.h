@@ -108,8 +108,9 @@ struct fc_gpu {
   int device;
   uint64_t where_hash;     /* every rank's host and GPU, in rank order (connect_peers): a cache key */
   int p2p;                 /* every peer reachable by NVLink/PCIe peer access */
-  cudaStream_t send_stream, recv_stream, util_stream; /* direct mode's copies (direct.c); set-up */
-  cudaStream_t reduce_stream;  /* direct mode: reductions, between the pull and push copies */
+  cudaStream_t util_stream;    /* set-up, abort */
+  /* Direct mode's copies and reductions (direct.c), made at its first call (NULL before). */
+  cudaStream_t send_stream, recv_stream, reduce_stream;
   cudaEvent_t ev_user, ev_send, ev_recv;
 
   char *stage;             /* local staging allocation */
@@ -217,8 +218,9 @@ static inline fc_pair_flags_t *fc_pair_flags(struct fc_gpu *g, char *stage, int 
   return (fc_pair_flags_t *)(stage + g->pair_flags_off) + q;
 }
 
-/* Device scratch of at least `bytes`, grown stream-ordered on `user` (exec.c). */
-flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaStream_t user, char **out);
+/* Direct mode's streams: made where they are not yet (gpu.c), waited for where they are. */
+flexcoll_result_t fc_gpu_side_streams(struct flexcoll_comm *comm, struct fc_gpu *g);
+void fc_gpu_side_streams_sync(struct fc_gpu *g);
 
 /* Direct mode (direct.c): large allreduce, allgather, reduce_scatter and broadcast copied by
  * the copy engines straight between the ranks' own buffers, no staging.  *done = 0 when the

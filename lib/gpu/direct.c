@@ -249,6 +249,28 @@ static void allreduce_chunk(size_t count, size_t esize, int rank, int nranks, si
   *len = hi - lo;
 }
 
+/* Scratch in device memory, grown stream-ordered on the caller's stream: after this
+ * communicator's earlier work (which may still use the old scratch), without blocking the host
+ * (a host wait here could wait on peers that are waiting on this thread). */
+static flexcoll_result_t grow_scratch(struct flexcoll_comm *comm, size_t bytes, cudaStream_t user, char **out) {
+  struct fc_gpu *g = comm->gpu;
+  if (bytes > g->dev_scratch_bytes) {
+    CUDA_TRY(comm, cudaEventRecord(g->ev_send, g->send_stream));
+    CUDA_TRY(comm, cudaEventRecord(g->ev_recv, g->recv_stream));
+    CUDA_TRY(comm, cudaEventRecord(g->ev_local, g->reduce_stream));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_send, 0));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
+    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_local, 0));
+    if (g->dev_scratch) CUDA_TRY(comm, cudaFreeAsync(g->dev_scratch, user));
+    g->dev_scratch = NULL;
+    g->dev_scratch_bytes = 0;
+    CUDA_TRY(comm, cudaMallocAsync((void **)&g->dev_scratch, bytes, user));
+    g->dev_scratch_bytes = bytes;
+  }
+  *out = g->dev_scratch;
+  return FLEXCOLL_SUCCESS;
+}
+
 /* Everything on the device, after the exchange. */
 static flexcoll_result_t enqueue(direct_t *d, cudaStream_t user) {
   struct flexcoll_comm *comm = d->comm;
@@ -263,8 +285,9 @@ static flexcoll_result_t enqueue(direct_t *d, cudaStream_t user) {
   } else if (args->coll == FC_COLL_REDUCE_SCATTER) {
     plan_chunk(&p, d->esize, (size_t)comm->rank * args->count, args->count, 0);
   }
+  FC_CHECK(fc_gpu_side_streams(comm, g));
   /* Scratch first: it is grown on the user stream, before the side streams fork from it. */
-  if (p.npieces) FC_CHECK(fc_gpu_scratch(comm, (size_t)(comm->nranks - 1) * p.slots * p.piece * d->esize, user, &scratch));
+  if (p.npieces) FC_CHECK(grow_scratch(comm, (size_t)(comm->nranks - 1) * p.slots * p.piece * d->esize, user, &scratch));
   d->seq = ++g->direct_seq;
   g->direct_desc = d->desc;
   CUDA_TRY(comm, cudaEventRecord(g->ev_user, user));

@@ -45,28 +45,6 @@ static char *dref(fc_dexec_t *x, int buf, size_t off) {
   return base + off * x->esize;
 }
 
-/* Scratch in device memory, grown stream-ordered on the caller's stream: after this
- * communicator's earlier work (which may still use the old scratch), without blocking the host
- * (a host wait here could wait on peers that are waiting on this thread). */
-flexcoll_result_t fc_gpu_scratch(struct flexcoll_comm *comm, size_t bytes, cudaStream_t user, char **out) {
-  struct fc_gpu *g = comm->gpu;
-  if (bytes > g->dev_scratch_bytes) {
-    CUDA_TRY(comm, cudaEventRecord(g->ev_send, g->send_stream));
-    CUDA_TRY(comm, cudaEventRecord(g->ev_recv, g->recv_stream));
-    CUDA_TRY(comm, cudaEventRecord(g->ev_local, g->reduce_stream));
-    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_send, 0));
-    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_recv, 0));
-    CUDA_TRY(comm, cudaStreamWaitEvent(user, g->ev_local, 0));
-    if (g->dev_scratch) CUDA_TRY(comm, cudaFreeAsync(g->dev_scratch, user));
-    g->dev_scratch = NULL;
-    g->dev_scratch_bytes = 0;
-    CUDA_TRY(comm, cudaMallocAsync((void **)&g->dev_scratch, bytes, user));
-    g->dev_scratch_bytes = bytes;
-  }
-  *out = g->dev_scratch;
-  return FLEXCOLL_SUCCESS;
-}
-
 /* The arguments of the next one-shot or pipelined kernel: constants of the communicator only
  * (the graph rule: the kernel takes its seq and counter base from g->epoch on the device). */
 static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *args) {

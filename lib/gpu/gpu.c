@@ -195,10 +195,7 @@ static flexcoll_result_t load_stream_memops(struct flexcoll_comm *comm, struct f
 
 static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *g) {
   plan_layout(g, comm->nranks);
-  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->send_stream, cudaStreamNonBlocking));
-  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->recv_stream, cudaStreamNonBlocking));
   CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->util_stream, cudaStreamNonBlocking));
-  CUDA_CHECK(comm, cudaStreamCreateWithFlags(&g->reduce_stream, cudaStreamNonBlocking));
   CUDA_CHECK(comm, cudaMalloc((void **)&g->stage, g->stage_bytes));
   /* On our own stream, not the legacy one: other communicators' kernels may be waiting on peers
    * on this device, and a legacy-stream memset would wait for them. */
@@ -428,20 +425,33 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
 }
 
 
+/* Direct mode's three streams, made at its first call: every other path runs on the caller's
+ * stream, and each stream a communicator holds may share a hardware queue with a peer's work
+ * (CUDA_DEVICE_MAX_CONNECTIONS), so a communicator that never goes direct makes none. */
+flexcoll_result_t fc_gpu_side_streams(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  cudaStream_t *s[3] = {&g->send_stream, &g->recv_stream, &g->reduce_stream};
+  for (int i = 0; i < 3; i++)
+    if (!*s[i]) CUDA_TRY(comm, cudaStreamCreateWithFlags(s[i], cudaStreamNonBlocking));
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Wait for direct mode's streams, where they exist. */
+void fc_gpu_side_streams_sync(struct fc_gpu *g) {
+  cudaStream_t s[3] = {g->send_stream, g->recv_stream, g->reduce_stream};
+  for (int i = 0; i < 3; i++)
+    if (s[i]) cudaStreamSynchronize(s[i]);
+}
+
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(g->device);
-  if (!atomic_load(&comm->abort_flag)) {
-    cudaStreamSynchronize(g->send_stream);
-    cudaStreamSynchronize(g->recv_stream);
-    cudaStreamSynchronize(g->reduce_stream);
-  }
+  if (!atomic_load(&comm->abort_flag)) fc_gpu_side_streams_sync(g);
   fc_peer_mem_release(g);
-  /* No barrier with peers (destroy is local): every collective ends only once peers have
-   * returned their last credit to us, so nobody writes into our staging area any more. */
+  /* No barrier with peers (destroy is local): every kernel ends only once its peers have
+   * consumed what it sent them, so nobody writes into our staging area any more. */
   for (int q = 0; g->peers && q < comm->nranks; q++)
     if (g->peers[q].ipc_opened) cudaIpcCloseMemHandle(g->peers[q].stage);
   if (g->send_stream) cudaStreamDestroy(g->send_stream);
@@ -531,6 +541,23 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
                     comm->init_config.cuda_device);
   return FLEXCOLL_SUCCESS;
 }
+/* Direct mode's three streams, made at its first call: every other path runs on the caller's
+ * stream, and each stream a communicator holds may share a hardware queue with a peer's work
+ * (CUDA_DEVICE_MAX_CONNECTIONS), so a communicator that never goes direct makes none. */
+flexcoll_result_t fc_gpu_side_streams(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  cudaStream_t *s[3] = {&g->send_stream, &g->recv_stream, &g->reduce_stream};
+  for (int i = 0; i < 3; i++)
+    if (!*s[i]) CUDA_TRY(comm, cudaStreamCreateWithFlags(s[i], cudaStreamNonBlocking));
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Wait for direct mode's streams, where they exist. */
+void fc_gpu_side_streams_sync(struct fc_gpu *g) {
+  cudaStream_t s[3] = {g->send_stream, g->recv_stream, g->reduce_stream};
+  for (int i = 0; i < 3; i++)
+    if (s[i]) cudaStreamSynchronize(s[i]);
+}
+
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }

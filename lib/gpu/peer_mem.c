@@ -66,11 +66,7 @@ void fc_peer_mem_release(struct fc_gpu *g) {
 
 /* Wait until this communicator's device work is done: it may copy through cached mappings (and
  * a direct call ends only when the peers are done with our buffers too). */
-static void quiesce(struct fc_gpu *g) {
-  cudaStreamSynchronize(g->send_stream);
-  cudaStreamSynchronize(g->recv_stream);
-  cudaStreamSynchronize(g->reduce_stream);
-}
+static void quiesce(struct fc_gpu *g) { fc_gpu_side_streams_sync(g); }
 
 flexcoll_result_t fc_peer_mem_reserve(struct fc_gpu *g, int entries) {
   if (g->ipc_cached <= FC_IPC_CACHE - entries) return FLEXCOLL_SUCCESS;

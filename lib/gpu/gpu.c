@@ -541,23 +541,6 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
                     comm->init_config.cuda_device);
   return FLEXCOLL_SUCCESS;
 }
-/* Direct mode's three streams, made at its first call: every other path runs on the caller's
- * stream, and each stream a communicator holds may share a hardware queue with a peer's work
- * (CUDA_DEVICE_MAX_CONNECTIONS), so a communicator that never goes direct makes none. */
-flexcoll_result_t fc_gpu_side_streams(struct flexcoll_comm *comm, struct fc_gpu *g) {
-  cudaStream_t *s[3] = {&g->send_stream, &g->recv_stream, &g->reduce_stream};
-  for (int i = 0; i < 3; i++)
-    if (!*s[i]) CUDA_TRY(comm, cudaStreamCreateWithFlags(s[i], cudaStreamNonBlocking));
-  return FLEXCOLL_SUCCESS;
-}
-
-/* Wait for direct mode's streams, where they exist. */
-void fc_gpu_side_streams_sync(struct fc_gpu *g) {
-  cudaStream_t s[3] = {g->send_stream, g->recv_stream, g->reduce_stream};
-  for (int i = 0; i < 3; i++)
-    if (s[i]) cudaStreamSynchronize(s[i]);
-}
-
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }

@@ -367,6 +367,22 @@ static void part(size_t len, size_t pp, int q, size_t *off, size_t *k) {
   *k = b - a;
 }
 
+/* out = the fold of in[0..n-1] (count elements; AVG divided), and the same into recv, FOLD_BLOCK
+ * at a time: each block is copied to recv right after it is folded, from this core's L1, so the
+ * copy-out of the round after reads only the peers' parts.  out aliases nothing; recv may be
+ * in[me] (in place), whose block is consumed before it is overwritten. */
+static void fold_out(char *out, char *recv, const char *const *in, int n, size_t count, const call_t *x) {
+  const size_t es = x->esize, per = FOLD_BLOCK / es;
+  const char *blk[FC_SHM_MAX_RANKS];
+  for (size_t first = 0; first < count; first += per) {
+    const size_t k = count - first < per ? count - first : per, off = first * es;
+    for (int q = 0; q < n; q++) blk[q] = in[q] + off;
+    fold(out + off, blk, n, k, es, x->dtype, x->op);
+    if (x->op == FLEXCOLL_AVG) fc_host_divide(out + off, k, x->dtype, n);
+    copy(recv + off, out + off, k * es);
+  }
+}
+
 static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t align) {
   struct flexcoll_comm *c = x->w.c;
   struct fc_shm *m = x->w.m;
@@ -389,18 +405,18 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
   post(&x->w, s);
   FC_CHECK(wait_all_posted(&x->w, s));
   /* Fold this rank's part into its slot of round s + 1, free already: every peer posted s, so
-   * every peer finished s - 1 and round s + 1 - FC_SHM_SLOTS before it. */
+   * every peer finished s - 1 and round s + 1 - FC_SHM_SLOTS before it; each block of the
+   * result goes on to recv while it is still in this core's cache (fold_out). */
   part(len, pp, me, &off, &k);
   for (int q = 0; q < n; q++) in[q] = q == me ? x->send + (base + off) * es : slot_of(m, q, s, len * es) + off * es;
-  char *out = slot_of(m, me, s + 1, k * es);
-  fold(out, in, n, k, es, x->dtype, x->op);
-  if (x->op == FLEXCOLL_AVG) fc_host_divide(out, k, x->dtype, n);
+  fold_out(slot_of(m, me, s + 1, k * es), x->recv + (base + off) * es, in, n, k, x);
   finish_round(&x->w, s);
 
-  /* Round s + 1: every reduced part into place. */
+  /* Round s + 1: the peers' reduced parts into place (this rank's own is there already). */
   const uint64_t t = ++m->round;
   post(&x->w, t);
   for (int q = 0; q < n; q++) {
+    if (q == me) continue;
     FC_CHECK(wait_posted(&x->w, q, t));
     part(len, pp, q, &off, &k);
     copy(x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);

@@ -22,16 +22,27 @@
  *    result reads or folds all the slots in rank order; small messages take one round.
  *  - FC_SHM_SPLIT (allreduce, large): reduce-scatter then allgather per step, two rounds: each rank
  *    copies into its slot the parts of the step that the others own, folds its own part from the
- *    n inputs (its own read from its buffer) into its next slot, posts it, and every rank copies
- *    the n reduced parts out.  Each rank reads every byte of the message once and folds 1/n of it,
- *    where the exchange folds all of it on every rank.
- * Both fold in rank order (fold()), so both give the exchange algorithm's bits. */
+ *    n inputs (its own read from its buffer) into its next slot, FOLD_BLOCK at a time, copying each
+ *    block on to recv while it is in L1 (fold_out), posts it, and every rank copies the n - 1
+ *    peers' reduced parts out.  Each rank reads every byte of the message once and folds 1/n of
+ *    it, where the exchange folds all of it on every rank.
+ * Both fold in rank order (fold()), so both give the exchange algorithm's bits.
+ *
+ * Helper threads (the pool below): from FLEXCOLL_SHM_THREADS_MIN_BYTES a split allreduce runs each
+ * step's copy in, fold and copy out as jobs cut into one part per thread (FLEXCOLL_SHM_THREADS,
+ * the caller's included), the same cut whoever runs a part; the calling thread alone posts, waits
+ * for the peers and checks for failures, and waits for a job's parts before it posts or marks a
+ * round done.  One thread folds each element, in rank order: the same bits for any count. */
 #define _GNU_SOURCE
 #include "host/shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,6 +50,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,6 +65,13 @@
 #include "topo.h"
 
 FC_PARAM_INT(shm_slot_bytes, "SHM_SLOT_BYTES", 256 << 10)
+/* Threads per rank (the caller's included) for the copies and folds of a split allreduce of at
+ * least SHM_THREADS_MIN_BYTES; 0: this rank's share of the cores it may run on, at most
+ * SHM_THREADS_AUTO_MAX (see pool_auto). */
+FC_PARAM_INT(shm_threads, "SHM_THREADS", 0)
+FC_PARAM_INT(shm_threads_min_bytes, "SHM_THREADS_MIN_BYTES", 1 << 20)
+#define SHM_THREADS_AUTO_MAX 4
+#define SHM_THREADS_MAX 32
 
 #define LINE 64
 #define SHM_MAGIC 0x666373686d763031ULL /* "fcshmv01" */
@@ -94,6 +113,8 @@ struct fc_shm {
   uint64_t round;   /* rounds so far */
   int crowded;      /* more ranks than the host has cores */
   int spins;        /* polls of a word between yields */
+  struct pool *pool; /* this rank's helper threads, started at the first call that uses them */
+  int nthreads;     /* threads for a large split allreduce, the caller's included (1: none) */
 };
 
 static size_t ctl_offset(void) { return LINE; }
@@ -239,6 +260,177 @@ static void finish_round(waiter_t *w, uint64_t s) {
   atomic_store_explicit(&w->m->ctl[w->c->rank].done, s, memory_order_release);
 }
 
+/* ---- helper threads -------------------------------------------------------------------------- */
+
+/* A rank's helpers split the copies and folds of a large split allreduce with the calling thread
+ * (issue 14: one core's loads and stores in flight do not fill the memory's bandwidth).  Only the
+ * calling thread talks to the peers (posts, waits, the failure checks); a job is local work on
+ * buffers that nobody else writes meanwhile, so it always ends, and the caller waits for it before
+ * it posts or marks a round done.  Which thread does an element never changes its fold (every
+ * element is folded by one thread, in rank order): the bits are the same for any thread count.
+ * Helpers start at the first call that uses them, spin a while after each job (the next one of the
+ * call comes within microseconds), sleep on a futex once the call parks them, and are joined when
+ * the communicator is destroyed. */
+typedef void (*job_fn)(void *arg, int part, int nparts);
+
+struct pool;
+typedef struct {
+  struct pool *p;
+  int id;
+} helper_t;
+
+/* A job is cut into nthreads parts, always the same cut whoever runs them; the threads claim
+ * parts one at a time (ticket), so a caller whose helpers are not running (more threads than
+ * cores) does the parts itself instead of waiting for them. */
+struct pool {
+  int nthreads;                          /* helpers + the caller: the parts of every job */
+  pthread_t tid[SHM_THREADS_MAX];
+  helper_t helper[SHM_THREADS_MAX];
+  _Alignas(LINE) _Atomic uint32_t job;   /* the current job's number (futex word) */
+  _Atomic int sleepers;                  /* helpers in (or about to enter) futex_wait */
+  _Alignas(LINE) _Atomic uint64_t ticket; /* job number << 32 | the next part to claim */
+  _Alignas(LINE) _Atomic int done;       /* parts of the current job finished */
+  _Alignas(LINE) _Atomic(job_fn) fn;     /* the job; NULL: park (sleep at once) */
+  _Atomic(void *) arg;
+  _Atomic int stop;
+};
+
+/* How long a helper polls for the next job before it sleeps, in microseconds: the jobs of one
+ * call come a peer's round apart. */
+#define HELPER_SPIN_US 200.0
+
+static void futex_wait(_Atomic uint32_t *w, uint32_t v) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, v, NULL, NULL, 0); }
+static void futex_wake(_Atomic uint32_t *w) { syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0); }
+
+/* Run parts of job j while any is left.  fn and arg were read before the claim: a claim that
+ * succeeds is of job j, whose fn and arg the caller rewrites only after every part of j is done,
+ * this one included. */
+static void claim_parts(struct pool *p, uint32_t j, job_fn fn, void *arg) {
+  uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+  while ((uint32_t)(t >> 32) == j && (uint32_t)t < (uint32_t)p->nthreads) {
+    if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acq_rel, memory_order_acquire)) continue;
+    fn(arg, (int)(uint32_t)t, p->nthreads);
+    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+  }
+}
+
+static void *helper_main(void *v) {
+  helper_t *h = v;
+  struct pool *p = h->p;
+  uint32_t seen = 0;
+  double spin_until = 0;
+  for (unsigned i = 0;; i++) {
+    const uint32_t j = atomic_load_explicit(&p->job, memory_order_acquire);
+    if (j == seen) {
+      if (spin_until > 0 && ((i & 63) || fc_now_us() < spin_until)) {
+        /* Now and then the core goes to whoever else wants it (a peer rank, where threads
+         * outnumber cores): on an idle core sched_yield returns at once. */
+        if ((i & 63) == 0) sched_yield();
+        else cpu_relax();
+        continue;
+      }
+      spin_until = 0;
+      /* Either the caller sees this helper among the sleepers and wakes it, or this helper sees
+       * the new job (both sequentially consistent); FUTEX_WAIT rechecks the word itself. */
+      atomic_fetch_add(&p->sleepers, 1);
+      if (atomic_load(&p->job) == seen) futex_wait(&p->job, seen);
+      atomic_fetch_sub(&p->sleepers, 1);
+      continue;
+    }
+    seen = j;
+    if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
+    job_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+    void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+    if (fn) {
+      claim_parts(p, j, fn, arg);
+      spin_until = fc_now_us() + HELPER_SPIN_US;
+    } else {
+      spin_until = 0;
+    }
+  }
+}
+
+/* Run fn over the pool's parts, with the helpers that come; returns once every part is done.
+ * fn NULL parks the helpers (nothing to wait for). */
+static void pool_run(struct pool *p, job_fn fn, void *arg) {
+  const uint32_t j = atomic_load_explicit(&p->job, memory_order_relaxed) + 1;
+  atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+  atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+  atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+  atomic_store_explicit(&p->ticket, (uint64_t)j << 32, memory_order_release);
+  atomic_store(&p->job, j);
+  if (atomic_load(&p->sleepers) > 0) futex_wake(&p->job);
+  if (!fn) return;
+  claim_parts(p, j, fn, arg);
+  for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < p->nthreads; i++) {
+    if (i < 4096) cpu_relax();
+    else sched_yield(); /* a helper put aside in the middle of its part: give it the core */
+  }
+}
+
+static void pool_stop(struct pool *p) {
+  if (!p) return;
+  atomic_store(&p->stop, 1);
+  atomic_fetch_add(&p->job, 1);
+  futex_wake(&p->job);
+  for (int i = 1; i < p->nthreads; i++) pthread_join(p->tid[i], NULL);
+  free(p);
+}
+
+/* Start the helpers of m (nthreads - 1 of them); fewer where the system refuses some (INFO), none
+ * where it refuses all: m->nthreads says how many run. */
+static void pool_start(struct fc_shm *m) {
+  struct pool *p = calloc(1, sizeof *p);
+  if (!p) {
+    m->nthreads = 1;
+    return;
+  }
+  atomic_init(&p->job, 0);
+  atomic_init(&p->sleepers, 0);
+  atomic_init(&p->ticket, 0);
+  atomic_init(&p->done, 0);
+  atomic_init(&p->fn, NULL);
+  atomic_init(&p->arg, NULL);
+  atomic_init(&p->stop, 0);
+  /* Helpers take no signals: those are the application's threads' business. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int started = 1, err = 0;
+  for (; started < m->nthreads; started++) {
+    p->helper[started] = (helper_t){p, started};
+    p->nthreads = started + 1; /* read by the helpers only at their first job */
+    if ((err = pthread_create(&p->tid[started], NULL, helper_main, &p->helper[started])) != 0) break;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  p->nthreads = started;
+  if (started < m->nthreads)
+    FC_INFO(FC_SUB_COLL, "shared memory: %d of %d threads started (%s)", started, m->nthreads, strerror(err));
+  m->nthreads = started;
+  if (started == 1) {
+    free(p);
+    return;
+  }
+  m->pool = p;
+}
+
+/* Threads for this rank where FLEXCOLL_SHM_THREADS is 0: its share of the cores it may run on
+ * (each core of its affinity mask counts 1 / the number of the segment's ranks that may run
+ * there too), at most SHM_THREADS_AUTO_MAX, at least 1.  Ranks bound to a core each (mpirun's
+ * default for 2 processes) or outnumbering the cores get 1: no helpers. */
+static int pool_auto(const cpu_set_t *masks, int n, int me) {
+  double share = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &masks[me])) continue;
+    int users = 0;
+    for (int q = 0; q < n; q++) users += CPU_ISSET(cpu, &masks[q]) != 0;
+    share += 1.0 / users;
+  }
+  int t = (int)(share + 1e-9);
+  return t < 1 ? 1 : t > SHM_THREADS_AUTO_MAX ? SHM_THREADS_AUTO_MAX : t;
+}
+
 /* ---- folds ----------------------------------------------------------------------------------- */
 
 /* dst = in[0] op in[1] op ... op in[n-1], left to right as the exchange folds (recv = slot 0,
@@ -271,6 +463,7 @@ typedef struct {
   size_t esize;
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
+  struct pool *pool; /* the helpers that share this call's copies and folds, or NULL */
 } call_t;
 
 /* One round of the exchange mode: elements [first, first + len) of the input (of each block). */
@@ -383,6 +576,67 @@ static void fold_out(char *out, char *recv, const char *const *in, int n, size_t
   }
 }
 
+/* Copies of a step as one job: segments (dst, src, bytes) end to end; part i of nparts copies
+ * bytes [edge(i), edge(i + 1)) of them, edges on cache lines. */
+typedef struct {
+  char *dst;
+  const char *src;
+  size_t bytes;
+} seg_t;
+
+typedef struct {
+  seg_t seg[FC_SHM_MAX_RANKS];
+  int nseg;
+  size_t total;
+} copy_job_t;
+
+/* Where part i of nparts of total begins: a multiple of unit, the remainder in the last part. */
+static size_t edge(size_t total, size_t unit, int i, int nparts) {
+  return i >= nparts ? total : total / unit * (size_t)i / (size_t)nparts * unit;
+}
+
+static void add_seg(copy_job_t *j, char *dst, const char *src, size_t bytes) {
+  if (!bytes) return;
+  j->seg[j->nseg++] = (seg_t){dst, src, bytes};
+  j->total += bytes;
+}
+
+static void copy_job(void *v, int part, int nparts) {
+  const copy_job_t *j = v;
+  const size_t a = edge(j->total, LINE, part, nparts), b = edge(j->total, LINE, part + 1, nparts);
+  size_t pos = 0;
+  for (int i = 0; i < j->nseg && pos < b; pos += j->seg[i++].bytes) {
+    const seg_t *g = &j->seg[i];
+    const size_t lo = a > pos ? a : pos, hi = b < pos + g->bytes ? b : pos + g->bytes;
+    if (lo < hi) copy(g->dst + (lo - pos), g->src + (lo - pos), hi - lo);
+  }
+}
+
+/* This rank's part of a step: fold_out over elements [edge(i), edge(i + 1)), edges on lines. */
+typedef struct {
+  const call_t *x;
+  char *out, *recv;
+  const char *in[FC_SHM_MAX_RANKS];
+  int n;
+  size_t count, align;
+} fold_job_t;
+
+static void fold_job(void *v, int part, int nparts) {
+  const fold_job_t *j = v;
+  const size_t es = j->x->esize;
+  const size_t a = edge(j->count, j->align, part, nparts), b = edge(j->count, j->align, part + 1, nparts);
+  if (a >= b) return;
+  const char *in[FC_SHM_MAX_RANKS];
+  for (int q = 0; q < j->n; q++) in[q] = j->in[q] + a * es;
+  fold_out(j->out + a * es, j->recv + a * es, in, j->n, b - a, j->x);
+}
+
+/* A job over this call's threads: the pool's, or this thread alone. */
+static void run_job(const call_t *x, job_fn fn, void *arg) {
+  if (x->pool) pool_run(x->pool, fn, arg);
+  else fn(arg, 0, 1);
+}
+
 static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t align) {
   struct flexcoll_comm *c = x->w.c;
   struct fc_shm *m = x->w.m;
@@ -391,8 +645,8 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
   /* Parts start on cache lines (align elements), so no two ranks write one line of the output. */
   size_t pp = (len + (size_t)n - 1) / (size_t)n;
   pp = (pp + align - 1) / align * align;
-  const char *in[FC_SHM_MAX_RANKS];
   size_t off, k;
+  copy_job_t cj = {.nseg = 0, .total = 0};
 
   /* Round s: the parts the others own, at their offsets within the step. */
   const uint64_t s = ++m->round;
@@ -400,26 +654,41 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
   char *mine = slot_of(m, me, s, len * es);
   for (int q = 0; q < n; q++) {
     part(len, pp, q, &off, &k);
-    if (q != me) copy(mine + off * es, x->send + (base + off) * es, k * es);
+    if (q != me) add_seg(&cj, mine + off * es, x->send + (base + off) * es, k * es);
   }
+  run_job(x, copy_job, &cj);
   post(&x->w, s);
   FC_CHECK(wait_all_posted(&x->w, s));
   /* Fold this rank's part into its slot of round s + 1, free already: every peer posted s, so
    * every peer finished s - 1 and round s + 1 - FC_SHM_SLOTS before it; each block of the
    * result goes on to recv while it is still in this core's cache (fold_out). */
   part(len, pp, me, &off, &k);
-  for (int q = 0; q < n; q++) in[q] = q == me ? x->send + (base + off) * es : slot_of(m, q, s, len * es) + off * es;
-  fold_out(slot_of(m, me, s + 1, k * es), x->recv + (base + off) * es, in, n, k, x);
+  fold_job_t fj = {.x = x, .out = slot_of(m, me, s + 1, k * es), .recv = x->recv + (base + off) * es, .n = n, .count = k,
+                   .align = align};
+  for (int q = 0; q < n; q++) fj.in[q] = q == me ? x->send + (base + off) * es : slot_of(m, q, s, len * es) + off * es;
+  run_job(x, fold_job, &fj);
   finish_round(&x->w, s);
 
-  /* Round s + 1: the peers' reduced parts into place (this rank's own is there already). */
+  /* Round s + 1: the peers' reduced parts into place (this rank's own is there already).  Alone,
+   * each as soon as its peer posted it; with helpers, all at once. */
   const uint64_t t = ++m->round;
   post(&x->w, t);
-  for (int q = 0; q < n; q++) {
-    if (q == me) continue;
-    FC_CHECK(wait_posted(&x->w, q, t));
-    part(len, pp, q, &off, &k);
-    copy(x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
+  if (x->pool) {
+    FC_CHECK(wait_all_posted(&x->w, t));
+    cj.nseg = 0;
+    cj.total = 0;
+    for (int q = 0; q < n; q++) {
+      part(len, pp, q, &off, &k);
+      if (q != me) add_seg(&cj, x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
+    }
+    run_job(x, copy_job, &cj);
+  } else {
+    for (int q = 0; q < n; q++) {
+      if (q == me) continue;
+      FC_CHECK(wait_posted(&x->w, q, t));
+      part(len, pp, q, &off, &k);
+      copy(x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
+    }
   }
   finish_round(&x->w, t);
   return FLEXCOLL_SUCCESS;
@@ -431,17 +700,25 @@ static flexcoll_result_t run_split(call_t *x) {
   /* A step is n parts of a whole number of lines, each within a slot. */
   size_t pp = x->w.m->slot_bytes / (size_t)n / LINE * LINE / x->esize;
   size_t step = pp * (size_t)n;
-  for (size_t base = 0; base < x->a->count; base += step)
-    FC_CHECK(split_step(x, base, x->a->count - base < step ? x->a->count - base : step, align));
-  return FLEXCOLL_SUCCESS;
+  flexcoll_result_t res = FLEXCOLL_SUCCESS;
+  for (size_t base = 0; base < x->a->count && res == FLEXCOLL_SUCCESS; base += step)
+    res = split_step(x, base, x->a->count - base < step ? x->a->count - base : step, align);
+  /* The helpers sleep until the next large call (they would spin for a while otherwise). */
+  if (x->pool) pool_run(x->pool, NULL, NULL);
+  return res;
 }
 
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
                              const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
   call_t x = {.a = args, .send = sendbuf, .recv = recvbuf, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
   waiter_init(&x.w, comm, call_word(args, dtype, op));
-  flexcoll_result_t res =
-      mode == FC_SHM_SPLIT && args->coll == FC_COLL_ALLREDUCE ? run_split(&x) : run_exchange(&x);
+  const int split = mode == FC_SHM_SPLIT && args->coll == FC_COLL_ALLREDUCE;
+  struct fc_shm *m = comm->shm;
+  if (split && m->nthreads > 1 && args->count * x.esize >= (size_t)fc_param_shm_threads_min_bytes()) {
+    if (!m->pool) pool_start(m);
+    x.pool = m->pool;
+  }
+  flexcoll_result_t res = split ? run_split(&x) : run_exchange(&x);
   /* A call that failed half-way leaves this rank's rounds out of step with its peers: the
    * communicator is unusable (as for the host executor). */
   if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
@@ -453,6 +730,7 @@ flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, con
 #define NAME_LEN 64
 
 static void unmap(struct fc_shm *m) {
+  pool_stop(m->pool); /* before the pages its helpers may read go */
   if (m->base) munmap(m->base, m->bytes);
   free(m->seen_done);
   free(m);
@@ -560,14 +838,35 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
                     "4096 and %d lines per rank", (long long)slot_param, n);
   const size_t slot = (size_t)slot_param;
 
-  /* Every rank on this host? (The same answer everywhere: the same gathered hashes.) */
-  uint64_t *h = calloc((size_t)n, sizeof *h);
-  if (!h) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  h[me] = fc_topo_host_hash();
+  /* Every rank on this host? (The same answer everywhere: the same gathered hashes.)  With it,
+   * the cores each rank may run on, for its helper threads (pool_auto). */
+  typedef struct {
+    uint64_t host;
+    cpu_set_t cpus;
+  } where_t;
+  where_t *h = calloc((size_t)n, sizeof *h);
+  cpu_set_t *masks = calloc((size_t)n, sizeof *masks);
+  if (!h || !masks) {
+    free(h);
+    free(masks);
+    return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  }
+  h[me].host = fc_topo_host_hash();
+  if (sched_getaffinity(0, sizeof h[me].cpus, &h[me].cpus) != 0) {
+    CPU_ZERO(&h[me].cpus);
+    CPU_SET(0, &h[me].cpus); /* unknown: count one core */
+  }
   flexcoll_result_t res = fc_bootstrap_allgather(c->bootstrap, h, sizeof *h);
   int one_host = 1;
-  for (int q = 0; q < n; q++) one_host &= h[q] == h[0];
+  for (int q = 0; q < n; q++) {
+    one_host &= h[q].host == h[0].host;
+    masks[q] = h[q].cpus;
+  }
   free(h);
+  const int64_t threads_param = fc_param_shm_threads();
+  const int nthreads = threads_param > 0 ? (int)(threads_param < SHM_THREADS_MAX ? threads_param : SHM_THREADS_MAX)
+                                         : pool_auto(masks, n, me);
+  free(masks);
   FC_CHECK(res);
   if (!one_host) {
     FC_INFO(FC_SUB_INIT, "shared-memory collectives off: the ranks are on several hosts");
@@ -607,9 +906,11 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
     return FLEXCOLL_SUCCESS;
   }
   finish_layout(m, n, slot);
+  m->nthreads = nthreads;
   c->shm = m;
-  FC_INFO(FC_SUB_INIT, "shared-memory collectives on: %d ranks, %d slots of %zu bytes each, %u cores", n, FC_SHM_SLOTS, slot,
-          m->hdr->cores);
+  FC_INFO(FC_SUB_INIT, "shared-memory collectives on: %d ranks, %d slots of %zu bytes each, %u cores, %d thread%s per rank "
+          "for allreduce from %lld bytes", n, FC_SHM_SLOTS, slot, m->hdr->cores, nthreads, nthreads > 1 ? "s" : "",
+          (long long)fc_param_shm_threads_min_bytes());
   return FLEXCOLL_SUCCESS;
 }
 

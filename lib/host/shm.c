@@ -170,6 +170,7 @@ static flexcoll_result_t wait_word(struct flexcoll_comm *c, struct fc_shm *m, _A
       cpu_relax();
     }
     if (*last < 0) *last = fc_now_ms();
+    if (*next_peer_check == 0) *next_peer_check = *last + 50;
     double t = (i & 7) == 0 ? fc_now_ms() : 0;
     if (t > 0) {
       flexcoll_result_t res = FLEXCOLL_SUCCESS;
@@ -203,17 +204,26 @@ typedef struct {
 /* The call as a word every rank computes alike: where ranks disagree (count, type, op, root,
  * collective), a reader sees another word in the slot and fails instead of reading too few
  * or too many bytes (the links' receives check the length for the same reason). */
+static inline uint64_t mix(uint64_t h, uint64_t v) {
+  h = (h ^ v) * 0x9e3779b97f4a7c15ull;
+  return h ^ (h >> 29);
+}
+
+/* A multiply per field: the byte-wise FNV hash of the five fields it replaced was 40 dependent
+ * multiplies, a tenth of a small call's time. */
 static uint64_t call_word(const fc_algo_args_t *a, flexcoll_datatype_t dtype, flexcoll_op_t op) {
-  const uint64_t f[5] = {(uint64_t)a->coll, (uint64_t)a->count, (uint64_t)dtype, (uint64_t)op,
-                         (uint64_t)(a->coll == FC_COLL_BROADCAST || a->coll == FC_COLL_REDUCE ? a->root : 0)};
-  return fc_hash_bytes(FC_HASH_INIT, f, sizeof f);
+  const uint64_t root = (uint64_t)(a->coll == FC_COLL_BROADCAST || a->coll == FC_COLL_REDUCE ? a->root : 0);
+  uint64_t h = mix(FC_HASH_INIT, (uint64_t)a->coll);
+  h = mix(h, (uint64_t)a->count);
+  h = mix(h, (uint64_t)dtype << 32 | (uint64_t)op);
+  return mix(h, root);
 }
 
 static void waiter_init(waiter_t *w, struct flexcoll_comm *c, uint64_t call) {
   w->c = c;
   w->m = c->shm;
   w->last = -1;
-  w->next_peer_check = fc_now_ms() + 50;
+  w->next_peer_check = 0; /* set at the first wait that has to look (no clock read per call) */
   w->call = call;
 }
 

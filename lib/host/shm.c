@@ -32,7 +32,11 @@
  * step's copy in, fold and copy out as jobs cut into one part per thread (FLEXCOLL_SHM_THREADS,
  * the caller's included), the same cut whoever runs a part; the calling thread alone posts, waits
  * for the peers and checks for failures, and waits for a job's parts before it posts or marks a
- * round done.  One thread folds each element, in rank order: the same bits for any count. */
+ * round done.  One thread folds each element, in rank order: the same bits for any count.
+ *
+ * From FLEXCOLL_SHM_NT_MIN_BYTES (by default where 2 n times the message outgrows the last-level
+ * cache) the split writes recv with non-temporal stores (copy_nt): no read of each output line
+ * before it is written, and the slots stay in the caches. */
 #define _GNU_SOURCE
 #include "host/shm.h"
 
@@ -53,6 +57,9 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "bootstrap.h"
 #include "clock.h"
@@ -71,6 +78,9 @@ FC_PARAM_INT(shm_slot_bytes, "SHM_SLOT_BYTES", 256 << 10)
 FC_PARAM_INT(shm_threads, "SHM_THREADS", 0)
 FC_PARAM_INT(shm_threads_min_bytes, "SHM_THREADS_MIN_BYTES", 1 << 20)
 #define SHM_THREADS_AUTO_MAX 4
+/* Split allreduce from this size writes recv with non-temporal stores; -1: where the call's
+ * buffers, every rank's input and output, outgrow the last-level cache (see nt_auto). */
+FC_PARAM_INT(shm_nt_min_bytes, "SHM_NT_MIN_BYTES", -1)
 #define SHM_THREADS_MAX 32
 
 #define LINE 64
@@ -115,6 +125,7 @@ struct fc_shm {
   int spins;        /* polls of a word between yields */
   struct pool *pool; /* this rank's helper threads, started at the first call that uses them */
   int nthreads;     /* threads for a large split allreduce, the caller's included (1: none) */
+  size_t nt_min;    /* split allreduce from this size (bytes) writes recv with non-temporal stores */
 };
 
 static size_t ctl_offset(void) { return LINE; }
@@ -463,6 +474,37 @@ static void copy(void *dst, const void *src, size_t bytes) {
   if (bytes && dst != src) memcpy(dst, src, bytes);
 }
 
+/* copy() with non-temporal stores where the target has them: the lines go to memory without
+ * being read first (a plain store reads each line of the output before it writes it) and
+ * without evicting the slots from the caches.  Ends with a store fence: the stores are weakly
+ * ordered, and a post (or a helper's done) must not overtake them. */
+static void copy_nt(void *dst, const void *src, size_t bytes) {
+#if defined(__x86_64__)
+  if (!bytes || dst == src) return;
+  char *d = dst;
+  const char *s = src;
+  size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+  if (head > bytes) head = bytes;
+  memcpy(d, s, head);
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 64; d += 64, s += 64, bytes -= 64) {
+    const __m128i a = _mm_loadu_si128((const __m128i *)s), b = _mm_loadu_si128((const __m128i *)(s + 16)),
+                  e = _mm_loadu_si128((const __m128i *)(s + 32)), f = _mm_loadu_si128((const __m128i *)(s + 48));
+    _mm_stream_si128((__m128i *)d, a);
+    _mm_stream_si128((__m128i *)(d + 16), b);
+    _mm_stream_si128((__m128i *)(d + 32), e);
+    _mm_stream_si128((__m128i *)(d + 48), f);
+  }
+  memcpy(d, s, bytes);
+  _mm_sfence();
+#else
+  copy(dst, src, bytes);
+#endif
+}
+
+/* The copies to the output: non-temporal for a call that says so (call_t.nt). */
+#define COPY_OUT(nt, dst, src, bytes) ((nt) ? copy_nt(dst, src, bytes) : copy(dst, src, bytes))
+
 /* ---- the exchange mode ----------------------------------------------------------------------- */
 
 typedef struct {
@@ -474,6 +516,7 @@ typedef struct {
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
   struct pool *pool; /* the helpers that share this call's copies and folds, or NULL */
+  int nt;            /* the split's copies to recv with non-temporal stores */
 } call_t;
 
 /* One round of the exchange mode: elements [first, first + len) of the input (of each block). */
@@ -582,7 +625,7 @@ static void fold_out(char *out, char *recv, const char *const *in, int n, size_t
     for (int q = 0; q < n; q++) blk[q] = in[q] + off;
     fold(out + off, blk, n, k, es, x->dtype, x->op);
     if (x->op == FLEXCOLL_AVG) fc_host_divide(out + off, k, x->dtype, n);
-    copy(recv + off, out + off, k * es);
+    COPY_OUT(x->nt, recv + off, out + off, k * es);
   }
 }
 
@@ -597,6 +640,7 @@ typedef struct {
 typedef struct {
   seg_t seg[FC_SHM_MAX_RANKS];
   int nseg;
+  int nt; /* non-temporal stores (copy_nt) */
   size_t total;
 } copy_job_t;
 
@@ -618,7 +662,7 @@ static void copy_job(void *v, int part, int nparts) {
   for (int i = 0; i < j->nseg && pos < b; pos += j->seg[i++].bytes) {
     const seg_t *g = &j->seg[i];
     const size_t lo = a > pos ? a : pos, hi = b < pos + g->bytes ? b : pos + g->bytes;
-    if (lo < hi) copy(g->dst + (lo - pos), g->src + (lo - pos), hi - lo);
+    if (lo < hi) COPY_OUT(j->nt, g->dst + (lo - pos), g->src + (lo - pos), hi - lo);
   }
 }
 
@@ -687,6 +731,7 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
     FC_CHECK(wait_all_posted(&x->w, t));
     cj.nseg = 0;
     cj.total = 0;
+    cj.nt = x->nt;
     for (int q = 0; q < n; q++) {
       part(len, pp, q, &off, &k);
       if (q != me) add_seg(&cj, x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
@@ -697,7 +742,7 @@ static flexcoll_result_t split_step(call_t *x, size_t base, size_t len, size_t a
       if (q == me) continue;
       FC_CHECK(wait_posted(&x->w, q, t));
       part(len, pp, q, &off, &k);
-      copy(x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
+      COPY_OUT(x->nt, x->recv + (base + off) * es, slot_of(m, q, t, k * es), k * es);
     }
   }
   finish_round(&x->w, t);
@@ -728,6 +773,7 @@ flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, con
     if (!m->pool) pool_start(m);
     x.pool = m->pool;
   }
+  x.nt = split && args->count * x.esize >= m->nt_min;
   flexcoll_result_t res = split ? run_split(&x) : run_exchange(&x);
   /* A call that failed half-way leaves this rank's rounds out of step with its peers: the
    * communicator is unusable (as for the host executor). */
@@ -824,6 +870,30 @@ static struct fc_shm *attach(const char *name, int n, size_t slot, char *why, si
   return m;
 }
 
+/* FLEXCOLL_SHM_NT_MIN_BYTES unset: non-temporal stores once the n inputs and n outputs of a call
+ * (2 n x its bytes) fill the last-level cache, so that a call's output would not stay there
+ * for the next anyway; below that, plain stores keep it in the cache (a benchmark's buffers,
+ * reused call after call, stay there).  Measured on the 2-core machine (32 MiB L3, shared),
+ * 2 processes: 15 % faster at 8 MiB, 21 % at 32 MiB, no change at 2 MiB (docs/PERFORMANCE.md). */
+static size_t nt_auto(int n) {
+  /* The last level of the cache that core 0 uses, as sysfs gives it (one instance: sysconf's
+   * _SC_LEVEL3_CACHE_SIZE said 256 MiB on the 2-core VM, whose L3 is 32 MiB). */
+  long llc = 0;
+  for (int i = 0; i < 8; i++) {
+    char path[96];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+    FILE *f = fopen(path, "r");
+    if (!f) break;
+    long v = 0;
+    char unit = 0;
+    if (fscanf(f, "%ld%c", &v, &unit) >= 1) llc = v << (unit == 'K' ? 10 : unit == 'M' ? 20 : 0); /* the highest index last */
+    fclose(f);
+  }
+  if (llc <= 0) llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (llc <= 0) llc = 32L << 20; /* unknown: a server's usual */
+  return (size_t)llc / (2 * (size_t)n);
+}
+
 static void finish_layout(struct fc_shm *m, int n, size_t slot) {
   m->hdr = (shm_header_t *)m->base;
   m->ctl = (shm_ctl_t *)(m->base + ctl_offset());
@@ -917,10 +987,12 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
   }
   finish_layout(m, n, slot);
   m->nthreads = nthreads;
+  const int64_t nt_param = fc_param_shm_nt_min_bytes();
+  m->nt_min = nt_param >= 0 ? (size_t)nt_param : nt_auto(n);
   c->shm = m;
   FC_INFO(FC_SUB_INIT, "shared-memory collectives on: %d ranks, %d slots of %zu bytes each, %u cores, %d thread%s per rank "
-          "for allreduce from %lld bytes", n, FC_SHM_SLOTS, slot, m->hdr->cores, nthreads, nthreads > 1 ? "s" : "",
-          (long long)fc_param_shm_threads_min_bytes());
+          "for allreduce from %lld bytes, non-temporal stores from %zu bytes", n, FC_SHM_SLOTS, slot, m->hdr->cores, nthreads,
+          nthreads > 1 ? "s" : "", (long long)fc_param_shm_threads_min_bytes(), m->nt_min);
   return FLEXCOLL_SUCCESS;
 }
 

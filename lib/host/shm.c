@@ -289,9 +289,9 @@ static void finish_round(waiter_t *w, uint64_t s) {
  * buffers that nobody else writes meanwhile, so it always ends, and the caller waits for it before
  * it posts or marks a round done.  Which thread does an element never changes its fold (every
  * element is folded by one thread, in rank order): the bits are the same for any thread count.
- * Helpers start at the first call that uses them, spin a while after each job (the next one of the
- * call comes within microseconds), sleep on a futex once the call parks them, and are joined when
- * the communicator is destroyed. */
+ * Helpers start at the first call that uses them, poll for HELPER_SPIN_US after each job (the next
+ * one of the call comes within microseconds, the next call's often too), yielding now and then,
+ * then sleep on a futex until a job comes; they are joined when the communicator is destroyed. */
 typedef void (*job_fn)(void *arg, int part, int nparts);
 
 struct pool;
@@ -311,7 +311,7 @@ struct pool {
   _Atomic int sleepers;                  /* helpers in (or about to enter) futex_wait */
   _Alignas(LINE) _Atomic uint64_t ticket; /* job number << 32 | the next part to claim */
   _Alignas(LINE) _Atomic int done;       /* parts of the current job finished */
-  _Alignas(LINE) _Atomic(job_fn) fn;     /* the job; NULL: park (sleep at once) */
+  _Alignas(LINE) _Atomic(job_fn) fn;     /* the job */
   _Atomic(void *) arg;
   _Atomic int stop;
 };
@@ -361,19 +361,12 @@ static void *helper_main(void *v) {
     }
     seen = j;
     if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
-    job_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-    void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
-    if (fn) {
-      claim_parts(p, j, fn, arg);
-      spin_until = fc_now_us() + HELPER_SPIN_US;
-    } else {
-      spin_until = 0;
-    }
+    claim_parts(p, j, atomic_load_explicit(&p->fn, memory_order_relaxed), atomic_load_explicit(&p->arg, memory_order_relaxed));
+    spin_until = fc_now_us() + HELPER_SPIN_US;
   }
 }
 
-/* Run fn over the pool's parts, with the helpers that come; returns once every part is done.
- * fn NULL parks the helpers (nothing to wait for). */
+/* Run fn over the pool's parts, with the helpers that come; returns once every part is done. */
 static void pool_run(struct pool *p, job_fn fn, void *arg) {
   const uint32_t j = atomic_load_explicit(&p->job, memory_order_relaxed) + 1;
   atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
@@ -382,7 +375,6 @@ static void pool_run(struct pool *p, job_fn fn, void *arg) {
   atomic_store_explicit(&p->ticket, (uint64_t)j << 32, memory_order_release);
   atomic_store(&p->job, j);
   if (atomic_load(&p->sleepers) > 0) futex_wake(&p->job);
-  if (!fn) return;
   claim_parts(p, j, fn, arg);
   for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < p->nthreads; i++) {
     if (i < 4096) cpu_relax();
@@ -758,8 +750,8 @@ static flexcoll_result_t run_split(call_t *x) {
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   for (size_t base = 0; base < x->a->count && res == FLEXCOLL_SUCCESS; base += step)
     res = split_step(x, base, x->a->count - base < step ? x->a->count - base : step, align);
-  /* The helpers sleep until the next large call (they would spin for a while otherwise). */
-  if (x->pool) pool_run(x->pool, NULL, NULL);
+  /* The helpers poll on for HELPER_SPIN_US, then sleep: calls back to back (a training step's
+   * buckets, a benchmark) find them awake instead of paying a futex wake each. */
   return res;
 }
 

@@ -163,17 +163,19 @@ static flexcoll_result_t check_overlap(const fc_call_t *c, size_t send_bytes, si
   }
 }
 
-/* The communicator of a call: live, or initialised earlier in this thread's group. */
-static flexcoll_result_t check_call_comm(flexcoll_comm_t comm, const char *fn) {
+/* The communicator of a call: live, or initialised earlier in this thread's group.  held: the
+ * caller entered it (fc_comm_enter), which proved it live. */
+static flexcoll_result_t check_call_comm(flexcoll_comm_t comm, const char *fn, int held) {
   if (!comm) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comm is NULL", fn);
+  if (held) return fc_comm_check_held(comm, fn);
   if (fc_group_active() && fc_comm_is_live(comm) && atomic_load(&comm->state) == FC_COMM_PENDING && fc_group_inits(comm))
     return FLEXCOLL_SUCCESS;
   return fc_comm_check(comm, fn);
 }
 
-static flexcoll_result_t check_call(const fc_call_t *c, const char *fn) {
+static flexcoll_result_t check_call(const fc_call_t *c, const char *fn, int held) {
   flexcoll_comm_t comm = c->comm;
-  FC_CHECK(check_call_comm(comm, fn));
+  FC_CHECK(check_call_comm(comm, fn, held));
   if ((unsigned)c->dtype >= FLEXCOLL_NUM_DATATYPES)
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: datatype %d is not a flexcoll_datatype_t", fn, (int)c->dtype);
   if ((unsigned)c->op >= FLEXCOLL_NUM_OPS)
@@ -256,7 +258,8 @@ static flexcoll_result_t check_capture(flexcoll_comm_t comm, const fc_call_t *c,
 
 flexcoll_result_t fc_call_run(const fc_call_t *c) {
   flexcoll_comm_t comm = c->comm;
-  FC_CHECK(fc_comm_check(comm, fc_coll_name(c->coll)));
+  /* Both callers hold comm (submit entered it, a group's end enters its communicators). */
+  FC_CHECK(fc_comm_check_held(comm, fc_coll_name(c->coll)));
   FC_CHECK(check_not_failed(comm, fc_coll_name(c->coll)));
   fc_log_set_rank(comm->rank);
   /* Nothing moves, on any path and on every rank alike (the count is the same everywhere):
@@ -327,14 +330,14 @@ static flexcoll_result_t submit(const fc_call_t *c, const char *fn) {
      * at the call, so that the group never holds half a collective.  Sends and receives are
      * checked at the group's end (fc_p2p_run), where their batch forms: every rank decides
      * alike there, from communicator constants and its own stream. */
-    FC_CHECK(check_call(c, fn));
+    FC_CHECK(check_call(c, fn, 0));
     if (fc_gpu_stream_capturing(c->stream) && c->kind == FC_CALL_COLL)
       return refuse_capture(c->comm, fn, "collectives inside a group cannot be captured");
     return fc_group_enqueue_call(c);
   }
   /* Entered first: the checks read the communicator, which another thread could be using. */
   FC_CHECK(fc_comm_enter(c->comm, fn));
-  flexcoll_result_t res = check_call(c, fn);
+  flexcoll_result_t res = check_call(c, fn, 1);
   if (res == FLEXCOLL_SUCCESS) res = c->kind == FC_CALL_COLL ? fc_call_run(c) : fc_p2p_run(c, 1);
   fc_comm_leave(c->comm);
   return res;
@@ -397,7 +400,7 @@ flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t
 static flexcoll_result_t rooted_exchange(int gather, const void *sendbuf, void *recvbuf, size_t count,
                                          flexcoll_datatype_t dtype, int root, flexcoll_comm_t comm,
                                          flexcoll_stream_t stream, const char *fn) {
-  FC_CHECK(check_call_comm(comm, fn));
+  FC_CHECK(check_call_comm(comm, fn, 0));
   if ((unsigned)dtype >= FLEXCOLL_NUM_DATATYPES)
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: datatype %d is not a flexcoll_datatype_t", fn, (int)dtype);
   const int n = comm->nranks, me = comm->rank;
@@ -443,7 +446,7 @@ static flexcoll_result_t rooted_exchange(int gather, const void *sendbuf, void *
     k++;
   }
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
-  for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = check_call(&calls[i], fn);
+  for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = check_call(&calls[i], fn, 0);
   if (res == FLEXCOLL_SUCCESS && k) {
     FC_CHECK_GOTO(flexcoll_group_start(), res, out);
     for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = submit(&calls[i], fn);
@@ -492,7 +495,7 @@ static flexcoll_result_t run_window_call(const fc_call_t *c, const char *fn) {
 
 flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window) {
   const char *fn = "flexcoll_window_register";
-  FC_CHECK(check_call_comm(comm, fn));
+  FC_CHECK(check_call_comm(comm, fn, 0));
   if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
   *window = NULL;
   if (!buf) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: buf is NULL", fn);
@@ -504,7 +507,7 @@ flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size
 
 flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window) {
   const char *fn = "flexcoll_window_deregister";
-  FC_CHECK(check_call_comm(comm, fn));
+  FC_CHECK(check_call_comm(comm, fn, 0));
   if (!window) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is NULL", fn);
   fc_call_t c = {.comm = comm, .kind = FC_CALL_WINDOW_DEREGISTER, .window = window};
   if (fc_group_active()) return fc_group_enqueue_call(&c);

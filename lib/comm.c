@@ -116,6 +116,10 @@ flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn) {
   if (!fc_comm_is_live(comm))
     return fc_error(NULL, FLEXCOLL_INVALID_USAGE, "%s: comm %p is not a live communicator (destroyed or never created)",
                     fn, (void *)comm);
+  return fc_comm_check_held(comm, fn);
+}
+
+flexcoll_result_t fc_comm_check_held(flexcoll_comm_t comm, const char *fn) {
   switch (atomic_load(&comm->state)) {
     case FC_COMM_READY: return FLEXCOLL_SUCCESS;
     case FC_COMM_PENDING:

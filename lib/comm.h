@@ -71,6 +71,10 @@ struct flexcoll_comm {
 int fc_comm_is_live(flexcoll_comm_t comm);
 /* Check that comm is a live, initialised communicator; records the error otherwise. */
 flexcoll_result_t fc_comm_check(flexcoll_comm_t comm, const char *fn);
+/* The same for a communicator the calling thread holds (fc_comm_enter, a group's end): live by
+ * that (destroy refuses a held one), so only its state is checked, without the registry's lock
+ * and search (a small collective made three of them). */
+flexcoll_result_t fc_comm_check_held(flexcoll_comm_t comm, const char *fn);
 /* Mark comm as driven by the calling thread for the public call fn (a group's end counts as one
  * call for all its communicators): FLEXCOLL_INVALID_USAGE, naming the call in progress, when
  * another thread is inside a call on comm; also refuses NULL and dead handles as fc_comm_check

@@ -62,6 +62,14 @@ static const fc_param_def_t table[] = {
      0, 1, NULL},
     {"FLEXCOLL_SHM_SLOT_BYTES", FC_PK_INT, "262144", "bytes of each of a rank's 4 slots in that segment (a multiple of 4096)",
      1, 4096, 1 << 30, NULL},
+    {"FLEXCOLL_SHM_THREADS", FC_PK_INT, "0",
+     "threads per rank (the caller's included) for the copies and folds of a large shared-memory allreduce; "
+     "0: the rank's share of the cores it may run on, at most 4 (1 where bound to one core or crowded)", 0, 0, 32, NULL},
+    {"FLEXCOLL_SHM_THREADS_MIN_BYTES", FC_PK_INT, "1048576",
+     "shared-memory allreduce from this size uses those threads", 0, 0, BIG, NULL},
+    {"FLEXCOLL_SHM_NT_MIN_BYTES", FC_PK_INT, "-1",
+     "split shared-memory allreduce from this size writes its output with non-temporal stores; -1: from the "
+     "last-level cache's size / (2 x ranks)", 0, -1, BIG, NULL},
     {"FLEXCOLL_SHM_SPLIT_MIN_BYTES", FC_PK_INT, "64K|1M",
      "shared-memory allreduce from this size: reduce-scatter + allgather (below: every rank folds every input); "
      "default 64K with a core per rank, 1M where ranks outnumber cores", 1, 0, BIG,

@@ -430,7 +430,9 @@ START_TEST(test_shm_bitwise) {
   snprintf(ref, sizeof ref, "exchange-%d-%d", nranks, threads);
   snprintf(dflt, sizeof dflt, "shm-%d-%d", nranks, threads);
   snprintf(small, sizeof small, "shm-small-%d-%d", nranks, threads);
-  static const char *const small_env[] = {"FLEXCOLL_SHM_SPLIT_MIN_BYTES=0", "FLEXCOLL_SHM_SLOT_BYTES=4096", NULL};
+  /* (The small slots with non-temporal stores to recv at every size, the default slots with plain ones.) */
+  static const char *const small_env[] = {"FLEXCOLL_SHM_SPLIT_MIN_BYTES=0", "FLEXCOLL_SHM_SLOT_BYTES=4096",
+                                          "FLEXCOLL_SHM_NT_MIN_BYTES=0", NULL};
   ck_assert_msg(bitwise_run(nranks, threads, ref, "exchange", NULL), "%d ranks, FLEXCOLL_ALGO=exchange: see stderr", nranks);
   ck_assert_msg(bitwise_run(nranks, threads, dflt, NULL, NULL), "%d ranks, shared memory: see stderr", nranks);
   ck_assert_msg(bitwise_run(nranks, threads, small, NULL, small_env), "%d ranks, shared memory, split, 4 KiB slots: see stderr",
@@ -439,6 +441,24 @@ START_TEST(test_shm_bitwise) {
                 "from the exchange", nranks, threads ? "threads" : "processes");
   ck_assert_msg(hx_same_digests("test_coll", g_dir, nranks, ref, small), "%d ranks (%s): the shared-memory path with 4 KiB "
                 "slots, split, differs from the exchange", nranks, threads ? "threads" : "processes");
+  /* Helper threads (lib/host/shm.c's pool) at every size, whatever the cores: 3 per rank over
+   * the default slots (parts of several fold blocks, cut unevenly), 2 over 4 KiB slots (parts of
+   * a few lines, some empty). */
+  char thr[32], thr_small[32];
+  snprintf(thr, sizeof thr, "shm-threads-%d-%d", nranks, threads);
+  snprintf(thr_small, sizeof thr_small, "shm-threads-small-%d-%d", nranks, threads);
+  static const char *const thr_env[] = {"FLEXCOLL_SHM_SPLIT_MIN_BYTES=0", "FLEXCOLL_SHM_THREADS=3",
+                                        "FLEXCOLL_SHM_THREADS_MIN_BYTES=0", "FLEXCOLL_SHM_NT_MIN_BYTES=0", NULL};
+  static const char *const thr_small_env[] = {"FLEXCOLL_SHM_SPLIT_MIN_BYTES=0", "FLEXCOLL_SHM_SLOT_BYTES=4096",
+                                              "FLEXCOLL_SHM_THREADS=2", "FLEXCOLL_SHM_THREADS_MIN_BYTES=0", NULL};
+  ck_assert_msg(bitwise_run(nranks, threads, thr, NULL, thr_env), "%d ranks, shared memory, split, 3 threads: see stderr",
+                nranks);
+  ck_assert_msg(bitwise_run(nranks, threads, thr_small, NULL, thr_small_env),
+                "%d ranks, shared memory, split, 4 KiB slots, 2 threads: see stderr", nranks);
+  ck_assert_msg(hx_same_digests("test_coll", g_dir, nranks, ref, thr), "%d ranks (%s): the shared-memory path with 3 "
+                "threads per rank differs from the exchange", nranks, threads ? "threads" : "processes");
+  ck_assert_msg(hx_same_digests("test_coll", g_dir, nranks, ref, thr_small), "%d ranks (%s): the shared-memory path with "
+                "2 threads per rank and 4 KiB slots differs from the exchange", nranks, threads ? "threads" : "processes");
 }
 END_TEST
 

@@ -225,6 +225,7 @@ typedef struct {
    * the link carries the data; NULL: the defaults, where the shared-memory path carries it */
   const char *links;
   const char *split_min; /* FLEXCOLL_SHM_SPLIT_MIN_BYTES for the ranks, NULL: the default */
+  const char *threads;   /* FLEXCOLL_SHM_THREADS for the ranks (helper threads), NULL: the default */
 } job_t;
 
 /* Open file descriptors of this process. */
@@ -235,6 +236,16 @@ static int count_fds(void) {
   for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
   closedir(d);
   return n - 1; /* the directory's own descriptor */
+}
+
+/* Threads of this process. */
+static int count_threads(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
 }
 
 /* The first communicator of a process may open descriptors that stay for the life of the
@@ -272,11 +283,13 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   if (job->links) setenv("FLEXCOLL_LINKS", job->links, 1);
   if (job->links) setenv("FLEXCOLL_SHM_DIRECT", "0", 1);
   if (job->split_min) setenv("FLEXCOLL_SHM_SPLIT_MIN_BYTES", job->split_min, 1);
+  if (job->threads) setenv("FLEXCOLL_SHM_THREADS", job->threads, 1);
   flexcoll_comm_t comm = NULL;
   open_process_lifetime_fds();
-  int fds_before = count_fds();
+  int fds_before = count_fds(), threads_before = count_threads();
   PHASE("flexcoll_comm_init_rank");
   RANK_OK(flexcoll_comm_init_rank(&comm, NRANKS, *id, rank, &cfg));
+  const int threads_init = count_threads(); /* the communicator's own (the bootstrap's), no helper yet */
   PHASE("the good allreduces");
 
   size_t n = job->how == LEAVE_MIDKILL ? (size_t)16 << 20 : 4096;
@@ -321,6 +334,11 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
     RANK_CHECK(carried == 0, "the links carried %llu bytes of the good allreduces: the shared-memory path was not taken",
                carried);
   }
+
+  /* The helpers run (parked) from the first large split allreduce until destroy. */
+  if (job->threads)
+    RANK_CHECK(count_threads() == threads_init + atoi(job->threads) - 1, "%d threads after the good allreduces, %d "
+               "after init, FLEXCOLL_SHM_THREADS=%s", count_threads(), threads_init, job->threads);
 
   if (rank == job->victim) {
     /* Let the others finish the last good allreduce (data this rank sent may still sit unread in
@@ -396,11 +414,15 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   t0 = tf_now_ms();
   RANK_OK(flexcoll_comm_destroy(comm));
   double t_destroy = tf_now_ms() - t0;
-  int fds_after = count_fds();
-  rank_log("abort %.0f ms, destroy %.0f ms, fds %d -> %d", t_abort, t_destroy, fds_before, fds_after);
+  int fds_after = count_fds(), threads_after = count_threads();
+  rank_log("abort %.0f ms, destroy %.0f ms, fds %d -> %d, threads %d -> %d", t_abort, t_destroy, fds_before, fds_after,
+           threads_before, threads_after);
   RANK_CHECK(t_abort < 1000, "abort took %.0f ms", t_abort);
   RANK_CHECK(t_destroy < 2000, "destroy after abort took %.0f ms", t_destroy);
   RANK_CHECK(fds_after == fds_before, "%d file descriptors before init, %d after destroy", fds_before, fds_after);
+  /* The shared-memory path's helper threads are joined by destroy. */
+  if (job->threads)
+    RANK_CHECK(threads_after == threads_before, "%d threads before init, %d after destroy", threads_before, threads_after);
   free(in);
   free(out);
 }
@@ -415,7 +437,7 @@ static void run_job(job_t job) {
 }
 
 static void run_leave_on(leave_t how, int victim, int use_env, const char *links) {
-  run_job((job_t){how, victim, use_env, links, NULL});
+  run_job((job_t){how, victim, use_env, links, NULL, NULL});
 }
 
 static void run_leave(leave_t how, int victim, int use_env) { run_leave_on(how, victim, use_env, NULL); }
@@ -439,7 +461,12 @@ END_TEST
 /* The defaults above take the shared-memory path (lib/host/shm.c): the 64 MB allreduce split
  * (reduce-scatter + allgather through the segment), the small ones in one exchange round.  Here
  * the 64 MB one in exchange rounds instead, slot after slot. */
-START_TEST(test_rank_killed_mid_exchange_rounds) { run_job((job_t){LEAVE_MIDKILL, 2, 0, NULL, "1G"}); }
+START_TEST(test_rank_killed_mid_exchange_rounds) { run_job((job_t){LEAVE_MIDKILL, 2, 0, NULL, "1G", NULL}); }
+END_TEST
+
+/* The split 64 MB allreduce with 3 threads per rank (FLEXCOLL_SHM_THREADS=3, whatever the cores):
+ * the survivors' waits end as without them, and destroy joins every helper. */
+START_TEST(test_rank_killed_mid_split_threads) { run_job((job_t){LEAVE_MIDKILL, 1, 0, NULL, NULL, "3"}); }
 END_TEST
 
 /* The same over shared memory alone, in the default (peer-failure) mode: UCX's FIFOs with their
@@ -892,6 +919,7 @@ static Suite *failure_suite(void) {
   tcase_add_test(dead, test_rank_stalls);
   tcase_add_test(dead, test_rank_killed_mid_transfer);
   tcase_add_test(dead, test_rank_killed_mid_exchange_rounds);
+  tcase_add_test(dead, test_rank_killed_mid_split_threads);
   tcase_add_test(dead, test_rank_killed_mid_transfer_shm);
   tcase_add_test(dead, test_rank_killed_shm);
   tcase_add_test(dead, test_init_peer_missing);

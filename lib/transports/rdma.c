@@ -22,15 +22,16 @@
  * address, rkey, room).  The sender registers its buffer and writes straight from it into the
  * receive buffer (RDMA WRITE, in pieces no longer than the port's largest message), the last piece
  * WITH IMMEDIATE (IMM_ZDONE and the id) which completes the receive; each side deregisters as its
- * part ends.  No copy through the slots, one registration per message and side (no cache: see
- * zreg()).  Where the message is longer than the receive's room or a registration fails, the CTS
+ * part ends.  No copy through the slots; registrations come from a cache that keeps them between
+ * messages where that is safe (rcache_open(), rdma_rcache.h), else one per message and side.  Where the message is longer than the receive's room or a registration fails, the CTS
  * (or the sender) turns the message into fragments carrying the id, which go to the receive
  * already matched: the copy path, with its length check.  A receive given up before its data
  * came deregisters at once (a peer still writing fails, never writes into memory given back); a
  * send given up mid-way tells the receiver (RZCANCEL).
  *
- * What this does not do yet (docs/ARCHITECTURE.md): a registration cache, device memory (dma-buf),
- * ranks on other hosts, several NICs, the NIC's place in the cost model. */
+ * What this does not do yet (docs/ARCHITECTURE.md): device memory (dma-buf), several NICs, the
+ * NIC's place in the cost model, watching unmaps (pinned registrations are cached only on the
+ * application's promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
 #define _GNU_SOURCE
 #include "config.h"
 #include "clock.h"
@@ -39,6 +40,7 @@
 
 #if HAVE_VERBS_H
 #include "verbs.h"
+#include "rdma_rcache.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -295,6 +297,7 @@ struct rdma_req {
   uint32_t zrkey;
   size_t zposted;
   struct ibv_mr *mr;
+  fc_rc_ent_t *rent; /* mr's entry in the registration cache */
   rdma_req_t *znext; /* in the peer's zs (sends) or zq (receives) */
   char why[160];
 };
@@ -361,6 +364,8 @@ typedef struct {
   char fatal_why[160];
   unsigned progress_calls;
   size_t zcopy_bytes; /* FLEXCOLL_RDMA_ZCOPY_BYTES: sends from this size take the rendezvous */
+  fc_rcache_t *rcache; /* user buffers' registrations (kept, or per message: rdma_rcache.h) */
+  int odp;             /* the device's registrations can follow the page tables (on-demand paging) */
   uint64_t max_msg;   /* the port's largest message: the longest single write */
 } rdma_t;
 
@@ -490,21 +495,21 @@ static rdma_req_t *zlist_find(rdma_req_t *head, uint64_t id, uint64_t mask) {
   return NULL;
 }
 
-/* Registered per message and deregistered as it ends: no registration cache, because a cached
- * registration outlives the user's buffer (freed, its pages reused or unmapped) unless the
- * library hooks memory events (munmap, brk, madvise) as UCX does; without those hooks a cache
- * would let a peer write into memory that is no longer the buffer it registered. */
-static struct ibv_mr *zreg(rdma_t *r, void *buf, size_t bytes, int access) {
-  errno = 0;
-  struct ibv_mr *mr = r->v->reg_mr(r->pd, buf, bytes, access);
-  if (!mr)
+/* q's buffer registered for its message, through the registration cache (rdma_rcache.h: kept
+ * between messages where that is safe, see rcache_open; else for this message alone). */
+static struct ibv_mr *zreg(rdma_t *r, rdma_req_t *q, size_t bytes, int access) {
+  q->mr = fc_rcache_get(r->rcache, q->buf, bytes, access, &q->rent);
+  if (!q->mr)
     FC_INFO(FC_SUB_NET, "rank %d: rdma: ibv_reg_mr of a %zu-byte user buffer failed (%s): that message goes by copy",
             r->rank, bytes, strerror(errno ? errno : ENOMEM));
-  return mr;
+  return q->mr;
 }
 
-static void zdereg(rdma_t *r, rdma_req_t *q) {
-  if (q->mr) r->v->dereg_mr(q->mr);
+/* invalidate: the message did not end as planned (a receive given up or cancelled), so a peer
+ * may still write into the buffer: its registration goes now, not back into the cache. */
+static void zdereg(rdma_t *r, rdma_req_t *q, int invalidate) {
+  if (q->rent) fc_rcache_put(r->rcache, q->rent, invalidate);
+  q->rent = NULL;
   q->mr = NULL;
 }
 
@@ -532,16 +537,16 @@ static void rz_match(rdma_t *r, int p, rdma_req_t *q, uint64_t id, size_t total)
   q->zc = 1;
   q->zid = id;
   q->total = total;
-  if (total <= q->bytes && total > 0)
-    q->mr = zreg(r, q->buf, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (total <= q->bytes && total > 0) zreg(r, q, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   zlist_push(&e->zq_head, q);
   ctl_queue(r, p, FRAG_CTS, id);
 }
 
-/* A rendezvous receive leaves the peer's list; its registration goes with it. */
+/* A rendezvous receive leaves the peer's list; its registration goes back (invalidated where
+ * the data did not all come: see zdereg). */
 static void rz_recv_end(rdma_t *r, peer_t *e, rdma_req_t *q) {
   zlist_remove(&e->zq_head, q);
-  zdereg(r, q);
+  zdereg(r, q, q->state != REQ_DONE);
 }
 
 /* Nothing of the link refers to q any more, except send slots whose writes are in flight. */
@@ -561,7 +566,7 @@ static void req_detach(rdma_t *r, rdma_req_t *q) {
     /* Writes in flight read the buffer: its registration stays until they complete. */
     if (q->frags_out == 0) {
       zlist_remove(&e->zs_head, q);
-      zdereg(r, q);
+      zdereg(r, q, 0);
     }
   }
   if (q->from) {
@@ -760,8 +765,7 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
     }
     if (h.mode == CTS_WRITE && h.total == q->bytes) {
       /* Source only (local read needs no access flag): a read-only buffer registers too. */
-      q->mr = zreg(r, q->buf, q->bytes, 0);
-      if (q->mr) {
+      if (zreg(r, q, q->bytes, 0)) {
         q->zraddr = h.addr;
         q->zrkey = h.rkey;
         q->zstate = ZS_WRITE;
@@ -870,8 +874,8 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
   if (u) u->got = e->cur_got;
   if (e->cur_got < e->cur_total) return;
   e->cur_open = 0;
-  if (q && q->zc) rz_recv_end(r, e, q);
   if (q) finish_recv(q, e->cur_total);
+  if (q && q->zc) rz_recv_end(r, e, q);
   e->cur_req = NULL;
   if (u && u->req) {
     rdma_req_t *w = u->req;
@@ -914,8 +918,8 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
         peer_break(r, p, "rank %d wrote a message this rank asked to receive by copy", p);
         return;
       }
-      rz_recv_end(r, e, q);
       finish_recv(q, q->total);
+      rz_recv_end(r, e, q);
       return;
     }
     if (imm != (uint32_t)(e->consumed % (uint64_t)r->nslots)) {
@@ -943,7 +947,7 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
     if (wc->status != IBV_WC_SUCCESS) req_fail(q, "rendezvous write failed");
     if (q->frags_out > 0 || (q->zposted < q->bytes && q->state == REQ_PENDING && q->zstate == ZS_WRITE)) return;
     zlist_remove(&e->zs_head, q);
-    zdereg(r, q);
+    zdereg(r, q, 0);
     if (q->orphan) free(q);
     else if (q->state == REQ_PENDING) q->state = REQ_DONE;
     return;
@@ -1020,6 +1024,58 @@ static int rdma_progress(fc_link_t *link) {
 /* ---- open and close -------------------------------------------------------------------------- */
 
 FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
+FC_PARAM_INT(rdma_rcache_bytes, "RDMA_RCACHE_BYTES", 1 << 30)
+FC_PARAM_INT(rdma_rcache_pinned, "RDMA_RCACHE_PINNED", 0)
+
+/* A variable of the registry as its entry allows (range, integer), else INVALID_ARGUMENT naming it:
+ * a cache bound that is not a number should not silently become the default. */
+static flexcoll_result_t param_valid(struct flexcoll_comm *comm, const char *name) {
+  const char *s = getenv(name);
+  const fc_param_def_t *d = fc_param_find(name);
+  char why[120];
+  if (s && *s && d && fc_param_validate(d, s, why, sizeof why))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s=%s: %s", name, s, why);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Whether the device's registrations can follow the process's page tables for what the rendezvous
+ * does with them (on-demand paging for RC: the requester reading a source, the responder taking a
+ * write).  Asked through the extended context (ibv_query_device_ex is inline over it, calling an
+ * export of libibverbs' this link never links); a provider without one has no such registrations. */
+static int device_odp(struct ibv_context *ctx) {
+  struct verbs_context *vc = verbs_get_ctx_op(ctx, query_device_ex);
+  if (!vc) return 0;
+  struct ibv_device_attr_ex ax;
+  memset(&ax, 0, sizeof ax);
+  if (vc->query_device_ex(ctx, NULL, &ax, sizeof ax)) return 0;
+  const uint32_t need = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE;
+  return (ax.odp_caps.general_caps & IBV_ODP_SUPPORT) && (ax.odp_caps.per_transport_caps.rc_odp_caps & need) == need;
+}
+
+/* The registration cache of user buffers.  A kept registration is only right while the address
+ * still maps the pages it was made on: a pinned one outlives a buffer the user unmaps (free of a
+ * large block, a shrinking heap, madvise) and maps again at the same address, and would then
+ * read or take a peer's write into the old pages, silently.  Watching every unmap needs hooks in
+ * the allocator and the system calls (UCX patches them) that a library loaded into any process
+ * should not install.  So the cache keeps registrations made with on-demand paging, which the
+ * kernel keeps in step with the page tables (a freed and reallocated buffer is served with its new
+ * pages), and pinned ones only where FLEXCOLL_RDMA_RCACHE_PINNED=1 says the application never
+ * unmaps a buffer it gave flexcoll while the communicator lives (Open MPI's leave_pinned
+ * contract).  Otherwise every registration is for its message alone, as before the cache. */
+static int rcache_open(rdma_t *r, char *why, size_t len) {
+  const size_t bound = (size_t)fc_param_rdma_rcache_bytes();
+  const int pinned = fc_param_rdma_rcache_pinned() == 1;
+  r->odp = device_odp(r->ctx);
+  const size_t keep = r->odp || pinned ? bound : 0;
+  r->rcache = fc_rcache_new(r->v, r->pd, keep, r->odp ? IBV_ACCESS_ON_DEMAND : 0);
+  if (!r->rcache) return snprintf(why, len, "out of memory"), -1;
+  FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache %s%zu bytes (%s)", r->rank, keep ? "up to " : "off, ", keep,
+          !bound    ? "FLEXCOLL_RDMA_RCACHE_BYTES=0"
+          : r->odp  ? "on-demand paging"
+          : pinned ? "pinned: FLEXCOLL_RDMA_RCACHE_PINNED=1"
+                   : "the device pins registrations and FLEXCOLL_RDMA_RCACHE_PINNED is 0");
+  return 0;
+}
 
 /* The first active port of a device FLEXCOLL_IB_HCA allows: opens r->ctx.  0, or -1 with why. */
 static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t len) {
@@ -1086,6 +1142,7 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
                     peers), -1;
   r->pd = r->v->alloc_pd(r->ctx);
   if (!r->pd) return snprintf(why, len, "ibv_alloc_pd: %s", strerror(errno)), -1;
+  if (rcache_open(r, why, len)) return -1;
   r->cq = r->v->create_cq(r->ctx, (int)cqe, NULL, NULL, 0);
   if (!r->cq) return snprintf(why, len, "ibv_create_cq(%ld): %s", cqe, strerror(errno)), -1;
   size_t area = (size_t)r->nranks * (size_t)r->nslots * SLOT_BYTES;
@@ -1187,13 +1244,13 @@ static void rdma_free(rdma_t *r) {
       for (rdma_req_t *q = e->zs_head, *n; q; q = n) {
         n = q->znext;
         q->znext = NULL;
-        zdereg(r, q);
+        zdereg(r, q, 1);
         if (q->orphan) free(q);
       }
       for (rdma_req_t *q = e->zq_head, *n; q; q = n) {
         n = q->znext;
         q->znext = NULL;
-        zdereg(r, q);
+        zdereg(r, q, 1);
       }
       e->zs_head = e->zq_head = NULL;
       while (e->ctl_head) {
@@ -1206,6 +1263,13 @@ static void rdma_free(rdma_t *r) {
       free(e->slot_busy);
     }
   /* Deregistered only once no queue pair can write into it. */
+  if (r->rcache) {
+    fc_rcache_stats_t st;
+    fc_rcache_stats(r->rcache, &st);
+    FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache: %llu hits, %llu misses, %llu evictions", r->rank, st.hits,
+            st.misses, st.evictions);
+  }
+  fc_rcache_free(r->rcache);
   if (r->ring_mr) r->v->dereg_mr(r->ring_mr);
   if (r->send_mr) r->v->dereg_mr(r->send_mr);
   if (r->cq) r->v->destroy_cq(r->cq);
@@ -1218,6 +1282,9 @@ static void rdma_free(rdma_t *r) {
 }
 
 static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
+  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_BYTES"));
+  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_PINNED"));
+  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_ZCOPY_BYTES"));
   rdma_t *r = calloc(1, sizeof *r);
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;

@@ -66,6 +66,7 @@
 #define FV_MAX_BOXES 64
 #define FV_MAX_EVENTS 64
 #define FV_MAX_MSG (1u << 20)
+#define FV_MAX_DEVICES 8
 
 /* ---- faults ------------------------------------------------------------------------------------ */
 
@@ -83,9 +84,11 @@ FV_EXPORT void fake_verbs_mr_stats(long *ever, long *now, long *plain) {
 }
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 
+static int parse_devices(void);
+
 static void parse_faults(void) {
   const char *s = getenv("FLEXCOLL_VERBS_FAKE_FAULT");
-  if (!s || !*s) return;
+  if (!s || !*s) s = "";
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -103,6 +106,11 @@ static void parse_faults(void) {
     else if (!strcmp(t, "portdown")) fault.portdown = v;
     else if (!strcmp(t, "regfail")) fault.regfail = v;
     else fault.bad = 1;
+  }
+  if (parse_devices()) {
+    fault.bad = 1;
+    fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_DEVICES=%s: not a comma list of NUMA nodes (each node[:root port]), at most %d\n",
+            getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), FV_MAX_DEVICES);
   }
   if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev, noodp, pinned\n", s);
 }
@@ -267,6 +275,7 @@ struct fv_ctx {
   /* Extended, as libibverbs' contexts are: ibv_query_device_ex (the ODP capabilities) goes
    * through it.  Its ibv_context is its last member. */
   struct verbs_context vctx;
+  int devno;
   union ibv_gid gid;
   char name[64];
   fv_box_t *box;
@@ -286,7 +295,80 @@ struct fv_ctx {
   unsigned rounds;
 };
 
-static struct ibv_device fv_device;
+/* ---- devices (FLEXCOLL_VERBS_FAKE_DEVICES, FLEXCOLL_VERBS_FAKE_SYSFS) -------------------------------
+ * One device unless FLEXCOLL_VERBS_FAKE_DEVICES lists several: a comma list of NUMA nodes, one per
+ * device, each optionally ":S", the PCIe root port it sits under (by default a port of its own).
+ * With FLEXCOLL_VERBS_FAKE_SYSFS=DIR each device's ibdev_path is DIR/class/infiniband/NAME, whose
+ * `device` links to its PCI function DIR/devices/pciDDDD:NN/0000:NN:SS.0/0000:BB:00.0 holding
+ * `numa_node`, as in sysfs: the rdma link reads a real device's place the same way.  All devices
+ * reach each other (one wire: shared memory). */
+static struct ibv_device fv_devices[FV_MAX_DEVICES];
+static int fv_ndevices = 1, fv_numa[FV_MAX_DEVICES], fv_root[FV_MAX_DEVICES];
+static atomic_long fv_open_now[FV_MAX_DEVICES];
+
+/* Contexts of device dev open in this process now (tests: which devices a rank took). */
+FV_EXPORT long fake_verbs_device_open(int dev) {
+  return dev >= 0 && dev < FV_MAX_DEVICES ? atomic_load(&fv_open_now[dev]) : -1;
+}
+
+static int parse_devices(void) {
+  const char *s = getenv("FLEXCOLL_VERBS_FAKE_DEVICES");
+  for (int k = 0; k < FV_MAX_DEVICES; k++) fv_root[k] = k + 1;
+  if (!s || !*s) return 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  fv_ndevices = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *end = NULL;
+    long node = strtol(t, &end, 10), root = fv_ndevices + 1;
+    if (end == t || node < 0 || node > 255 || fv_ndevices == FV_MAX_DEVICES) return -1;
+    if (*end == ':') {
+      char *e2 = NULL;
+      root = strtol(end + 1, &e2, 10);
+      if (e2 == end + 1 || *e2 || root < 0 || root > 31) return -1;
+    } else if (*end) {
+      return -1;
+    }
+    fv_numa[fv_ndevices] = (int)node;
+    fv_root[fv_ndevices++] = (int)root;
+  }
+  return fv_ndevices ? 0 : -1;
+}
+
+static int mkdirs(char *path) {
+  for (char *p = path + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      int rc = mkdir(path, 0755);
+      *p = '/';
+      if (rc && errno != EEXIST) return -1;
+    }
+  return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+/* Device k's sysfs-like entries under dir (idempotent: processes of one test share them, so the
+ * link is replaced atomically where it differs). */
+static void lay_out_sysfs(const char *dir, int k) {
+  char fn[512], cls[512], link[600], tmp[640], cur[512];
+  int node = fv_numa[k];
+  snprintf(fn, sizeof fn, "%s/devices/pci0000:%02x/0000:%02x:%02x.0/0000:%02x:00.0", dir, node, node, fv_root[k],
+           0x10 + k);
+  snprintf(cls, sizeof cls, "%s/class/infiniband/%s", dir, fv_devices[k].name);
+  if (mkdirs(fn) || mkdirs(cls)) return;
+  snprintf(link, sizeof link, "%s/numa_node", fn);
+  FILE *f = fopen(link, "w");
+  if (f) {
+    fprintf(f, "%d\n", node);
+    fclose(f);
+  }
+  snprintf(link, sizeof link, "%s/device", cls);
+  ssize_t n = readlink(link, cur, sizeof cur - 1);
+  if (n >= 0) cur[n] = 0;
+  if (n >= 0 && !strcmp(cur, fn)) return;
+  snprintf(tmp, sizeof tmp, "%s.%d", link, (int)getpid());
+  unlink(tmp);
+  if (symlink(fn, tmp) == 0 && rename(tmp, link)) unlink(tmp);
+}
 static atomic_uint serials;
 
 static fv_ctx_t *ctx_of(struct ibv_context *c) {
@@ -671,14 +753,23 @@ FV_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
     errno = fault.bad ? EINVAL : ENOSYS;
     return NULL;
   }
-  struct ibv_device **list = calloc(2, sizeof *list);
+  struct ibv_device **list = calloc((size_t)fv_ndevices + 1, sizeof *list);
   if (!list) return NULL;
-  snprintf(fv_device.name, sizeof fv_device.name, "fakeverbs0");
-  snprintf(fv_device.dev_name, sizeof fv_device.dev_name, "uverbs-fake0");
-  fv_device.node_type = IBV_NODE_CA;
-  fv_device.transport_type = IBV_TRANSPORT_IB;
-  list[0] = &fv_device;
-  if (num) *num = 1;
+  const char *sysfs = getenv("FLEXCOLL_VERBS_FAKE_SYSFS");
+  for (int k = 0; k < fv_ndevices; k++) {
+    struct ibv_device *d = &fv_devices[k];
+    snprintf(d->name, sizeof d->name, "fakeverbs%d", k);
+    snprintf(d->dev_name, sizeof d->dev_name, "uverbs-fake%d", k);
+    d->node_type = IBV_NODE_CA;
+    d->transport_type = IBV_TRANSPORT_IB;
+    d->ibdev_path[0] = 0;
+    if (sysfs && *sysfs) {
+      lay_out_sysfs(sysfs, k);
+      snprintf(d->ibdev_path, sizeof d->ibdev_path, "%s/class/infiniband/%s", sysfs, d->name);
+    }
+    list[k] = d;
+  }
+  if (num) *num = fv_ndevices;
   return list;
 }
 
@@ -704,7 +795,8 @@ static void reclaim_dead_inboxes(void) {
 }
 
 FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
-  if (dev != &fv_device) return errno = ENODEV, NULL;
+  const int k = (int)(dev - fv_devices);
+  if (k < 0 || k >= fv_ndevices) return errno = ENODEV, NULL;
   reclaim_dead_inboxes();
   fv_ctx_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
@@ -736,6 +828,7 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
   c->box->cap = FV_BOX_BYTES;
   c->box->pid = (pid_t)pid;
   c->box->magic = FV_BOX_MAGIC;
+  c->devno = k;
   c->vctx.sz = sizeof c->vctx;
   c->vctx.query_device_ex = fv_query_device_ex;
   c->vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -755,6 +848,7 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
     free(c);
     return NULL;
   }
+  atomic_fetch_add(&fv_open_now[k], 1);
   return &c->vctx.context;
 }
 
@@ -774,6 +868,7 @@ FV_EXPORT int ibv_close_device(struct ibv_context *ctx) {
   for (int i = 0; i < c->nboxes; i++) munmap(c->boxes[i].box, sizeof(fv_box_t) + FV_BOX_BYTES);
   munmap(c->box, sizeof(fv_box_t) + FV_BOX_BYTES);
   shm_unlink(c->name);
+  atomic_fetch_sub(&fv_open_now[c->devno], 1);
   close(ctx->async_fd);
   pthread_mutex_destroy(&ctx->mutex);
   free(c);

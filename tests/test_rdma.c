@@ -25,6 +25,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@
 #include "harness.h"
 #include "pcall.h"
 #include "transports/verbs.h"
+#include "transports/rdma_dev.h"
 
 static char g_dir[256]; /* the ranks' result digests */
 static int g_real;      /* the real provider instead of the fake */
@@ -143,8 +145,20 @@ static int matrix_rank(hx_rank_t *r) {
   const char *links = getenv("FLEXCOLL_LINKS");
   fprintf(stderr, "[test_rdma] %s rank %d: rdma sent %llu bytes (%d entries), shm %llu\n", label ? label : "-", r->rank,
           rdma, entries, shm);
+  /* FC_TEST_RAILS: rdma links (NICs) each rank must have opened, each toward every peer. */
+  const int rails = getenv("FC_TEST_RAILS") ? atoi(getenv("FC_TEST_RAILS")) : 1;
   if (links && strstr(links, "rdma")) {
-    if (entries != r->nranks - 1) hx_fail(r, "%d rdma link entries, expected %d", entries, r->nranks - 1);
+    if (entries != rails * (r->nranks - 1))
+      hx_fail(r, "%d rdma link entries, expected %d", entries, rails * (r->nranks - 1));
+    flexcoll_link_stats_t st[64];
+    int n = 0;
+    if (rails > 1 && flexcoll_comm_get_link_stats(r->comm, st, 64, &n) == FLEXCOLL_SUCCESS)
+      for (int i = 0; i < n && i < 64; i++)
+        if (!strcmp(st[i].name, "rdma") && st[i].peer != r->rank) {
+          fprintf(stderr, "[test_rdma] %s rank %d: rdma entry %d to rank %d: %llu bytes\n", label ? label : "-", r->rank, i,
+                  st[i].peer, st[i].bytes);
+          if (!st[i].bytes) hx_fail(r, "a rail (entry %d) carried nothing to rank %d", i, st[i].peer);
+        }
     if (!rdma) hx_fail(r, "FLEXCOLL_LINKS=%s: rdma carried nothing", links);
     if (strchr(links, ',') && !shm) hx_fail(r, "FLEXCOLL_LINKS=%s at fixed shares: shm carried nothing", links);
   }
@@ -361,6 +375,161 @@ START_TEST(test_zcopy_fault) {
   double t0 = hx_now();
   ck_assert_msg(hx_run_procs(3, &o, zc_fault_rank, NULL), "zero copy, fault %s: see stderr", zc_faults[_i]);
   fprintf(stderr, "[test_rdma] zero copy, fault %s: every rank done in %.1f s\n", zc_faults[_i], hx_now() - t0);
+}
+END_TEST
+
+/* ---- several NICs (rails) ---------------------------------------------------------------------- */
+
+/* Contexts of fake device dev this process has open (tests/fake_verbs.c). */
+static long fake_open(int dev) {
+  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  long (*f)(int) = h ? (long (*)(int))dlsym(h, "fake_verbs_device_open") : NULL;
+  long n = f ? f(dev) : -1;
+  if (h) dlclose(h);
+  return n;
+}
+
+/* The matrix, then which fake devices this rank has open: arg "label,mask", bit k of mask set
+ * where device k must be open (its communicators' rails), clear where it must not. */
+static int rails_rank(hx_rank_t *r) {
+  char label[64];
+  int mask = 0;
+  if (sscanf((const char *)r->arg, "%63[^,],%d", label, &mask) != 2) return hx_fail(r, "bad arg");
+  r->arg = label;
+  matrix_rank(r);
+  for (int k = 0; k < 3; k++) {
+    long n = fake_open(k);
+    if (n < 0) hx_fail(r, "the fake does not report its devices");
+    else if ((n > 0) != ((mask >> k) & 1)) hx_fail(r, "fake device %d: %ld contexts open, expected %s", k, n, (mask >> k) & 1 ? "some" : "none");
+  }
+  return 0;
+}
+
+/* This process's NUMA node, and the process bound to its CPUs (ranks inherit it), so that the
+ * ranks' nearest fake devices are the ones the test says. */
+static int bind_to_my_node(void) {
+  unsigned cpu = 0, node = 0;
+  if (getcpu(&cpu, &node)) return 0;
+  char path[96], list[1024];
+  snprintf(path, sizeof path, "/sys/devices/system/node/node%u/cpulist", node);
+  FILE *f = fopen(path, "r");
+  if (!f) return (int)node;
+  if (!fgets(list, sizeof list, f)) list[0] = 0;
+  fclose(f);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (char *save = NULL, *t = strtok_r(list, ",\n", &save); t; t = strtok_r(NULL, ",\n", &save)) {
+    unsigned a = 0, b = 0;
+    int k = sscanf(t, "%u-%u", &a, &b);
+    if (k == 1) b = a;
+    for (unsigned c = a; k >= 1 && c <= b && c < CPU_SETSIZE; c++) CPU_SET(c, &set);
+  }
+  if (CPU_COUNT(&set)) sched_setaffinity(0, sizeof set, &set);
+  return (int)node;
+}
+
+static int rails_run(int nranks, const char *label, const char *devices, const char *hca, int rails, int mask) {
+  char e1[64], e2[300], e3[64], e4[32], arg[96];
+  snprintf(e1, sizeof e1, "FLEXCOLL_VERBS_FAKE_DEVICES=%s", devices);
+  snprintf(e2, sizeof e2, "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs", g_dir);
+  snprintf(e3, sizeof e3, "FLEXCOLL_IB_HCA=%s", hca ? hca : "");
+  snprintf(e4, sizeof e4, "FC_TEST_RAILS=%d", rails);
+  snprintf(arg, sizeof arg, "%s,%d", label, mask);
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
+                       e1, e2, e3, e4, NULL};
+  char same[32];
+  snprintf(same, sizeof same, "rdma-%d", nranks);
+  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+  fprintf(stderr, "[test_rdma] %s: %d ranks, fake devices %s, FLEXCOLL_IB_HCA=%s: %d rail(s)\n", label, nranks, devices,
+          hca ? hca : "", rails);
+  return hx_run_procs(nranks, &o, rails_rank, arg);
+}
+
+/* Fake devices on this NUMA node (near) and another (far): one near device is one rail; two near
+ * ones under different root ports are two, both carrying bytes to every peer under the balancer,
+ * the far one never opened; FLEXCOLL_IB_HCA naming two takes exactly those, near or far.  Every
+ * result checked, and bitwise the same as with one NIC. */
+START_TEST(test_rails) {
+  int nranks = 2 + _i;
+  int me = bind_to_my_node(), far = me + 1;
+  char one[32], two[32], named[32], dev2[32], dev3[48];
+  snprintf(one, sizeof one, "rail1-%d", nranks);
+  snprintf(two, sizeof two, "rail2-%d", nranks);
+  snprintf(named, sizeof named, "railhca-%d", nranks);
+  snprintf(dev2, sizeof dev2, "%d,%d", me, far);
+  snprintf(dev3, sizeof dev3, "%d,%d,%d", me, far, me);
+  ck_assert_msg(rails_run(nranks, one, dev2, NULL, 1, 1), "%d ranks, one near NIC: see stderr", nranks);
+  ck_assert_msg(rails_run(nranks, two, dev3, NULL, 2, 5), "%d ranks, two near NICs: see stderr", nranks);
+  ck_assert_msg(rails_run(nranks, named, dev3, "fakeverbs1,fakeverbs0", 2, 3), "%d ranks, FLEXCOLL_IB_HCA: see stderr",
+                nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, two), "%d ranks: two rails differ from one", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, named), "%d ranks: the named rails differ from one",
+                nranks);
+}
+END_TEST
+
+/* PCI distances and root ports on sysfs-like paths (rdma_dev.c). */
+START_TEST(test_pci_places) {
+  const char *nic = "/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.0";
+  const char *gpu_same_switch = "/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:04.0/0000:1a:00.0";
+  const char *gpu_other_port = "/sys/devices/pci0000:16/0000:16:02.0/0000:20:00.0";
+  const char *gpu_other_socket = "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0";
+  const char *sibling = "/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.1";
+  ck_assert_int_eq(fc_pci_hops(nic, nic), 0);
+  ck_assert_int_eq(fc_pci_hops(nic, sibling), 2);
+  ck_assert_int_eq(fc_pci_hops(nic, gpu_same_switch), 4);
+  ck_assert_int_eq(fc_pci_hops(nic, gpu_other_port), 6);
+  ck_assert_int_eq(fc_pci_hops(nic, gpu_other_socket), 8);
+  ck_assert_int_eq(fc_pci_hops(gpu_same_switch, nic), 4);
+  ck_assert_int_eq(fc_pci_hops(nic, ""), FC_RDMA_FAR);
+  ck_assert_int_eq(fc_pci_hops(NULL, nic), FC_RDMA_FAR);
+  /* a component that merely starts like another is another */
+  ck_assert_int_eq(fc_pci_hops("/sys/devices/pci0000:00/0000:00:01.0", "/sys/devices/pci0000:00/0000:00:01.00"), 2);
+  char rp[256];
+  fc_pci_root_port(nic, rp, sizeof rp);
+  ck_assert_str_eq(rp, "/sys/devices/pci0000:16/0000:16:01.0");
+  fc_pci_root_port(gpu_other_port, rp, sizeof rp);
+  ck_assert_str_eq(rp, "/sys/devices/pci0000:16/0000:16:02.0");
+  fc_pci_root_port("/sys/devices/pci0000:16", rp, sizeof rp);
+  ck_assert_str_eq(rp, "");
+  fc_pci_root_port("", rp, sizeof rp);
+  ck_assert_str_eq(rp, "");
+}
+END_TEST
+
+/* flexcoll-info on three fake devices, two near (the second under the first's root port) and one
+ * far: places, NUMA nodes, speed, and which are a rank's rails here. */
+START_TEST(test_info_rails) {
+  int me = bind_to_my_node(), far = me + 1;
+  char cmd[1200], line[512];
+  snprintf(cmd, sizeof cmd,
+           "FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_DEVICES=%d,%d,%d:1 FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs-info "
+           "FLEXCOLL_IB_HCA= %s 2>&1",
+           me, far, me, g_dir, FC_INFO_BIN);
+  FILE *p = popen(cmd, "r");
+  ck_assert(p != NULL);
+  char want[6][160];
+  snprintf(want[0], sizeof want[0], "fakeverbs0: PCI 0000:10:00.0 (root port 0000:%02x:01.0), NUMA node %d (this process's)",
+           me, me);
+  snprintf(want[1], sizeof want[1], "fakeverbs1: PCI 0000:11:00.0 (root port 0000:%02x:02.0), NUMA node %d,", far, far);
+  snprintf(want[2], sizeof want[2], "fakeverbs2: PCI 0000:12:00.0 (root port 0000:%02x:01.0), NUMA node %d (this process's)",
+           me, me);
+  snprintf(want[3], sizeof want[3], "port 1: active, RoCE, MTU 4096, 100 Gb/s (rail 0 of a rank on this NUMA node here)");
+  snprintf(want[4], sizeof want[4], "port 1: active, RoCE, MTU 4096, 100 Gb/s (rail 1 of a rank on this NUMA node here)");
+  snprintf(want[5], sizeof want[5], "RDMA devices (");
+  int seen[6] = {0}, dev = -1, rails_of[3] = {-1, -1, -1};
+  while (fgets(line, sizeof line, p)) {
+    for (int i = 0; i < 6; i++)
+      if (strstr(line, want[i])) seen[i] = 1;
+    if (strstr(line, "  fakeverbs")) dev = atoi(strstr(line, "fakeverbs") + 9);
+    if (dev >= 0 && dev < 3 && strstr(line, "(rail 0 ")) rails_of[dev] = 0;
+    if (dev >= 0 && dev < 3 && strstr(line, "(rail 1 ")) rails_of[dev] = 1;
+  }
+  pclose(p);
+  for (int i = 0; i < 6; i++) ck_assert_msg(seen[i], "flexcoll-info did not print \"%s\"", want[i]);
+  ck_assert_msg(rails_of[0] == 0 && rails_of[1] == -1 && rails_of[2] == 1, "rails of the devices: %d %d %d", rails_of[0],
+                rails_of[1], rails_of[2]);
 }
 END_TEST
 
@@ -1146,6 +1315,12 @@ int main(void) {
   if (!g_real) tcase_add_loop_test(tc, test_zcopy, 0, 3);
   suite_add_tcase(s, tc);
   if (!g_real) {
+    tc = tcase_create("rails");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, test_rails, 0, 2);
+    tcase_add_test(tc, test_pci_places);
+    tcase_add_test(tc, test_info_rails);
+    suite_add_tcase(s, tc);
     tc = tcase_create("rcache");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_rcache_lru, 0, 5);

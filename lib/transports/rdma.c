@@ -29,8 +29,11 @@
  * came deregisters at once (a peer still writing fails, never writes into memory given back); a
  * send given up mid-way tells the receiver (RZCANCEL).
  *
- * What this does not do yet (docs/ARCHITECTURE.md): device memory (dma-buf), several NICs, the
- * NIC's place in the cost model, watching unmaps (pinned registrations are cached only on the
+ * Device: one per link, rail `link->rail` of the rank's nearest devices (rdma_dev.h); links.c opens
+ * a link per rail (several NICs) and the balancer splits over them.
+ *
+ * What this does not do yet (docs/ARCHITECTURE.md): device memory (dma-buf), the NIC's place in
+ * the cost model beside the GPU's host staging, watching unmaps (pinned registrations are cached only on the
  * application's promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
 #define _GNU_SOURCE
 #include "config.h"
@@ -41,6 +44,7 @@
 #if HAVE_VERBS_H
 #include "verbs.h"
 #include "rdma_rcache.h"
+#include "rdma_dev.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -138,106 +142,6 @@ const fc_verbs_t *fc_verbs_load(char *why, size_t len) {
 
 static const char *wc_status(const fc_verbs_t *v, enum ibv_wc_status st) {
   return v->wc_status_str ? v->wc_status_str(st) : "error";
-}
-
-/* ---- device choice -------------------------------------------------------------------------- */
-
-static const char *mtu_name(enum ibv_mtu m) {
-  switch (m) {
-    case IBV_MTU_256: return "256";
-    case IBV_MTU_512: return "512";
-    case IBV_MTU_1024: return "1024";
-    case IBV_MTU_2048: return "2048";
-    case IBV_MTU_4096: return "4096";
-    default: return "?";
-  }
-}
-
-/* Gb/s per lane of ibv_port_attr.active_speed, times the lanes of active_width. */
-static double port_gbps(const struct ibv_port_attr *a) {
-  double lane = 0;
-  switch (a->active_speed) {
-    case 1: lane = 2.5; break;
-    case 2: lane = 5; break;
-    case 4: case 8: lane = 10; break;
-    case 16: lane = 14; break;
-    case 32: lane = 25; break;
-    case 64: lane = 50; break;
-    case 128: lane = 100; break;
-    default: lane = 0;
-  }
-  int lanes = a->active_width == 1 ? 1 : a->active_width == 2 ? 4 : a->active_width == 4 ? 8 : a->active_width == 8 ? 12
-              : a->active_width == 16 ? 2 : 0;
-  return lane * lanes;
-}
-
-/* FLEXCOLL_IB_HCA: "name" or "name:port"; NULL: the first device with an active port. */
-static int hca_wanted(const char *dev, int port) {
-  const char *s = fc_param_str("FLEXCOLL_IB_HCA", NULL);
-  if (!s) return 1;
-  size_t n = strcspn(s, ":");
-  if (strlen(dev) != n || strncmp(s, dev, n)) return 0;
-  return s[n] != ':' || atoi(s + n + 1) == port;
-}
-
-/* The NUMA node of a device's PCI function (sysfs), -1 when unknown: the GPUs nearest to it are
- * those flexcoll-info lists on the same node. */
-static int device_numa(const struct ibv_device *d) {
-  char path[sizeof d->ibdev_path + 32];
-  int node = -1;
-  if (!d->ibdev_path[0]) return -1;
-  snprintf(path, sizeof path, "%s/device/numa_node", d->ibdev_path);
-  FILE *f = fopen(path, "r");
-  if (f) {
-    if (fscanf(f, "%d", &node) != 1) node = -1;
-    fclose(f);
-  }
-  return node;
-}
-
-void fc_rdma_report(FILE *out) {
-  char why[300] = "";
-  const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
-  if (!v) {
-    fprintf(out, "RDMA devices: none (%s)\n", why);
-    return;
-  }
-  int n = 0;
-  errno = 0;
-  struct ibv_device **list = v->get_device_list(&n);
-  if (!list || n == 0) {
-    fprintf(out, "RDMA devices: none (%s: %s)\n", v->path,
-            !list ? (errno ? strerror(errno) : "no device list") : "no device");
-    if (list) v->free_device_list(list);
-    return;
-  }
-  fprintf(out, "RDMA devices (%s): %d\n", v->path, n);
-  for (int i = 0; i < n; i++) {
-    const char *name = v->get_device_name(list[i]);
-    struct ibv_context *ctx = v->open_device(list[i]);
-    struct ibv_device_attr da;
-    if (!ctx || v->query_device(ctx, &da)) {
-      fprintf(out, "  %s: cannot open (%s)\n", name, strerror(errno));
-      if (ctx) v->close_device(ctx);
-      continue;
-    }
-    int node = device_numa(list[i]);
-    char where[32] = "NUMA node unknown";
-    if (node >= 0) snprintf(where, sizeof where, "NUMA node %d", node);
-    fprintf(out, "  %s: %s, %d port(s), %d queue pairs, %d CQ entries\n", name, where, da.phys_port_cnt, da.max_qp,
-            da.max_cqe);
-    for (int p = 1; p <= da.phys_port_cnt; p++) {
-      struct ibv_port_attr pa;
-      memset(&pa, 0, sizeof pa);
-      if (v->query_port(ctx, (uint8_t)p, &pa)) continue;
-      fprintf(out, "    port %d: %s, %s, MTU %s, %.0f Gb/s%s\n", p,
-              pa.state == IBV_PORT_ACTIVE ? "active" : pa.state == IBV_PORT_DOWN ? "down" : "not active",
-              pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", mtu_name(pa.active_mtu), port_gbps(&pa),
-              hca_wanted(name, p) ? "" : " (not chosen by FLEXCOLL_IB_HCA)");
-    }
-    v->close_device(ctx);
-  }
-  v->free_device_list(list);
 }
 
 /* ---- the link's state ---------------------------------------------------------------------- */
@@ -365,6 +269,8 @@ typedef struct {
   unsigned progress_calls;
   size_t zcopy_bytes; /* FLEXCOLL_RDMA_ZCOPY_BYTES: sends from this size take the rendezvous */
   fc_rcache_t *rcache; /* user buffers' registrations (kept, or per message: rdma_rcache.h) */
+  int rail, nrails;    /* which of this rank's devices this link is, of how many (rdma_dev.h) */
+  unsigned char alone[FC_RDMA_MAX_RAILS]; /* rail k's PCIe root port is none of rails 0..k-1's */
   int odp;             /* the device's registrations can follow the page tables (on-demand paging) */
   uint64_t max_msg;   /* the port's largest message: the longest single write */
 } rdma_t;
@@ -1077,7 +983,8 @@ static int rcache_open(rdma_t *r, char *why, size_t len) {
   return 0;
 }
 
-/* The first active port of a device FLEXCOLL_IB_HCA allows: opens r->ctx.  0, or -1 with why. */
+/* This link's device: rail r->rail of the rank's rails (rdma_dev.h: the nearest devices, or those
+ * FLEXCOLL_IB_HCA names); opens r->ctx.  0, or -1 with why. */
 static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t len) {
   int n = 0;
   errno = 0;
@@ -1088,28 +995,30 @@ static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t le
     if (list) r->v->free_device_list(list);
     return -1;
   }
-  snprintf(why, len, "no active port on %d RDMA device(s)%s", n,
-           fc_param_str("FLEXCOLL_IB_HCA", NULL) ? " that FLEXCOLL_IB_HCA allows" : "");
-  for (int i = 0; i < n && !r->ctx; i++) {
-    const char *name = r->v->get_device_name(list[i]);
-    struct ibv_context *ctx = r->v->open_device(list[i]);
-    struct ibv_device_attr da;
-    if (!ctx) {
-      /* Most often the permissions of /dev/infiniband: say so rather than "no active port". */
-      snprintf(why, len, "cannot open RDMA device %s: %s", name, strerror(errno));
-      continue;
+  fc_rdma_cand_t rails[FC_RDMA_MAX_RAILS];
+  r->nrails = fc_rdma_rails(r->v, list, n, r->comm->cuda_device, rails, FC_RDMA_MAX_RAILS, why, len);
+  for (int k = 0; k < r->nrails; k++) {
+    r->alone[k] = rails[k].root[0] != 0;
+    for (int j = 0; j < k; j++) r->alone[k] &= strcmp(rails[j].root, rails[k].root) != 0;
+  }
+  if (r->rail < r->nrails) {
+    const fc_rdma_cand_t *c = &rails[r->rail];
+    r->ctx = r->v->open_device(list[c->dev]);
+    if (!r->ctx) snprintf(why, len, "cannot open RDMA device %s: %s", c->name, strerror(errno));
+    else if (r->v->query_port(r->ctx, (uint8_t)c->port, pa) || pa->state != IBV_PORT_ACTIVE) {
+      snprintf(why, len, "RDMA device %s port %d is no longer active", c->name, c->port);
+      r->v->close_device(r->ctx);
+      r->ctx = NULL;
+    } else {
+      r->port = (uint8_t)c->port;
+      FC_INFO(FC_SUB_NET, "rank %d: rdma rail %d of %d on %s port %d (%s, MTU %s, %.0f Gb/s; %s %d%s)", r->rank, r->rail,
+              r->nrails, c->name, c->port, pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+              fc_rdma_mtu_name(pa->active_mtu), fc_rdma_port_gbps(pa),
+              r->comm->cuda_device >= 0 ? "PCI hops from its GPU" : "NUMA node", r->comm->cuda_device >= 0 ? c->dist : c->numa,
+              fc_param_str("FLEXCOLL_IB_HCA", NULL) ? ", named by FLEXCOLL_IB_HCA" : "");
     }
-    if (r->v->query_device(ctx, &da) == 0)
-      for (int p = 1; p <= da.phys_port_cnt && !r->ctx; p++) {
-        memset(pa, 0, sizeof *pa);
-        if (r->v->query_port(ctx, (uint8_t)p, pa) || pa->state != IBV_PORT_ACTIVE || !hca_wanted(name, p)) continue;
-        r->ctx = ctx;
-        r->port = (uint8_t)p;
-        FC_INFO(FC_SUB_NET, "rank %d: rdma on %s port %d (%s, MTU %s, %.0f Gb/s)", r->rank, name, p,
-                pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", mtu_name(pa->active_mtu),
-                port_gbps(pa));
-      }
-    if (!r->ctx) r->v->close_device(ctx);
+  } else if (r->nrails) {
+    snprintf(why, len, "rail %d: this rank has %d RDMA device(s) at its nearest", r->rail, r->nrails);
   }
   r->v->free_device_list(list);
   return r->ctx ? 0 : -1;
@@ -1291,6 +1200,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   r->comm = comm;
   r->nranks = comm->nranks;
   r->rank = comm->rank;
+  r->rail = link->rail;
   /* 16 slots (1 MiB) per peer keep a 1 MiB slice streaming; beyond 16 peers the rings would
    * grow past 16 MiB per rank, so fewer. */
   r->nslots = comm->nranks <= 17 ? 16 : 4;
@@ -1500,8 +1410,16 @@ static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
   *req = NULL;
 }
 
+static int rdma_rails(fc_link_t *link, unsigned char *alone, int max) {
+  rdma_t *r = link->state;
+  int n = r->nrails < max ? r->nrails : max;
+  for (int k = 0; k < n; k++) alone[k] = r->alone[k];
+  return n;
+}
+
 /* Between hosts as within one (a NIC reaches any port of the fabric). */
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, rdma_isend, rdma_irecv, rdma_progress, rdma_test, rdma_cancel, 0, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma",      rdma_open,   rdma_close, rdma_isend, rdma_irecv, rdma_progress,
+                                    rdma_test,   rdma_cancel, 0,          0,          rdma_rails};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1519,6 +1437,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL};
 
 #endif

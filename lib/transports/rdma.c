@@ -973,7 +973,9 @@ static int rcache_open(rdma_t *r, char *why, size_t len) {
   const int pinned = fc_param_rdma_rcache_pinned() == 1;
   r->odp = device_odp(r->ctx);
   const size_t keep = r->odp || pinned ? bound : 0;
-  r->rcache = fc_rcache_new(r->v, r->pd, keep, r->odp ? IBV_ACCESS_ON_DEMAND : 0);
+  /* On-demand paging only where registrations are kept: one made for a single message would make
+   * the NIC fault every page in anew, where pinning does it once at registration. */
+  r->rcache = fc_rcache_new(r->v, r->pd, keep, r->odp && keep ? IBV_ACCESS_ON_DEMAND : 0);
   if (!r->rcache) return snprintf(why, len, "out of memory"), -1;
   FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache %s%zu bytes (%s)", r->rank, keep ? "up to " : "off, ", keep,
           !bound    ? "FLEXCOLL_RDMA_RCACHE_BYTES=0"

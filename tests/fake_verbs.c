@@ -109,8 +109,10 @@ static void parse_faults(void) {
   }
   if (parse_devices()) {
     fault.bad = 1;
-    fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_DEVICES=%s: not a comma list of NUMA nodes (each node[:root port]), at most %d\n",
-            getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), FV_MAX_DEVICES);
+    fprintf(stderr,
+            "fake verbs: FLEXCOLL_VERBS_FAKE_DEVICES=%s FLEXCOLL_VERBS_FAKE_PLACES=%s: not 1 to %d devices, each place "
+            "node[:root port]\n",
+            getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), getenv("FLEXCOLL_VERBS_FAKE_PLACES"), FV_MAX_DEVICES);
   }
   if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev, noodp, pinned\n", s);
 }
@@ -295,9 +297,10 @@ struct fv_ctx {
   unsigned rounds;
 };
 
-/* ---- devices (FLEXCOLL_VERBS_FAKE_DEVICES, FLEXCOLL_VERBS_FAKE_SYSFS) -------------------------------
- * One device unless FLEXCOLL_VERBS_FAKE_DEVICES lists several: a comma list of NUMA nodes, one per
- * device, each optionally ":S", the PCIe root port it sits under (by default a port of its own).
+/* ---- devices (FLEXCOLL_VERBS_FAKE_DEVICES, _PLACES, _SYSFS) ----------------------------------------
+ * FLEXCOLL_VERBS_FAKE_DEVICES=N devices (default 1), placed by FLEXCOLL_VERBS_FAKE_PLACES: a comma
+ * list, device by device, of a NUMA node and optionally ":S", the PCIe root port it sits under
+ * (devices it does not cover: node 0; by default each device a root port of its own).
  * With FLEXCOLL_VERBS_FAKE_SYSFS=DIR each device's ibdev_path is DIR/class/infiniband/NAME, whose
  * `device` links to its PCI function DIR/devices/pciDDDD:NN/0000:NN:SS.0/0000:BB:00.0 holding
  * `numa_node`, as in sysfs: the rdma link reads a real device's place the same way.  All devices
@@ -312,16 +315,22 @@ FV_EXPORT long fake_verbs_device_open(int dev) {
 }
 
 static int parse_devices(void) {
-  const char *s = getenv("FLEXCOLL_VERBS_FAKE_DEVICES");
+  const char *s = getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), *places = getenv("FLEXCOLL_VERBS_FAKE_PLACES");
   for (int k = 0; k < FV_MAX_DEVICES; k++) fv_root[k] = k + 1;
-  if (!s || !*s) return 0;
-  char buf[256];
-  snprintf(buf, sizeof buf, "%s", s);
-  fv_ndevices = 0;
-  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+  if (s && *s) {
     char *end = NULL;
-    long node = strtol(t, &end, 10), root = fv_ndevices + 1;
-    if (end == t || node < 0 || node > 255 || fv_ndevices == FV_MAX_DEVICES) return -1;
+    long n = strtol(s, &end, 10);
+    if (end == s || *end || n < 1 || n > FV_MAX_DEVICES) return -1;
+    fv_ndevices = (int)n;
+  }
+  if (!places || !*places) return 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", places);
+  int k = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
+    char *end = NULL;
+    long node = strtol(t, &end, 10), root = k + 1;
+    if (end == t || node < 0 || node > 255 || k == fv_ndevices) return -1;
     if (*end == ':') {
       char *e2 = NULL;
       root = strtol(end + 1, &e2, 10);
@@ -329,10 +338,10 @@ static int parse_devices(void) {
     } else if (*end) {
       return -1;
     }
-    fv_numa[fv_ndevices] = (int)node;
-    fv_root[fv_ndevices++] = (int)root;
+    fv_numa[k] = (int)node;
+    fv_root[k] = (int)root;
   }
-  return fv_ndevices ? 0 : -1;
+  return 0;
 }
 
 static int mkdirs(char *path) {
@@ -355,11 +364,22 @@ static void lay_out_sysfs(const char *dir, int k) {
            0x10 + k);
   snprintf(cls, sizeof cls, "%s/class/infiniband/%s", dir, fv_devices[k].name);
   if (mkdirs(fn) || mkdirs(cls)) return;
+  /* Written whole under another name and renamed: a rank reading it while another process of the
+   * test lays it out must never see it empty. */
   snprintf(link, sizeof link, "%s/numa_node", fn);
-  FILE *f = fopen(link, "w");
+  int have = -1;
+  FILE *f = fopen(link, "r");
   if (f) {
-    fprintf(f, "%d\n", node);
+    if (fscanf(f, "%d", &have) != 1) have = -1;
     fclose(f);
+  }
+  if (have != node) {
+    snprintf(tmp, sizeof tmp, "%s.%d", link, (int)getpid());
+    f = fopen(tmp, "w");
+    if (f) {
+      fprintf(f, "%d\n", node);
+      if (fclose(f) || rename(tmp, link)) unlink(tmp);
+    }
   }
   snprintf(link, sizeof link, "%s/device", cls);
   ssize_t n = readlink(link, cur, sizeof cur - 1);

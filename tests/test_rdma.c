@@ -429,19 +429,23 @@ static int bind_to_my_node(void) {
   return (int)node;
 }
 
-static int rails_run(int nranks, const char *label, const char *devices, const char *hca, int rails, int mask) {
-  char e1[64], e2[300], e3[64], e4[32], arg[96];
-  snprintf(e1, sizeof e1, "FLEXCOLL_VERBS_FAKE_DEVICES=%s", devices);
+/* places: FLEXCOLL_VERBS_FAKE_PLACES, one device per item. */
+static int rails_run(int nranks, const char *label, const char *places, const char *hca, int rails, int mask) {
+  char e1[64], e2[300], e3[64], e4[32], e5[48], arg[96];
+  int ndev = 1;
+  for (const char *c = places; *c; c++) ndev += *c == ',';
+  snprintf(e5, sizeof e5, "FLEXCOLL_VERBS_FAKE_DEVICES=%d", ndev);
+  snprintf(e1, sizeof e1, "FLEXCOLL_VERBS_FAKE_PLACES=%s", places);
   snprintf(e2, sizeof e2, "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs", g_dir);
   snprintf(e3, sizeof e3, "FLEXCOLL_IB_HCA=%s", hca ? hca : "");
   snprintf(e4, sizeof e4, "FC_TEST_RAILS=%d", rails);
   snprintf(arg, sizeof arg, "%s,%d", label, mask);
   const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
-                       e1, e2, e3, e4, NULL};
+                       e1, e2, e3, e4, e5, NULL};
   char same[32];
   snprintf(same, sizeof same, "rdma-%d", nranks);
   hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
-  fprintf(stderr, "[test_rdma] %s: %d ranks, fake devices %s, FLEXCOLL_IB_HCA=%s: %d rail(s)\n", label, nranks, devices,
+  fprintf(stderr, "[test_rdma] %s: %d ranks, fake devices at %s, FLEXCOLL_IB_HCA=%s: %d rail(s)\n", label, nranks, places,
           hca ? hca : "", rails);
   return hx_run_procs(nranks, &o, rails_rank, arg);
 }
@@ -504,7 +508,8 @@ START_TEST(test_info_rails) {
   int me = bind_to_my_node(), far = me + 1;
   char cmd[1200], line[512];
   snprintf(cmd, sizeof cmd,
-           "FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_DEVICES=%d,%d,%d:1 FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs-info "
+           "FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_DEVICES=3 FLEXCOLL_VERBS_FAKE_PLACES=%d,%d,%d:1 "
+           "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs-info "
            "FLEXCOLL_IB_HCA= %s 2>&1",
            me, far, me, g_dir, FC_INFO_BIN);
   FILE *p = popen(cmd, "r");
@@ -931,6 +936,9 @@ START_TEST(test_no_device) {
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:1", NULL}, FLEXCOLL_SUCCESS, NULL, 1},
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:2", NULL}, FLEXCOLL_SYSTEM_ERROR,
        "FLEXCOLL_IB_HCA", 0},
+      /* The fake told to present more devices than it can: it presents none. */
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_DEVICES=9", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "no RDMA device", 0},
       /* Settings of the registration cache that are not numbers in range: refused, named. */
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_RDMA_RCACHE_BYTES=-1", NULL},
        FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_RDMA_RCACHE_BYTES", 0},
@@ -1330,7 +1338,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
     tcase_add_loop_test(tc, test_zcopy_fault, 0, (int)(sizeof zc_faults / sizeof zc_faults[0]));
-    tcase_add_loop_test(tc, test_no_device, 0, 12);
+    tcase_add_loop_test(tc, test_no_device, 0, 13);
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);

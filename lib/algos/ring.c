@@ -227,7 +227,8 @@ static void ring2d_uneven_allreduce(fc_build_t *b, const fc_algo_args_t *a, cons
     for (int s = 0; s < 2 * (H - 1); s++) { /* B: per wave, reduce-scatter then allgather between hosts */
       fc_build_round(b);
       const int rs = s < H - 1, q = rs ? s : s - (H - 1);
-      const int sb = rs ? fc_mod(hv - q, H) : fc_mod(hv + 1 - q, H), rb = rs ? fc_mod(hv - q - 1, H) : fc_mod(hv - q, H);
+      const int sb = rs ? fc_mod(hv - q, H) : fc_mod(hv + 1 - q, H);
+      const int rb = rs ? fc_mod(hv - q - 1, H) : fc_mod(hv - q, H);
       for (int k = 0; k < t->nseg; k++) {
         if (t->wave[k] != w || owner(a, t, hv, t->start[k]) != a->rank) continue;
         const size_t bs = t->start[k], bl = t->start[k + 1] - t->start[k];

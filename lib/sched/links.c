@@ -228,8 +228,8 @@ static flexcoll_result_t check_pairs(struct flexcoll_comm *comm, const fc_links_
 }
 
 /* Open rail `rail` of registry entry r; keep it when every rank could (*kept).  Collective. */
-static flexcoll_result_t open_rail(struct flexcoll_comm *comm, fc_links_t *l, int r, int rail, char *dropped, size_t dlen,
-                                   int *kept) {
+static flexcoll_result_t open_rail(struct flexcoll_comm *comm, fc_links_t *l, int r, int rail, char *dropped,
+                                   size_t dlen, int *kept) {
   fc_link_t *link = &l->link[l->n];
   *kept = 0;
   memset(link, 0, sizeof *link);
@@ -293,7 +293,10 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
   mine[0] = (unsigned char)registry[r]->rails(&l->link[first], mine + 1, FC_MAX_LINKS);
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, FC_MAX_LINKS + 1);
   int rails = FC_MAX_LINKS - first;
-  for (int q = 0; q < n && res == FLEXCOLL_SUCCESS; q++) rails = all[(size_t)q * (FC_MAX_LINKS + 1)] < rails ? all[(size_t)q * (FC_MAX_LINKS + 1)] : rails;
+  for (int q = 0; q < n && res == FLEXCOLL_SUCCESS; q++) {
+    const int theirs = all[(size_t)q * (FC_MAX_LINKS + 1)];
+    rails = theirs < rails ? theirs : rails;
+  }
   if (res == FLEXCOLL_SUCCESS && rails > 1)
     FC_INFO(FC_SUB_SCHED, "link %s: %d rails (devices) on every rank", registry[r]->name, rails);
   for (int k = 1; k < rails && res == FLEXCOLL_SUCCESS; k++) {

@@ -21,20 +21,22 @@
  * comes), registers the receive buffer for that message and answers with a CTS in a slot (the id,
  * address, rkey, room).  The sender registers its buffer and writes straight from it into the
  * receive buffer (RDMA WRITE, in pieces no longer than the port's largest message), the last piece
- * WITH IMMEDIATE (IMM_ZDONE and the id) which completes the receive; each side deregisters as its
- * part ends.  No copy through the slots; registrations come from a cache that keeps them between
- * messages where that is safe (rcache_open(), rdma_rcache.h), else one per message and side.  Where the message is longer than the receive's room or a registration fails, the CTS
+ * WITH IMMEDIATE (IMM_ZDONE and the id) which completes the receive; each side gives its
+ * registration back as its part ends.  No copy through the slots; registrations come from a cache
+ * that keeps them between messages where that is safe (rcache_open(), rdma_rcache.h), else one per
+ * message and side.  Where the message is longer than the receive's room or a registration fails, the CTS
  * (or the sender) turns the message into fragments carrying the id, which go to the receive
  * already matched: the copy path, with its length check.  A receive given up before its data
- * came deregisters at once (a peer still writing fails, never writes into memory given back); a
- * send given up mid-way tells the receiver (RZCANCEL).
+ * came deregisters at once, cached or not (a peer still writing fails, never writes into memory
+ * given back); a send given up mid-way tells the receiver (RZCANCEL).
  *
  * Device: one per link, rail `link->rail` of the rank's nearest devices (rdma_dev.h); links.c opens
  * a link per rail (several NICs) and the balancer splits over them.
  *
  * What this does not do yet (docs/ARCHITECTURE.md): device memory (dma-buf), the NIC's place in
- * the cost model beside the GPU's host staging, watching unmaps (pinned registrations are cached only on the
- * application's promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
+ * the cost model beside the GPU's host staging (the balancer can bound a shared port, nothing puts
+ * them in one yet), watching unmaps (pinned registrations are cached only on the application's
+ * promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
 #define _GNU_SOURCE
 #include "config.h"
 #include "clock.h"
@@ -1013,11 +1015,11 @@ static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t le
       r->ctx = NULL;
     } else {
       r->port = (uint8_t)c->port;
+      const int gpu = r->comm->cuda_device >= 0;
       FC_INFO(FC_SUB_NET, "rank %d: rdma rail %d of %d on %s port %d (%s, MTU %s, %.0f Gb/s; %s %d%s)", r->rank, r->rail,
               r->nrails, c->name, c->port, pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-              fc_rdma_mtu_name(pa->active_mtu), fc_rdma_port_gbps(pa),
-              r->comm->cuda_device >= 0 ? "PCI hops from its GPU" : "NUMA node", r->comm->cuda_device >= 0 ? c->dist : c->numa,
-              fc_param_str("FLEXCOLL_IB_HCA", NULL) ? ", named by FLEXCOLL_IB_HCA" : "");
+              fc_rdma_mtu_name(pa->active_mtu), fc_rdma_port_gbps(pa), gpu ? "PCI hops from its GPU" : "NUMA node",
+              gpu ? c->dist : c->numa, fc_param_str("FLEXCOLL_IB_HCA", NULL) ? ", named by FLEXCOLL_IB_HCA" : "");
     }
   } else if (r->nrails) {
     snprintf(why, len, "rail %d: this rank has %d RDMA device(s) at its nearest", r->rail, r->nrails);

@@ -315,7 +315,8 @@ void fc_rdma_report(FILE *out) {
       for (int k = 0; k < nr; k++)
         if (rails[k].dev == i && rails[k].port == p) rail = k;
       char taken[96] = "";
-      if (rail >= 0) snprintf(taken, sizeof taken, " (rail %d of a rank %s here)", rail, gpu >= 0 ? "on GPU 0" : "on this NUMA node");
+      if (rail >= 0)
+        snprintf(taken, sizeof taken, " (rail %d of a rank %s here)", rail, gpu >= 0 ? "on GPU 0" : "on this NUMA node");
       fprintf(out, "    port %d: %s, %s, MTU %s, %.0f Gb/s%s\n", p,
               pa.state == IBV_PORT_ACTIVE ? "active" : pa.state == IBV_PORT_DOWN ? "down" : "not active",
               pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", fc_rdma_mtu_name(pa.active_mtu),

@@ -83,7 +83,8 @@ static void drop(fc_rcache_t *c, fc_rc_ent_t *e) {
 /* Least recently used first, skipping entries in use, until the bounds hold (entries in use
  * may keep the cache over its bound until they are put back). */
 static void evict(fc_rcache_t *c) {
-  for (fc_rc_ent_t *e = c->tail, *prev; e && (c->bytes > c->max_bytes || c->entries > FC_RCACHE_MAX_ENTRIES); e = prev) {
+  for (fc_rc_ent_t *e = c->tail, *prev; e; e = prev) {
+    if (c->bytes <= c->max_bytes && c->entries <= FC_RCACHE_MAX_ENTRIES) break;
     prev = e->prev;
     if (e->refs) continue;
     drop(c, e);

@@ -390,19 +390,38 @@ static long fake_open(int dev) {
   return n;
 }
 
-/* The matrix, then which fake devices this rank has open: arg "label,mask", bit k of mask set
- * where device k must be open (its communicators' rails), clear where it must not. */
+/* The matrix, then which fake devices this rank has open: arg "label,mask,split", bit k of mask
+ * set where device k must be open (its communicators' rails), clear where it must not; split 1:
+ * two rails each with a port of its own, so the balancer gives each a fair part toward every peer
+ * (the smaller at least a quarter of the larger).  (Two rails under one root port share a port in
+ * the model: that changes whether a split pays, not its proportions, so nothing here tells.) */
 static int rails_rank(hx_rank_t *r) {
   char label[64];
-  int mask = 0;
-  if (sscanf((const char *)r->arg, "%63[^,],%d", label, &mask) != 2) return hx_fail(r, "bad arg");
+  int mask = 0, split = 0;
+  if (sscanf((const char *)r->arg, "%63[^,],%d,%d", label, &mask, &split) != 3) return hx_fail(r, "bad arg");
   r->arg = label;
   matrix_rank(r);
   for (int k = 0; k < 3; k++) {
     long n = fake_open(k);
     if (n < 0) hx_fail(r, "the fake does not report its devices");
-    else if ((n > 0) != ((mask >> k) & 1)) hx_fail(r, "fake device %d: %ld contexts open, expected %s", k, n, (mask >> k) & 1 ? "some" : "none");
+    else if ((n > 0) != ((mask >> k) & 1))
+      hx_fail(r, "fake device %d: %ld contexts open, expected %s", k, n, (mask >> k) & 1 ? "some" : "none");
   }
+  flexcoll_link_stats_t st[64];
+  int n = 0;
+  if (split && flexcoll_comm_get_link_stats(r->comm, st, 64, &n) == FLEXCOLL_SUCCESS)
+    for (int q = 0; q < r->nranks; q++) {
+      /* the rails' entries toward q, in the rails' order */
+      unsigned long long b[2] = {0, 0};
+      int k = 0;
+      for (int i = 0; i < n && i < 64 && k < 2; i++)
+        if (!strcmp(st[i].name, "rdma") && st[i].peer == q && q != r->rank) b[k++] = st[i].bytes;
+      if (k < 2) continue;
+      const double lo = (double)(b[0] < b[1] ? b[0] : b[1]), hi = (double)(b[0] < b[1] ? b[1] : b[0]);
+      fprintf(stderr, "[test_rdma] %s rank %d: rails to rank %d carried %llu and %llu bytes\n", label, r->rank, q, b[0],
+              b[1]);
+      if (split == 1 && lo < hi / 4) hx_fail(r, "rails of their own ports to rank %d: %.0f and %.0f bytes", q, lo, hi);
+    }
   return 0;
 }
 
@@ -430,7 +449,8 @@ static int bind_to_my_node(void) {
 }
 
 /* places: FLEXCOLL_VERBS_FAKE_PLACES, one device per item. */
-static int rails_run(int nranks, const char *label, const char *places, const char *hca, int rails, int mask) {
+static int rails_run(int nranks, const char *label, const char *places, const char *hca, int rails, int mask,
+                     int split) {
   char e1[64], e2[300], e3[64], e4[32], e5[48], arg[96];
   int ndev = 1;
   for (const char *c = places; *c; c++) ndev += *c == ',';
@@ -439,7 +459,7 @@ static int rails_run(int nranks, const char *label, const char *places, const ch
   snprintf(e2, sizeof e2, "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs", g_dir);
   snprintf(e3, sizeof e3, "FLEXCOLL_IB_HCA=%s", hca ? hca : "");
   snprintf(e4, sizeof e4, "FC_TEST_RAILS=%d", rails);
-  snprintf(arg, sizeof arg, "%s,%d", label, mask);
+  snprintf(arg, sizeof arg, "%s,%d,%d", label, mask, split);
   const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
                        e1, e2, e3, e4, e5, NULL};
   char same[32];
@@ -451,25 +471,32 @@ static int rails_run(int nranks, const char *label, const char *places, const ch
 }
 
 /* Fake devices on this NUMA node (near) and another (far): one near device is one rail; two near
- * ones under different root ports are two, both carrying bytes to every peer under the balancer,
- * the far one never opened; FLEXCOLL_IB_HCA naming two takes exactly those, near or far.  Every
- * result checked, and bitwise the same as with one NIC. */
+ * ones under different root ports are two, both carrying a fair part to every peer under the
+ * balancer, the far one never opened; two near ones under one root port are two rails too;
+ * FLEXCOLL_IB_HCA naming two takes exactly those, near or far.  Every result checked, and bitwise
+ * the same as with one NIC. */
 START_TEST(test_rails) {
   int nranks = 2 + _i;
   int me = bind_to_my_node(), far = me + 1;
-  char one[32], two[32], named[32], dev2[32], dev3[48];
+  char one[32], two[32], named[32], shared[32], dev2[32], dev3[48], dev3s[48];
   snprintf(one, sizeof one, "rail1-%d", nranks);
   snprintf(two, sizeof two, "rail2-%d", nranks);
   snprintf(named, sizeof named, "railhca-%d", nranks);
   snprintf(dev2, sizeof dev2, "%d,%d", me, far);
   snprintf(dev3, sizeof dev3, "%d,%d,%d", me, far, me);
-  ck_assert_msg(rails_run(nranks, one, dev2, NULL, 1, 1), "%d ranks, one near NIC: see stderr", nranks);
-  ck_assert_msg(rails_run(nranks, two, dev3, NULL, 2, 5), "%d ranks, two near NICs: see stderr", nranks);
-  ck_assert_msg(rails_run(nranks, named, dev3, "fakeverbs1,fakeverbs0", 2, 3), "%d ranks, FLEXCOLL_IB_HCA: see stderr",
+  snprintf(dev3s, sizeof dev3s, "%d,%d,%d:1", me, far, me);
+  snprintf(shared, sizeof shared, "railshared-%d", nranks);
+  ck_assert_msg(rails_run(nranks, one, dev2, NULL, 1, 1, 0), "%d ranks, one near NIC: see stderr", nranks);
+  ck_assert_msg(rails_run(nranks, two, dev3, NULL, 2, 5, 1), "%d ranks, two near NICs: see stderr", nranks);
+  ck_assert_msg(rails_run(nranks, shared, dev3s, NULL, 2, 5, 0), "%d ranks, two NICs under one port: see stderr",
                 nranks);
+  ck_assert_msg(rails_run(nranks, named, dev3, "fakeverbs1,fakeverbs0", 2, 3, 0),
+                "%d ranks, FLEXCOLL_IB_HCA: see stderr", nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, two), "%d ranks: two rails differ from one", nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, named), "%d ranks: the named rails differ from one",
                 nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, shared),
+                "%d ranks: rails under one port differ from one", nranks);
 }
 END_TEST
 

@@ -473,7 +473,11 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
    * links were per pair this held within one host only; ranks on several hosts had no shm.) */
   (void)one_host;
   /* A further NIC (rail) behind a PCIe port of its own adds its bandwidth: a port of its own. */
-  for (int i = 0; i < l->n; i++) l->model[i].port = l->link[i].own_port ? 1 + i : 0;
+  for (int i = 0; i < l->n; i++) {
+    l->model[i].port = l->link[i].own_port ? 1 + i : 0;
+    if (l->link[i].rail) FC_INFO(FC_SUB_SCHED, "link %s rail %d: port %d in the model", l->link[i].ops->name,
+                                 l->link[i].rail, l->model[i].port);
+  }
   FC_INFO(FC_SUB_SCHED, "link models %s in %.1f ms (key %s)", all_have ? "from the cache" : "calibrated",
           (fc_now_us() - t0) / 1e3, key);
   if (!all_have && dir && fc_cost_cache_save(dir, key, l->model, l->n) != FLEXCOLL_SUCCESS)

@@ -393,8 +393,9 @@ static long fake_open(int dev) {
 /* The matrix, then which fake devices this rank has open: arg "label,mask,split", bit k of mask
  * set where device k must be open (its communicators' rails), clear where it must not; split 1:
  * two rails each with a port of its own, so the balancer gives each a fair part toward every peer
- * (the smaller at least an eighth of the larger, far above stage 2's probes).  (Two rails under one root port share a port in
- * the model: that changes whether a split pays, not its proportions, so nothing here tells.) */
+ * (the smaller at least an eighth of the larger, far above stage 2's probes).  (Two rails under
+ * one root port share a port in the model: that changes whether a split pays, not its
+ * proportions, so nothing here tells.) */
 static int rails_rank(hx_rank_t *r) {
   char label[64];
   int mask = 0, split = 0;

@@ -7,6 +7,7 @@
  * Rounds are numbered globally (see build.h); a message is always sent and received in the same
  * global round, so schedules stay deadlock-free even with rendezvous sends. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "build.h"
 
@@ -184,15 +185,22 @@ static int segments(const fc_algo_args_t *a, hosts2d_t *t) {
   for (int i = 0; i < nb; i++)
     if (k == 0 || t->start[i] != t->start[k - 1]) t->start[k++] = t->start[i];
   t->nseg = k - 1; /* nonempty [start[k], start[k+1]) */
+  /* A host's owner follows its block index, which only grows along the message: the segments
+   * whose owners on an edge (hosts h, h+1) are a given pair form one run.  So segment j shares a
+   * pair with exactly the earlier segments from the first of the runs it ends, over all edges:
+   * O(segments x ranks), not a pairwise comparison per schedule built. */
+  int cur[FC_RING2D_MAX], prev[FC_RING2D_MAX], run[FC_RING2D_MAX];
   for (int j = 0; j < t->nseg; j++) {
+    for (int h = 0; h < t->H; h++) cur[h] = owner(a, t, h, t->start[j]);
+    int from = j;
+    for (int h = 0; h < t->H; h++) {
+      const int g = (h + 1) % t->H;
+      if (j == 0 || cur[h] != prev[h] || cur[g] != prev[g]) run[h] = j;
+      from = run[h] < from ? run[h] : from;
+    }
+    memcpy(prev, cur, sizeof(int) * (size_t)t->H);
     unsigned long long used = 0;
-    for (int i = 0; i < j; i++)
-      for (int h = 0; h < t->H; h++) {
-        const int g = (h + 1) % t->H;
-        if (owner(a, t, h, t->start[i]) == owner(a, t, h, t->start[j]) &&
-            owner(a, t, g, t->start[i]) == owner(a, t, g, t->start[j]))
-          used |= 1ull << t->wave[i];
-      }
+    for (int i = from; i < j; i++) used |= 1ull << t->wave[i];
     int w = 0;
     while (w < 64 && (used >> w & 1)) w++;
     if (w == 64) return 0;

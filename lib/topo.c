@@ -1,4 +1,6 @@
-/* topo.c — machine topology for logging, flexcoll-info and (later) the link cost model. */
+/* topo.c — machine topology for logging, flexcoll-info and (later) the link cost model.  RDMA
+ * devices are the rdma link's (lib/transports/rdma_dev.c: through its run-time loader, so that
+ * what is listed is what the link would open). */
 #define _GNU_SOURCE
 #include "config.h"
 #include "topo.h"
@@ -15,9 +17,6 @@
 #endif
 #if HAVE_HWLOC
 #include <hwloc.h>
-#endif
-#if HAVE_VERBS
-#include <infiniband/verbs.h>
 #endif
 
 #if HAVE_HWLOC && HAVE_CUDA
@@ -68,19 +67,6 @@ static void discover_gpus(fc_topo_t *t, void *hwloc_topo) {
 #endif
 }
 
-static void discover_nics(fc_topo_t *t) {
-#if HAVE_VERBS
-  int n = 0;
-  struct ibv_device **list = ibv_get_device_list(&n);
-  if (!list) return;
-  for (int i = 0; i < n && t->nnics < FC_TOPO_MAX_NICS; i++)
-    snprintf(t->nics[t->nnics++], sizeof t->nics[0], "%s", ibv_get_device_name(list[i]));
-  ibv_free_device_list(list);
-#else
-  (void)t;
-#endif
-}
-
 void fc_topo_discover(fc_topo_t *t) {
   memset(t, 0, sizeof *t);
   void *ht = NULL;
@@ -106,7 +92,6 @@ void fc_topo_discover(fc_topo_t *t) {
   }
 #endif
   discover_gpus(t, ht);
-  discover_nics(t);
 #if HAVE_HWLOC
   if (ht) hwloc_topology_destroy((hwloc_topology_t)ht);
 #endif
@@ -128,9 +113,6 @@ void fc_topo_print(const fc_topo_t *t, FILE *out) {
                 !t->links[i][j].access ? "no peer access (through host memory)"
                                        : t->links[i][j].nvlink ? "NVLink peer access" : "PCIe peer access",
                 t->links[i][j].perf_rank);
-  fprintf(out, "RDMA devices: %d", t->nnics);
-  for (int i = 0; i < t->nnics; i++) fprintf(out, "%s%s", i ? ", " : " (", t->nics[i]);
-  fprintf(out, "%s\n", t->nnics ? ")" : "");
 }
 
 static pthread_once_t topo_once = PTHREAD_ONCE_INIT;

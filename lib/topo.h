@@ -1,6 +1,6 @@
 /* topo.h — what this machine has: GPUs (PCI bus id, NUMA node, memory, SMs), the peer links
  * between them (peer access, NVLink as reported by native peer atomics, CUDA's performance
- * rank), RDMA devices.  hwloc for placement, CUDA for the GPUs and links, ibverbs for NICs. */
+ * rank).  hwloc for placement, CUDA for the GPUs and links; RDMA devices: fc_rdma_report. */
 #ifndef FC_TOPO_H
 #define FC_TOPO_H
 
@@ -9,7 +9,6 @@
 #include <stdio.h>
 
 #define FC_TOPO_MAX_GPUS 16
-#define FC_TOPO_MAX_NICS 16
 
 typedef struct {
   char name[256];
@@ -29,8 +28,6 @@ typedef struct {
   int ngpus;
   fc_topo_gpu_t gpus[FC_TOPO_MAX_GPUS];
   fc_topo_link_t links[FC_TOPO_MAX_GPUS][FC_TOPO_MAX_GPUS];
-  int nnics;
-  char nics[FC_TOPO_MAX_NICS][64];
   int numa_nodes;   /* NUMA nodes hwloc sees (0 without hwloc) */
   char cpu_model[128];
 } fc_topo_t;

@@ -66,12 +66,13 @@
 #define FV_MAX_BOXES 64
 #define FV_MAX_EVENTS 64
 #define FV_MAX_MSG (1u << 20)
+#define FV_MAX_DEVICES 8
 
 /* ---- faults ------------------------------------------------------------------------------------ */
 
 static struct {
   long post_fail, drop, kill, delay_ms, portdown, regfail;
-  int nodev, bad;
+  int nodev, noodp, pinned, bad;
 } fault;
 static atomic_long posts, completions, mrs_ever, mrs_now, plain_writes, regs_tried;
 
@@ -83,15 +84,19 @@ FV_EXPORT void fake_verbs_mr_stats(long *ever, long *now, long *plain) {
 }
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 
+static int parse_devices(void);
+
 static void parse_faults(void) {
   const char *s = getenv("FLEXCOLL_VERBS_FAKE_FAULT");
-  if (!s || !*s) return;
+  if (!s || !*s) s = "";
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
     char *colon = strchr(t, ':'), *end = NULL;
     long v = colon ? strtol(colon + 1, &end, 10) : 0;
     if (!strcmp(t, "nodev")) { fault.nodev = 1; continue; }
+    if (!strcmp(t, "noodp")) { fault.noodp = 1; continue; }
+    if (!strcmp(t, "pinned")) { fault.pinned = 1; continue; }
     if (!colon || end == colon + 1 || *end || v <= 0) { fault.bad = 1; continue; }
     *colon = 0;
     if (!strcmp(t, "post")) fault.post_fail = v;
@@ -102,7 +107,14 @@ static void parse_faults(void) {
     else if (!strcmp(t, "regfail")) fault.regfail = v;
     else fault.bad = 1;
   }
-  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev\n", s);
+  if (parse_devices()) {
+    fault.bad = 1;
+    fprintf(stderr,
+            "fake verbs: FLEXCOLL_VERBS_FAKE_DEVICES=%s FLEXCOLL_VERBS_FAKE_PLACES=%s: not 1 to %d devices, each place "
+            "node[:root port]\n",
+            getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), getenv("FLEXCOLL_VERBS_FAKE_PLACES"), FV_MAX_DEVICES);
+  }
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev, noodp, pinned\n", s);
 }
 
 static double now_ms(void) {
@@ -225,11 +237,29 @@ typedef struct fv_qp {
   struct fv_qp *next;
 } fv_qp_t;
 
+/* The pinned model's "physical pages": a memfd that the registered range is remapped onto, and the
+ * fake's own mapping of it, through which the fake reads and writes that MR's memory. */
+typedef struct fv_frame {
+  uintptr_t lo, hi;
+  char *view;
+  int refs;
+  struct fv_frame *next;
+} fv_frame_t;
+
 typedef struct fv_mr {
   struct ibv_mr mr;
   int access;
+  fv_frame_t *frame; /* pinned model: the pages it holds (NULL: it follows the address space) */
+  char *view;        /* the frame's bytes at mr.addr */
   struct fv_mr *next;
 } fv_mr_t;
+
+/* Where the "NIC" reads or writes addr of m: the pages it pinned, or the address itself (a
+ * registration with on-demand paging follows the page tables, as the kernel keeps it). */
+static char *mr_at(const fv_mr_t *m, uint64_t addr) {
+  if (!m->view) return (char *)(uintptr_t)addr;
+  return m->view + (addr - (uint64_t)(uintptr_t)m->mr.addr);
+}
 
 typedef struct {
   struct ibv_cq cq;
@@ -244,7 +274,10 @@ typedef struct fv_ack {
 } fv_ack_t;
 
 struct fv_ctx {
-  struct ibv_context ctx;
+  /* Extended, as libibverbs' contexts are: ibv_query_device_ex (the ODP capabilities) goes
+   * through it.  Its ibv_context is its last member. */
+  struct verbs_context vctx;
+  int devno;
   union ibv_gid gid;
   char name[64];
   fv_box_t *box;
@@ -264,10 +297,103 @@ struct fv_ctx {
   unsigned rounds;
 };
 
-static struct ibv_device fv_device;
+/* ---- devices (FLEXCOLL_VERBS_FAKE_DEVICES, _PLACES, _SYSFS) ----------------------------------------
+ * FLEXCOLL_VERBS_FAKE_DEVICES=N devices (default 1), placed by FLEXCOLL_VERBS_FAKE_PLACES: a comma
+ * list, device by device, of a NUMA node and optionally ":S", the PCIe root port it sits under
+ * (devices it does not cover: node 0; by default each device a root port of its own).
+ * With FLEXCOLL_VERBS_FAKE_SYSFS=DIR each device's ibdev_path is DIR/class/infiniband/NAME, whose
+ * `device` links to its PCI function DIR/devices/pciDDDD:NN/0000:NN:SS.0/0000:BB:00.0 holding
+ * `numa_node`, as in sysfs: the rdma link reads a real device's place the same way.  All devices
+ * reach each other (one wire: shared memory). */
+static struct ibv_device fv_devices[FV_MAX_DEVICES];
+static int fv_ndevices = 1, fv_numa[FV_MAX_DEVICES], fv_root[FV_MAX_DEVICES];
+static atomic_long fv_open_now[FV_MAX_DEVICES];
+
+/* Contexts of device dev open in this process now (tests: which devices a rank took). */
+FV_EXPORT long fake_verbs_device_open(int dev) {
+  return dev >= 0 && dev < FV_MAX_DEVICES ? atomic_load(&fv_open_now[dev]) : -1;
+}
+
+static int parse_devices(void) {
+  const char *s = getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), *places = getenv("FLEXCOLL_VERBS_FAKE_PLACES");
+  for (int k = 0; k < FV_MAX_DEVICES; k++) fv_root[k] = k + 1;
+  if (s && *s) {
+    char *end = NULL;
+    long n = strtol(s, &end, 10);
+    if (end == s || *end || n < 1 || n > FV_MAX_DEVICES) return -1;
+    fv_ndevices = (int)n;
+  }
+  if (!places || !*places) return 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", places);
+  int k = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
+    char *end = NULL;
+    long node = strtol(t, &end, 10), root = k + 1;
+    if (end == t || node < 0 || node > 255 || k == fv_ndevices) return -1;
+    if (*end == ':') {
+      char *e2 = NULL;
+      root = strtol(end + 1, &e2, 10);
+      if (e2 == end + 1 || *e2 || root < 0 || root > 31) return -1;
+    } else if (*end) {
+      return -1;
+    }
+    fv_numa[k] = (int)node;
+    fv_root[k] = (int)root;
+  }
+  return 0;
+}
+
+static int mkdirs(char *path) {
+  for (char *p = path + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      int rc = mkdir(path, 0755);
+      *p = '/';
+      if (rc && errno != EEXIST) return -1;
+    }
+  return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
+}
+
+/* Device k's sysfs-like entries under dir (idempotent: processes of one test share them, so the
+ * link is replaced atomically where it differs). */
+static void lay_out_sysfs(const char *dir, int k) {
+  char fn[512], cls[512], link[600], tmp[640], cur[512];
+  int node = fv_numa[k];
+  snprintf(fn, sizeof fn, "%s/devices/pci0000:%02x/0000:%02x:%02x.0/0000:%02x:00.0", dir, node, node, fv_root[k],
+           0x10 + k);
+  snprintf(cls, sizeof cls, "%s/class/infiniband/%s", dir, fv_devices[k].name);
+  if (mkdirs(fn) || mkdirs(cls)) return;
+  /* Written whole under another name and renamed: a rank reading it while another process of the
+   * test lays it out must never see it empty. */
+  snprintf(link, sizeof link, "%s/numa_node", fn);
+  int have = -1;
+  FILE *f = fopen(link, "r");
+  if (f) {
+    if (fscanf(f, "%d", &have) != 1) have = -1;
+    fclose(f);
+  }
+  if (have != node) {
+    snprintf(tmp, sizeof tmp, "%s.%d", link, (int)getpid());
+    f = fopen(tmp, "w");
+    if (f) {
+      fprintf(f, "%d\n", node);
+      if (fclose(f) || rename(tmp, link)) unlink(tmp);
+    }
+  }
+  snprintf(link, sizeof link, "%s/device", cls);
+  ssize_t n = readlink(link, cur, sizeof cur - 1);
+  if (n >= 0) cur[n] = 0;
+  if (n >= 0 && !strcmp(cur, fn)) return;
+  snprintf(tmp, sizeof tmp, "%s.%d", link, (int)getpid());
+  unlink(tmp);
+  if (symlink(fn, tmp) == 0 && rename(tmp, link)) unlink(tmp);
+}
 static atomic_uint serials;
 
-static fv_ctx_t *ctx_of(struct ibv_context *c) { return (fv_ctx_t *)c; }
+static fv_ctx_t *ctx_of(struct ibv_context *c) {
+  return (fv_ctx_t *)(void *)((char *)c - offsetof(fv_ctx_t, vctx.context));
+}
 
 static void raise_event(fv_ctx_t *c, enum ibv_event_type type, void *element) {
   if (c->nevents == FV_MAX_EVENTS) return;
@@ -278,7 +404,7 @@ static void raise_event(fv_ctx_t *c, enum ibv_event_type type, void *element) {
   else if (type == IBV_EVENT_PORT_ERR) e->element.port_num = 1;
   else e->element.qp = element;
   uint64_t one = 1;
-  if (write(c->ctx.async_fd, &one, sizeof one) < 0) { /* the queue above is what counts */ }
+  if (write(c->vctx.context.async_fd, &one, sizeof one) < 0) { /* the queue above is what counts */ }
 }
 
 static void push_cqe(struct ibv_cq *cq_, const struct ibv_wc *wc) {
@@ -368,6 +494,7 @@ static fv_box_t *open_box(fv_ctx_t *c, const union ibv_gid *g) {
 }
 
 static fv_mr_t *find_mr(fv_ctx_t *c, int by_rkey, uint32_t key, uint64_t addr, uint32_t len, int need) {
+  /* (a NULL result is a key or range error) */
   for (fv_mr_t *m = c->mrs; m; m = m->next) {
     if ((by_rkey ? m->mr.rkey : m->mr.lkey) != key) continue;
     uint64_t lo = (uint64_t)(uintptr_t)m->mr.addr;
@@ -420,7 +547,8 @@ static void respond(fv_qp_t *q) {
     fv_in_t *i = q->in_head;
     fv_msg_t *m = &i->m;
     enum ibv_wc_status st = IBV_WC_SUCCESS;
-    if (m->len && !find_mr(c, 1, m->rkey, m->raddr, m->len, IBV_ACCESS_REMOTE_WRITE)) st = IBV_WC_REM_ACCESS_ERR;
+    fv_mr_t *target = m->len ? find_mr(c, 1, m->rkey, m->raddr, m->len, IBV_ACCESS_REMOTE_WRITE) : NULL;
+    if (m->len && !target) st = IBV_WC_REM_ACCESS_ERR;
     if (st == IBV_WC_SUCCESS && m->has_imm && q->rq_n == 0) {
       /* Receiver not ready: the requester retries (rnr_retry 7: forever). */
       if (!q->rnr_since) q->rnr_since = now_ms();
@@ -429,7 +557,7 @@ static void respond(fv_qp_t *q) {
     }
     q->rnr_since = 0;
     if (st == IBV_WC_SUCCESS) {
-      if (m->len) memcpy((void *)(uintptr_t)m->raddr, i->data, m->len);
+      if (m->len) memcpy(mr_at(target, m->raddr), i->data, m->len);
       if (m->has_imm) {
         uint64_t id = q->rq[q->rq_head];
         q->rq_head = (q->rq_head + 1) % q->max_recv;
@@ -478,7 +606,8 @@ static void push_sends(fv_qp_t *q) {
       qp_to_err(q, k == 0 ? IBV_WC_LOC_LEN_ERR : IBV_WC_WR_FLUSH_ERR);
       return;
     }
-    if (w->len && !find_mr(c, 0, w->lkey, w->laddr, w->len, 0)) {
+    fv_mr_t *src = w->len ? find_mr(c, 0, w->lkey, w->laddr, w->len, 0) : NULL;
+    if (w->len && !src) {
       /* Earlier writes still wait for their acknowledgements; a real NIC fails this one in order. */
       qp_to_err(q, k == 0 ? IBV_WC_LOC_PROT_ERR : IBV_WC_WR_FLUSH_ERR);
       return;
@@ -496,7 +625,7 @@ static void push_sends(fv_qp_t *q) {
     m.has_imm = (uint32_t)w->has_imm;
     m.len = w->len;
     m.rnr_retry = (uint32_t)q->rnr_retry;
-    if (box_push(q->rbox, &m, (const void *)(uintptr_t)w->laddr)) return;
+    if (box_push(q->rbox, &m, src ? mr_at(src, w->laddr) : NULL)) return;
     w->pushed = 1;
   }
   /* Writes in flight to a target that is gone never get an answer: retries exhausted. */
@@ -633,6 +762,10 @@ static int fv_post_recv(struct ibv_qp *qp_, struct ibv_recv_wr *wr, struct ibv_r
 
 /* ---- the exported functions ----------------------------------------------------------------------- */
 
+static int fv_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *input,
+                              struct ibv_device_attr_ex *attr, size_t size);
+static void fill_device_attr(struct ibv_device_attr *attr);
+
 FV_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
   pthread_once(&fault_once, parse_faults);
   if (num) *num = 0;
@@ -640,14 +773,23 @@ FV_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
     errno = fault.bad ? EINVAL : ENOSYS;
     return NULL;
   }
-  struct ibv_device **list = calloc(2, sizeof *list);
+  struct ibv_device **list = calloc((size_t)fv_ndevices + 1, sizeof *list);
   if (!list) return NULL;
-  snprintf(fv_device.name, sizeof fv_device.name, "fakeverbs0");
-  snprintf(fv_device.dev_name, sizeof fv_device.dev_name, "uverbs-fake0");
-  fv_device.node_type = IBV_NODE_CA;
-  fv_device.transport_type = IBV_TRANSPORT_IB;
-  list[0] = &fv_device;
-  if (num) *num = 1;
+  const char *sysfs = getenv("FLEXCOLL_VERBS_FAKE_SYSFS");
+  for (int k = 0; k < fv_ndevices; k++) {
+    struct ibv_device *d = &fv_devices[k];
+    snprintf(d->name, sizeof d->name, "fakeverbs%d", k);
+    snprintf(d->dev_name, sizeof d->dev_name, "uverbs-fake%d", k);
+    d->node_type = IBV_NODE_CA;
+    d->transport_type = IBV_TRANSPORT_IB;
+    d->ibdev_path[0] = 0;
+    if (sysfs && *sysfs) {
+      lay_out_sysfs(sysfs, k);
+      snprintf(d->ibdev_path, sizeof d->ibdev_path, "%s/class/infiniband/%s", sysfs, d->name);
+    }
+    list[k] = d;
+  }
+  if (num) *num = fv_ndevices;
   return list;
 }
 
@@ -673,7 +815,8 @@ static void reclaim_dead_inboxes(void) {
 }
 
 FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
-  if (dev != &fv_device) return errno = ENODEV, NULL;
+  const int k = (int)(dev - fv_devices);
+  if (k < 0 || k >= fv_ndevices) return errno = ENODEV, NULL;
   reclaim_dead_inboxes();
   fv_ctx_t *c = calloc(1, sizeof *c);
   if (!c) return NULL;
@@ -705,23 +848,28 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
   c->box->cap = FV_BOX_BYTES;
   c->box->pid = (pid_t)pid;
   c->box->magic = FV_BOX_MAGIC;
-  c->ctx.device = dev;
-  c->ctx.cmd_fd = -1;
-  c->ctx.async_fd = eventfd(0, EFD_CLOEXEC);
-  c->ctx.num_comp_vectors = 1;
-  c->ctx.ops.poll_cq = fv_poll_cq;
-  c->ctx.ops.post_send = fv_post_send;
-  c->ctx.ops.post_recv = fv_post_recv;
+  c->devno = k;
+  c->vctx.sz = sizeof c->vctx;
+  c->vctx.query_device_ex = fv_query_device_ex;
+  c->vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
+  c->vctx.context.device = dev;
+  c->vctx.context.cmd_fd = -1;
+  c->vctx.context.async_fd = eventfd(0, EFD_CLOEXEC);
+  c->vctx.context.num_comp_vectors = 1;
+  c->vctx.context.ops.poll_cq = fv_poll_cq;
+  c->vctx.context.ops.post_send = fv_post_send;
+  c->vctx.context.ops.post_recv = fv_post_recv;
   c->next_qpn = 0x100;
   c->next_key = 0x1000 + serial * 0x10000;
-  pthread_mutex_init(&c->ctx.mutex, NULL);
-  if (c->ctx.async_fd < 0) {
+  pthread_mutex_init(&c->vctx.context.mutex, NULL);
+  if (c->vctx.context.async_fd < 0) {
     munmap(p, size);
     shm_unlink(c->name);
     free(c);
     return NULL;
   }
-  return &c->ctx;
+  atomic_fetch_add(&fv_open_now[k], 1);
+  return &c->vctx.context;
 }
 
 FV_EXPORT int ibv_close_device(struct ibv_context *ctx) {
@@ -740,6 +888,7 @@ FV_EXPORT int ibv_close_device(struct ibv_context *ctx) {
   for (int i = 0; i < c->nboxes; i++) munmap(c->boxes[i].box, sizeof(fv_box_t) + FV_BOX_BYTES);
   munmap(c->box, sizeof(fv_box_t) + FV_BOX_BYTES);
   shm_unlink(c->name);
+  atomic_fetch_sub(&fv_open_now[c->devno], 1);
   close(ctx->async_fd);
   pthread_mutex_destroy(&ctx->mutex);
   free(c);
@@ -748,6 +897,13 @@ FV_EXPORT int ibv_close_device(struct ibv_context *ctx) {
 
 FV_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *attr) {
   (void)ctx;
+  fill_device_attr(attr);
+  return 0;
+}
+
+/* (Called by name inside the fake, ibv_query_device would resolve to libibverbs' where a process
+ * has it loaded.) */
+static void fill_device_attr(struct ibv_device_attr *attr) {
   memset(attr, 0, sizeof *attr);
   snprintf(attr->fw_ver, sizeof attr->fw_ver, "fake");
   attr->max_mr_size = (uint64_t)1 << 40;
@@ -759,6 +915,20 @@ FV_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *
   attr->max_mr = 4096;
   attr->max_pd = 64;
   attr->phys_port_cnt = 1;
+}
+
+/* The extended query: on-demand paging for RC unless the device is told it has none (noodp). */
+static int fv_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *input,
+                              struct ibv_device_attr_ex *attr, size_t size) {
+  (void)input;
+  if (size < sizeof *attr) return EINVAL;
+  memset(attr, 0, size);
+  fill_device_attr(&attr->orig_attr);
+  if (!fault.noodp) {
+    attr->odp_caps.general_caps = IBV_ODP_SUPPORT;
+    attr->odp_caps.per_transport_caps.rc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ;
+  }
   return 0;
 }
 
@@ -803,14 +973,88 @@ FV_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
   return 0;
 }
 
+/* ---- the pinned model (FLEXCOLL_VERBS_FAKE_FAULT=pinned) ------------------------------------------
+ * A real registration without on-demand paging pins the pages the range maps now; a buffer the
+ * user then unmaps and maps again at the same address gets new pages, and the NIC keeps reading
+ * and writing the old ones.  The fake models it for page-aligned ranges: the range's bytes move
+ * into a memfd (the "pages"), mapped shared over the range and a second time for the fake, which
+ * then reads and writes through its own mapping.  So after an munmap and mmap at the same address
+ * the application sees nothing the fake writes, as on a NIC.  A range inside one already pinned
+ * shares its pages; one that overlaps another only in part, or is not page-aligned, follows the
+ * address space (not modelled).  For tests whose ranks are processes: the move is not atomic
+ * against other threads writing into those pages. */
+static pthread_mutex_t frames_lock = PTHREAD_MUTEX_INITIALIZER;
+static fv_frame_t *frames;
+
+static char *pin_pages(void *addr, size_t len, fv_frame_t **out) {
+  const uintptr_t lo = (uintptr_t)addr, hi = lo + len, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+  *out = NULL;
+  if (!len || lo % pg || hi % pg) return NULL;
+  pthread_mutex_lock(&frames_lock);
+  for (fv_frame_t *f = frames; f; f = f->next) {
+    if (f->lo <= lo && hi <= f->hi) {
+      f->refs++;
+      *out = f;
+      pthread_mutex_unlock(&frames_lock);
+      return f->view + (lo - f->lo);
+    }
+    if (lo < f->hi && f->lo < hi) {
+      pthread_mutex_unlock(&frames_lock);
+      return NULL;
+    }
+  }
+  fv_frame_t *f = calloc(1, sizeof *f);
+  int fd = f ? memfd_create("fcfv-pages", MFD_CLOEXEC) : -1;
+  char *view = fd >= 0 && ftruncate(fd, (off_t)len) == 0
+                   ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                   : MAP_FAILED;
+  if (view != MAP_FAILED) {
+    memcpy(view, addr, len);
+    if (mmap(addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+      munmap(view, len);
+      view = MAP_FAILED;
+    }
+  }
+  if (fd >= 0) close(fd);
+  if (view == MAP_FAILED) {
+    free(f);
+    pthread_mutex_unlock(&frames_lock);
+    return NULL;
+  }
+  *f = (fv_frame_t){.lo = lo, .hi = hi, .view = view, .refs = 1, .next = frames};
+  frames = f;
+  *out = f;
+  pthread_mutex_unlock(&frames_lock);
+  return view;
+}
+
+/* The fake lets go of the pages; the application's mapping (if any) keeps them. */
+static void unpin_pages(fv_frame_t *f) {
+  if (!f) return;
+  pthread_mutex_lock(&frames_lock);
+  if (--f->refs == 0) {
+    for (fv_frame_t **p = &frames; *p; p = &(*p)->next)
+      if (*p == f) {
+        *p = f->next;
+        break;
+      }
+    munmap(f->view, f->hi - f->lo);
+    free(f);
+  }
+  pthread_mutex_unlock(&frames_lock);
+}
+
 FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
   /* Remote write needs local write, as in every provider. */
   if (!pd || (!addr && length) || ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)))
     return errno = EINVAL, NULL;
+  /* A device without on-demand paging refuses it, as providers do. */
+  if ((access & IBV_ACCESS_ON_DEMAND) && fault.noodp) return errno = EOPNOTSUPP, NULL;
   if (fault.regfail && (atomic_fetch_add(&regs_tried, 1) + 1) % fault.regfail == 0) return errno = ENOMEM, NULL;
   fv_ctx_t *c = ctx_of(pd->context);
   fv_mr_t *m = calloc(1, sizeof *m);
   if (!m) return NULL;
+  if (fault.pinned && !(access & IBV_ACCESS_ON_DEMAND)) m->view = pin_pages(addr, length, &m->frame);
   m->mr.context = pd->context;
   m->mr.pd = pd;
   m->mr.addr = addr;
@@ -831,6 +1075,7 @@ FV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
     if (&(*p)->mr == mr) {
       fv_mr_t *m = *p;
       *p = m->next;
+      unpin_pages(m->frame);
       free(m);
       atomic_fetch_sub(&mrs_now, 1);
       return 0;

@@ -41,15 +41,16 @@ static int same_models(const fc_link_model_t *a, const fc_link_model_t *b, int n
   return 1;
 }
 
-/* The betas the balancer works with: a port's links share what its best one carries.  Written
- * here from the definition rather than taken from balance.c. */
+/* The betas the balancer works with: a port's links share what the port carries (its port_beta,
+ * else what its best link carries), never more than their own.  Written here from the definition
+ * rather than taken from balance.c. */
 static void port_betas(const fc_link_model_t *m, const size_t *shares, int n, double *eff) {
   for (int i = 0; i < n; i++) {
-    double max = 0, sum = 0;
+    double cap = 0, sum = 0;
     for (int j = 0; j < n; j++)
       if (j == i || (m[i].port >= 0 && m[j].port == m[i].port && shares[j]))
-        sum += m[j].beta, max = fmax(max, m[j].beta);
-    eff[i] = m[i].beta * max / sum;
+        sum += m[j].beta, cap = fmax(cap, fmax(m[j].beta, m[i].port >= 0 ? m[j].port_beta : 0));
+    eff[i] = m[i].beta * fmin(1, cap / sum);
   }
 }
 
@@ -293,6 +294,61 @@ START_TEST(test_ring_of_8_gpus) {
     ck_assert_double_gt((double)(a[1] + a[2]), 1.7 * (double)(s[1] + s[2]));
     /* the receiving rank computes the sender's split from the same models: the same split */
     ring_links(rank, m);
+    ck_assert_int_eq(fc_balance(m, NULL, 3, bytes, 16, again, NULL), FLEXCOLL_SUCCESS);
+    ck_assert_mem_eq(s, again, sizeof s);
+  }
+}
+END_TEST
+
+/* A simulated 8-GPU server: four PCIe switches, each with two GPUs and one NIC under one root
+ * port (x16, 52 GB/s a direction).  Each rank's links toward its ring neighbour: NVLink, host
+ * staging through its switch (about 40 GB/s) and the NIC (25 GB/s, 200 Gb/s), the last two
+ * sharing the root port.  The balancer must credit the pair with the port's bandwidth: more than
+ * either alone (so both carry), less than the sum (which would over-fill the port); a port wider
+ * than the pair costs nothing, and without a known width the pair is worth its faster link. */
+static void shared_port_links(int rank, double port_beta, fc_link_model_t *m) {
+  m[0] = model(5, 360000 * (1 + 0.01 * rank), 256 * KiB, -1);
+  m[1] = model(15, 40000 * (1 - 0.005 * rank), 256 * KiB, rank / 2);
+  m[2] = model(10, 25000, 256 * KiB, rank / 2);
+  m[1].port_beta = m[2].port_beta = port_beta;
+}
+
+START_TEST(test_8_gpus_nic_shares_the_gpu_port) {
+  const size_t bytes = 1024 * MiB;
+  for (int rank = 0; rank < 8; rank++) {
+    fc_link_model_t m[3], wide[3], unknown[3], apart[3];
+    size_t s[3], w[3], u[3], a[3], again[3];
+    double finish;
+    shared_port_links(rank, 52000, m);
+    ck_assert_int_eq(fc_balance(m, NULL, 3, bytes, 16, s, &finish), FLEXCOLL_SUCCESS);
+    const double t = check_split(m, 3, bytes, 16, s);
+    ck_assert(s[0] && s[1] && s[2]);
+    /* the pair moves what the port does in the common time, shared in proportion to their betas */
+    const double pair = m[1].beta + m[2].beta, e1 = m[1].beta * 52000 / pair, e2 = m[2].beta * 52000 / pair;
+    const double expect = (t - m[1].alpha_us) * e1 + (t - m[2].alpha_us) * e2;
+    ck_assert_double_le(fabs((double)(s[1] + s[2]) - expect), 16 * 4);
+    ck_assert_double_eq_tol((double)s[1] / (double)s[2], m[1].beta / m[2].beta, 0.01);
+    /* the port's bytes per microsecond of the common time: at most its width */
+    ck_assert_double_le((double)(s[1] + s[2]) / (t - fmin(m[1].alpha_us, m[2].alpha_us)), 52000 * 1.0001);
+    /* a port wider than the pair: both at their own betas, as if apart */
+    shared_port_links(rank, 100000, wide);
+    memcpy(apart, wide, sizeof apart);
+    apart[1].port = apart[2].port = -1;
+    ck_assert_int_eq(fc_balance(wide, NULL, 3, bytes, 16, w, NULL), FLEXCOLL_SUCCESS);
+    ck_assert_int_eq(fc_balance(apart, NULL, 3, bytes, 16, a, NULL), FLEXCOLL_SUCCESS);
+    ck_assert_mem_eq(w, a, sizeof w);
+    ck_assert_uint_gt(a[1] + a[2], s[1] + s[2]);
+    /* the width unknown: the pair is worth its faster link, less than with the width known */
+    shared_port_links(rank, 0, unknown);
+    ck_assert_int_eq(fc_balance(unknown, NULL, 3, bytes, 16, u, NULL), FLEXCOLL_SUCCESS);
+    check_split(unknown, 3, bytes, 16, u);
+    ck_assert_uint_lt(u[1] + u[2], s[1] + s[2]);
+    /* a width under the faster link's beta cannot make a link alone slower than its model */
+    shared_port_links(rank, 1000, unknown);
+    ck_assert_int_eq(fc_balance(unknown, NULL, 3, bytes, 16, again, NULL), FLEXCOLL_SUCCESS);
+    ck_assert_mem_eq(u, again, sizeof u);
+    /* every rank of the pair computes the same split */
+    shared_port_links(rank, 52000, m);
     ck_assert_int_eq(fc_balance(m, NULL, 3, bytes, 16, again, NULL), FLEXCOLL_SUCCESS);
     ck_assert_mem_eq(s, again, sizeof s);
   }
@@ -641,6 +697,7 @@ int main(void) {
   tcase_add_test(tc, test_chunks_cover_each_share_once);
   tcase_add_test(tc, test_links_on_one_port_are_worth_one_port);
   tcase_add_test(tc, test_ring_of_8_gpus);
+  tcase_add_test(tc, test_8_gpus_nic_shares_the_gpu_port);
   suite_add_tcase(s, tc);
   TCase *tm = tcase_create("model");
   tcase_add_test(tm, test_fit_recovers_the_model);

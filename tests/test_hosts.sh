@@ -14,6 +14,8 @@
 #             link statistics must show no shm toward another host and bytes toward every peer of
 #             another host over tcp, and the log (FLEXCOLL_DEBUG=INFO) the links between the hosts
 #   matrix2   2 hosts, ranks in blocks (0,1 | 2,3), the full matrix under FLEXCOLL_ALGO=ring
+#   uneven    3 hosts of 2, 2 and 1 ranks (blocks), the full matrix under FLEXCOLL_ALGO=ring: the
+#             two-dimensional allreduce of unequal hosts
 #   rdma      2 hosts over the fake verbs provider (FLEXCOLL_LINKS=shm,rdma,
 #             FLEXCOLL_VERBS_PROVIDER=fake): the fake's wire is POSIX shared memory (/dev/shm
 #             inboxes), which a private /dev/shm would cut, so these hosts keep the machine's
@@ -216,7 +218,7 @@ check_matrix() { # check_matrix CROSS
   [ $bad = 0 ] && echo "PASS: $CASE" || show
 }
 
-want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 rdma shmonly down} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 uneven rdma shmonly down} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # One matrix case: run_matrix PRIVATE_SHM INTER_LINK INTRA_LINK [VAR=VALUE...] (CASE, NH, NR and
 # LAYOUT set): NH hosts, the full matrix on every rank, then the links' checks.
@@ -241,6 +243,12 @@ fi
 # ---- matrix2: 2 hosts, ranks in blocks, the ring -------------------------------------------------
 if want matrix2; then
   CASE=matrix2 NH=2 NR=4 LAYOUT=block
+  run_matrix 1 tcp shm FLEXCOLL_ALGO=ring
+fi
+
+# ---- uneven: 3 hosts of 2, 2 and 1 ranks, the ring (two dimensions on unequal hosts) ------------
+if want uneven; then
+  CASE=uneven NH=3 NR=5 LAYOUT=block
   run_matrix 1 tcp shm FLEXCOLL_ALGO=ring
 fi
 

@@ -10,7 +10,10 @@
  * Zero copy (rendezvous): send/recv around FLEXCOLL_RDMA_ZCOPY_BYTES and large allreduce/allgather
  * with it at the default, at an odd value and off, checked, bitwise equal, with registrations
  * counted by the fake (some with it on, none with it off, none left after destroy); faults during
- * rendezvous transfers end in errors, leaving no registration.
+ * rendezvous transfers end in errors, leaving no registration.  The registration cache: hits,
+ * least-recently-used eviction and no cache counted in the fake's registrations, and buffers
+ * unmapped and mapped again at the same address under the fake's pinned model (right where the
+ * cache is safe, wrong in the unsafe mode, which shows the check can see it).
  *
  * FC_TEST_RDMA_REAL=1 runs the collective and bitwise cases with the real provider (libibverbs)
  * instead, for machines with a NIC, and exits 77 where there is no device
@@ -22,6 +25,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +39,7 @@
 #include "harness.h"
 #include "pcall.h"
 #include "transports/verbs.h"
+#include "transports/rdma_dev.h"
 
 static char g_dir[256]; /* the ranks' result digests */
 static int g_real;      /* the real provider instead of the fake */
@@ -140,8 +145,20 @@ static int matrix_rank(hx_rank_t *r) {
   const char *links = getenv("FLEXCOLL_LINKS");
   fprintf(stderr, "[test_rdma] %s rank %d: rdma sent %llu bytes (%d entries), shm %llu\n", label ? label : "-", r->rank,
           rdma, entries, shm);
+  /* FC_TEST_RAILS: rdma links (NICs) each rank must have opened, each toward every peer. */
+  const int rails = getenv("FC_TEST_RAILS") ? atoi(getenv("FC_TEST_RAILS")) : 1;
   if (links && strstr(links, "rdma")) {
-    if (entries != r->nranks - 1) hx_fail(r, "%d rdma link entries, expected %d", entries, r->nranks - 1);
+    if (entries != rails * (r->nranks - 1))
+      hx_fail(r, "%d rdma link entries, expected %d", entries, rails * (r->nranks - 1));
+    flexcoll_link_stats_t st[64];
+    int n = 0;
+    if (rails > 1 && flexcoll_comm_get_link_stats(r->comm, st, 64, &n) == FLEXCOLL_SUCCESS)
+      for (int i = 0; i < n && i < 64; i++)
+        if (!strcmp(st[i].name, "rdma") && st[i].peer != r->rank) {
+          fprintf(stderr, "[test_rdma] %s rank %d: rdma entry %d to rank %d: %llu bytes\n", label ? label : "-", r->rank, i,
+                  st[i].peer, st[i].bytes);
+          if (!st[i].bytes) hx_fail(r, "a rail (entry %d) carried nothing to rank %d", i, st[i].peer);
+        }
     if (!rdma) hx_fail(r, "FLEXCOLL_LINKS=%s: rdma carried nothing", links);
     if (strchr(links, ',') && !shm) hx_fail(r, "FLEXCOLL_LINKS=%s at fixed shares: shm carried nothing", links);
   }
@@ -271,36 +288,44 @@ static int zc_rank(hx_rank_t *r) {
 
 /* slice: FLEXCOLL_SLICE_SIZE, NULL for the default; a slice above the fake's largest message
  * (1 MiB) makes rendezvous messages that take several writes, plain ones before the last. */
-static int zc_run(int nranks, const char *label, const char *zcopy, const char *slice, const char *fault, int expect) {
+static int zc_run(int nranks, const char *label, const char *zcopy, const char *slice, const char *fault, int expect,
+                  const char *extra) {
   char e1[64], e2[64], e3[64], arg[80];
   snprintf(e1, sizeof e1, "FLEXCOLL_RDMA_ZCOPY_BYTES=%s", zcopy ? zcopy : "");
   snprintf(e2, sizeof e2, "FLEXCOLL_SLICE_SIZE=%s", slice ? slice : "");
   snprintf(e3, sizeof e3, "FLEXCOLL_VERBS_FAKE_FAULT=%s", fault ? fault : "");
   snprintf(arg, sizeof arg, "%s,%d", label, expect);
-  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", e1, e2, e3, NULL};
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", e1, e2, e3, extra, NULL};
   char same[32];
   snprintf(same, sizeof same, "rdma-zc-%d", nranks);
   hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
-  fprintf(stderr, "[test_rdma] %s: %d ranks, FLEXCOLL_RDMA_ZCOPY_BYTES=%s FLEXCOLL_SLICE_SIZE=%s fault %s\n", label,
-          nranks, zcopy ? zcopy : "(default)", slice ? slice : "(default)", fault ? fault : "none");
+  fprintf(stderr, "[test_rdma] %s: %d ranks, FLEXCOLL_RDMA_ZCOPY_BYTES=%s FLEXCOLL_SLICE_SIZE=%s fault %s %s\n", label,
+          nranks, zcopy ? zcopy : "(default)", slice ? slice : "(default)", fault ? fault : "none", extra ? extra : "");
   return hx_run_procs(nranks, &o, zc_rank, arg);
 }
 
-/* Zero copy at the default threshold, at an odd one with slices of several writes, with every
- * fifth registration failing (those messages fall back to copies, on whichever side failed), and
- * off: every result right, all bitwise equal, no registration left. */
+/* Zero copy at the default threshold (registrations cached), without the cache, at an odd
+ * threshold with slices of several writes, with every fifth registration failing (those messages
+ * fall back to copies, on whichever side failed), and off: every result right, all bitwise equal,
+ * no registration left. */
 START_TEST(test_zcopy) {
   int nranks = 2 + _i;
-  char on[32], odd[32], rf[32], off[32];
+  char on[32], odd[32], rf[32], off[32], nc[32];
   snprintf(on, sizeof on, "zc-on-%d", nranks);
+  snprintf(nc, sizeof nc, "zc-nocache-%d", nranks);
   snprintf(odd, sizeof odd, "zc-odd-%d", nranks);
   snprintf(rf, sizeof rf, "zc-regfail-%d", nranks);
   snprintf(off, sizeof off, "zc-off-%d", nranks);
-  ck_assert_msg(zc_run(nranks, on, NULL, NULL, NULL, 1), "%d ranks, zero copy on: see stderr", nranks);
-  ck_assert_msg(zc_run(nranks, odd, "100003", "3000017", NULL, 2), "%d ranks, zero copy from 100003 bytes: see stderr",
+  ck_assert_msg(zc_run(nranks, on, NULL, NULL, NULL, 1, NULL), "%d ranks, zero copy on: see stderr", nranks);
+  ck_assert_msg(zc_run(nranks, nc, NULL, NULL, NULL, 1, "FLEXCOLL_RDMA_RCACHE_BYTES=0"),
+                "%d ranks, zero copy without the registration cache: see stderr", nranks);
+  ck_assert_msg(zc_run(nranks, odd, "100003", "3000017", NULL, 2, NULL),
+                "%d ranks, zero copy from 100003 bytes: see stderr", nranks);
+  ck_assert_msg(zc_run(nranks, rf, NULL, NULL, "regfail:5", 1, NULL), "%d ranks, failed registrations: see stderr",
                 nranks);
-  ck_assert_msg(zc_run(nranks, rf, NULL, NULL, "regfail:5", 1), "%d ranks, failed registrations: see stderr", nranks);
-  ck_assert_msg(zc_run(nranks, off, "0", NULL, NULL, 0), "%d ranks, zero copy off: see stderr", nranks);
+  ck_assert_msg(zc_run(nranks, off, "0", NULL, NULL, 0, NULL), "%d ranks, zero copy off: see stderr", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, nc, off), "%d ranks: zero copy without the cache and off differ",
+                nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, on, off), "%d ranks: zero copy on and off differ", nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, odd, off), "%d ranks: zero copy at 100003 and off differ",
                 nranks);
@@ -350,6 +375,348 @@ START_TEST(test_zcopy_fault) {
   double t0 = hx_now();
   ck_assert_msg(hx_run_procs(3, &o, zc_fault_rank, NULL), "zero copy, fault %s: see stderr", zc_faults[_i]);
   fprintf(stderr, "[test_rdma] zero copy, fault %s: every rank done in %.1f s\n", zc_faults[_i], hx_now() - t0);
+}
+END_TEST
+
+/* ---- several NICs (rails) ---------------------------------------------------------------------- */
+
+/* Contexts of fake device dev this process has open (tests/fake_verbs.c). */
+static long fake_open(int dev) {
+  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  long (*f)(int) = h ? (long (*)(int))dlsym(h, "fake_verbs_device_open") : NULL;
+  long n = f ? f(dev) : -1;
+  if (h) dlclose(h);
+  return n;
+}
+
+/* The matrix, then which fake devices this rank has open: arg "label,mask,split", bit k of mask
+ * set where device k must be open (its communicators' rails), clear where it must not; split 1:
+ * two rails each with a port of its own, so the balancer gives each a fair part toward every peer
+ * (the smaller at least an eighth of the larger, far above stage 2's probes).  (Two rails under
+ * one root port share a port in the model: that changes whether a split pays, not its
+ * proportions, so nothing here tells.) */
+static int rails_rank(hx_rank_t *r) {
+  char label[64];
+  int mask = 0, split = 0;
+  if (sscanf((const char *)r->arg, "%63[^,],%d,%d", label, &mask, &split) != 3) return hx_fail(r, "bad arg");
+  r->arg = label;
+  matrix_rank(r);
+  for (int k = 0; k < 3; k++) {
+    long n = fake_open(k);
+    if (n < 0) hx_fail(r, "the fake does not report its devices");
+    else if ((n > 0) != ((mask >> k) & 1))
+      hx_fail(r, "fake device %d: %ld contexts open, expected %s", k, n, (mask >> k) & 1 ? "some" : "none");
+  }
+  flexcoll_link_stats_t st[64];
+  int n = 0;
+  if (split && flexcoll_comm_get_link_stats(r->comm, st, 64, &n) == FLEXCOLL_SUCCESS)
+    for (int q = 0; q < r->nranks; q++) {
+      /* the rails' entries toward q, in the rails' order */
+      unsigned long long b[2] = {0, 0};
+      int k = 0;
+      for (int i = 0; i < n && i < 64 && k < 2; i++)
+        if (!strcmp(st[i].name, "rdma") && st[i].peer == q && q != r->rank) b[k++] = st[i].bytes;
+      if (k < 2) continue;
+      const double lo = (double)(b[0] < b[1] ? b[0] : b[1]), hi = (double)(b[0] < b[1] ? b[1] : b[0]);
+      fprintf(stderr, "[test_rdma] %s rank %d: rails to rank %d carried %llu and %llu bytes\n", label, r->rank, q, b[0],
+              b[1]);
+      if (split == 1 && lo < hi / 8) hx_fail(r, "rails of their own ports to rank %d: %.0f and %.0f bytes", q, lo, hi);
+    }
+  return 0;
+}
+
+/* This process's NUMA node, and the process bound to its CPUs (ranks inherit it), so that the
+ * ranks' nearest fake devices are the ones the test says. */
+static int bind_to_my_node(void) {
+  unsigned cpu = 0, node = 0;
+  if (getcpu(&cpu, &node)) return 0;
+  char path[96], list[1024];
+  snprintf(path, sizeof path, "/sys/devices/system/node/node%u/cpulist", node);
+  FILE *f = fopen(path, "r");
+  if (!f) return (int)node;
+  if (!fgets(list, sizeof list, f)) list[0] = 0;
+  fclose(f);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (char *save = NULL, *t = strtok_r(list, ",\n", &save); t; t = strtok_r(NULL, ",\n", &save)) {
+    unsigned a = 0, b = 0;
+    int k = sscanf(t, "%u-%u", &a, &b);
+    if (k == 1) b = a;
+    for (unsigned c = a; k >= 1 && c <= b && c < CPU_SETSIZE; c++) CPU_SET(c, &set);
+  }
+  if (CPU_COUNT(&set)) sched_setaffinity(0, sizeof set, &set);
+  return (int)node;
+}
+
+/* places: FLEXCOLL_VERBS_FAKE_PLACES, one device per item. */
+static int rails_run(int nranks, const char *label, const char *places, const char *hca, int rails, int mask,
+                     int split) {
+  char e1[64], e2[300], e3[64], e4[32], e5[48], arg[96];
+  int ndev = 1;
+  for (const char *c = places; *c; c++) ndev += *c == ',';
+  snprintf(e5, sizeof e5, "FLEXCOLL_VERBS_FAKE_DEVICES=%d", ndev);
+  snprintf(e1, sizeof e1, "FLEXCOLL_VERBS_FAKE_PLACES=%s", places);
+  snprintf(e2, sizeof e2, "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs", g_dir);
+  snprintf(e3, sizeof e3, "FLEXCOLL_IB_HCA=%s", hca ? hca : "");
+  snprintf(e4, sizeof e4, "FC_TEST_RAILS=%d", rails);
+  snprintf(arg, sizeof arg, "%s,%d,%d", label, mask, split);
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
+                       e1, e2, e3, e4, e5, NULL};
+  char same[32];
+  snprintf(same, sizeof same, "rdma-%d", nranks);
+  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+  fprintf(stderr, "[test_rdma] %s: %d ranks, fake devices at %s, FLEXCOLL_IB_HCA=%s: %d rail(s)\n", label, nranks, places,
+          hca ? hca : "", rails);
+  return hx_run_procs(nranks, &o, rails_rank, arg);
+}
+
+/* Fake devices on this NUMA node (near) and another (far): one near device is one rail; two near
+ * ones under different root ports are two, both carrying a fair part to every peer under the
+ * balancer, the far one never opened; two near ones under one root port are two rails too;
+ * FLEXCOLL_IB_HCA naming two takes exactly those, near or far.  Every result checked, and bitwise
+ * the same as with one NIC. */
+START_TEST(test_rails) {
+  int nranks = 2 + _i;
+  int me = bind_to_my_node(), far = me + 1;
+  char one[32], two[32], named[32], shared[32], dev2[32], dev3[48], dev3s[48];
+  snprintf(one, sizeof one, "rail1-%d", nranks);
+  snprintf(two, sizeof two, "rail2-%d", nranks);
+  snprintf(named, sizeof named, "railhca-%d", nranks);
+  snprintf(dev2, sizeof dev2, "%d,%d", me, far);
+  snprintf(dev3, sizeof dev3, "%d,%d,%d", me, far, me);
+  snprintf(dev3s, sizeof dev3s, "%d,%d,%d:1", me, far, me);
+  snprintf(shared, sizeof shared, "railshared-%d", nranks);
+  ck_assert_msg(rails_run(nranks, one, dev2, NULL, 1, 1, 0), "%d ranks, one near NIC: see stderr", nranks);
+  ck_assert_msg(rails_run(nranks, two, dev3, NULL, 2, 5, 1), "%d ranks, two near NICs: see stderr", nranks);
+  ck_assert_msg(rails_run(nranks, shared, dev3s, NULL, 2, 5, 0), "%d ranks, two NICs under one port: see stderr",
+                nranks);
+  ck_assert_msg(rails_run(nranks, named, dev3, "fakeverbs1,fakeverbs0", 2, 3, 0),
+                "%d ranks, FLEXCOLL_IB_HCA: see stderr", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, two), "%d ranks: two rails differ from one", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, named), "%d ranks: the named rails differ from one",
+                nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, shared),
+                "%d ranks: rails under one port differ from one", nranks);
+}
+END_TEST
+
+/* PCI distances and root ports on sysfs-like paths (rdma_dev.c). */
+START_TEST(test_pci_places) {
+  const char *nic = "/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.0";
+  const char *gpu_same_switch = "/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:04.0/0000:1a:00.0";
+  const char *gpu_other_port = "/sys/devices/pci0000:16/0000:16:02.0/0000:20:00.0";
+  const char *gpu_other_socket = "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0";
+  const char *sibling = "/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.1";
+  ck_assert_int_eq(fc_pci_hops(nic, nic), 0);
+  ck_assert_int_eq(fc_pci_hops(nic, sibling), 2);
+  ck_assert_int_eq(fc_pci_hops(nic, gpu_same_switch), 4);
+  ck_assert_int_eq(fc_pci_hops(nic, gpu_other_port), 6);
+  ck_assert_int_eq(fc_pci_hops(nic, gpu_other_socket), 8);
+  ck_assert_int_eq(fc_pci_hops(gpu_same_switch, nic), 4);
+  ck_assert_int_eq(fc_pci_hops(nic, ""), FC_RDMA_FAR);
+  ck_assert_int_eq(fc_pci_hops(NULL, nic), FC_RDMA_FAR);
+  /* a component that merely starts like another is another */
+  ck_assert_int_eq(fc_pci_hops("/sys/devices/pci0000:00/0000:00:01.0", "/sys/devices/pci0000:00/0000:00:01.00"), 2);
+  char rp[256];
+  fc_pci_root_port(nic, rp, sizeof rp);
+  ck_assert_str_eq(rp, "/sys/devices/pci0000:16/0000:16:01.0");
+  fc_pci_root_port(gpu_other_port, rp, sizeof rp);
+  ck_assert_str_eq(rp, "/sys/devices/pci0000:16/0000:16:02.0");
+  fc_pci_root_port("/sys/devices/pci0000:16", rp, sizeof rp);
+  ck_assert_str_eq(rp, "");
+  fc_pci_root_port("", rp, sizeof rp);
+  ck_assert_str_eq(rp, "");
+}
+END_TEST
+
+/* flexcoll-info on three fake devices, two near (the second under the first's root port) and one
+ * far: places, NUMA nodes, speed, and which are a rank's rails here. */
+START_TEST(test_info_rails) {
+  int me = bind_to_my_node(), far = me + 1;
+  char cmd[1200], line[512];
+  snprintf(cmd, sizeof cmd,
+           "FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_DEVICES=3 FLEXCOLL_VERBS_FAKE_PLACES=%d,%d,%d:1 "
+           "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs-info "
+           "FLEXCOLL_IB_HCA= %s 2>&1",
+           me, far, me, g_dir, FC_INFO_BIN);
+  FILE *p = popen(cmd, "r");
+  ck_assert(p != NULL);
+  char want[6][160];
+  snprintf(want[0], sizeof want[0], "fakeverbs0: PCI 0000:10:00.0 (root port 0000:%02x:01.0), NUMA node %d (this process's)",
+           me, me);
+  snprintf(want[1], sizeof want[1], "fakeverbs1: PCI 0000:11:00.0 (root port 0000:%02x:02.0), NUMA node %d,", far, far);
+  snprintf(want[2], sizeof want[2], "fakeverbs2: PCI 0000:12:00.0 (root port 0000:%02x:01.0), NUMA node %d (this process's)",
+           me, me);
+  snprintf(want[3], sizeof want[3], "port 1: active, RoCE, MTU 4096, 100 Gb/s (rail 0 of a rank on this NUMA node here)");
+  snprintf(want[4], sizeof want[4], "port 1: active, RoCE, MTU 4096, 100 Gb/s (rail 1 of a rank on this NUMA node here)");
+  snprintf(want[5], sizeof want[5], "RDMA devices (");
+  int seen[6] = {0}, dev = -1, rails_of[3] = {-1, -1, -1};
+  while (fgets(line, sizeof line, p)) {
+    for (int i = 0; i < 6; i++)
+      if (strstr(line, want[i])) seen[i] = 1;
+    if (strstr(line, "  fakeverbs")) dev = atoi(strstr(line, "fakeverbs") + 9);
+    if (dev >= 0 && dev < 3 && strstr(line, "(rail 0 ")) rails_of[dev] = 0;
+    if (dev >= 0 && dev < 3 && strstr(line, "(rail 1 ")) rails_of[dev] = 1;
+  }
+  pclose(p);
+  for (int i = 0; i < 6; i++) ck_assert_msg(seen[i], "flexcoll-info did not print \"%s\"", want[i]);
+  ck_assert_msg(rails_of[0] == 0 && rails_of[1] == -1 && rails_of[2] == 1, "rails of the devices: %d %d %d", rails_of[0],
+                rails_of[1], rails_of[2]);
+}
+END_TEST
+
+/* ---- the registration cache --------------------------------------------------------------------- */
+
+#define RC_BYTES (1 << 20) /* a rendezvous message (above the threshold), one slice, whole pages */
+
+/* 1 MiB of anonymous pages; at `at` exactly when given (MAP_FIXED: the same address again). */
+static unsigned char *rc_map(void *at) {
+  void *p = mmap(at, RC_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | (at ? MAP_FIXED : 0), -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+static void rc_fill(unsigned char *b, uint64_t salt) {
+  for (size_t i = 0; i < RC_BYTES; i++) b[i] = (unsigned char)((i * 131 + salt * 7919 + (i >> 12)) & 0xff);
+}
+
+/* Bytes of b that are not rc_fill(salt)'s. */
+static size_t rc_wrong(const unsigned char *b, uint64_t salt) {
+  size_t bad = 0;
+  for (size_t i = 0; i < RC_BYTES; i++) bad += b[i] != (unsigned char)((i * 131 + salt * 7919 + (i >> 12)) & 0xff);
+  return bad;
+}
+
+/* One message of RC_BYTES from rank 0 (from s) to rank 1 (into d), on comm. */
+static int rc_message(hx_rank_t *r, flexcoll_comm_t comm, unsigned char *s, unsigned char *d) {
+  flexcoll_result_t res = r->rank == 0 ? flexcoll_send(s, RC_BYTES, FLEXCOLL_UINT8, 1, comm, NULL)
+                                       : flexcoll_recv(d, RC_BYTES, FLEXCOLL_UINT8, 0, comm, NULL);
+  return hx_ok(r, res, comm, r->rank == 0 ? "send" : "recv");
+}
+
+/* Rank 1 receives into its buffers A B A C B (rank 0 sends from one buffer), every message with
+ * other bytes, each checked whole.  arg "regs0,regs1,kept0,kept1": the user-buffer registrations
+ * each rank must have made (the fake counts ibv_reg_mr), and the ones still registered before the
+ * communicator goes (the cache's entries); none may be left after.  With room for two 1 MiB
+ * entries, least-recently-used eviction misses 4 times on that sequence (first-in-first-out would
+ * miss 3), with room for all 3, and with none, 5. */
+static int rc_lru_rank(hx_rank_t *r) {
+  int want_regs[2], want_kept[2];
+  if (sscanf((const char *)r->arg, "%d,%d,%d,%d", &want_regs[0], &want_regs[1], &want_kept[0], &want_kept[1]) != 4)
+    return hx_fail(r, "bad arg");
+  long ever0, now0, ever1, now1, ever2, now2;
+  fake_mrs(&ever0, &now0);
+  flexcoll_comm_t sub = NULL;
+  if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
+  unsigned char *s = rc_map(NULL), *buf[3] = {rc_map(NULL), rc_map(NULL), rc_map(NULL)};
+  if (!s || !buf[0] || !buf[1] || !buf[2]) return hx_fail(r, "mmap: %s", strerror(errno));
+  static const int order[] = {0, 1, 0, 2, 1};
+  for (uint64_t k = 0; k < sizeof order / sizeof order[0]; k++) {
+    unsigned char *d = buf[order[k]];
+    snprintf(r->what, sizeof r->what, "message %llu into buffer %c", (unsigned long long)k, 'A' + order[k]);
+    if (r->rank == 0) rc_fill(s, k + 1);
+    else memset(d, 0, RC_BYTES);
+    if (!rc_message(r, sub, s, d)) break;
+    size_t bad = r->rank == 1 ? rc_wrong(d, k + 1) : 0;
+    if (bad) hx_fail(r, "%s: %zu bytes wrong", r->what, bad);
+  }
+  fake_mrs(&ever1, &now1);
+  hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy");
+  fake_mrs(&ever2, &now2);
+  /* The split communicator's own two registrations (its ring and send area) aside. */
+  long regs = ever1 - ever0 - 2, kept = now1 - now0 - 2;
+  fprintf(stderr, "[test_rdma] rcache %s rank %d: %ld registrations of user buffers, %ld kept, %ld left after destroy\n",
+          getenv("FLEXCOLL_RDMA_RCACHE_BYTES"), r->rank, regs, kept, now2 - now0);
+  if (regs != want_regs[r->rank]) hx_fail(r, "%ld registrations of user buffers, expected %d", regs, want_regs[r->rank]);
+  if (kept != want_kept[r->rank]) hx_fail(r, "%ld registrations kept, expected %d", kept, want_kept[r->rank]);
+  if (now2 != now0) hx_fail(r, "%ld memory regions left registered after destroy", now2 - now0);
+  munmap(s, RC_BYTES);
+  for (int i = 0; i < 3; i++) munmap(buf[i], RC_BYTES);
+  return 0;
+}
+
+static int rc_run(const char *label, const char *const *extra, hx_rank_fn fn, const char *arg) {
+  const char *env[8] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma",
+                        "FLEXCOLL_SLICE_SIZE=4M"};
+  int n = 4;
+  for (int i = 0; extra[i] && n < 7; i++) env[n++] = extra[i];
+  env[n] = NULL;
+  hx_opts_t o = {.label = label, .env = env, .deadline_s = 120};
+  fprintf(stderr, "[test_rdma] %s\n", label);
+  return hx_run_procs(2, &o, fn, (void *)arg);
+}
+
+START_TEST(test_rcache_lru) {
+  static const struct {
+    const char *env[3], *arg;
+  } cases[] = {
+      /* the default bound holds all: each buffer registered once, all kept */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=", NULL}, "1,3,1,3"},
+      /* room for two entries: LRU evicts */
+      {{"FLEXCOLL_RDMA_RCACHE_BYTES=2M", NULL}, "1,4,1,2"},
+      /* no cache: a registration per message and side, none kept */
+      {{"FLEXCOLL_RDMA_RCACHE_BYTES=0", NULL}, "5,5,0,0"},
+      /* a device without on-demand paging: pinned registrations are not kept... */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=noodp", NULL}, "5,5,0,0"},
+      /* ...unless the application promises never to unmap its buffers */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=noodp", "FLEXCOLL_RDMA_RCACHE_PINNED=1", NULL}, "1,3,1,3"},
+  };
+  char label[160];
+  snprintf(label, sizeof label, "rcache lru %s %s", cases[_i].env[0], cases[_i].env[1] ? cases[_i].env[1] : "");
+  ck_assert_msg(rc_run(label, cases[_i].env, rc_lru_rank, cases[_i].arg), "%s: see stderr", label);
+}
+END_TEST
+
+/* The classic hazard: both ranks unmap their buffer after a message and map new pages at the
+ * same address, the sender with new bytes.  arg "regs,stale": the registrations each rank must
+ * make, and whether the second message must arrive wrong (the unsafe mode, where the fake's
+ * pinned model shows what a NIC does with a stale registration: this test sees it). */
+static int rc_remap_rank(hx_rank_t *r) {
+  int want_regs, stale;
+  if (sscanf((const char *)r->arg, "%d,%d", &want_regs, &stale) != 2) return hx_fail(r, "bad arg");
+  long ever0, now0, ever1, now1;
+  fake_mrs(&ever0, &now0);
+  flexcoll_comm_t sub = NULL;
+  if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
+  unsigned char *b = rc_map(NULL);
+  if (!b) return hx_fail(r, "mmap: %s", strerror(errno));
+  size_t wrong[2] = {0, 0};
+  for (uint64_t k = 0; k < 2; k++) {
+    if (k && (munmap(b, RC_BYTES) || rc_map(b) != b)) return hx_fail(r, "no new pages at %p: %s", (void *)b, strerror(errno));
+    if (r->rank == 0) rc_fill(b, k + 11);
+    snprintf(r->what, sizeof r->what, "message %llu (%s pages)", (unsigned long long)k, k ? "new" : "first");
+    if (!rc_message(r, sub, b, b)) break;
+    wrong[k] = r->rank == 1 ? rc_wrong(b, k + 11) : 0;
+  }
+  hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy");
+  fake_mrs(&ever1, &now1);
+  long regs = ever1 - ever0 - 2;
+  fprintf(stderr, "[test_rdma] remap %s rank %d: %ld registrations, %zu and %zu bytes wrong\n",
+          getenv("FLEXCOLL_VERBS_FAKE_FAULT"), r->rank, regs, wrong[0], wrong[1]);
+  if (regs != want_regs) hx_fail(r, "%ld registrations of user buffers, expected %d", regs, want_regs);
+  if (wrong[0]) hx_fail(r, "the first message: %zu bytes wrong", wrong[0]);
+  if (r->rank == 1 && !stale && wrong[1]) hx_fail(r, "the message into new pages: %zu bytes wrong", wrong[1]);
+  if (r->rank == 1 && stale && !wrong[1])
+    hx_fail(r, "a stale pinned registration delivered right: the fake's pinned model is not in force");
+  if (now1 != now0) hx_fail(r, "%ld memory regions left registered after destroy", now1 - now0);
+  munmap(b, RC_BYTES);
+  return 0;
+}
+
+START_TEST(test_rcache_remap) {
+  static const struct {
+    const char *env[3], *arg;
+  } cases[] = {
+      /* on-demand paging: the cached registration follows the new pages (one registration) */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=pinned", NULL}, "1,0"},
+      /* pinned registrations: not cached, so each message registers the pages it has */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=pinned,noodp", NULL}, "2,0"},
+      /* the promise broken: a kept pinned registration reads and writes the old pages */
+      {{"FLEXCOLL_VERBS_FAKE_FAULT=pinned,noodp", "FLEXCOLL_RDMA_RCACHE_PINNED=1", NULL}, "1,1"},
+  };
+  char label[160];
+  snprintf(label, sizeof label, "rcache remap %s %s", cases[_i].env[0], cases[_i].env[1] ? cases[_i].env[1] : "");
+  ck_assert_msg(rc_run(label, cases[_i].env, rc_remap_rank, cases[_i].arg), "%s: see stderr", label);
 }
 END_TEST
 
@@ -597,6 +964,16 @@ START_TEST(test_no_device) {
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:1", NULL}, FLEXCOLL_SUCCESS, NULL, 1},
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_HCA=fakeverbs0:2", NULL}, FLEXCOLL_SYSTEM_ERROR,
        "FLEXCOLL_IB_HCA", 0},
+      /* The fake told to present more devices than it can: it presents none. */
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_VERBS_FAKE_DEVICES=9", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "no RDMA device", 0},
+      /* Settings of the registration cache that are not numbers in range: refused, named. */
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_RDMA_RCACHE_BYTES=-1", NULL},
+       FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_RDMA_RCACHE_BYTES", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_RDMA_RCACHE_BYTES=lots", NULL},
+       FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_RDMA_RCACHE_BYTES", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_RDMA_RCACHE_PINNED=2", NULL},
+       FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_RDMA_RCACHE_PINNED", 0},
   };
   const nodev_t *b = &cases[_i];
   const char *env[] = {b->env[0], b->env[1], b->env[2], "CUDA_VISIBLE_DEVICES=", NULL};
@@ -974,11 +1351,22 @@ int main(void) {
   if (!g_real) tcase_add_loop_test(tc, test_zcopy, 0, 3);
   suite_add_tcase(s, tc);
   if (!g_real) {
+    tc = tcase_create("rails");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, test_rails, 0, 2);
+    tcase_add_test(tc, test_pci_places);
+    tcase_add_test(tc, test_info_rails);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("rcache");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_rcache_lru, 0, 5);
+    tcase_add_loop_test(tc, test_rcache_remap, 0, 3);
+    suite_add_tcase(s, tc);
     tc = tcase_create("faults");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
     tcase_add_loop_test(tc, test_zcopy_fault, 0, (int)(sizeof zc_faults / sizeof zc_faults[0]));
-    tcase_add_loop_test(tc, test_no_device, 0, 9);
+    tcase_add_loop_test(tc, test_no_device, 0, 13);
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);

@@ -578,6 +578,61 @@ START_TEST(test_hierarchy_sweep) {
 }
 END_TEST
 
+/* Ring allreduce over hosts of unequal sizes takes two dimensions (ring.c): every rank then sends
+ * to other hosts about 2(H-1)/H of its own block, where the flat ring sends the whole message
+ * (2(n-1)/n of it) over one pair per host boundary; checked on the schedules' steps, for counts
+ * that leave empty blocks too.  (Their results: test_hierarchy_sweep, layouts 2 and 3.) */
+START_TEST(test_uneven_hosts_two_dimensions) {
+  static const int layouts[][12] = {
+      {0, 0, 1, 1, 1, -1},                      /* 2 + 3 */
+      {0, 0, 0, 1, 1, 1, 1, 1, 2, -1},          /* 3 + 5 + 1 */
+      {0, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, -1},    /* 1 + 3 + 7 */
+      {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, -1},    /* 7 + 4 */
+  };
+  for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+    int n = 0, nh = 0;
+    while (layouts[li][n] >= 0) nh = layouts[li][n] + 1 > nh ? layouts[li][n] + 1 : nh, n++;
+    make_hierarchy(n, layouts[li]);
+    int most = 0, least = n;
+    for (int h = 0; h < nh; h++) {
+      int l = 0;
+      for (int r = 0; r < n; r++) l += h_host[r] == h;
+      most = l > most ? l : most, least = l < least ? l : least;
+    }
+    static const size_t counts[] = {1, 5, 1000, 100003};
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+      const size_t c = counts[ci];
+      fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host};
+      size_t max_cross = 0;
+      int senders = 0;
+      for (int r = 0; r < n; r++) {
+        fc_schedule_t sch;
+        fc_schedule_init(&sch);
+        a.rank = r;
+        ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
+        size_t cross = 0;
+        for (int i = 0; i < sch.nsteps; i++)
+          if (sch.steps[i].kind == FC_STEP_SEND && h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
+        fc_schedule_free(&sch);
+        max_cross = cross > max_cross ? cross : max_cross;
+        senders += cross > 0;
+      }
+      /* a rank's block is at most ceil(c / least) of the message; 2(H-1)/H of it crosses, plus
+       * the rounding of its sub-blocks */
+      const double bound = 2.0 * (nh - 1) / nh * (double)((c + (size_t)least - 1) / (size_t)least) + 2.0 * nh;
+      ck_assert_msg((double)max_cross <= bound, "layout %zu, count %zu: a rank sends %zu elements to other hosts (at most %.0f)",
+                    li, c, max_cross, bound);
+      if (c >= 1000) {
+        ck_assert_msg(senders > nh, "layout %zu, count %zu: %d ranks send between hosts, as the flat ring's %d", li, c,
+                      senders, nh);
+        ck_assert_msg((double)max_cross < 2.0 * (n - 1) / n * (double)c * 0.9,
+                      "layout %zu, count %zu: %zu elements between hosts, no less than the flat ring", li, c, max_cross);
+      }
+    }
+  }
+}
+END_TEST
+
 /* The simulator itself must catch the faults it is there to catch. */
 static void hand_schedule(int r, const fc_step_t *steps, const int *round_of, int nsteps) {
   fc_build_t b = {&S.rk[r].s, FLEXCOLL_SUCCESS};
@@ -972,6 +1027,7 @@ static Suite *schedule_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
   tcase_add_loop_test(tc, test_hierarchy_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
+  tcase_add_test(tc, test_uneven_hosts_two_dimensions);
   tcase_add_test(tc, test_p2p_batches);
   suite_add_tcase(su, tc);
   return su;

@@ -6,6 +6,9 @@
  *
  * Rounds are numbered globally (see build.h); a message is always sent and received in the same
  * global round, so schedules stay deadlock-free even with rendezvous sends. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "build.h"
 
 /* Ranks sit on the ring in a->order (rank order without it): v is this rank's position, and
@@ -107,6 +110,149 @@ static void ring2d_allreduce(fc_build_t *b, const fc_algo_args_t *a, int H, int 
   for (int s = 0; s < L - 1; s++) { /* C */
     int sb = fc_mod(lv + 1 - s, L), rb = fc_mod(lv - s, L);
     fc_build_round(b);
+    fc_build_send(b, lnext, FC_BUF_RECV, fc_block_start(c, L, sb), fc_block_len(c, L, sb));
+    fc_build_recv(b, lprev, FC_BUF_RECV, fc_block_start(c, L, rb), fc_block_len(c, L, rb));
+  }
+  fc_build_result(b, FC_BUF_RECV, 0, c);
+}
+
+/* Allreduce over hosts of unequal rank counts (H >= 2 hosts of L_h ranks, some L_h >= 2): the
+ * equal hosts' three phases, each host with its own blocks.  (A) a ring reduce-scatter within host
+ * h over L_h blocks of the message leaves each rank its own block reduced over the host (a host of
+ * one rank: its input); (B) the message is cut where any host's blocks begin (the common
+ * refinement: each segment lies in one block on every host, so it has one owner per host), and
+ * each segment runs a ring allreduce among its H owners, in sub-blocks by host index; (C) a ring
+ * allgather within each host.  Between hosts every rank moves 2(H-1)/H of its block instead of the
+ * flat ring's whole message over one pair per host boundary.
+ * The build rule (build.h) allows one message per pair, direction and round, and a rank may own
+ * several segments; two segments whose owners are the same pair between some neighbouring hosts
+ * would break it.  So segments run in waves (greedy over the segments in order: a segment joins
+ * the first wave holding none it shares such a pair with), each wave its 2(H-1) rounds; ownership
+ * is contiguous, so waves are few.  Every element is folded once along a fixed chain (within its
+ * host, then along its segment's ring) and only copied after: every rank holds the same bits.  The
+ * inputs are the same on every rank (order, hosts, count), so every rank builds the same waves.
+ * Up to FC_RING2D_MAX ranks (fixed-size tables, no allocation that one rank could fail alone);
+ * beyond, the flat ring. */
+#define FC_RING2D_MAX 256
+
+typedef struct {
+  int H, base[FC_RING2D_MAX + 1]; /* host h holds positions base[h] .. base[h+1]-1 */
+  int nseg;
+  size_t start[2 * FC_RING2D_MAX + 2]; /* segment k: [start[k], start[k+1]) */
+  int wave[2 * FC_RING2D_MAX + 1];
+} hosts2d_t;
+
+/* Hosts contiguous in order (as links.c numbers them), at least two, one of them with 2 ranks. */
+static int uneven_hosts(const fc_algo_args_t *a, hosts2d_t *t) {
+  const int n = a->nranks;
+  if (!a->order || !a->pos || !a->host || n < 3 || n > FC_RING2D_MAX) return 0;
+  int h = 0, most = 0;
+  t->base[0] = 0;
+  for (int p = 1; p <= n; p++)
+    if (p == n || a->host[a->order[p]] != a->host[a->order[p - 1]]) {
+      if (p < n && a->host[a->order[p]] != h + 1) return 0;
+      most = p - t->base[h] > most ? p - t->base[h] : most;
+      t->base[++h] = p;
+    }
+  t->H = h;
+  return h >= 2 && most >= 2;
+}
+
+static int host_size(const hosts2d_t *t, int h) { return t->base[h + 1] - t->base[h]; }
+
+/* The rank of host h holding x after phase A: the block of the host's L blocks that contains x is
+ * held by position (block - 1) mod L, as the ring reduce-scatter leaves it. */
+static int owner(const fc_algo_args_t *a, const hosts2d_t *t, int h, size_t x) {
+  const int L = host_size(t, h);
+  int i = 0;
+  while (i < L - 1 && x >= fc_block_start(a->count, L, i + 1)) i++;
+  return a->order[t->base[h] + fc_mod(i - 1, L)];
+}
+
+static int cmp_size(const void *x, const void *y) {
+  const size_t u = *(const size_t *)x, v = *(const size_t *)y;
+  return (u > v) - (u < v);
+}
+
+/* Segments and their waves.  0 when waves would run out (cannot happen with contiguous blocks;
+ * the flat ring then). */
+static int segments(const fc_algo_args_t *a, hosts2d_t *t) {
+  int nb = 0;
+  for (int h = 0; h < t->H; h++)
+    for (int i = 0; i <= host_size(t, h); i++) t->start[nb++] = fc_block_start(a->count, host_size(t, h), i);
+  qsort(t->start, (size_t)nb, sizeof t->start[0], cmp_size);
+  int k = 0;
+  for (int i = 0; i < nb; i++)
+    if (k == 0 || t->start[i] != t->start[k - 1]) t->start[k++] = t->start[i];
+  t->nseg = k - 1; /* nonempty [start[k], start[k+1]) */
+  /* A host's owner follows its block index, which only grows along the message: the segments
+   * whose owners on an edge (hosts h, h+1) are a given pair form one run.  So segment j shares a
+   * pair with exactly the earlier segments from the first of the runs it ends, over all edges:
+   * O(segments x ranks), not a pairwise comparison per schedule built. */
+  int cur[FC_RING2D_MAX], prev[FC_RING2D_MAX], run[FC_RING2D_MAX];
+  for (int j = 0; j < t->nseg; j++) {
+    for (int h = 0; h < t->H; h++) cur[h] = owner(a, t, h, t->start[j]);
+    int from = j;
+    for (int h = 0; h < t->H; h++) {
+      const int g = (h + 1) % t->H;
+      if (j == 0 || cur[h] != prev[h] || cur[g] != prev[g]) run[h] = j;
+      from = run[h] < from ? run[h] : from;
+    }
+    memcpy(prev, cur, sizeof(int) * (size_t)t->H);
+    unsigned long long used = 0;
+    for (int i = from; i < j; i++) used |= 1ull << t->wave[i];
+    int w = 0;
+    while (w < 64 && (used >> w & 1)) w++;
+    if (w == 64) return 0;
+    t->wave[j] = w;
+  }
+  return 1;
+}
+
+static void ring2d_uneven_allreduce(fc_build_t *b, const fc_algo_args_t *a, const hosts2d_t *t) {
+  const int v = a->pos[a->rank];
+  int hv = 0;
+  while (v >= t->base[hv + 1]) hv++;
+  const int L = host_size(t, hv), lv = v - t->base[hv], H = t->H;
+  int most = 0, waves = 0;
+  for (int h = 0; h < H; h++) most = host_size(t, h) > most ? host_size(t, h) : most;
+  for (int k = 0; k < t->nseg; k++) waves = t->wave[k] + 1 > waves ? t->wave[k] + 1 : waves;
+  const int lnext = a->order[t->base[hv] + (lv + 1) % L], lprev = a->order[t->base[hv] + fc_mod(lv - 1, L)];
+  const size_t c = a->count;
+  if (L == 1) {
+    fc_build_round(b);
+    fc_build_copy(b, FC_BUF_RECV, 0, FC_BUF_SEND, 0, c);
+  }
+  for (int s = 0; s < most - 1; s++) { /* A (rounds all hosts count alike; a smaller host idles) */
+    fc_build_round(b);
+    if (s >= L - 1) continue;
+    int sb = fc_mod(lv - s, L), rb = fc_mod(lv - s - 1, L);
+    fc_build_send(b, lnext, s == 0 ? FC_BUF_SEND : FC_BUF_RECV, fc_block_start(c, L, sb), fc_block_len(c, L, sb));
+    fc_build_recv_reduce(b, lprev, FC_BUF_RECV, fc_block_start(c, L, rb), FC_BUF_SEND, fc_block_start(c, L, rb),
+                         fc_block_len(c, L, rb));
+  }
+  for (int w = 0; w < waves; w++)
+    for (int s = 0; s < 2 * (H - 1); s++) { /* B: per wave, reduce-scatter then allgather between hosts */
+      fc_build_round(b);
+      const int rs = s < H - 1, q = rs ? s : s - (H - 1);
+      const int sb = rs ? fc_mod(hv - q, H) : fc_mod(hv + 1 - q, H);
+      const int rb = rs ? fc_mod(hv - q - 1, H) : fc_mod(hv - q, H);
+      for (int k = 0; k < t->nseg; k++) {
+        if (t->wave[k] != w || owner(a, t, hv, t->start[k]) != a->rank) continue;
+        const size_t bs = t->start[k], bl = t->start[k + 1] - t->start[k];
+        const int to = owner(a, t, (hv + 1) % H, bs), from = owner(a, t, fc_mod(hv - 1, H), bs);
+        fc_build_send(b, to, FC_BUF_RECV, bs + fc_block_start(bl, H, sb), fc_block_len(bl, H, sb));
+        if (rs)
+          fc_build_recv_reduce(b, from, FC_BUF_RECV, bs + fc_block_start(bl, H, rb), FC_BUF_RECV,
+                               bs + fc_block_start(bl, H, rb), fc_block_len(bl, H, rb));
+        else
+          fc_build_recv(b, from, FC_BUF_RECV, bs + fc_block_start(bl, H, rb), fc_block_len(bl, H, rb));
+      }
+    }
+  for (int s = 0; s < most - 1; s++) { /* C */
+    fc_build_round(b);
+    if (s >= L - 1) continue;
+    int sb = fc_mod(lv + 1 - s, L), rb = fc_mod(lv - s, L);
     fc_build_send(b, lnext, FC_BUF_RECV, fc_block_start(c, L, sb), fc_block_len(c, L, sb));
     fc_build_recv(b, lprev, FC_BUF_RECV, fc_block_start(c, L, rb), fc_block_len(c, L, rb));
   }
@@ -228,7 +374,9 @@ void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
   switch (a->coll) {
     case FC_COLL_ALLREDUCE: {
       int hosts, per;
+      hosts2d_t t;
       if (uniform_hosts(a, &hosts, &per)) ring2d_allreduce(b, a, hosts, per);
+      else if (uneven_hosts(a, &t) && segments(a, &t)) ring2d_uneven_allreduce(b, a, &t);
       else ring_allreduce(b, &g);
       break;
     }

@@ -15,7 +15,10 @@ static int link_usable(const fc_link_model_t *m, const int *enabled, int i) {
 }
 
 /* Links behind one port share its bandwidth: in the active set, a group's betas are scaled so that
- * they add up to the group's largest beta (what the port carries when the best of them drives it). */
+ * they add up to no more than the port carries: its port_beta where known (a NIC and host staging
+ * under one PCIe root port together reach more than either, less than both), else the group's
+ * largest beta (what the port carries when the best of them drives it); never less than that
+ * largest beta, so a link alone is worth its own model. */
 static void effective_betas(const fc_link_model_t *m, const int *active, int n, double *eff) {
   for (int i = 0; i < n; i++) {
     eff[i] = 0;
@@ -24,13 +27,14 @@ static void effective_betas(const fc_link_model_t *m, const int *active, int n, 
       eff[i] = m[i].beta;
       continue;
     }
-    double max = 0, sum = 0;
+    double cap = 0, sum = 0;
     for (int j = 0; j < n; j++)
       if (active[j] && m[j].port == m[i].port) {
         sum += m[j].beta;
-        if (m[j].beta > max) max = m[j].beta;
+        cap = fmax(cap, m[j].beta);
+        if (isfinite(m[j].port_beta)) cap = fmax(cap, m[j].port_beta);
       }
-    eff[i] = m[i].beta * (max / sum);
+    eff[i] = sum > cap ? m[i].beta * (cap / sum) : m[i].beta;
   }
 }
 

@@ -227,11 +227,14 @@ static flexcoll_result_t check_pairs(struct flexcoll_comm *comm, const fc_links_
   return FLEXCOLL_SUCCESS;
 }
 
-/* Open registry entry r; keep it when every rank could.  Collective. */
-static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int r, char *dropped, size_t dlen) {
+/* Open rail `rail` of registry entry r; keep it when every rank could (*kept).  Collective. */
+static flexcoll_result_t open_rail(struct flexcoll_comm *comm, fc_links_t *l, int r, int rail, char *dropped,
+                                   size_t dlen, int *kept) {
   fc_link_t *link = &l->link[l->n];
+  *kept = 0;
   memset(link, 0, sizeof *link);
   link->ops = registry[r];
+  link->rail = rail;
   /* A host link where every rank has a host of its own joins nobody: not opened (every rank
    * decides alike from the hosts). */
   if (link->ops->same_host && l->nhosts == comm->nranks && comm->nranks > 1) {
@@ -272,7 +275,39 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
     return res;
   }
   l->n++;
+  *kept = 1;
   return FLEXCOLL_SUCCESS;
+}
+
+/* Registry entry r, and its further rails (several NICs) as links of their own: as many as every
+ * rank has, each its own port in the model where on every rank its device shares no PCIe port with
+ * an earlier rail's.  Collective. */
+static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int r, char *dropped, size_t dlen) {
+  int kept = 0;
+  FC_CHECK(open_rail(comm, l, r, 0, dropped, dlen, &kept));
+  if (!kept || !registry[r]->rails) return FLEXCOLL_SUCCESS;
+  const int n = comm->nranks, first = l->n - 1;
+  unsigned char *all = calloc((size_t)n, FC_MAX_LINKS + 1);
+  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  unsigned char *mine = all + (size_t)comm->rank * (FC_MAX_LINKS + 1);
+  mine[0] = (unsigned char)registry[r]->rails(&l->link[first], mine + 1, FC_MAX_LINKS);
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, FC_MAX_LINKS + 1);
+  int rails = FC_MAX_LINKS - first;
+  for (int q = 0; q < n && res == FLEXCOLL_SUCCESS; q++) {
+    const int theirs = all[(size_t)q * (FC_MAX_LINKS + 1)];
+    rails = theirs < rails ? theirs : rails;
+  }
+  if (res == FLEXCOLL_SUCCESS && rails > 1)
+    FC_INFO(FC_SUB_SCHED, "link %s: %d rails (devices) on every rank", registry[r]->name, rails);
+  for (int k = 1; k < rails && res == FLEXCOLL_SUCCESS; k++) {
+    res = open_rail(comm, l, r, k, dropped, dlen, &kept);
+    if (res != FLEXCOLL_SUCCESS || !kept) break;
+    int own = 1;
+    for (int q = 0; q < n; q++) own &= all[(size_t)q * (FC_MAX_LINKS + 1) + 1 + (size_t)k];
+    l->link[l->n - 1].own_port = own;
+  }
+  free(all);
+  return res;
 }
 
 /* ---- stage 1: calibration --------------------------------------------------------------------- */
@@ -437,7 +472,12 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
    * most machines; so the balancer splits only where that beats the better link alone.  (Before
    * links were per pair this held within one host only; ranks on several hosts had no shm.) */
   (void)one_host;
-  for (int i = 0; i < l->n; i++) l->model[i].port = 0;
+  /* A further NIC (rail) behind a PCIe port of its own adds its bandwidth: a port of its own. */
+  for (int i = 0; i < l->n; i++) {
+    l->model[i].port = l->link[i].own_port ? 1 + i : 0;
+    if (l->link[i].rail) FC_INFO(FC_SUB_SCHED, "link %s rail %d: port %d in the model", l->link[i].ops->name,
+                                 l->link[i].rail, l->model[i].port);
+  }
   FC_INFO(FC_SUB_SCHED, "link models %s in %.1f ms (key %s)", all_have ? "from the cache" : "calibrated",
           (fc_now_us() - t0) / 1e3, key);
   if (!all_have && dir && fc_cost_cache_save(dir, key, l->model, l->n) != FLEXCOLL_SUCCESS)

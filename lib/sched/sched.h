@@ -51,6 +51,9 @@ typedef struct {
   double min_bytes;    /* smallest share worth its alpha (a share below it goes elsewhere) */
   int port;            /* links with the same port >= 0 share one bandwidth (a NIC and host staging
                           behind the same PCIe switch); -1: independent */
+  double port_beta;    /* what that port carries, bytes per microsecond, when known (a PCIe x16 root
+                          port: more than host staging or the NIC alone, less than both); 0: the
+                          largest beta among its links.  From the topology, like port: not cached */
 } fc_link_model_t;
 
 /* Predicted microseconds for bytes on m (alpha + bytes/beta; infinity when beta <= 0). */
@@ -79,8 +82,10 @@ const char *fc_cost_cache_dir(void);
 /* ---- balancer (balance.c) ----------------------------------------------------------------------
  * Split `bytes` over n <= FC_MAX_LINKS links so that their predicted finish times are equal: find T
  * with sum_i max(0, T - alpha_i) * beta_i = bytes, drop the link furthest under max(min_bytes,
- * align) (or at or past T), and repeat.  Links sharing a port share its bandwidth (their betas are
- * scaled so that their sum is the port's largest beta, among the links that carry a share).  Shares
+ * align) (or at or past T), and repeat.  Links sharing a port share its bandwidth: among the links
+ * that carry a share, their betas are scaled down (in proportion) so that their sum is at most the
+ * port's bandwidth, the largest port_beta or beta of them (a port that carries more than the sum
+ * takes them at their own betas).  Shares
  * are multiples of `align` bytes (the element size or more; 0 counts as 1) except that the
  * remainder goes to the carrying link with the largest (scaled) beta, lowest index on ties; they sum
  * to bytes exactly, and are a pure function of the inputs (every rank computes the same split).

@@ -21,16 +21,22 @@
  * comes), registers the receive buffer for that message and answers with a CTS in a slot (the id,
  * address, rkey, room).  The sender registers its buffer and writes straight from it into the
  * receive buffer (RDMA WRITE, in pieces no longer than the port's largest message), the last piece
- * WITH IMMEDIATE (IMM_ZDONE and the id) which completes the receive; each side deregisters as its
- * part ends.  No copy through the slots, one registration per message and side (no cache: see
- * zreg()).  Where the message is longer than the receive's room or a registration fails, the CTS
+ * WITH IMMEDIATE (IMM_ZDONE and the id) which completes the receive; each side gives its
+ * registration back as its part ends.  No copy through the slots; registrations come from a cache
+ * that keeps them between messages where that is safe (rcache_open(), rdma_rcache.h), else one per
+ * message and side.  Where the message is longer than the receive's room or a registration fails, the CTS
  * (or the sender) turns the message into fragments carrying the id, which go to the receive
  * already matched: the copy path, with its length check.  A receive given up before its data
- * came deregisters at once (a peer still writing fails, never writes into memory given back); a
- * send given up mid-way tells the receiver (RZCANCEL).
+ * came deregisters at once, cached or not (a peer still writing fails, never writes into memory
+ * given back); a send given up mid-way tells the receiver (RZCANCEL).
  *
- * What this does not do yet (docs/ARCHITECTURE.md): a registration cache, device memory (dma-buf),
- * ranks on other hosts, several NICs, the NIC's place in the cost model. */
+ * Device: one per link, rail `link->rail` of the rank's nearest devices (rdma_dev.h); links.c opens
+ * a link per rail (several NICs) and the balancer splits over them.
+ *
+ * What this does not do yet (docs/ARCHITECTURE.md): device memory (dma-buf), the NIC's place in
+ * the cost model beside the GPU's host staging (the balancer can bound a shared port, nothing puts
+ * them in one yet), watching unmaps (pinned registrations are cached only on the application's
+ * promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
 #define _GNU_SOURCE
 #include "config.h"
 #include "clock.h"
@@ -39,6 +45,8 @@
 
 #if HAVE_VERBS_H
 #include "verbs.h"
+#include "rdma_rcache.h"
+#include "rdma_dev.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -138,106 +146,6 @@ static const char *wc_status(const fc_verbs_t *v, enum ibv_wc_status st) {
   return v->wc_status_str ? v->wc_status_str(st) : "error";
 }
 
-/* ---- device choice -------------------------------------------------------------------------- */
-
-static const char *mtu_name(enum ibv_mtu m) {
-  switch (m) {
-    case IBV_MTU_256: return "256";
-    case IBV_MTU_512: return "512";
-    case IBV_MTU_1024: return "1024";
-    case IBV_MTU_2048: return "2048";
-    case IBV_MTU_4096: return "4096";
-    default: return "?";
-  }
-}
-
-/* Gb/s per lane of ibv_port_attr.active_speed, times the lanes of active_width. */
-static double port_gbps(const struct ibv_port_attr *a) {
-  double lane = 0;
-  switch (a->active_speed) {
-    case 1: lane = 2.5; break;
-    case 2: lane = 5; break;
-    case 4: case 8: lane = 10; break;
-    case 16: lane = 14; break;
-    case 32: lane = 25; break;
-    case 64: lane = 50; break;
-    case 128: lane = 100; break;
-    default: lane = 0;
-  }
-  int lanes = a->active_width == 1 ? 1 : a->active_width == 2 ? 4 : a->active_width == 4 ? 8 : a->active_width == 8 ? 12
-              : a->active_width == 16 ? 2 : 0;
-  return lane * lanes;
-}
-
-/* FLEXCOLL_IB_HCA: "name" or "name:port"; NULL: the first device with an active port. */
-static int hca_wanted(const char *dev, int port) {
-  const char *s = fc_param_str("FLEXCOLL_IB_HCA", NULL);
-  if (!s) return 1;
-  size_t n = strcspn(s, ":");
-  if (strlen(dev) != n || strncmp(s, dev, n)) return 0;
-  return s[n] != ':' || atoi(s + n + 1) == port;
-}
-
-/* The NUMA node of a device's PCI function (sysfs), -1 when unknown: the GPUs nearest to it are
- * those flexcoll-info lists on the same node. */
-static int device_numa(const struct ibv_device *d) {
-  char path[sizeof d->ibdev_path + 32];
-  int node = -1;
-  if (!d->ibdev_path[0]) return -1;
-  snprintf(path, sizeof path, "%s/device/numa_node", d->ibdev_path);
-  FILE *f = fopen(path, "r");
-  if (f) {
-    if (fscanf(f, "%d", &node) != 1) node = -1;
-    fclose(f);
-  }
-  return node;
-}
-
-void fc_rdma_report(FILE *out) {
-  char why[300] = "";
-  const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
-  if (!v) {
-    fprintf(out, "RDMA devices: none (%s)\n", why);
-    return;
-  }
-  int n = 0;
-  errno = 0;
-  struct ibv_device **list = v->get_device_list(&n);
-  if (!list || n == 0) {
-    fprintf(out, "RDMA devices: none (%s: %s)\n", v->path,
-            !list ? (errno ? strerror(errno) : "no device list") : "no device");
-    if (list) v->free_device_list(list);
-    return;
-  }
-  fprintf(out, "RDMA devices (%s): %d\n", v->path, n);
-  for (int i = 0; i < n; i++) {
-    const char *name = v->get_device_name(list[i]);
-    struct ibv_context *ctx = v->open_device(list[i]);
-    struct ibv_device_attr da;
-    if (!ctx || v->query_device(ctx, &da)) {
-      fprintf(out, "  %s: cannot open (%s)\n", name, strerror(errno));
-      if (ctx) v->close_device(ctx);
-      continue;
-    }
-    int node = device_numa(list[i]);
-    char where[32] = "NUMA node unknown";
-    if (node >= 0) snprintf(where, sizeof where, "NUMA node %d", node);
-    fprintf(out, "  %s: %s, %d port(s), %d queue pairs, %d CQ entries\n", name, where, da.phys_port_cnt, da.max_qp,
-            da.max_cqe);
-    for (int p = 1; p <= da.phys_port_cnt; p++) {
-      struct ibv_port_attr pa;
-      memset(&pa, 0, sizeof pa);
-      if (v->query_port(ctx, (uint8_t)p, &pa)) continue;
-      fprintf(out, "    port %d: %s, %s, MTU %s, %.0f Gb/s%s\n", p,
-              pa.state == IBV_PORT_ACTIVE ? "active" : pa.state == IBV_PORT_DOWN ? "down" : "not active",
-              pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", mtu_name(pa.active_mtu), port_gbps(&pa),
-              hca_wanted(name, p) ? "" : " (not chosen by FLEXCOLL_IB_HCA)");
-    }
-    v->close_device(ctx);
-  }
-  v->free_device_list(list);
-}
-
 /* ---- the link's state ---------------------------------------------------------------------- */
 
 /* A slot: this header, then the fragment's bytes.  kind: FRAG_DATA, a fragment of an eager
@@ -295,6 +203,7 @@ struct rdma_req {
   uint32_t zrkey;
   size_t zposted;
   struct ibv_mr *mr;
+  fc_rc_ent_t *rent; /* mr's entry in the registration cache */
   rdma_req_t *znext; /* in the peer's zs (sends) or zq (receives) */
   char why[160];
 };
@@ -361,6 +270,10 @@ typedef struct {
   char fatal_why[160];
   unsigned progress_calls;
   size_t zcopy_bytes; /* FLEXCOLL_RDMA_ZCOPY_BYTES: sends from this size take the rendezvous */
+  fc_rcache_t *rcache; /* user buffers' registrations (kept, or per message: rdma_rcache.h) */
+  int rail, nrails;    /* which of this rank's devices this link is, of how many (rdma_dev.h) */
+  unsigned char alone[FC_RDMA_MAX_RAILS]; /* rail k's PCIe root port is none of rails 0..k-1's */
+  int odp;             /* the device's registrations can follow the page tables (on-demand paging) */
   uint64_t max_msg;   /* the port's largest message: the longest single write */
 } rdma_t;
 
@@ -490,21 +403,21 @@ static rdma_req_t *zlist_find(rdma_req_t *head, uint64_t id, uint64_t mask) {
   return NULL;
 }
 
-/* Registered per message and deregistered as it ends: no registration cache, because a cached
- * registration outlives the user's buffer (freed, its pages reused or unmapped) unless the
- * library hooks memory events (munmap, brk, madvise) as UCX does; without those hooks a cache
- * would let a peer write into memory that is no longer the buffer it registered. */
-static struct ibv_mr *zreg(rdma_t *r, void *buf, size_t bytes, int access) {
-  errno = 0;
-  struct ibv_mr *mr = r->v->reg_mr(r->pd, buf, bytes, access);
-  if (!mr)
+/* q's buffer registered for its message, through the registration cache (rdma_rcache.h: kept
+ * between messages where that is safe, see rcache_open; else for this message alone). */
+static struct ibv_mr *zreg(rdma_t *r, rdma_req_t *q, size_t bytes, int access) {
+  q->mr = fc_rcache_get(r->rcache, q->buf, bytes, access, &q->rent);
+  if (!q->mr)
     FC_INFO(FC_SUB_NET, "rank %d: rdma: ibv_reg_mr of a %zu-byte user buffer failed (%s): that message goes by copy",
             r->rank, bytes, strerror(errno ? errno : ENOMEM));
-  return mr;
+  return q->mr;
 }
 
-static void zdereg(rdma_t *r, rdma_req_t *q) {
-  if (q->mr) r->v->dereg_mr(q->mr);
+/* invalidate: the message did not end as planned (a receive given up or cancelled), so a peer
+ * may still write into the buffer: its registration goes now, not back into the cache. */
+static void zdereg(rdma_t *r, rdma_req_t *q, int invalidate) {
+  if (q->rent) fc_rcache_put(r->rcache, q->rent, invalidate);
+  q->rent = NULL;
   q->mr = NULL;
 }
 
@@ -532,16 +445,16 @@ static void rz_match(rdma_t *r, int p, rdma_req_t *q, uint64_t id, size_t total)
   q->zc = 1;
   q->zid = id;
   q->total = total;
-  if (total <= q->bytes && total > 0)
-    q->mr = zreg(r, q->buf, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (total <= q->bytes && total > 0) zreg(r, q, total, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   zlist_push(&e->zq_head, q);
   ctl_queue(r, p, FRAG_CTS, id);
 }
 
-/* A rendezvous receive leaves the peer's list; its registration goes with it. */
+/* A rendezvous receive leaves the peer's list; its registration goes back (invalidated where
+ * the data did not all come: see zdereg). */
 static void rz_recv_end(rdma_t *r, peer_t *e, rdma_req_t *q) {
   zlist_remove(&e->zq_head, q);
-  zdereg(r, q);
+  zdereg(r, q, q->state != REQ_DONE);
 }
 
 /* Nothing of the link refers to q any more, except send slots whose writes are in flight. */
@@ -561,7 +474,7 @@ static void req_detach(rdma_t *r, rdma_req_t *q) {
     /* Writes in flight read the buffer: its registration stays until they complete. */
     if (q->frags_out == 0) {
       zlist_remove(&e->zs_head, q);
-      zdereg(r, q);
+      zdereg(r, q, 0);
     }
   }
   if (q->from) {
@@ -760,8 +673,7 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
     }
     if (h.mode == CTS_WRITE && h.total == q->bytes) {
       /* Source only (local read needs no access flag): a read-only buffer registers too. */
-      q->mr = zreg(r, q->buf, q->bytes, 0);
-      if (q->mr) {
+      if (zreg(r, q, q->bytes, 0)) {
         q->zraddr = h.addr;
         q->zrkey = h.rkey;
         q->zstate = ZS_WRITE;
@@ -870,8 +782,8 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
   if (u) u->got = e->cur_got;
   if (e->cur_got < e->cur_total) return;
   e->cur_open = 0;
-  if (q && q->zc) rz_recv_end(r, e, q);
   if (q) finish_recv(q, e->cur_total);
+  if (q && q->zc) rz_recv_end(r, e, q);
   e->cur_req = NULL;
   if (u && u->req) {
     rdma_req_t *w = u->req;
@@ -914,8 +826,8 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
         peer_break(r, p, "rank %d wrote a message this rank asked to receive by copy", p);
         return;
       }
-      rz_recv_end(r, e, q);
       finish_recv(q, q->total);
+      rz_recv_end(r, e, q);
       return;
     }
     if (imm != (uint32_t)(e->consumed % (uint64_t)r->nslots)) {
@@ -943,7 +855,7 @@ static void on_completion(rdma_t *r, const struct ibv_wc *wc) {
     if (wc->status != IBV_WC_SUCCESS) req_fail(q, "rendezvous write failed");
     if (q->frags_out > 0 || (q->zposted < q->bytes && q->state == REQ_PENDING && q->zstate == ZS_WRITE)) return;
     zlist_remove(&e->zs_head, q);
-    zdereg(r, q);
+    zdereg(r, q, 0);
     if (q->orphan) free(q);
     else if (q->state == REQ_PENDING) q->state = REQ_DONE;
     return;
@@ -1020,8 +932,63 @@ static int rdma_progress(fc_link_t *link) {
 /* ---- open and close -------------------------------------------------------------------------- */
 
 FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
+FC_PARAM_INT(rdma_rcache_bytes, "RDMA_RCACHE_BYTES", 1 << 30)
+FC_PARAM_INT(rdma_rcache_pinned, "RDMA_RCACHE_PINNED", 0)
 
-/* The first active port of a device FLEXCOLL_IB_HCA allows: opens r->ctx.  0, or -1 with why. */
+/* A variable of the registry as its entry allows (range, integer), else INVALID_ARGUMENT naming it:
+ * a cache bound that is not a number should not silently become the default. */
+static flexcoll_result_t param_valid(struct flexcoll_comm *comm, const char *name) {
+  const char *s = getenv(name);
+  const fc_param_def_t *d = fc_param_find(name);
+  char why[120];
+  if (s && *s && d && fc_param_validate(d, s, why, sizeof why))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s=%s: %s", name, s, why);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Whether the device's registrations can follow the process's page tables for what the rendezvous
+ * does with them (on-demand paging for RC: the requester reading a source, the responder taking a
+ * write).  Asked through the extended context (ibv_query_device_ex is inline over it, calling an
+ * export of libibverbs' this link never links); a provider without one has no such registrations. */
+static int device_odp(struct ibv_context *ctx) {
+  struct verbs_context *vc = verbs_get_ctx_op(ctx, query_device_ex);
+  if (!vc) return 0;
+  struct ibv_device_attr_ex ax;
+  memset(&ax, 0, sizeof ax);
+  if (vc->query_device_ex(ctx, NULL, &ax, sizeof ax)) return 0;
+  const uint32_t need = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_WRITE;
+  return (ax.odp_caps.general_caps & IBV_ODP_SUPPORT) && (ax.odp_caps.per_transport_caps.rc_odp_caps & need) == need;
+}
+
+/* The registration cache of user buffers.  A kept registration is only right while the address
+ * still maps the pages it was made on: a pinned one outlives a buffer the user unmaps (free of a
+ * large block, a shrinking heap, madvise) and maps again at the same address, and would then
+ * read or take a peer's write into the old pages, silently.  Watching every unmap needs hooks in
+ * the allocator and the system calls (UCX patches them) that a library loaded into any process
+ * should not install.  So the cache keeps registrations made with on-demand paging, which the
+ * kernel keeps in step with the page tables (a freed and reallocated buffer is served with its new
+ * pages), and pinned ones only where FLEXCOLL_RDMA_RCACHE_PINNED=1 says the application never
+ * unmaps a buffer it gave flexcoll while the communicator lives (Open MPI's leave_pinned
+ * contract).  Otherwise every registration is for its message alone, as before the cache. */
+static int rcache_open(rdma_t *r, char *why, size_t len) {
+  const size_t bound = (size_t)fc_param_rdma_rcache_bytes();
+  const int pinned = fc_param_rdma_rcache_pinned() == 1;
+  r->odp = device_odp(r->ctx);
+  const size_t keep = r->odp || pinned ? bound : 0;
+  /* On-demand paging only where registrations are kept: one made for a single message would make
+   * the NIC fault every page in anew, where pinning does it once at registration. */
+  r->rcache = fc_rcache_new(r->v, r->pd, keep, r->odp && keep ? IBV_ACCESS_ON_DEMAND : 0);
+  if (!r->rcache) return snprintf(why, len, "out of memory"), -1;
+  FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache %s%zu bytes (%s)", r->rank, keep ? "up to " : "off, ", keep,
+          !bound    ? "FLEXCOLL_RDMA_RCACHE_BYTES=0"
+          : r->odp  ? "on-demand paging"
+          : pinned ? "pinned: FLEXCOLL_RDMA_RCACHE_PINNED=1"
+                   : "the device pins registrations and FLEXCOLL_RDMA_RCACHE_PINNED is 0");
+  return 0;
+}
+
+/* This link's device: rail r->rail of the rank's rails (rdma_dev.h: the nearest devices, or those
+ * FLEXCOLL_IB_HCA names); opens r->ctx.  0, or -1 with why. */
 static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t len) {
   int n = 0;
   errno = 0;
@@ -1032,28 +999,30 @@ static int choose_port(rdma_t *r, struct ibv_port_attr *pa, char *why, size_t le
     if (list) r->v->free_device_list(list);
     return -1;
   }
-  snprintf(why, len, "no active port on %d RDMA device(s)%s", n,
-           fc_param_str("FLEXCOLL_IB_HCA", NULL) ? " that FLEXCOLL_IB_HCA allows" : "");
-  for (int i = 0; i < n && !r->ctx; i++) {
-    const char *name = r->v->get_device_name(list[i]);
-    struct ibv_context *ctx = r->v->open_device(list[i]);
-    struct ibv_device_attr da;
-    if (!ctx) {
-      /* Most often the permissions of /dev/infiniband: say so rather than "no active port". */
-      snprintf(why, len, "cannot open RDMA device %s: %s", name, strerror(errno));
-      continue;
+  fc_rdma_cand_t rails[FC_RDMA_MAX_RAILS];
+  r->nrails = fc_rdma_rails(r->v, list, n, r->comm->cuda_device, rails, FC_RDMA_MAX_RAILS, why, len);
+  for (int k = 0; k < r->nrails; k++) {
+    r->alone[k] = rails[k].root[0] != 0;
+    for (int j = 0; j < k; j++) r->alone[k] &= strcmp(rails[j].root, rails[k].root) != 0;
+  }
+  if (r->rail < r->nrails) {
+    const fc_rdma_cand_t *c = &rails[r->rail];
+    r->ctx = r->v->open_device(list[c->dev]);
+    if (!r->ctx) snprintf(why, len, "cannot open RDMA device %s: %s", c->name, strerror(errno));
+    else if (r->v->query_port(r->ctx, (uint8_t)c->port, pa) || pa->state != IBV_PORT_ACTIVE) {
+      snprintf(why, len, "RDMA device %s port %d is no longer active", c->name, c->port);
+      r->v->close_device(r->ctx);
+      r->ctx = NULL;
+    } else {
+      r->port = (uint8_t)c->port;
+      const int gpu = r->comm->cuda_device >= 0;
+      FC_INFO(FC_SUB_NET, "rank %d: rdma rail %d of %d on %s port %d (%s, MTU %s, %.0f Gb/s; %s %d%s)", r->rank, r->rail,
+              r->nrails, c->name, c->port, pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+              fc_rdma_mtu_name(pa->active_mtu), fc_rdma_port_gbps(pa), gpu ? "PCI hops from its GPU" : "NUMA node",
+              gpu ? c->dist : c->numa, fc_param_str("FLEXCOLL_IB_HCA", NULL) ? ", named by FLEXCOLL_IB_HCA" : "");
     }
-    if (r->v->query_device(ctx, &da) == 0)
-      for (int p = 1; p <= da.phys_port_cnt && !r->ctx; p++) {
-        memset(pa, 0, sizeof *pa);
-        if (r->v->query_port(ctx, (uint8_t)p, pa) || pa->state != IBV_PORT_ACTIVE || !hca_wanted(name, p)) continue;
-        r->ctx = ctx;
-        r->port = (uint8_t)p;
-        FC_INFO(FC_SUB_NET, "rank %d: rdma on %s port %d (%s, MTU %s, %.0f Gb/s)", r->rank, name, p,
-                pa->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", mtu_name(pa->active_mtu),
-                port_gbps(pa));
-      }
-    if (!r->ctx) r->v->close_device(ctx);
+  } else if (r->nrails) {
+    snprintf(why, len, "rail %d: this rank has %d RDMA device(s) at its nearest", r->rail, r->nrails);
   }
   r->v->free_device_list(list);
   return r->ctx ? 0 : -1;
@@ -1086,6 +1055,7 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
                     peers), -1;
   r->pd = r->v->alloc_pd(r->ctx);
   if (!r->pd) return snprintf(why, len, "ibv_alloc_pd: %s", strerror(errno)), -1;
+  if (rcache_open(r, why, len)) return -1;
   r->cq = r->v->create_cq(r->ctx, (int)cqe, NULL, NULL, 0);
   if (!r->cq) return snprintf(why, len, "ibv_create_cq(%ld): %s", cqe, strerror(errno)), -1;
   size_t area = (size_t)r->nranks * (size_t)r->nslots * SLOT_BYTES;
@@ -1187,13 +1157,13 @@ static void rdma_free(rdma_t *r) {
       for (rdma_req_t *q = e->zs_head, *n; q; q = n) {
         n = q->znext;
         q->znext = NULL;
-        zdereg(r, q);
+        zdereg(r, q, 1);
         if (q->orphan) free(q);
       }
       for (rdma_req_t *q = e->zq_head, *n; q; q = n) {
         n = q->znext;
         q->znext = NULL;
-        zdereg(r, q);
+        zdereg(r, q, 1);
       }
       e->zs_head = e->zq_head = NULL;
       while (e->ctl_head) {
@@ -1206,6 +1176,13 @@ static void rdma_free(rdma_t *r) {
       free(e->slot_busy);
     }
   /* Deregistered only once no queue pair can write into it. */
+  if (r->rcache) {
+    fc_rcache_stats_t st;
+    fc_rcache_stats(r->rcache, &st);
+    FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache: %llu hits, %llu misses, %llu evictions", r->rank, st.hits,
+            st.misses, st.evictions);
+  }
+  fc_rcache_free(r->rcache);
   if (r->ring_mr) r->v->dereg_mr(r->ring_mr);
   if (r->send_mr) r->v->dereg_mr(r->send_mr);
   if (r->cq) r->v->destroy_cq(r->cq);
@@ -1218,12 +1195,16 @@ static void rdma_free(rdma_t *r) {
 }
 
 static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
+  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_BYTES"));
+  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_PINNED"));
+  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_ZCOPY_BYTES"));
   rdma_t *r = calloc(1, sizeof *r);
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;
   r->comm = comm;
   r->nranks = comm->nranks;
   r->rank = comm->rank;
+  r->rail = link->rail;
   /* 16 slots (1 MiB) per peer keep a 1 MiB slice streaming; beyond 16 peers the rings would
    * grow past 16 MiB per rank, so fewer. */
   r->nslots = comm->nranks <= 17 ? 16 : 4;
@@ -1433,8 +1414,16 @@ static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
   *req = NULL;
 }
 
+static int rdma_rails(fc_link_t *link, unsigned char *alone, int max) {
+  rdma_t *r = link->state;
+  int n = r->nrails < max ? r->nrails : max;
+  for (int k = 0; k < n; k++) alone[k] = r->alone[k];
+  return n;
+}
+
 /* Between hosts as within one (a NIC reaches any port of the fabric). */
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, rdma_isend, rdma_irecv, rdma_progress, rdma_test, rdma_cancel, 0, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma",      rdma_open,   rdma_close, rdma_isend, rdma_irecv, rdma_progress,
+                                    rdma_test,   rdma_cancel, 0,          0,          rdma_rails};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1452,6 +1441,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL};
 
 #endif

@@ -53,6 +53,11 @@ typedef struct {
   /* Nonzero: the link joins ranks of one host only (shared memory); lib/sched/links.c then never
    * asks it for a peer on another host.  Zero: any two ranks, wherever they run. */
   int same_host;
+  /* Several devices (multi-rail), NULL for one: after rail 0 opened, how many rails this rank can
+   * open (at most max), and alone[k] = 1 where rail k's device sits behind a PCIe port none of
+   * rails 0..k-1 uses (its bandwidth adds to theirs).  lib/sched/links.c opens rails 1.. as links
+   * of their own (fc_link.rail), as many as every rank has, so the balancer splits over them. */
+  int (*rails)(fc_link_t *link, unsigned char *alone, int max);
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */
@@ -71,13 +76,16 @@ struct fc_link {
    * a pair agree without a message; open connects those peers only, and nothing is ever sent to
    * a peer the link does not reach. */
   unsigned char *reach;
+  int rail;      /* which of the transport's devices (0: its first; set before open) */
+  int own_port;  /* a rail whose port no earlier rail shares, on every rank: its own port in the model */
 };
 
 /* The transports this build knows, in the order FLEXCOLL_LINKS lists them by default. */
 extern const fc_link_ops_t fc_link_shm, fc_link_tcp;
 /* RDMA through libibverbs, loaded at run time (rdma.c, verbs.h); absent without a device. */
 extern const fc_link_ops_t fc_link_rdma;
-/* flexcoll-info: the RDMA devices, their ports, state and speed, or why there are none. */
+/* flexcoll-info: the RDMA devices, their ports, state and speed, PCI place, nearest NUMA node and
+ * GPU, which ones a rank here would take, or why there are none. */
 void fc_rdma_report(FILE *out);
 /* Whether the host links run with UCX's peer-failure handling (FLEXCOLL_UCX_PEER_FAILURE, on by
  * default): shared memory then copies through UCX's FIFOs instead of cross-memory attach, so its

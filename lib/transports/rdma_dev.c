@@ -1,0 +1,331 @@
+/* rdma_dev.c — the RDMA devices a rank takes (rails) and flexcoll-info's report (rdma_dev.h).
+ *
+ * Distances come from the PCI tree in sysfs (a device's ibdev_path/device is its PCI function,
+ * /sys/bus/pci/devices/<bus id> a GPU's): the same tree hwloc reads for its PCI objects, read
+ * directly so that a verbs provider's own ibdev_path (the test suite's fake presents a tree of its
+ * own) is followed exactly as a real one.  The rank's NUMA node comes from hwloc (the node of the
+ * CPUs it is bound to, else of the CPU it runs on). */
+#define _GNU_SOURCE
+#include "config.h"
+
+#if HAVE_VERBS_H
+#include "rdma_dev.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "param.h"
+#include "transports.h"
+
+#if HAVE_HWLOC
+#include <hwloc.h>
+#endif
+#if HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+const char *fc_rdma_mtu_name(enum ibv_mtu m) {
+  switch (m) {
+    case IBV_MTU_256: return "256";
+    case IBV_MTU_512: return "512";
+    case IBV_MTU_1024: return "1024";
+    case IBV_MTU_2048: return "2048";
+    case IBV_MTU_4096: return "4096";
+    default: return "?";
+  }
+}
+
+/* Gb/s per lane of ibv_port_attr.active_speed, times the lanes of active_width. */
+double fc_rdma_port_gbps(const struct ibv_port_attr *a) {
+  double lane = 0;
+  switch (a->active_speed) {
+    case 1: lane = 2.5; break;
+    case 2: lane = 5; break;
+    case 4: case 8: lane = 10; break;
+    case 16: lane = 14; break;
+    case 32: lane = 25; break;
+    case 64: lane = 50; break;
+    case 128: lane = 100; break;
+    default: lane = 0;
+  }
+  int lanes = a->active_width == 1 ? 1 : a->active_width == 2 ? 4 : a->active_width == 4 ? 8 : a->active_width == 8 ? 12
+              : a->active_width == 16 ? 2 : 0;
+  return lane * lanes;
+}
+
+/* ---- PCI places --------------------------------------------------------------------------------- */
+
+int fc_pci_hops(const char *a, const char *b) {
+  if (!a || !b || !*a || !*b) return FC_RDMA_FAR;
+  /* Component by component: the common prefix ends at the deepest shared bridge. */
+  size_t i = 0, last = 0;
+  while (a[i] && a[i] == b[i]) {
+    if (a[i] == '/') last = i;
+    i++;
+  }
+  if (!a[i] && !b[i]) return 0;
+  if ((!a[i] && b[i] == '/') || (!b[i] && a[i] == '/')) last = i;
+  int hops = 0;
+  for (const char *p = a + last; *p; p++) hops += *p == '/';
+  for (const char *p = b + last; *p; p++) hops += *p == '/';
+  return hops;
+}
+
+void fc_pci_root_port(const char *path, char *out, size_t len) {
+  out[0] = 0;
+  /* .../pciDDDD:BB/<root port>/...: the host bridge, then the root port below it. */
+  const char *host = strstr(path, "/pci");
+  if (!host) return;
+  const char *rp = strchr(host + 1, '/');
+  if (!rp) return;
+  const char *end = strchr(rp + 1, '/');
+  size_t n = end ? (size_t)(end - path) : strlen(path);
+  if (n + 1 > len) return;
+  memcpy(out, path, n);
+  out[n] = 0;
+}
+
+static void read_pci(const char *sysdir, char *pci, size_t len, int *numa) {
+  char p[PATH_MAX + 16], real[PATH_MAX];
+  pci[0] = 0;
+  *numa = -1;
+  if (!sysdir || !*sysdir) return;
+  snprintf(p, sizeof p, "%s/device", sysdir);
+  if (!realpath(p, real)) return;
+  snprintf(pci, len, "%s", real);
+  snprintf(p, sizeof p, "%s/numa_node", real);
+  FILE *f = fopen(p, "r");
+  if (f) {
+    if (fscanf(f, "%d", numa) != 1) *numa = -1;
+    fclose(f);
+  }
+}
+
+/* The sysfs path of CUDA device gpu's PCI function, "" without one. */
+static void gpu_pci(int gpu, char *out, size_t len) {
+  out[0] = 0;
+#if HAVE_CUDA
+  char id[32], p[64], real[PATH_MAX];
+  if (gpu < 0 || cudaDeviceGetPCIBusId(id, sizeof id, gpu) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  for (char *c = id; *c; c++) *c = (char)(*c >= 'A' && *c <= 'F' ? *c - 'A' + 'a' : *c);
+  snprintf(p, sizeof p, "/sys/bus/pci/devices/%s", id);
+  if (realpath(p, real)) snprintf(out, len, "%s", real);
+#else
+  (void)gpu, (void)len;
+#endif
+}
+
+/* The NUMA node of the CPUs this thread may run on (the one it runs on where they span several),
+ * -1 when unknown. */
+static int my_numa_node(void) {
+  int node = -1;
+#if HAVE_HWLOC
+  hwloc_topology_t t;
+  if (hwloc_topology_init(&t) == 0) {
+    hwloc_bitmap_t cpus = hwloc_bitmap_alloc(), nodes = hwloc_bitmap_alloc();
+    if (cpus && nodes && hwloc_topology_load(t) == 0 && hwloc_get_cpubind(t, cpus, HWLOC_CPUBIND_THREAD) == 0) {
+      hwloc_cpuset_to_nodeset(t, cpus, nodes);
+      if (hwloc_bitmap_weight(nodes) != 1 && hwloc_get_last_cpu_location(t, cpus, HWLOC_CPUBIND_THREAD) == 0)
+        hwloc_cpuset_to_nodeset(t, cpus, nodes);
+      if (hwloc_bitmap_weight(nodes) >= 1) node = hwloc_bitmap_first(nodes);
+    }
+    if (cpus) hwloc_bitmap_free(cpus);
+    if (nodes) hwloc_bitmap_free(nodes);
+    hwloc_topology_destroy(t);
+  }
+#endif
+  if (node < 0) {
+    unsigned cpu = 0, n = 0;
+    if (getcpu(&cpu, &n) == 0) node = (int)n;
+  }
+  return node;
+}
+
+/* ---- FLEXCOLL_IB_HCA ---------------------------------------------------------------------------- */
+
+/* Position of (dev, port) in FLEXCOLL_IB_HCA's comma list of name or name:port; *explicit_port
+ * when the item names the port.  Unset: 0 for every device.  -1: not named. */
+static int hca_pos(const char *dev, int port, int *explicit_port) {
+  const char *s = fc_param_str("FLEXCOLL_IB_HCA", NULL);
+  *explicit_port = 0;
+  if (!s) return 0;
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", s);
+  int i = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save), i++) {
+    size_t n = strcspn(tok, ":");
+    if (strlen(dev) != n || strncmp(tok, dev, n)) continue;
+    if (tok[n] != ':') return i;
+    if (atoi(tok + n + 1) == port) return *explicit_port = 1, i;
+  }
+  return -1;
+}
+
+/* ---- the rails ---------------------------------------------------------------------------------- */
+
+typedef struct {
+  fc_rdma_cand_t c;
+  int order; /* FLEXCOLL_IB_HCA position, else the device's index */
+} ranked_t;
+
+/* Every active port a rank may take (one per device unless FLEXCOLL_IB_HCA names ports), with its
+ * distance; *n_out of them.  why: the reason when there is none. */
+static ranked_t *candidates(const fc_verbs_t *v, struct ibv_device **list, int n, int gpu, int *n_out, char *why,
+                            size_t len) {
+  const int hca = fc_param_str("FLEXCOLL_IB_HCA", NULL) != NULL;
+  ranked_t *out = calloc((size_t)n * 4 + 1, sizeof *out);
+  *n_out = 0;
+  if (!out) return snprintf(why, len, "out of memory"), NULL;
+  char gpath[PATH_MAX];
+  gpu_pci(gpu, gpath, sizeof gpath);
+  const int mine = gpath[0] ? -1 : my_numa_node();
+  snprintf(why, len, "no active port on %d RDMA device(s)%s", n, hca ? " that FLEXCOLL_IB_HCA allows" : "");
+  for (int i = 0; i < n; i++) {
+    const char *name = v->get_device_name(list[i]);
+    struct ibv_context *ctx = v->open_device(list[i]);
+    struct ibv_device_attr da;
+    if (!ctx) {
+      /* Most often the permissions of /dev/infiniband: say so rather than "no active port". */
+      snprintf(why, len, "cannot open RDMA device %s: %s", name, strerror(errno));
+      continue;
+    }
+    int taken = 0;
+    if (v->query_device(ctx, &da) == 0)
+      for (int p = 1; p <= da.phys_port_cnt && *n_out < n * 4; p++) {
+        ranked_t *r = &out[*n_out];
+        int explicit_port = 0, pos = hca_pos(name, p, &explicit_port);
+        memset(&r->c.pa, 0, sizeof r->c.pa);
+        if (pos < 0 || (taken && !explicit_port)) continue;
+        if (v->query_port(ctx, (uint8_t)p, &r->c.pa) || r->c.pa.state != IBV_PORT_ACTIVE) continue;
+        r->c.dev = i;
+        r->c.port = p;
+        snprintf(r->c.name, sizeof r->c.name, "%s", name);
+        read_pci(list[i]->ibdev_path, r->c.pci, sizeof r->c.pci, &r->c.numa);
+        fc_pci_root_port(r->c.pci, r->c.root, sizeof r->c.root);
+        if (gpath[0]) r->c.dist = fc_pci_hops(gpath, r->c.pci);
+        else r->c.dist = r->c.numa < 0 || mine < 0 ? 1 : r->c.numa == mine ? 0 : 2;
+        r->order = hca ? pos * 256 + p : i * 256 + p;
+        taken = 1;
+        (*n_out)++;
+      }
+    v->close_device(ctx);
+  }
+  return out;
+}
+
+static int by_order(const void *a, const void *b) {
+  const ranked_t *x = a, *y = b;
+  return (x->order > y->order) - (x->order < y->order);
+}
+
+int fc_rdma_rails(const fc_verbs_t *v, struct ibv_device **list, int n, int gpu, fc_rdma_cand_t *out, int max,
+                  char *why, size_t len) {
+  int nc = 0;
+  ranked_t *c = candidates(v, list, n, gpu, &nc, why, len);
+  if (!c) return 0;
+  qsort(c, (size_t)nc, sizeof *c, by_order);
+  /* FLEXCOLL_IB_HCA: what it names; else the nearest, all of them at that distance. */
+  int best = FC_RDMA_FAR + 1;
+  for (int i = 0; i < nc; i++) best = c[i].c.dist < best ? c[i].c.dist : best;
+  const int hca = fc_param_str("FLEXCOLL_IB_HCA", NULL) != NULL;
+  int k = 0;
+  for (int i = 0; i < nc && k < max; i++)
+    if (hca || c[i].c.dist == best) out[k++] = c[i].c;
+  free(c);
+  return k;
+}
+
+/* ---- flexcoll-info ------------------------------------------------------------------------------ */
+
+void fc_rdma_report(FILE *out) {
+  char why[300] = "";
+  const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
+  if (!v) {
+    fprintf(out, "RDMA devices: none (%s)\n", why);
+    return;
+  }
+  int n = 0;
+  errno = 0;
+  struct ibv_device **list = v->get_device_list(&n);
+  if (!list || n == 0) {
+    fprintf(out, "RDMA devices: none (%s: %s)\n", v->path,
+            !list ? (errno ? strerror(errno) : "no device list") : "no device");
+    if (list) v->free_device_list(list);
+    return;
+  }
+  /* What a rank of this process would take: its GPU's nearest where it has one (device 0 here),
+   * else its NUMA node's. */
+  int gpu = -1;
+#if HAVE_CUDA
+  int ngpus = 0;
+  if (cudaGetDeviceCount(&ngpus) == cudaSuccess && ngpus > 0) gpu = 0;
+  cudaGetLastError();
+#endif
+  fc_rdma_cand_t rails[FC_RDMA_MAX_RAILS];
+  char rwhy[300] = "";
+  int nr = fc_rdma_rails(v, list, n, gpu, rails, FC_RDMA_MAX_RAILS, rwhy, sizeof rwhy);
+  const int mine = my_numa_node();
+  fprintf(out, "RDMA devices (%s): %d\n", v->path, n);
+  for (int i = 0; i < n; i++) {
+    const char *name = v->get_device_name(list[i]);
+    struct ibv_context *ctx = v->open_device(list[i]);
+    struct ibv_device_attr da;
+    if (!ctx || v->query_device(ctx, &da)) {
+      fprintf(out, "  %s: cannot open (%s)\n", name, strerror(errno));
+      if (ctx) v->close_device(ctx);
+      continue;
+    }
+    char pci[PATH_MAX], root[PATH_MAX], where[96] = "NUMA node unknown";
+    int node = -1;
+    read_pci(list[i]->ibdev_path, pci, sizeof pci, &node);
+    fc_pci_root_port(pci, root, sizeof root);
+    const char *bus = strrchr(pci, '/'), *rp = strrchr(root, '/');
+    if (node >= 0) snprintf(where, sizeof where, "NUMA node %d%s", node, node == mine ? " (this process's)" : "");
+    fprintf(out, "  %s: PCI %s (root port %s), %s, %d port(s), %d queue pairs, %d CQ entries\n", name,
+            bus ? bus + 1 : "unknown", rp ? rp + 1 : "unknown", where, da.phys_port_cnt, da.max_qp, da.max_cqe);
+#if HAVE_CUDA
+    /* The GPUs nearest to it by PCI distance (those under the same switch first). */
+    if (pci[0]) {
+      int best = FC_RDMA_FAR, near[64], nn = 0;
+      for (int g = 0; g < ngpus && g < 64; g++) {
+        char gp[PATH_MAX];
+        gpu_pci(g, gp, sizeof gp);
+        int h = fc_pci_hops(gp, pci);
+        if (h < best) best = h, nn = 0;
+        if (h == best && h < FC_RDMA_FAR) near[nn++] = g;
+      }
+      if (nn) {
+        fprintf(out, "    nearest GPU(s), %d PCI hops:", best);
+        for (int g = 0; g < nn; g++) fprintf(out, " %d", near[g]);
+        fprintf(out, "\n");
+      }
+    }
+#endif
+    for (int p = 1; p <= da.phys_port_cnt; p++) {
+      struct ibv_port_attr pa;
+      memset(&pa, 0, sizeof pa);
+      if (v->query_port(ctx, (uint8_t)p, &pa)) continue;
+      int rail = -1;
+      for (int k = 0; k < nr; k++)
+        if (rails[k].dev == i && rails[k].port == p) rail = k;
+      char taken[96] = "";
+      if (rail >= 0)
+        snprintf(taken, sizeof taken, " (rail %d of a rank %s here)", rail, gpu >= 0 ? "on GPU 0" : "on this NUMA node");
+      fprintf(out, "    port %d: %s, %s, MTU %s, %.0f Gb/s%s\n", p,
+              pa.state == IBV_PORT_ACTIVE ? "active" : pa.state == IBV_PORT_DOWN ? "down" : "not active",
+              pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", fc_rdma_mtu_name(pa.active_mtu),
+              fc_rdma_port_gbps(&pa), taken);
+    }
+    v->close_device(ctx);
+  }
+  if (!nr) fprintf(out, "  no rail for a rank here: %s\n", rwhy);
+  v->free_device_list(list);
+}
+
+#endif

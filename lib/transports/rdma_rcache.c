@@ -1,0 +1,154 @@
+/* rdma_rcache.c — registrations of user buffers kept between rendezvous messages (rdma_rcache.h).
+ *
+ * One list in recency order (most recent first) of the cached entries: a lookup walks it for an
+ * entry that covers the request, so the list is kept short (FC_RCACHE_MAX_ENTRIES) as well as
+ * bounded in bytes.  Collectives reuse a handful of buffers, so a hit is found in the first few
+ * entries.  Entries outside the list (registered for one message, or invalidated while held) are
+ * deregistered when their last holder puts them back. */
+#define _GNU_SOURCE
+#include "config.h"
+
+#if HAVE_VERBS_H
+#include "rdma_rcache.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* A linear lookup over more entries than this would cost more than the registrations it saves
+ * on the small messages just above the threshold. */
+#define FC_RCACHE_MAX_ENTRIES 256
+
+struct fc_rc_ent {
+  uintptr_t lo, hi; /* whole pages */
+  int access;       /* as asked (without the cache's extra flags) */
+  int refs;
+  int cached;       /* in the list */
+  struct ibv_mr *mr;
+  fc_rc_ent_t *prev, *next;
+};
+
+struct fc_rcache {
+  const fc_verbs_t *v;
+  struct ibv_pd *pd;
+  size_t max_bytes, bytes, entries;
+  int extra_access;
+  uintptr_t page;
+  fc_rc_ent_t *head, *tail;
+  unsigned long long hits, misses, evictions;
+};
+
+fc_rcache_t *fc_rcache_new(const fc_verbs_t *v, struct ibv_pd *pd, size_t max_bytes, int extra_access) {
+  fc_rcache_t *c = calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->v = v;
+  c->pd = pd;
+  c->max_bytes = max_bytes;
+  c->extra_access = extra_access;
+  long pg = sysconf(_SC_PAGESIZE);
+  c->page = pg > 0 ? (uintptr_t)pg : 4096;
+  return c;
+}
+
+static void unlink_ent(fc_rcache_t *c, fc_rc_ent_t *e) {
+  if (!e->cached) return;
+  if (e->prev) e->prev->next = e->next;
+  else c->head = e->next;
+  if (e->next) e->next->prev = e->prev;
+  else c->tail = e->prev;
+  e->prev = e->next = NULL;
+  e->cached = 0;
+  c->bytes -= e->hi - e->lo;
+  c->entries--;
+}
+
+static void push_front(fc_rcache_t *c, fc_rc_ent_t *e) {
+  e->prev = NULL;
+  e->next = c->head;
+  if (c->head) c->head->prev = e;
+  else c->tail = e;
+  c->head = e;
+  e->cached = 1;
+  c->bytes += e->hi - e->lo;
+  c->entries++;
+}
+
+static void drop(fc_rcache_t *c, fc_rc_ent_t *e) {
+  unlink_ent(c, e);
+  if (e->mr) c->v->dereg_mr(e->mr);
+  free(e);
+}
+
+/* Least recently used first, skipping entries in use, until the bounds hold (entries in use
+ * may keep the cache over its bound until they are put back). */
+static void evict(fc_rcache_t *c) {
+  for (fc_rc_ent_t *e = c->tail, *prev; e; e = prev) {
+    if (c->bytes <= c->max_bytes && c->entries <= FC_RCACHE_MAX_ENTRIES) break;
+    prev = e->prev;
+    if (e->refs) continue;
+    drop(c, e);
+    c->evictions++;
+  }
+}
+
+struct ibv_mr *fc_rcache_get(fc_rcache_t *c, void *buf, size_t len, int access, fc_rc_ent_t **ent) {
+  *ent = NULL;
+  const uintptr_t lo = (uintptr_t)buf & ~(c->page - 1);
+  const uintptr_t hi = ((uintptr_t)buf + len + c->page - 1) & ~(c->page - 1);
+  for (fc_rc_ent_t *e = c->head; e; e = e->next)
+    if (e->lo <= lo && hi <= e->hi && (e->access & access) == access) {
+      c->hits++;
+      unlink_ent(c, e);
+      push_front(c, e);
+      e->refs++;
+      *ent = e;
+      return e->mr;
+    }
+  c->misses++;
+  fc_rc_ent_t *e = calloc(1, sizeof *e);
+  if (!e) return errno = ENOMEM, NULL;
+  /* Whole pages: the kernel pins (or maps) whole pages anyway, and a neighbouring buffer in the
+   * same pages then hits. */
+  errno = 0;
+  e->mr = c->v->reg_mr(c->pd, (void *)lo, hi - lo, access | c->extra_access);
+  if (!e->mr) {
+    int err = errno ? errno : ENOMEM;
+    free(e);
+    return errno = err, NULL;
+  }
+  e->lo = lo;
+  e->hi = hi;
+  e->access = access;
+  e->refs = 1;
+  if (hi - lo <= c->max_bytes) {
+    push_front(c, e);
+    evict(c);
+  }
+  *ent = e;
+  return e->mr;
+}
+
+void fc_rcache_put(fc_rcache_t *c, fc_rc_ent_t *e, int invalidate) {
+  if (!e) return;
+  if (invalidate) unlink_ent(c, e);
+  if (--e->refs > 0) return;
+  if (!e->cached) drop(c, e);
+  else evict(c);
+}
+
+void fc_rcache_stats(const fc_rcache_t *c, fc_rcache_stats_t *s) {
+  s->hits = c->hits;
+  s->misses = c->misses;
+  s->evictions = c->evictions;
+  s->bytes = c->bytes;
+  s->entries = c->entries;
+}
+
+void fc_rcache_free(fc_rcache_t *c) {
+  if (!c) return;
+  while (c->head) drop(c, c->head);
+  free(c);
+}
+
+#endif

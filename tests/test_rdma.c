@@ -635,21 +635,27 @@ static int rc_lru_rank(hx_rank_t *r) {
   return 0;
 }
 
-static int rc_run(const char *label, const char *const *extra, hx_rank_fn fn, const char *arg) {
+/* One case of a registration-cache test: extra settings and the rank function's argument. */
+typedef struct {
+  const char *env[3], *arg;
+} rc_case_t;
+
+/* Runs case c with fn on 2 processes over the fake rdma link; false when a rank failed. */
+static int rc_run(const char *what, const rc_case_t *c, hx_rank_fn fn) {
   const char *env[8] = {"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma",
                         "FLEXCOLL_SLICE_SIZE=4M"};
   int n = 4;
-  for (int i = 0; extra[i] && n < 7; i++) env[n++] = extra[i];
+  for (int i = 0; c->env[i] && n < 7; i++) env[n++] = c->env[i];
   env[n] = NULL;
+  char label[160];
+  snprintf(label, sizeof label, "rcache %s %s %s", what, c->env[0], c->env[1] ? c->env[1] : "");
   hx_opts_t o = {.label = label, .env = env, .deadline_s = 120};
   fprintf(stderr, "[test_rdma] %s\n", label);
-  return hx_run_procs(2, &o, fn, (void *)arg);
+  return hx_run_procs(2, &o, fn, (void *)c->arg);
 }
 
 START_TEST(test_rcache_lru) {
-  static const struct {
-    const char *env[3], *arg;
-  } cases[] = {
+  static const rc_case_t cases[] = {
       /* the default bound holds all: each buffer registered once, all kept */
       {{"FLEXCOLL_VERBS_FAKE_FAULT=", NULL}, "1,3,1,3"},
       /* room for two entries: LRU evicts */
@@ -661,9 +667,7 @@ START_TEST(test_rcache_lru) {
       /* ...unless the application promises never to unmap its buffers */
       {{"FLEXCOLL_VERBS_FAKE_FAULT=noodp", "FLEXCOLL_RDMA_RCACHE_PINNED=1", NULL}, "1,3,1,3"},
   };
-  char label[160];
-  snprintf(label, sizeof label, "rcache lru %s %s", cases[_i].env[0], cases[_i].env[1] ? cases[_i].env[1] : "");
-  ck_assert_msg(rc_run(label, cases[_i].env, rc_lru_rank, cases[_i].arg), "%s: see stderr", label);
+  ck_assert_msg(rc_run("lru", &cases[_i], rc_lru_rank), "rcache lru case %d: see stderr", _i);
 }
 END_TEST
 
@@ -704,9 +708,7 @@ static int rc_remap_rank(hx_rank_t *r) {
 }
 
 START_TEST(test_rcache_remap) {
-  static const struct {
-    const char *env[3], *arg;
-  } cases[] = {
+  static const rc_case_t cases[] = {
       /* on-demand paging: the cached registration follows the new pages (one registration) */
       {{"FLEXCOLL_VERBS_FAKE_FAULT=pinned", NULL}, "1,0"},
       /* pinned registrations: not cached, so each message registers the pages it has */
@@ -714,9 +716,7 @@ START_TEST(test_rcache_remap) {
       /* the promise broken: a kept pinned registration reads and writes the old pages */
       {{"FLEXCOLL_VERBS_FAKE_FAULT=pinned,noodp", "FLEXCOLL_RDMA_RCACHE_PINNED=1", NULL}, "1,1"},
   };
-  char label[160];
-  snprintf(label, sizeof label, "rcache remap %s %s", cases[_i].env[0], cases[_i].env[1] ? cases[_i].env[1] : "");
-  ck_assert_msg(rc_run(label, cases[_i].env, rc_remap_rank, cases[_i].arg), "%s: see stderr", label);
+  ck_assert_msg(rc_run("remap", &cases[_i], rc_remap_rank), "rcache remap case %d: see stderr", _i);
 }
 END_TEST
 

@@ -226,6 +226,7 @@ static flexcoll_result_t locate(flexcoll_comm_t comm, const void *const *bufs, i
 
 /* A communicator whose collective failed half-way is out of step with its peers: refuse. */
 static flexcoll_result_t check_not_failed(flexcoll_comm_t comm, const char *fn) {
+  fc_gpu_note_kernel_error(comm);
   int err = atomic_load(&comm->async_error);
   if (err == FLEXCOLL_SUCCESS) return FLEXCOLL_SUCCESS;
   return fc_error(comm, (flexcoll_result_t)err,

@@ -514,10 +514,15 @@ void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream) {
   g->inflight_t[i] = fc_now_ms();
 }
 
+void fc_gpu_note_kernel_error(struct flexcoll_comm *comm) {
+  struct fc_gpu *g = comm->gpu;
+  if (g && __atomic_load_n(g->error_host, __ATOMIC_SEQ_CST) == 1) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+}
+
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
-  if (__atomic_load_n(g->error_host, __ATOMIC_SEQ_CST) == 1) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+  fc_gpu_note_kernel_error(comm);
   while (g->inflight_tail != g->inflight_head) {
     unsigned i = g->inflight_tail % 64;
     cudaError_t e = cudaEventQuery(g->inflight_ev[i]);
@@ -544,6 +549,7 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) { (void)comm; }
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) { (void)comm; }
+void fc_gpu_note_kernel_error(struct flexcoll_comm *comm) { (void)comm; }
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
                              flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing) {
   (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream; (void)capturing;

@@ -32,6 +32,10 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm);
 void fc_gpu_comm_abort(struct flexcoll_comm *comm);
 /* Fold device-side failures (a spin that timed out) into comm->async_error. */
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm);
+/* Whether a kernel of the communicator gave up waiting (its error word, host memory: one load,
+ * no CUDA call); sets the async error FLEXCOLL_TIMEOUT then.  Every call asks it first, so the
+ * calls after a kernel's timeout fail instead of running on a protocol out of step. */
+void fc_gpu_note_kernel_error(struct flexcoll_comm *comm);
 /* Enqueue a collective on device memory on stream (capturing: the stream is being captured
  * into a CUDA graph, and fc_gpu_graph_refusal has allowed the call). */
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,

@@ -206,7 +206,9 @@ static flexcoll_result_t check_call(const fc_call_t *c, const char *fn, int held
 static flexcoll_result_t locate(flexcoll_comm_t comm, const void *const *bufs, int n, const char *fn, fc_mem_t *mem) {
   int first = -1, dev0 = -1;
   for (int i = 0; i < n; i++) {
-    if (!bufs[i]) continue;
+    /* An in-place call's second pointer is the first: asked once (a CUDA query per buffer is
+     * much of a small host call's cost). */
+    if (!bufs[i] || (first >= 0 && bufs[i] == bufs[first])) continue;
     int dev;
     fc_mem_t m = fc_mem_type(bufs[i], &dev);
     if (first < 0) { first = i; *mem = m; dev0 = dev; continue; }

@@ -171,7 +171,17 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
   for (int i = 0; i < o->iters && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);
   err = err || perf_stream_sync(r->stream, r->device);
   double t = (now_s() - t0) / o->iters;
-  if (err) {
+  /* A kernel that gave up waiting shows only in the async error: its calls had returned. */
+  flexcoll_result_t async = FLEXCOLL_SUCCESS;
+  if (!err && !use_nccl && flexcoll_comm_get_async_error(r->comm, &async) == FLEXCOLL_SUCCESS &&
+      async != FLEXCOLL_SUCCESS) {
+    fprintf(stderr, "flexcoll-perf: rank %d: %s: the communicator reports %s after the calls\n", r->rank, o->coll,
+            flexcoll_get_error_string(async));
+    err = 1;
+    r->status = 1;
+    w += 1;
+  }
+  if (err && async == FLEXCOLL_SUCCESS) {
     fprintf(stderr, "flexcoll-perf: rank %d: %s failed: %s\n", r->rank, use_nccl ? "NCCL" : o->coll,
             use_nccl ? "see NCCL_DEBUG=WARN" : flexcoll_get_last_error(r->comm));
     r->status = 1;

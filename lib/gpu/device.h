@@ -148,7 +148,7 @@ struct fc_gpu {
   uint64_t **p2p_peer_ctr;
   cudaEvent_t ev_oneshot;      /* after the last one-shot, pipelined, ring, alltoall or p2p kernel */
   cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
-  char *dev_scratch;       /* schedule scratch in device memory, grown on demand */
+  char *dev_scratch;       /* direct mode's scratch in device memory, grown on demand (direct.c) */
   size_t dev_scratch_bytes;
 
   /* Direct mode (direct.c) and the peers' memory it uses (peer_mem.c). */

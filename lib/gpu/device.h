@@ -162,7 +162,7 @@ struct fc_gpu {
   cudaEvent_t ev_pulled[FC_DIRECT_EVENTS], ev_reduced[FC_DIRECT_EVENTS], ev_local;
 
   int *error_host, *error_dev; /* kernels' timeout flag, host-mapped */
-  uint64_t timeout_cycles;
+  uint64_t timeout_ns;
 
   /* In-flight collectives for timeout detection: completion events and when they were enqueued. */
   cudaEvent_t inflight_ev[64];

@@ -49,7 +49,7 @@ static char *dref(fc_dexec_t *x, int buf, size_t off) {
  * (the graph rule: the kernel takes its seq and counter base from g->epoch on the device). */
 static fc_oneshot_args_t kernel_args(struct fc_gpu *g, const fc_algo_args_t *args) {
   fc_oneshot_args_t a = {.rank = args->rank, .nranks = args->nranks, .epoch = g->epoch,
-                         .slot_bytes = g->oneshot_slot, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+                         .slot_bytes = g->oneshot_slot, .timeout_ns = g->timeout_ns, .error = g->error_dev};
   g->oneshot_seq++;
   a.ll_max = g->ll_max;
   a.max_blocks = g->oneshot_blocks;
@@ -174,7 +174,7 @@ void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
                         .ctr_next = next_stage ? (uint64_t *)(next_stage + g->ring_ctr_off) : NULL,
                         .ctr_prev = prev_stage ? (uint64_t *)(prev_stage + g->ring_ctr_off) : NULL,
                         .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
-                        .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+                        .timeout_ns = g->timeout_ns, .error = g->error_dev};
   if (p->on) {
     a->pc_area = p->own + p->ctr_bytes;
     a->pc_area_next = p->next + p->ctr_bytes;
@@ -405,7 +405,7 @@ static flexcoll_result_t launch_p2p(fc_dexec_t *x, const fc_p2p_op_t *ops, int n
                      .done = (unsigned *)(g->p2p_base + 2 * (size_t)comm->nranks), .area = g->stage + g->p2p_off,
                      .ctr = (uint64_t *)(g->stage + g->p2p_ctr_off), .peer_area = g->p2p_peer_area,
                      .peer_ctr = g->p2p_peer_ctr, .region_bytes = g->p2p_region, .blocks = g->p2p_blocks,
-                     .subslots = 2, .timeout_cycles = g->timeout_cycles, .error = g->error_dev};
+                     .subslots = 2, .timeout_ns = g->timeout_ns, .error = g->error_dev};
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   CUDA_TRY(comm, fc_kernel_p2p(&a, kops, nops, stream));
   return FLEXCOLL_SUCCESS;
@@ -608,7 +608,7 @@ static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args
     res = run_oneshot(&x, args, sendbuf, recvbuf, user);
     /* Its sequence number is spent and the peers' kernels wait for this one: the communicator is done. */
     if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
-    /* Not tracked: the kernel bounds its own waits (timeout_cycles) and reports through the
+    /* Not tracked: the kernel bounds its own waits (timeout_ns) and reports through the
      * error flag, and two CUDA calls fewer matter at a few microseconds per call. */
     goto out;
   } else {

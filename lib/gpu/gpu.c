@@ -227,7 +227,7 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
     CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_pulled[i], cudaEventDisableTiming));
     CUDA_CHECK(comm, cudaEventCreateWithFlags(&g->ev_reduced[i], cudaEventDisableTiming));
   }
-  g->timeout_cycles = fc_kernel_timeout_cycles(g->device, comm->timeout_ms);
+  g->timeout_ns = fc_kernel_timeout_ns(comm->timeout_ms);
   /* Lazy loading would load each kernel at its first launch, waiting for queued work that may
    * wait on peers (a deadlock in the middle of a collective): load them all now. */
   int e = fc_kernels_preload_reduce();

@@ -29,7 +29,7 @@ constexpr size_t FC_ALLTOALL_MIN_PART = 64u << 10;
 __device__ __forceinline__ bool fc_a2a_wait(const fc_oneshot_args_t &a, int kind, uint64_t target) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
-    const long long start = clock64();
+    const long long start = fc_now_ns();
     long long last_abort_check = start;
     uint64_t *mine = fc_pick(a.flags, a.rank);
     int ok = 1;

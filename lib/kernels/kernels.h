@@ -22,11 +22,9 @@ int fc_kernel_reduce(void *dst, const void *a, const void *b, size_t count, flex
 int fc_kernel_divide(void *buf, size_t count, flexcoll_datatype_t dtype, int n, flexcoll_stream_t stream);
 /* An SM-driven copy (16-byte loads/stores when aligned); dst may be peer memory over NVLink. */
 int fc_kernel_copy(void *dst, const void *src, size_t bytes, flexcoll_stream_t stream);
-/* fc_oneshot_args_t.timeout_cycles for a wait of timeout_ms on `device`: clock64 counts SM
- * cycles, cudaDevAttrClockRate (kHz) per ms at the peak clock (~1.98 GHz on H200; a lower
- * clock only lengthens the wait).  timeout_ms <= 0: UINT64_MAX, never time out.
- * A host function (no stream); it does not return a cudaError_t. */
-uint64_t fc_kernel_timeout_cycles(int device, int timeout_ms);
+/* fc_oneshot_args_t.timeout_ns for a wait of timeout_ms: the kernels bound their waits by
+ * the GPU's global nanosecond timer.  timeout_ms <= 0: UINT64_MAX, never time out. */
+uint64_t fc_kernel_timeout_ns(int timeout_ms);
 
 /* Load every kernel into the current device's context now: CUDA's lazy loading would otherwise
  * load a kernel at its first launch, waiting for the device's queued work (which, in the middle
@@ -40,7 +38,7 @@ int fc_kernels_preload_oneshot(void);
  * uint64 words.  A call's seq is epoch->seq + 1 (fc_dev_epoch_t below).
  * Rank r writes its input into slot r of every peer's staging area (parity seq&1),
  * block b of the grid (see FC_ONESHOT_BLOCK_BYTES) then sets flag [parity][r][b] = seq in that peer's flags after a system
- * fence; it then waits (bounded by timeout_cycles of clock64) for all its own flags [parity][q][b]
+ * fence; it then waits (bounded by timeout_ns of the global timer) for all its own flags [parity][q][b]
  * == seq and reduces in rank order 0..n-1 (so every rank gets bitwise the same result).
  * On timeout the kernel stores 1 into *error (host-mapped) and returns. */
 /* Blocks of the grid: one per 32 KiB of message, at least 1, at most FC_ONESHOT_BLOCKS (the
@@ -69,7 +67,7 @@ typedef struct {
   size_t slot_bytes;
   char *stage[FC_ONESHOT_MAX_RANKS];            /* stage[p]: rank p's staging area as seen from here (stage[rank] local) */
   uint64_t *flags[FC_ONESHOT_MAX_RANKS];        /* flags[p]: rank p's flags as seen from here */
-  uint64_t timeout_cycles;
+  uint64_t timeout_ns;
   int *error;                                   /* host-mapped */
   unsigned max_blocks;                          /* grid cap of the plain kernels (<= FC_MAX_BLOCKS); 0: FC_ONESHOT_BLOCKS */
   /* LL variant (oneshot.cu): messages of up to ll_max bytes per rank (a multiple of 16; 0: never)
@@ -196,7 +194,7 @@ typedef struct {
   size_t area_bytes;       /* of every rank's ring area (a multiple of 16) */
   unsigned blocks;         /* most blocks of a grid (1..FC_MAX_BLOCKS) */
   unsigned subslots;       /* messages in flight per block and edge (2..8) */
-  uint64_t timeout_cycles;
+  uint64_t timeout_ns;
   int *error;              /* host-mapped, as the one-shot kernels' */
   /* The pcie lane: the same ring through pinned host memory, which every rank's GPU reaches over
    * PCIe (a ring area and counters per rank, laid out as above, mapped here).  Blocks after the
@@ -263,7 +261,7 @@ typedef struct {
   uint64_t *const *peer_ctr;      /* [q]: q's counters as seen here (a device array) */
   size_t region_bytes;            /* per sender, a multiple of 16 */
   unsigned blocks, subslots;      /* the grid (every kernel of the communicator) and sub-slots */
-  uint64_t timeout_cycles;
+  uint64_t timeout_ns;
   int *error;
 } fc_p2p_args_t;
 typedef struct {

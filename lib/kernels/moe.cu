@@ -33,7 +33,7 @@
  * Why the buffers are free when written: a peer writes our receive and combine areas only after
  * step 4 of its dispatch of the same epoch saw our release, i.e. after our stream reached this
  * dispatch, behind the previous combine and whatever read the previous rows.  Every wait is
- * bounded by timeout_cycles and returns at an abort (fc_wait_expired); a timeout stores 1 into
+ * bounded by timeout_ns and returns at an abort (fc_wait_expired); a timeout stores 1 into
  * the communicator's error word (flexcoll_comm_get_async_error turns it into FLEXCOLL_TIMEOUT). */
 #include "kernels/oneshot.cuh"
 #include "moe/moe.h"
@@ -92,7 +92,7 @@ __device__ __forceinline__ void set_timeout(const fc_moe_kargs_t &a) {
 /* One bounded wait of one thread: until pred(load) holds. */
 template <class Pred>
 __device__ __forceinline__ bool wait_word(const fc_moe_kargs_t &a, const uint64_t *p, Pred pred) {
-  const long long start = clock64();
+  const long long start = fc_now_ns();
   long long last_abort_check = start;
   unsigned spins = 0, ns = 32;
   while (!pred(fc_ld_volatile(p))) {
@@ -182,7 +182,7 @@ __device__ __forceinline__ bool warp_poll(const fc_moe_kargs_t &a, const char *r
     for (unsigned j = 0; j < CU; j++) {
       const size_t v = base + j * 32 + lane;
       if (v >= v1) continue;
-      const long long start = clock64();
+      const long long start = fc_now_ns();
       long long last = start;
       while (!arrived(x[j], esize)) {
         if (fc_wait_expired(a, start, &last)) return false;
@@ -379,7 +379,7 @@ __device__ bool reduce_slab(const fc_moe_kargs_t &a, const char *eout, char *out
         const size_t v = base + u * 32 + lane;
         if (v >= v1) continue;
         if (poll) {
-          const long long start = clock64();
+          const long long start = fc_now_ns();
           long long last = start;
           while (!arrived(x[u], ES)) {
             if (fc_wait_expired(a, start, &last)) return false;

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(FC_OS_THREADS)
   fc_epoch_begin(a);
   const int par = (int)(fc_seq() & 1);
   const uint32_t flag = (uint32_t)fc_seq();
-  const long long start = clock64();
+  const long long start = fc_now_ns();
   char *local = fc_pick(a.ll, a.rank);
   const size_t units = (bytes + 15) / 16;
   for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x) {
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(FC_OS_THREADS)
   fc_epoch_begin(a);
   const int par = (int)(fc_seq() & 1);
   const uint32_t flag = (uint32_t)fc_seq();
-  const long long start = clock64();
+  const long long start = fc_now_ns();
   char *local = fc_pick(a.ll, a.rank);
   const size_t units = (bytes + 15) / 16;
   for (size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (size_t)gridDim.x * blockDim.x)

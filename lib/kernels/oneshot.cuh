@@ -6,7 +6,7 @@
  *     peer's staging area; __syncthreads; thread 0 fences at system scope and stores seq into
  *     flag [parity][rank][b] of every peer with a release store.
  *  2. wait: thread 0 polls this rank's own flags [parity][q][b] until each reaches seq, bounded
- *     by timeout_cycles of clock64; on timeout it stores 1 to *error and the whole block
+ *     by timeout_ns of the global timer; on timeout it stores 1 to *error and the whole block
  *     skips to its end (fc_epoch_end, which every block reaches on every path).  After the
  *     flags a system fence orders the slot reads after them.
  *  3. combine: allreduce reduces [lo, hi) over ranks 0..n-1 in that order (own values from
@@ -178,20 +178,30 @@ __device__ __forceinline__ void fc_post(const fc_oneshot_args_t &a, int par, uin
 }
 
 /* The abort word (*error, host memory mapped into the GPU, written by fc_gpu_comm_abort) is
- * read at most once per FC_ABORT_CHECK_CYCLES (~0.5 ms) of a wait, never in the first one:
+ * read at most once per FC_ABORT_CHECK_NS of a wait, never in the first one:
  * each read is a round trip over PCIe, and when every block's poll read it on each spin the
  * reads queued behind one another (~1 us per block and call, a whole measurement at a time,
  * while the two ranks ran a few microseconds out of step).  An abort may wait that long. */
-constexpr long long FC_ABORT_CHECK_CYCLES = 1ll << 20;
+constexpr long long FC_ABORT_CHECK_NS = 500000;
 
-/* True once a wait begun at `start` must give up: clock64 has run past the deadline, or the
+/* The GPU's global timer in nanoseconds, the same on every SM.  Not clock64: that counts one
+ * SM's cycles, and a block that time-slicing between processes takes off the GPU may resume
+ * on another SM, whose counter is unrelated; a wait measured across that switch could end at
+ * once, and the kernel give up on a peer that was on its way. */
+__device__ __forceinline__ long long fc_now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return (long long)t;
+}
+
+/* True once a wait begun at `start` must give up: the global timer has run past the deadline, or the
  * host has aborted the communicator (*error == 2).  *last_abort_check starts at start.
- * A: any kernel arguments with timeout_cycles and error (fc_oneshot_args_t, fc_ring_args_t). */
+ * A: any kernel arguments with timeout_ns and error (fc_oneshot_args_t, fc_ring_args_t). */
 template <class A>
 __device__ __forceinline__ bool fc_wait_expired(const A &a, long long start, long long *last_abort_check) {
-  const long long now = clock64();
-  if ((uint64_t)(now - start) > a.timeout_cycles) return true;
-  if (now - *last_abort_check < FC_ABORT_CHECK_CYCLES) return false;
+  const long long now = fc_now_ns();
+  if ((uint64_t)(now - start) > a.timeout_ns) return true;
+  if (now - *last_abort_check < FC_ABORT_CHECK_NS) return false;
   *last_abort_check = now;
   return a.error && *(const volatile int *)a.error == 2;
 }
@@ -218,7 +228,7 @@ __device__ __forceinline__ bool fc_poll(const A &a, const uint64_t *flag, uint64
 __device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par, uint64_t seq) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
-    const long long start = clock64();
+    const long long start = fc_now_ns();
     long long last_abort_check = start;
     const uint64_t *mine = fc_pick(a.flags, a.rank);
     int ok = 1;

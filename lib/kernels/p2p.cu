@@ -60,7 +60,7 @@ __device__ __forceinline__ void fc_p2p_epoch(const fc_p2p_args_t &a, const fc_p2
 __device__ __forceinline__ bool fc_p2p_wait(const fc_p2p_args_t &a, const uint64_t *flag, uint64_t target) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
-    const long long start = clock64();
+    const long long start = fc_now_ns();
     long long last_abort_check = start;
     const int ok = fc_poll(a, flag, target, start, &last_abort_check);
     if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;

@@ -58,7 +58,7 @@ __device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const f
                                              unsigned gate_target = 0) {
   __shared__ int ok_shared[3]; /* per barrier id */
   if (t.tid == 0) {
-    const long long start = clock64();
+    const long long start = fc_now_ns();
     long long last_abort_check = start;
     int ok = 1;
     while (gate && atomicOr(gate, 0u) < gate_target)

@@ -217,16 +217,9 @@ extern "C" int fc_kernel_copy(void *dst, const void *src, size_t bytes, flexcoll
   return fc_copy_launch<unsigned char>(dst, src, bytes, s);
 }
 
-extern "C" uint64_t fc_kernel_timeout_cycles(int device, int timeout_ms) {
+extern "C" uint64_t fc_kernel_timeout_ns(int timeout_ms) {
   if (timeout_ms <= 0) return UINT64_MAX;
-  /* cudaDevAttrClockRate is the peak SM clock in kHz, i.e. clock64 cycles per millisecond at
-   * full speed; a slower clock only lengthens the timeout.  1.98 GHz (H200) if unknown. */
-  int khz = 0;
-  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device) != cudaSuccess || khz <= 0) {
-    (void)cudaGetLastError();
-    khz = 1980000;
-  }
-  return (uint64_t)timeout_ms * (uint64_t)khz;
+  return (uint64_t)timeout_ms * 1000000ull;
 }
 
 /* ---- loading every kernel up front ----

@@ -195,7 +195,7 @@ __device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, const fc_r
                                              uint64_t ack_target) {
   __shared__ int ok_shared;
   if (threadIdx.x == 0) {
-    const long long start = clock64();
+    const long long start = fc_now_ns();
     long long last_abort_check = start;
     int ok = 1;
     if (ready_target) ok = fc_poll(a, l.ready, ready_target, start, &last_abort_check);

@@ -277,10 +277,10 @@ static void test_args(const DevBufs &db) {
     fail("reduce: a pointer not aligned to its element accepted");
   CK(cudaDeviceSynchronize());
   check_guard("count 0", db.d, db.d + 16, 0, 64);
-  const uint64_t c = fc_kernel_timeout_cycles(0, 1000);
-  if (c < 100000000ull || c > 10000000000ull) fail("fc_kernel_timeout_cycles(0, 1000 ms) = %llu", (unsigned long long)c);
-  printf("%s argument checks (count 0, invalid datatype/op/alignment); 1 s = %llu cycles\n",
-         g_failures == before ? "PASS" : "FAIL", (unsigned long long)c);
+  if (fc_kernel_timeout_ns(1000) != 1000000000ull) fail("fc_kernel_timeout_ns(1000 ms) != 1e9 ns");
+  if (fc_kernel_timeout_ns(0) != UINT64_MAX) fail("fc_kernel_timeout_ns(0) is not 'never'");
+  printf("%s argument checks (count 0, invalid datatype/op/alignment, timeout conversion)\n",
+         g_failures == before ? "PASS" : "FAIL");
 }
 
 /* ---------------------------------------------------------------- one-shot */
@@ -303,7 +303,7 @@ struct World {
   int nranks;
   size_t slot, ll_max;
   uint64_t seq; /* the seq of the last call: each rank's epoch->seq once it has run */
-  uint64_t timeout_cycles;
+  uint64_t timeout_ns;
   Rank r[FC_ONESHOT_MAX_RANKS];
 };
 
@@ -332,7 +332,7 @@ static void world_init(World *w, int nranks, const int *devs, size_t slot) {
     CK(cudaMemset(r->epoch, 0, sizeof *r->epoch));
   }
   /* Long enough never to fire in a correct run, short enough that a bug fails, not hangs. */
-  w->timeout_cycles = fc_kernel_timeout_cycles(devs[0], 10000);
+  w->timeout_ns = fc_kernel_timeout_ns(10000);
   CK(cudaDeviceSynchronize());
 }
 
@@ -372,7 +372,7 @@ static fc_oneshot_args_t world_args(const World *w, int rank) {
   a.rank = rank, a.nranks = w->nranks, a.epoch = w->r[rank].epoch, a.slot_bytes = w->slot;
   for (int p = 0; p < w->nranks; p++) a.stage[p] = w->r[p].stage, a.flags[p] = w->r[p].flags, a.ll[p] = w->r[p].ll;
   a.ll_max = w->ll_max;
-  a.timeout_cycles = w->timeout_cycles;
+  a.timeout_ns = w->timeout_ns;
   a.error = w->r[rank].error;
   return a;
 }
@@ -689,7 +689,7 @@ static void test_timeout(void) {
     w.seq++;
     w.ll_max = coll >= 2 ? kLLCap : 0; /* plain kernels, then LL */
     fc_oneshot_args_t a = world_args(&w, 0);
-    a.timeout_cycles = 2000000; /* ~1 ms at 1.98 GHz */
+    a.timeout_ns = 1000000; /* 1 ms */
     *w.r[0].error = 0;
     CK(cudaMemset(w.r[0].send, 0x5a, 4096));
     CK(cudaDeviceSynchronize()); /* the memset ran on the legacy stream */
@@ -757,7 +757,7 @@ static void test_pipe_timeout(void) {
     fc_oneshot_args_t a = world_args(&w, 0);
     a.pipe_blocks = FC_MAX_BLOCKS, a.pipe_threads = threads[coll], a.pipe_subslots = subslots[coll];
     a.pipe_push_threads = push[coll];
-    a.timeout_cycles = 2000000; /* ~1 ms at 1.98 GHz */
+    a.timeout_ns = 1000000; /* 1 ms */
     *w.r[0].error = 0;
     const double t0 = now_s();
     CK(fc_kernel_pipe_collective(&a, (fc_pipe_coll_t)coll, w.r[0].send, w.r[0].recv, slot / 2, FLEXCOLL_FLOAT32,
@@ -785,7 +785,7 @@ static void test_pipe_timeout(void) {
     a0.pipe_blocks = a1.pipe_blocks = 2, a0.pipe_threads = a1.pipe_threads = 512;
     a0.pipe_subslots = a1.pipe_subslots = 4;
     a0.pipe_push_threads = 256, a1.pipe_push_threads = 128;
-    a0.timeout_cycles = 200000000; /* ~0.1 s: rank 1 surely starts within it */
+    a0.timeout_ns = 100000000; /* 0.1 s: rank 1 surely starts within it */
     *w.r[0].error = 0, *w.r[1].error = 0;
     const double t0 = now_s();
     CK(fc_kernel_pipe_collective(&a0, FC_PIPE_ALLREDUCE, w.r[0].send, w.r[0].recv, slot, FLEXCOLL_FLOAT32, FLEXCOLL_SUM,

@@ -229,7 +229,7 @@ static flexcoll_result_t create_device(flexcoll_comm_t comm, const flexcoll_moe_
   k->recv_meta = (int *)(m->local + l_meta);
   k->route = (int *)(m->local + l_route);
   k->peer = (char *const *)(m->local + l_peer);
-  k->timeout_cycles = g->timeout_cycles;
+  k->timeout_ns = g->timeout_ns;
   k->error = g->error_dev;
   peer_host = malloc((size_t)n * sizeof *peer_host);
   if (!peer_host) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "%s: out of memory", fn); goto fail_window; }

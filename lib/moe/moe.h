@@ -59,7 +59,7 @@ typedef struct {
   int *recv_counts;      /* [nranks] */
   int *recv_meta;        /* [nranks][max_tokens] */
   int *route;            /* [max_tokens][top_k]: dest * max_tokens + row of the token's k-th expert, -1: none */
-  uint64_t timeout_cycles;
+  uint64_t timeout_ns;
   int *error;            /* the communicator's host-mapped error word (1: timeout, 2: abort) */
 } fc_moe_kargs_t;
 

@@ -220,8 +220,11 @@ static size_t count_of(int kind, int it) { return kind == K_KILL && it % 2 == 0 
 static int checked_allreduce(rk_t *r, size_t n, int it) {
   phase(SETUP_ALARM, "checked allreduce %d of %zu float32", it, n);
   for (size_t i = 0; i < n; i++) r->host[i] = (float)(r->rank + 1) * (float)(i % 13 + (size_t)it);
-  if (cudaMemcpy(r->send, r->host, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
-    FAIL(r, "cudaMemcpy of the input failed");
+  /* On the rank's stream and waited for: a cudaMemcpy from pageable memory may return before
+   * its bytes land, and the non-blocking stream would not wait for it. */
+  if (cudaMemcpyAsync(r->send, r->host, n * sizeof(float), cudaMemcpyHostToDevice, r->s) != cudaSuccess ||
+      cudaStreamSynchronize(r->s) != cudaSuccess) {
+    FAIL(r, "copying the input failed");
     return 0;
   }
   flexcoll_result_t res = flexcoll_allreduce(r->send, r->recv, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, r->s);

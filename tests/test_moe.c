@@ -873,8 +873,10 @@ static void *hang_main(void *arg) {
   int *ids = NULL;
   cudaMalloc((void **)&tok, (size_t)T * 64 * 2);
   cudaMalloc((void **)&ids, (size_t)T * 2 * sizeof(int));
-  cudaMemset(ids, 0, (size_t)T * 2 * sizeof(int)); /* expert 0: rank 0 itself */
-  cudaMemset(tok, 0, (size_t)T * 64 * 2);
+  /* On s and waited for: the legacy stream's memset would not order before s's work. */
+  cudaMemsetAsync(ids, 0, (size_t)T * 2 * sizeof(int), s); /* expert 0: rank 0 itself */
+  cudaMemsetAsync(tok, 0, (size_t)T * 64 * 2, s);
+  cudaStreamSynchronize(s);
   if (flexcoll_comm_init_rank(&comm, 2, h->id, h->rank, &config) != FLEXCOLL_SUCCESS)
     FAIL(h->rank, "hang comm_init_rank: %s", flexcoll_get_last_error(NULL));
   flexcoll_moe_config_t cfg = FLEXCOLL_MOE_CONFIG_INITIALIZER;

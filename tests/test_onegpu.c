@@ -806,7 +806,10 @@ static void *hang_main(void *arg) {
   float *buf = NULL;
   const size_t n = (size_t)1 << 20;
   if (cudaMalloc((void **)&buf, n * sizeof(float)) != cudaSuccess) buf = NULL;
-  else cudaMemset(buf, 0, n * sizeof(float));
+  else if (cudaMemsetAsync(buf, 0, n * sizeof(float), s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess) {
+    cudaFree(buf);
+    buf = NULL;
+  }
   flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
   config.cuda_device = 0;
   config.timeout_ms = HANG_TIMEOUT_MS;

@@ -103,7 +103,8 @@ int perf_gpu_count(void);
 int perf_set_device(int dev);
 void *perf_alloc(size_t bytes, int device);
 void perf_free(void *p, int device);
-int perf_copy(void *dst, const void *src, size_t bytes, int device); /* default direction */
+/* A copy in the default direction on the rank's stream, finished when it returns. */
+int perf_copy(void *dst, const void *src, size_t bytes, int device, void *stream);
 void *perf_stream_create(int device);
 void perf_stream_destroy(void *stream, int device);
 int perf_stream_sync(void *stream, int device);

@@ -35,9 +35,13 @@ void perf_free(void *p, int device) {
   if (device < 0) free(p);
   else cudaFree(p);
 }
-int perf_copy(void *dst, const void *src, size_t bytes, int device) {
+int perf_copy(void *dst, const void *src, size_t bytes, int device, void *stream) {
   if (device < 0) { memcpy(dst, src, bytes); return 0; }
-  return cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) != cudaSuccess;
+  /* On the rank's own stream, waited for: cudaMemcpy runs on the legacy stream, which the
+   * rank's non-blocking stream does not wait for, and from pageable memory it may return
+   * before its bytes reached the device, so a collective could read them before they land. */
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream) != cudaSuccess ||
+         cudaStreamSynchronize((cudaStream_t)stream) != cudaSuccess;
 }
 void *perf_stream_create(int device) {
   cudaStream_t s = NULL;
@@ -80,7 +84,12 @@ void perf_device_info(int device, perf_device_t *d) {
 int perf_set_device(int dev) { (void)dev; return 1; }
 void *perf_alloc(size_t bytes, int device) { (void)device; return malloc(bytes); }
 void perf_free(void *p, int device) { (void)device; free(p); }
-int perf_copy(void *dst, const void *src, size_t bytes, int device) { (void)device; memcpy(dst, src, bytes); return 0; }
+int perf_copy(void *dst, const void *src, size_t bytes, int device, void *stream) {
+  (void)device;
+  (void)stream;
+  memcpy(dst, src, bytes);
+  return 0;
+}
 void *perf_stream_create(int device) { (void)device; return NULL; }
 void perf_stream_destroy(void *stream, int device) { (void)stream; (void)device; }
 int perf_stream_sync(void *stream, int device) { (void)stream; (void)device; return 0; }

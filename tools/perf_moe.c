@@ -115,7 +115,8 @@ static int check_counts(moe_run_t *m) {
   const int per_rank = o->moe_experts / m->nranks;
   int *counts_dev = NULL, got[1024], wrong = 0;
   if (flexcoll_moe_dispatch(m->moe, m->tok, m->ids, m->T, NULL, &counts_dev, NULL, m->stream) ||
-      perf_stream_sync(m->stream, m->device) || perf_copy(got, counts_dev, (size_t)m->nranks * sizeof(int), m->device))
+      perf_stream_sync(m->stream, m->device) ||
+      perf_copy(got, counts_dev, (size_t)m->nranks * sizeof(int), m->device, m->stream))
     return m->nranks;
   for (int s = 0; s < m->nranks; s++) {
     int want = 0;
@@ -168,11 +169,13 @@ int perf_moe_sweep(const perf_opts_t *o, flexcoll_comm_t comm, int rank, int nra
   char *host = calloc(1, host_bytes + maxT * (size_t)o->moe_top_k * sizeof(int));
   int ok = m.tok && m.ids && m.w && m.eout && m.out && m.a2a_send && m.a2a_recv && m.cnt_send && m.cnt_recv && host;
   if (ok) { /* zeros everywhere: tokens, expert outputs, the baseline's buffers */
-    ok = !perf_copy(m.eout, host, rows * m.row, device) && !perf_copy(m.a2a_send, host, rows * m.row, device) &&
-         !perf_copy(m.tok, host, maxT * m.row, device) && !perf_copy(m.cnt_send, host, (size_t)nranks * sizeof(int), device);
+    ok = !perf_copy(m.eout, host, rows * m.row, device, m.stream) &&
+         !perf_copy(m.a2a_send, host, rows * m.row, device, m.stream) &&
+         !perf_copy(m.tok, host, maxT * m.row, device, m.stream) &&
+         !perf_copy(m.cnt_send, host, (size_t)nranks * sizeof(int), device, m.stream);
     float *w = (float *)host;
     for (size_t i = 0; i < maxT * (size_t)o->moe_top_k; i++) w[i] = 1.0f / (float)o->moe_top_k;
-    ok = ok && !perf_copy(m.w, w, maxT * (size_t)o->moe_top_k * sizeof(float), device);
+    ok = ok && !perf_copy(m.w, w, maxT * (size_t)o->moe_top_k * sizeof(float), device, m.stream);
   }
   if (max_all(&m, !ok) > 0) {
     if (!ok) fprintf(stderr, "flexcoll-perf: rank %d: allocating the MoE buffers (%zu tokens of %zu bytes) failed\n", rank,
@@ -205,7 +208,7 @@ int perf_moe_sweep(const perf_opts_t *o, flexcoll_comm_t comm, int rank, int nra
       }
       sent += (size_t)dests;
     }
-    if (perf_copy(m.ids, ids, (size_t)m.T * o->moe_top_k * sizeof(int), device)) m.status = 1;
+    if (perf_copy(m.ids, ids, (size_t)m.T * o->moe_top_k * sizeof(int), device, m.stream)) m.status = 1;
     const int wrong = o->check && !m.status ? check_counts(&m) : 0;
     const double td = timed(&m, B_DISPATCH);
     const double tp = combine ? timed(&m, B_PAIR) : 0;

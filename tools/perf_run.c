@@ -87,11 +87,11 @@ static int prepare(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll) {
   size_t esize = fc_dtype_size(r->o->dtype);
   size_t sbytes = b->send_elems * esize, rbytes = b->recv_elems * esize;
   memset(b->host, 0xff, rbytes > sbytes ? rbytes : sbytes);
-  if (perf_copy(b->recv, b->host, rbytes, r->device)) return 1; /* poison the output */
+  if (perf_copy(b->recv, b->host, rbytes, r->device, r->stream)) return 1; /* poison the output */
   perf_fill_input(b->host, b->send_elems, r->o->dtype, r->rank, 0);
   void *dst = b->send;
   if (inplace) dst = (char *)b->recv + (coll == PERF_ALLGATHER ? (size_t)r->rank * sbytes : 0);
-  return perf_copy(dst, b->host, sbytes, r->device);
+  return perf_copy(dst, b->host, sbytes, r->device, r->stream);
 }
 
 static const void *send_ptr(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll, size_t esize) {
@@ -159,7 +159,7 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
   int err = coll_call(r, use_nccl, coll, s, d, use.count) || perf_stream_sync(r->stream, r->device);
   double w = 0;
   if (!err && o->check) {
-    perf_copy(use.host, use.recv, use.recv_elems * esize, r->device);
+    perf_copy(use.host, use.recv, use.recv_elems * esize, r->device, r->stream);
     const void *res = (char *)use.host + (d == use.recv ? 0 : (size_t)((char *)d - (char *)use.recv));
     w = (double)perf_count_wrong(coll, res, use.count, o->dtype, o->op, r->rank, r->nranks, o->root);
   }

@@ -101,6 +101,8 @@ static const fc_param_def_t table[] = {
      "rdma link: keep pinned registrations too (1: buffers given to flexcoll are never unmapped while it runs)", 0, 0, 1,
      NULL},
     {"FLEXCOLL_IB_HCA", FC_PK_TEXT, "(nearest)", "RDMA devices of the rdma links (one rail each): a comma list of name or name:port", 0, 0, 0, NULL},
+    {"FLEXCOLL_MEM_TYPE_CACHE", FC_PK_INT, "1",
+     "remember buffers CUDA called host memory until something is unmapped (0: ask CUDA at every call)", 0, 0, 1, NULL},
     {"FLEXCOLL_CACHE_DIR", FC_PK_TEXT, "(XDG cache)", "where calibrated link models are kept", 0, 0, 0, NULL},
     {"FLEXCOLL_UCX_PEER_FAILURE", FC_PK_INT, "1", "UCX reports dead peers, shm without cross-memory attach (1), or may use it, unsafe (0)", 0, 0, 1,
      NULL},

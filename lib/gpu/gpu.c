@@ -94,11 +94,18 @@ int fc_gpu_stream_capturing(flexcoll_stream_t stream) {
 fc_mem_t fc_mem_type(const void *ptr, int *device) {
   struct cudaPointerAttributes attr;
   *device = -1;
+  /* A CUDA query per buffer is most of a small host call's cost: pages found to be host memory
+   * are remembered until something is unmapped (host_pages.c). */
+  if (fc_host_pages_known(ptr)) return FC_MEM_HOST;
+  const uint64_t epoch = fc_host_pages_epoch();
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     cudaGetLastError();
     return FC_MEM_HOST;
   }
-  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return FC_MEM_HOST;
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    if (attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost) fc_host_pages_note(ptr, epoch);
+    return FC_MEM_HOST;
+  }
   *device = attr.device;
   return FC_MEM_DEVICE;
 }

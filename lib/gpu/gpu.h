@@ -4,6 +4,8 @@
 #ifndef FC_GPU_H
 #define FC_GPU_H
 
+#include <stdint.h>
+
 #include "flexcoll.h"
 #include "algos/algos.h"
 
@@ -14,6 +16,14 @@ typedef enum { FC_MEM_HOST, FC_MEM_DEVICE } fc_mem_t;
 /* Where ptr lives: device memory (cudaMalloc, managed) or host memory (anything else);
  * *device gets the CUDA device of device memory (-1 otherwise). */
 fc_mem_t fc_mem_type(const void *ptr, int *device);
+/* Pages known to hold no CUDA memory (host_pages.c), fc_mem_type's shortcut past a CUDA query
+ * per buffer: a page CUDA called host memory stays so until something in the process is
+ * unmapped (UCM's events, counted).  fc_host_pages_epoch: the count to note an answer under,
+ * read before asking CUDA; UINT64_MAX where nothing may be remembered (UCM gives no events, or
+ * FLEXCOLL_MEM_TYPE_CACHE=0).  Per thread, a few recent pages. */
+uint64_t fc_host_pages_epoch(void);
+int fc_host_pages_known(const void *ptr);
+void fc_host_pages_note(const void *ptr, uint64_t epoch);
 /* Number of CUDA devices usable here (0 without CUDA or without a GPU). */
 int fc_gpu_count(void);
 /* The calling thread's current CUDA device; FLEXCOLL_CONFIG_UNDEF without a GPU. */

@@ -77,9 +77,16 @@ static void allreduce_checked(rank_t *r, flexcoll_comm_t comm, float *dev, cudaS
   cudaMemcpyAsync(host, dev, sizeof host, cudaMemcpyDeviceToHost, s);
   cudaStreamSynchronize(s);
   float ranksum = NRANKS * (NRANKS + 1) / 2.0f;
-  int bad = 0;
-  for (int i = 0; i < COUNT; i++) bad += host[i] != ranksum * (float)(i % 7 + round);
-  EXPECT(r, bad == 0, "allreduce outside capture (round %d): %d wrong elements", round, bad);
+  int bad = 0, first = -1;
+  for (int i = 0; i < COUNT; i++)
+    if (host[i] != ranksum * (float)(i % 7 + round)) {
+      if (first < 0) first = i;
+      bad++;
+    }
+  /* The first wrong element and its neighbours' values say which part went astray. */
+  EXPECT(r, bad == 0, "allreduce outside capture (round %d): %d wrong elements, the first %d: %g (want %g; this rank's input %g)",
+         round, bad, first, first >= 0 ? host[first] : 0.0f, first >= 0 ? ranksum * (float)(first % 7 + round) : 0.0f,
+         first >= 0 ? (float)(r->rank + 1) * (float)(first % 7 + round) : 0.0f);
 }
 
 /* Whether the comm's last error names the graph capture (every refusal says why). */

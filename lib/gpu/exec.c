@@ -319,6 +319,16 @@ const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_
   return other_stream_refusal(g, stream);
 }
 
+/* A copy between a device buffer and host memory on the caller's stream, waited for.  Not
+ * cudaMemcpy: it runs on the legacy default stream, which the caller's non-blocking stream does
+ * not wait for (the caller's next work could read a result before it lands; from pageable
+ * memory cudaMemcpy may return before the bytes reach the device), and which itself waits for
+ * every blocking stream's work on the device, other communicators' kernels included. */
+static cudaError_t stream_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+
 /* Peers without peer access: run the host algorithm on copies (correct, not fast, blocking). */
 static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
                                           cudaStream_t stream) {
@@ -329,8 +339,8 @@ static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *a
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   if (!hs || !hr) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto out; }
   if (cudaStreamSynchronize(stream) != cudaSuccess ||
-      (send && sbytes && cudaMemcpy(hs, send, sbytes, cudaMemcpyDeviceToHost) != cudaSuccess) ||
-      (recv && rbytes && cudaMemcpy(hr, recv, rbytes, cudaMemcpyDeviceToHost) != cudaSuccess)) {
+      (send && sbytes && stream_copy(hs, send, sbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess) ||
+      (recv && rbytes && stream_copy(hr, recv, rbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess)) {
     res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "staging device buffers in host memory: %s",
                    cudaGetErrorString(cudaGetLastError()));
     goto out;
@@ -343,7 +353,7 @@ static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *a
       (const char *)send < (const char *)recv + rbytes)
     hsend = hr + ((const char *)send - (const char *)recv);
   FC_CHECK_GOTO(fc_host_run(comm, args, send ? hsend : NULL, recv ? hr : NULL, x->dtype, x->op), res, out);
-  if (recv && rbytes && cudaMemcpy(recv, hr, rbytes, cudaMemcpyHostToDevice) != cudaSuccess)
+  if (recv && rbytes && stream_copy(recv, hr, rbytes, cudaMemcpyHostToDevice, stream) != cudaSuccess)
     res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a result to the device: %s",
                    cudaGetErrorString(cudaGetLastError()));
 out:
@@ -363,12 +373,14 @@ static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops,
   for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++) {
     host[i] = malloc(ops[i].count + 1);
     if (!host[i]) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-    else if (ops[i].is_send && ops[i].count && cudaMemcpy(host[i], bufs[i], ops[i].count, cudaMemcpyDeviceToHost))
+    else if (ops[i].is_send && ops[i].count &&
+             stream_copy(host[i], bufs[i], ops[i].count, cudaMemcpyDeviceToHost, stream) != cudaSuccess)
       res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a send buffer to the host failed");
   }
   if (res == FLEXCOLL_SUCCESS) res = fc_host_run_p2p(comm, ops, nops, host);
   for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++)
-    if (!ops[i].is_send && ops[i].count && cudaMemcpy(bufs[i], host[i], ops[i].count, cudaMemcpyHostToDevice))
+    if (!ops[i].is_send && ops[i].count &&
+        stream_copy(bufs[i], host[i], ops[i].count, cudaMemcpyHostToDevice, stream) != cudaSuccess)
       res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a received buffer to the device failed");
   for (int i = 0; i < nops; i++) free(host[i]);
   free(host);

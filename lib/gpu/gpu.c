@@ -103,7 +103,9 @@ fc_mem_t fc_mem_type(const void *ptr, int *device) {
     return FC_MEM_HOST;
   }
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
-    if (attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost) fc_host_pages_note(ptr, epoch);
+    /* Plain host memory only: CUDA's own pinned allocations are unmapped by the driver, maybe
+     * out of UCM's sight, and their addresses could come back as device memory. */
+    if (attr.type == cudaMemoryTypeUnregistered) fc_host_pages_note(ptr, epoch);
     return FC_MEM_HOST;
   }
   *device = attr.device;

@@ -9,7 +9,9 @@
  * no longer trusted.  Where UCM cannot give those events, or FLEXCOLL_MEM_TYPE_CACHE=0, nothing
  * is remembered and every call asks CUDA, as before.
  *
- * Only "host" is remembered: a freed device buffer's address may come back on another device.
+ * Only plain host memory is remembered (fc_mem_type notes what CUDA calls unregistered): a freed
+ * device buffer's address may come back on another device, and CUDA's own pinned allocations are
+ * unmapped by the driver, perhaps out of UCM's sight.
  * Each thread keeps its own few pages (ranks as threads never share or lock). */
 #include <pthread.h>
 #include <stdatomic.h>

@@ -32,18 +32,16 @@
 typedef struct {
   struct flexcoll_comm *comm;
   struct fc_gpu *g;
-  char *bufs[3];
-  void *const *ext; /* FC_BUF_EXT + i: buffers of a point-to-point batch */
+  char *bufs[3]; /* FC_BUF_SEND, FC_BUF_RECV, FC_BUF_SCRATCH of a collective's schedule */
   size_t esize;
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
   int capturing; /* the stream is being captured into a CUDA graph */
 } fc_dexec_t;
 
-static char *dref(fc_dexec_t *x, int buf, size_t off) {
-  char *base = buf < FC_BUF_EXT ? x->bufs[buf] : (char *)x->ext[buf - FC_BUF_EXT];
-  return base + off * x->esize;
-}
+/* Device schedules are collectives' only (a point-to-point batch is one kernel), so their steps
+ * name no FC_BUF_EXT buffer. */
+static char *dref(fc_dexec_t *x, int buf, size_t off) { return x->bufs[buf] + off * x->esize; }
 
 /* The arguments of the next one-shot or pipelined kernel: constants of the communicator only
  * (the graph rule: the kernel takes its seq and counter base from g->epoch on the device). */
@@ -156,7 +154,7 @@ static flexcoll_result_t run_pipelined(fc_dexec_t *x, const fc_algo_args_t *args
 
 /* Whether a ring kernel takes this call: the collectives it knows, on a communicator that
  * uses them (FLEXCOLL_RING_KERNEL), when neither the one-shot, direct nor pipelined path did,
- * and no algorithm is forced (FLEXCOLL_ALGO: the staged schedule runs it). */
+ * and no algorithm is forced (FLEXCOLL_ALGO: that algorithm's schedule runs it, run_schedule). */
 static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
   return g->ring && args->nranks >= 2 && fc_tuner_kernels() &&
          (args->coll == FC_COLL_ALLREDUCE || args->coll == FC_COLL_ALLGATHER || args->coll == FC_COLL_REDUCE_SCATTER ||
@@ -248,7 +246,7 @@ static int p2p_kernel(const struct fc_gpu *g) { return g->p2p_region != 0; }
 
 /* An alltoall the alltoall kernel does not take (more ranks than it knows, or no one-shot
  * slots) runs as one batch of the point-to-point kernel, a send and a receive per peer: one
- * kernel per rank and call, its counters on the device, rather than the staged schedule. */
+ * kernel per rank and call, its counters on the device, rather than a schedule's kernel per round. */
 static int alltoall_by_p2p(const struct fc_gpu *g, const fc_algo_args_t *args) {
   return args->coll == FC_COLL_ALLTOALL && args->nranks >= 2 && 2 * (args->nranks - 1) <= FC_P2P_MAX_OPS &&
          p2p_kernel(g) && !alltoall_kernel(g, args);
@@ -581,8 +579,7 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
   struct fc_gpu *g = comm->gpu;
   cudaStream_t user = (cudaStream_t)stream;
   int prev = enter_device(g);
-  fc_dexec_t x = {.comm = comm, .g = g, .esize = 1, .dtype = FLEXCOLL_UINT8, .op = FLEXCOLL_SUM, .ext = bufs,
-                  .capturing = capturing};
+  fc_dexec_t x = {.comm = comm, .g = g, .capturing = capturing};
   flexcoll_result_t res;
   if (comm->nranks == 1) {
     res = p2p_self_copies(&x, ops, nops, bufs, user);
@@ -659,7 +656,7 @@ out:
 }
 
 /* Whether the call is an in-place alltoall that run_coll cannot take as it is: every path with
- * peer access (the alltoall kernel, direct mode, the staged schedule) writes a block into a
+ * peer access (the alltoall and point-to-point kernels, direct mode) writes a block into a
  * peer's buffer that the peer may not have sent yet (without peer access, run_through_host
  * stages both buffers in separate host copies; one rank has nothing to move). */
 static int alltoall_needs_copy(const struct fc_gpu *g, const fc_algo_args_t *args, const void *sendbuf,

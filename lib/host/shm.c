@@ -432,12 +432,17 @@ static void pool_start(struct fc_shm *m) {
  * (each core of its affinity mask counts 1 / the number of the segment's ranks that may run
  * there too), at most SHM_THREADS_AUTO_MAX, at least 1.  Ranks bound to a core each (mpirun's
  * default for 2 processes) or outnumbering the cores get 1: no helpers. */
-static int pool_auto(const cpu_set_t *masks, int n, int me) {
+typedef struct {
+  uint64_t host;  /* fc_topo_host_hash */
+  cpu_set_t cpus; /* the rank's affinity */
+} where_t;
+
+static int pool_auto(const where_t *ranks, int n, int me) {
   double share = 0;
   for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
-    if (!CPU_ISSET(cpu, &masks[me])) continue;
+    if (!CPU_ISSET(cpu, &ranks[me].cpus)) continue;
     int users = 0;
-    for (int q = 0; q < n; q++) users += CPU_ISSET(cpu, &masks[q]) != 0;
+    for (int q = 0; q < n; q++) users += CPU_ISSET(cpu, &ranks[q].cpus) != 0;
     share += 1.0 / users;
   }
   int t = (int)(share + 1e-9);
@@ -912,17 +917,8 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
 
   /* Every rank on this host? (The same answer everywhere: the same gathered hashes.)  With it,
    * the cores each rank may run on, for its helper threads (pool_auto). */
-  typedef struct {
-    uint64_t host;
-    cpu_set_t cpus;
-  } where_t;
   where_t *h = calloc((size_t)n, sizeof *h);
-  cpu_set_t *masks = calloc((size_t)n, sizeof *masks);
-  if (!h || !masks) {
-    free(h);
-    free(masks);
-    return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  }
+  if (!h) return fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   h[me].host = fc_topo_host_hash();
   if (sched_getaffinity(0, sizeof h[me].cpus, &h[me].cpus) != 0) {
     CPU_ZERO(&h[me].cpus);
@@ -930,15 +926,11 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
   }
   flexcoll_result_t res = fc_bootstrap_allgather(c->bootstrap, h, sizeof *h);
   int one_host = 1;
-  for (int q = 0; q < n; q++) {
-    one_host &= h[q].host == h[0].host;
-    masks[q] = h[q].cpus;
-  }
-  free(h);
+  for (int q = 0; q < n; q++) one_host &= h[q].host == h[0].host;
   const int64_t threads_param = fc_param_shm_threads();
   const int nthreads = threads_param > 0 ? (int)(threads_param < SHM_THREADS_MAX ? threads_param : SHM_THREADS_MAX)
-                                         : pool_auto(masks, n, me);
-  free(masks);
+                                         : pool_auto(h, n, me);
+  free(h);
   FC_CHECK(res);
   if (!one_host) {
     FC_INFO(FC_SUB_INIT, "shared-memory collectives off: the ranks are on several hosts");

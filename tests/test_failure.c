@@ -228,25 +228,24 @@ typedef struct {
   const char *threads;   /* FLEXCOLL_SHM_THREADS for the ranks (helper threads), NULL: the default */
 } job_t;
 
-/* Open file descriptors of this process. */
-static int count_fds(void) {
+/* Entries of a /proc directory (not . and ..); -1 when it cannot be read. */
+static int count_entries(const char *dir) {
   int n = 0;
-  DIR *d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-  closedir(d);
-  return n - 1; /* the directory's own descriptor */
-}
-
-/* Threads of this process. */
-static int count_threads(void) {
-  int n = 0;
-  DIR *d = opendir("/proc/self/task");
+  DIR *d = opendir(dir);
   if (!d) return -1;
   for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
   closedir(d);
   return n;
 }
+
+/* Open file descriptors of this process. */
+static int count_fds(void) {
+  const int n = count_entries("/proc/self/fd");
+  return n < 0 ? -1 : n - 1; /* the directory's own descriptor */
+}
+
+/* Threads of this process. */
+static int count_threads(void) { return count_entries("/proc/self/task"); }
 
 /* The first communicator of a process may open descriptors that stay for the life of the
  * process (the CUDA driver's, when UCX is built with CUDA, as on the GPU node): count them only

@@ -33,7 +33,7 @@
  * probe runs in a child).  Environments (FC_ONEGPU_ENVS, default all):
  *   a  defaults (and CUDA_DEVICE_MAX_CONNECTIONS=32, see envs[])
  *   b  FLEXCOLL_ONESHOT_MAX_BYTES=0: no one-shot kernels, every non-empty call takes the N-rank
- *      ring kernels or the staged schedule
+ *      ring, alltoall or point-to-point kernels
  *   c  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_RING_KERNEL=0: the algorithms' schedules (lib/algos),
  *      round by round on the caller's stream, each round's transfers one point-to-point kernel
  *   d  CUDA_DEVICE_MAX_CONNECTIONS=1 FLEXCOLL_ONESHOT_MAX_BYTES=0, one stream per rank in
@@ -50,9 +50,8 @@
  *   i  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_ALGO=tree: the tree schedules as in c (the trees
  *      where the collective has one, the ring's schedule elsewhere)
  * In f, g and h the links' statistics must show bytes on pcie (and none on nvlink in g).
- * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only),
- * Every wait is
- * bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
+ * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only).  Every
+ * wait is bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
  * One line per (environment, N, phase) goes to stderr, then a summary.  Exit 77 (automake's
  * skip) where there is no GPU. */
 #define _GNU_SOURCE

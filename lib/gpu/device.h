@@ -224,7 +224,7 @@ void fc_gpu_side_streams_sync(struct fc_gpu *g);
 
 /* Direct mode (direct.c): large allreduce, allgather, reduce_scatter and broadcast copied by
  * the copy engines straight between the ranks' own buffers, no staging.  *done = 0 when the
- * ranks run the staged schedule instead (the buffers are not in windows, or cannot be shared). */
+ * other device paths run the call instead (the buffers are not in windows, or cannot be shared). */
 flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
                                     int *done);

@@ -1,6 +1,6 @@
 /* direct.c — large device collectives copied straight between the ranks' own buffers.
  *
- * Why: the staged pipeline (exec.c) moves every byte twice (into the peer's staging slot, then
+ * Why: a staging pipeline moves every byte twice (into the peer's staging slot, then
  * out of it) in slices of a few MB, and each copy-engine operation has a fixed cost of several
  * microseconds: on 2 H200s it tops out near 210 GB/s each way.  One copy-engine transfer of
  * hundreds of MB straight into the peer's buffer runs at ~387 GB/s (docs/PERFORMANCE.md).
@@ -8,7 +8,7 @@
  * Where the peers' buffers are (peer_mem.c): in a symmetric window (flexcoll_window_register)
  * a buffer's peers sit at the same offset of their windows, mapped once at registration, so a
  * call needs no message at all and the host never waits.  Buffers outside windows take the
- * staged schedule, unless FLEXCOLL_DIRECT=2: then the ranks describe their buffers to one
+ * other device paths (exec.c), unless FLEXCOLL_DIRECT=2: then the ranks describe their buffers to one
  * another over the bootstrap at every call (a pointer between threads of one process, a CUDA
  * IPC handle and offset between processes, mappings cached), and the host waits for the peers
  * to reach the same call (never for device work).  If any rank cannot share a buffer (memory

@@ -14,8 +14,9 @@ FC_PARAM_INT(direct, "DIRECT", 1)
 /* Allreduce and allgather reach it after the one-shot kernel (8 MiB for 2 ranks). */
 FC_PARAM_INT(direct_min_bytes, "DIRECT_MIN_BYTES", 1 << 20)
 /* Reduce_scatter pulls and reduces like allreduce without the pushes: below this the staged
- * pipeline measured faster (142 against 154 GB/s busbw at 16 MB; at 32 MB direct 87.6 µs,
- * staged 93.0, NCCL 91.0; for 2 ranks the one-shot kernel covers up to 16 MB). */
+ * pipeline of the time (since replaced by the ring and pipelined kernels) measured faster (142
+ * against 154 GB/s busbw at 16 MB; at 32 MB direct 87.6 µs, staged 93.0, NCCL 91.0; for 2 ranks
+ * the one-shot kernel covers up to 16 MB). */
 FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
 /* Host collectives of ranks of one host through the communicator's shared-memory segment. */
 FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)

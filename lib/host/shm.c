@@ -953,14 +953,17 @@ flexcoll_result_t fc_shm_open(struct flexcoll_comm *c) {
   char mine[NAME_LEN];
   snprintf(mine, sizeof mine, "%s", names);
   res = fc_bootstrap_allgather(c->bootstrap, names, NAME_LEN);
+  const int have_name = res == FLEXCOLL_SUCCESS ? names[0] != '\0' : me == 0 && mine[0];
   if (res == FLEXCOLL_SUCCESS && me != 0) {
     if (names[0]) m = attach(names, n, slot, why, sizeof why);
     else snprintf(why, sizeof why, "rank 0 could not create the segment");
   }
   int first_not = -1;
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(c->bootstrap, m != NULL, &first_not);
-  /* Every rank mapped it, failed to, or left: nobody opens it by name any more. */
-  if (me == 0 && mine[0]) shm_unlink(mine);
+  /* Every rank mapped it, failed to, or left: nobody opens it by name any more.  Every rank
+   * unlinks it (the first succeeds, the others find it gone), so that no rank returns from init
+   * with the name still in /dev/shm, whichever rank gets here first. */
+  if (have_name) shm_unlink(me == 0 ? mine : names);
   free(names);
   if (res != FLEXCOLL_SUCCESS || first_not >= 0) {
     if (m) unmap(m);

@@ -173,20 +173,31 @@ flexcoll_result_t flexcoll_send(const void *sendbuf, size_t count, flexcoll_data
 flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t dtype, int peer,
                                 flexcoll_comm_t comm, flexcoll_stream_t stream);
 
-/* Symmetric windows: device memory that every rank registers together, so that large
- * collectives on it copy straight between the ranks' buffers with no per-call handshake.
- * Collective: every rank of comm calls it with its own buffer (device memory of comm's device,
- * inside one allocation from cudaMalloc), all of the same size, in the same order.  A collective
- * takes the direct path when each buffer that peers touch (allreduce: both; allgather and
- * broadcast: recvbuf; reduce_scatter: sendbuf) lies in a window at the SAME offset from its
- * window's start on every rank; otherwise it runs the staged pipeline.  Breaking that rule on
- * some ranks only ends in FLEXCOLL_TIMEOUT.  From one thread driving several communicators, call
- * it inside flexcoll_group_start/end (*window is set at the group's end). */
+/* Symmetric windows: memory that every rank registers together, so that large collectives on
+ * it copy straight between the ranks' buffers with no per-call handshake.
+ * Collective: every rank of comm calls it with its own buffer, all of the same size, in the same
+ * order.  The buffer is either device memory of comm's device inside one allocation from
+ * cudaMalloc, or host memory inside one allocation from flexcoll_host_alloc (the other processes
+ * of the host map it).  A device collective takes the direct path when each buffer that peers
+ * touch (allreduce: both; allgather and broadcast: recvbuf; reduce_scatter: sendbuf) lies in a
+ * window at the SAME offset from its window's start on every rank; otherwise it runs the staged
+ * pipeline.  Breaking that rule on some ranks only ends in FLEXCOLL_TIMEOUT.  A host allreduce
+ * whose sendbuf and recvbuf both lie in windows, on ranks that share one host, reads the peers'
+ * inputs and writes their outputs in place; ranks that disagree on the windows or the offsets
+ * get FLEXCOLL_INVALID_USAGE.  From one thread driving several communicators, call it inside
+ * flexcoll_group_start/end (*window is set at the group's end). */
 typedef struct flexcoll_window *flexcoll_window_t;
 flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window);
 /* Collective: waits for comm's work on the window, unmaps the peers' buffers; after it returns
  * on every rank the buffer may be freed. */
 flexcoll_result_t flexcoll_window_deregister(flexcoll_comm_t comm, flexcoll_window_t window);
+/* Host memory that the processes of one host can map into one another, for windows on host
+ * memory (flexcoll_window_register): bytes (> 0) rounded up to whole pages, zero-filled, shared
+ * with no other process until it is registered.  Not collective; any thread. */
+flexcoll_result_t flexcoll_host_alloc(size_t bytes, void **ptr);
+/* Free what flexcoll_host_alloc returned (ptr exactly; NULL does nothing).  Refused with
+ * FLEXCOLL_INVALID_USAGE while a window of a live communicator lies in it. */
+flexcoll_result_t flexcoll_host_free(void *ptr);
 
 /* MoE dispatch and combine (flexcoll_moe_create(3)): tokens go straight into the receive buffers
  * of the ranks holding their experts, over the peers' NVLink mappings, and the expert outputs

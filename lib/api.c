@@ -13,6 +13,7 @@
 #include "gpu/gpu.h"
 #include "group.h"
 #include "host/host.h"
+#include "host/shm.h"
 #include "sched/sched.h"
 
 flexcoll_result_t flexcoll_get_version(int *version) {
@@ -480,9 +481,15 @@ flexcoll_result_t fc_window_call_run(const fc_call_t *c) {
   const char *fn = reg ? "flexcoll_window_register" : "flexcoll_window_deregister";
   FC_CHECK(fc_comm_check(comm, fn));
   FC_CHECK(check_not_failed(comm, fn));
-  if (comm->cuda_device < 0)
-    return fc_error(comm, FLEXCOLL_INVALID_USAGE, "%s: windows hold device memory; this communicator is host-only", fn);
-  if (reg) return fc_gpu_window_register(comm, c->recvbuf, c->count, c->window_out);
+  if (reg) {
+    int dev = -1;
+    /* Host memory (or any memory of a host-only communicator) makes a host window: the host
+     * side says what it accepts (flexcoll_host_alloc's memory only). */
+    if (comm->cuda_device < 0 || fc_mem_type(c->recvbuf, &dev) != FC_MEM_DEVICE)
+      return fc_host_window_register(comm, c->recvbuf, c->count, c->window_out);
+    return fc_gpu_window_register(comm, c->recvbuf, c->count, c->window_out);
+  }
+  if (fc_host_window_valid(comm, c->window)) return fc_host_window_deregister(comm, c->window);
   if (!fc_gpu_window_valid(comm, c->window))
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s: window is not a registered window of this communicator", fn);
   return fc_gpu_window_deregister(comm, c->window);

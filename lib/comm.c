@@ -268,6 +268,7 @@ static void comm_free(flexcoll_comm_t c, int force) {
   if (c->init_thread_started) pthread_join(c->init_thread, NULL); /* it has left the communicator */
   fc_gpu_comm_fini(c);
   fc_links_close(c, force);
+  fc_host_windows_release(c);
   fc_shm_close(c);
   fc_bootstrap_stop_root(c->root);
   if (c->bootstrap) fc_bootstrap_close(c->bootstrap);

@@ -25,6 +25,7 @@ struct fc_bootstrap_root;
 struct fc_links;
 struct fc_gpu;
 struct fc_shm;
+struct flexcoll_window;
 
 struct flexcoll_comm {
   uint64_t magic;
@@ -49,6 +50,8 @@ struct flexcoll_comm {
   struct fc_links *links; /* every usable link and its cost model (lib/sched/links.c) */
   struct fc_gpu *gpu;   /* device-memory state, NULL on host-only communicators */
   struct fc_shm *shm;   /* the shared-memory segment of ranks on one host (lib/host/shm.c), or NULL */
+  struct flexcoll_window *host_windows; /* windows on host memory (lib/host/window.c) */
+  unsigned host_windows_registered;
 
   uint32_t coll_seq;    /* collectives issued, the same sequence on every rank */
   uint32_t *p2p_sent, *p2p_received; /* per peer: point-to-point messages so far (host transport) */

@@ -68,12 +68,16 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_SHM_THREADS_MIN_BYTES", FC_PK_INT, "1048576",
      "shared-memory allreduce from this size uses those threads", 0, 0, BIG, NULL},
     {"FLEXCOLL_SHM_NT_MIN_BYTES", FC_PK_INT, "-1",
-     "split shared-memory allreduce from this size writes its output with non-temporal stores; -1: from the "
+     "shared-memory allreduce (split or window mode) from this size writes its output with non-temporal stores; -1: from the "
      "last-level cache's size / (2 x ranks)", 0, -1, BIG, NULL},
     {"FLEXCOLL_SHM_SPLIT_MIN_BYTES", FC_PK_INT, "64K|1M",
      "shared-memory allreduce from this size: reduce-scatter + allgather (below: every rank folds every input); "
      "default 64K with a core per rank, 1M where ranks outnumber cores", 1, 0, BIG,
      NULL},
+    {"FLEXCOLL_SHM_WINDOW_MIN_BYTES", FC_PK_INT, "1K|1M",
+     "shared-memory allreduce on buffers in host windows (flexcoll_host_alloc) from this size reads and writes the "
+     "peers' buffers in place; default 1K with a core per rank, the split's threshold (1M) where ranks outnumber "
+     "cores", 1, -1, BIG, NULL},
     {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks", 1, 0,
      0, NULL},
     {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce within hosts first (0: rank order)",

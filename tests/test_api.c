@@ -1113,8 +1113,8 @@ START_TEST(test_cu_device_host_only) {
 END_TEST
 
 START_TEST(test_window_host_only) {
-  /* Windows hold device memory: on a host-only communicator registration is refused with a
-   * message, and bad arguments are named; the communicator stays usable. */
+  /* On a host-only communicator windows hold host memory from flexcoll_host_alloc: other memory
+   * is refused with a message, bad arguments are named; the communicator stays usable. */
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
   flexcoll_unique_id_t id;
   EXPECT_OK(flexcoll_get_unique_id(&id));
@@ -1122,14 +1122,14 @@ START_TEST(test_window_host_only) {
   EXPECT_OK(flexcoll_comm_init_rank(&comm, 1, id, 0, NULL));
   float buf[16] = {0};
   flexcoll_window_t w = (flexcoll_window_t)buf;
-  EXPECT_ERR(flexcoll_window_register(comm, buf, sizeof buf, &w), FLEXCOLL_INVALID_USAGE, comm, "host-only");
+  EXPECT_ERR(flexcoll_window_register(comm, buf, sizeof buf, &w), FLEXCOLL_INVALID_USAGE, comm, "flexcoll_host_alloc");
   ck_assert_ptr_null(w);
   EXPECT_ERR(flexcoll_window_register(NULL, buf, sizeof buf, &w), FLEXCOLL_INVALID_ARGUMENT, NULL, "comm");
   EXPECT_ERR(flexcoll_window_register(comm, NULL, sizeof buf, &w), FLEXCOLL_INVALID_ARGUMENT, comm, "buf");
   EXPECT_ERR(flexcoll_window_register(comm, buf, 0, &w), FLEXCOLL_INVALID_ARGUMENT, comm, "bytes");
   EXPECT_ERR(flexcoll_window_register(comm, buf, sizeof buf, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "window");
   EXPECT_ERR(flexcoll_window_deregister(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "window");
-  EXPECT_ERR(flexcoll_window_deregister(comm, (flexcoll_window_t)buf), FLEXCOLL_INVALID_USAGE, comm, "host-only");
+  EXPECT_ERR(flexcoll_window_deregister(comm, (flexcoll_window_t)buf), FLEXCOLL_INVALID_ARGUMENT, comm, "not a registered window");
   float x = 1.5f, y = 0;
   EXPECT_OK(flexcoll_allreduce(&x, &y, 1, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL));
   ck_assert_float_eq(y, 1.5f);

@@ -19,6 +19,9 @@
 #                      directory given as $1, else of the current directory, else on PATH)
 #   NRANKS             rank counts, e.g. "2 4 8" (default "2 4")
 #   RANKS_AS           processes (default: like for like with MPI) or threads
+#   WINDOWS            1: flexcoll's buffers from flexcoll_host_alloc, registered as windows
+#                      (flexcoll-perf -R 1: the allreduce reads and writes the peers' buffers);
+#                      0 (default): plain malloc'd buffers, as the MPI side has
 #   MINBYTES MAXBYTES FACTOR ITERS WARMUP   (8, 64M, 2, 20, 5)
 #   OUTDIR             where the raw outputs go (default: a new temporary directory); the
 #                      flexcoll JSON files (-J) are kept there
@@ -38,6 +41,7 @@ FACTOR=${FACTOR:-2}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 RANKS_AS=${RANKS_AS:-processes}
+WINDOWS=${WINDOWS:-0}
 case $RANKS_AS in processes|threads) ;; *) echo "bench-host-vs-mpi: RANKS_AS=$RANKS_AS: processes or threads" >&2; exit 2;; esac
 
 if [ -n "${FLEXCOLL_PERF:-}" ]; then
@@ -64,7 +68,7 @@ bin="$OUTDIR/mpi_allreduce_bench"
 cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 echo "# host: $(uname -n), $cores cores, $(uname -sr)"
 echo "# MPI:      $("$MPIRUN" --version 2>/dev/null | head -n 1)"
-echo "# flexcoll: $perf, ranks as $RANKS_AS"
+echo "# flexcoll: $perf, ranks as $RANKS_AS, buffers $([ "$WINDOWS" = 1 ] && echo "in host windows (-R 1)" || echo "from malloc (-R 0)")"
 echo "# sizes $MINBYTES..$MAXBYTES x$FACTOR, $ITERS timed calls after $WARMUP warm-up calls; raw output in $OUTDIR"
 
 for n in $NRANKS; do
@@ -75,7 +79,7 @@ for n in $NRANKS; do
   fi
   # shellcheck disable=SC2086
   "$MPIRUN" $args -np "$n" "$bin" "$MINBYTES" "$MAXBYTES" "$FACTOR" "$ITERS" "$WARMUP" >"$OUTDIR/mpi-$n.txt"
-  set -- -m host -b "$MINBYTES" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -J "$OUTDIR/flexcoll-$n.json"
+  set -- -m host -R "$WINDOWS" -b "$MINBYTES" -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -J "$OUTDIR/flexcoll-$n.json"
   if [ "$RANKS_AS" = threads ]; then
     "$perf" -t "$n" "$@"
   else

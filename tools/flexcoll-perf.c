@@ -13,7 +13,7 @@
 
 static perf_opts_t opts = {
     .coll = "allreduce", .minbytes = 8, .maxbytes = 64 << 20, .step = 2, .dtype = FLEXCOLL_FLOAT32,
-    .op = FLEXCOLL_SUM, .root = 0, .warmup = 5, .iters = 20, .nranks = 0, .memory = NULL, .check = 1, .windows = 1,
+    .op = FLEXCOLL_SUM, .root = 0, .warmup = 5, .iters = 20, .nranks = 0, .memory = NULL, .check = 1, .windows = -1,
     .moe_hidden = 7168, .moe_top_k = 8, .moe_experts = 256, .moe_tokens = 4096, .moe_sync = FLEXCOLL_MOE_AUTO,
 };
 
@@ -45,6 +45,9 @@ int main(int argc, char **argv) {
   int ngpus = perf_gpu_count();
   if (!opts.memory) opts.memory = ngpus > 0 ? "device" : "host";
   opts.device = strcmp(opts.memory, "device") == 0;
+  /* Windows by default on device memory only: host programs (and MPI, the host baseline) have
+   * plain buffers; -R 1 takes them from flexcoll_host_alloc. */
+  if (opts.windows < 0) opts.windows = opts.device;
   if (opts.device && ngpus == 0) perf_usage_error("-m (--memory) device, but no GPU is visible: use -m host");
   if (opts.graph && !opts.device)
     perf_usage_error("-G %d: a CUDA graph captures device work, and the buffers are in host memory", opts.graph);

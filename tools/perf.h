@@ -19,7 +19,7 @@ typedef struct {
   int graph;              /* -G: launches of a CUDA graph of `iters` captured calls (0: calls as they are) */
   int nranks;             /* ranks in this process (thread mode), from --nranks or -t and -g */
   int nthreads, ngpus;    /* -t and -g as given; 0: not given */
-  int windows;            /* register device buffers as symmetric windows (-R) */
+  int windows;            /* register the buffers as symmetric windows (-R; host: from flexcoll_host_alloc) */
   const char *memory, *json, *baseline, *plot;
   int dtype_given;        /* -d was given (moe: bfloat16 otherwise) */
   /* --coll moe_dispatch|moe_combine (perf_moe.c): the layer's shape, the largest token count per

@@ -41,7 +41,7 @@ static const perf_flag_t flags[] = {
     {OPT_NRANKS, "nranks", "N", "N ranks in this process, instead of -t and -g"},
     {'m', "memory", "host|device", "the buffers' memory (device when a GPU is visible)"},
     {'a', "algo", "ring|tree|exchange|auto", "force an algorithm through FLEXCOLL_ALGO (auto)"},
-    {'R', "local_register", "0|1|2", "device buffers as symmetric windows (1; 2 is the same) or not (0)"},
+    {'R', "local_register", "0|1|2", "buffers as symmetric windows (1; 2 is the same) or not (0); default 1 on device memory, 0 on host"},
     {'G', "cudagraph", "0", "launch N times a CUDA graph of the -n calls captured (device memory)"},
     {'J', "json", "FILE", "also write the results to FILE as JSON"},
     {OPT_BASELINE, "baseline", "nccl", "also run every size through NCCL (dlopen)"},

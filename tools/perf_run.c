@@ -273,6 +273,15 @@ static void measure_nccl_windows(perf_rank_t *r, const perf_bufs_t *b, size_t bi
   perf_nccl_mem_free(nb.recv);
 }
 
+static void *host_alloc(perf_rank_t *r, size_t bytes) {
+  void *p = NULL;
+  if (flexcoll_host_alloc(bytes, &p) != FLEXCOLL_SUCCESS) {
+    fprintf(stderr, "flexcoll-perf: rank %d: flexcoll_host_alloc: %s\n", r->rank, flexcoll_get_last_error(NULL));
+    r->status = 1;
+  }
+  return p;
+}
+
 static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
   const perf_opts_t *o = r->o;
   int coll = perf_coll_from_name(o->coll);
@@ -280,14 +289,17 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
   perf_bufs_t b;
   size_counts(coll, bytes, esize, r->nranks, &b);
   size_t big = (b.send_elems > b.recv_elems ? b.send_elems : b.recv_elems) * esize;
-  b.send = perf_alloc(b.send_elems * esize + 64, r->device);
-  b.recv = perf_alloc(big + 64, r->device);
+  /* Host buffers as windows come from flexcoll_host_alloc: the other processes map them. */
+  const int host_windows = o->windows && r->device < 0;
+  b.send = host_windows ? host_alloc(r, b.send_elems * esize + 64) : perf_alloc(b.send_elems * esize + 64, r->device);
+  b.recv = host_windows ? host_alloc(r, big + 64) : perf_alloc(big + 64, r->device);
   b.host = malloc(big + 64);
-  /* Symmetric windows: flexcoll's large device collectives copy straight between the ranks'
-   * buffers (the NCCL baseline then gets its own, in NCCL's symmetric windows; with -R 0 it gets
-   * these, unregistered, as nccl-tests does by default). */
+  /* Symmetric windows: flexcoll's large collectives copy straight between the ranks' buffers
+   * (device memory; the NCCL baseline then gets its own, in NCCL's symmetric windows; with -R 0 it
+   * gets these, unregistered, as nccl-tests does by default), and host allreduce reads and writes
+   * the peers' buffers in place. */
   flexcoll_window_t win[2] = {NULL, NULL};
-  if (r->o->windows && r->device >= 0 && b.send && b.recv &&
+  if (r->o->windows && b.send && b.recv &&
       (flexcoll_window_register(r->comm, b.send, b.send_elems * esize + 64, &win[0]) ||
        flexcoll_window_register(r->comm, b.recv, big + 64, &win[1]))) {
     fprintf(stderr, "flexcoll-perf: rank %d: flexcoll_window_register: %s\n", r->rank, flexcoll_get_last_error(r->comm));
@@ -331,8 +343,13 @@ static void sweep_size(perf_rank_t *r, size_t bytes, double *wrong_total) {
       fprintf(stderr, "flexcoll-perf: rank %d: flexcoll_window_deregister: %s\n", r->rank, flexcoll_get_last_error(r->comm));
       r->status = 1;
     }
-  perf_free(b.send, r->device);
-  perf_free(b.recv, r->device);
+  if (host_windows) {
+    flexcoll_host_free(b.send);
+    flexcoll_host_free(b.recv);
+  } else {
+    perf_free(b.send, r->device);
+    perf_free(b.recv, r->device);
+  }
   free(b.host);
 }
 

@@ -9,6 +9,7 @@
 #include "gpu.h"
 #include "kernels/kernels.h"
 #include "sched/sched.h"
+#include "window.h"
 
 /* Stream memory operations through the driver's entry points (no link to libcuda). */
 typedef CUresult (*fc_wait_value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -39,18 +40,6 @@ typedef struct {
   uint64_t offset;            /* from the start of its allocation */
   cudaIpcMemHandle_t handle;  /* of that allocation (when some peer is in another process) */
 } fc_buf_desc_t;
-
-/* A symmetric window (flexcoll_window_register). */
-struct flexcoll_window {
-  uint64_t magic;
-  struct flexcoll_comm *comm;
-  unsigned id;               /* registration order: the same window has the same id on every rank */
-  char *base;
-  size_t bytes;
-  char **peer;               /* [q]: rank q's window as addressed here ([rank]: base) */
-  char **mapping;            /* [q]: the IPC cache entry it lies in; NULL in this process */
-  struct flexcoll_window *next;
-};
 
 /* Direct mode pipelines a rank's chunk in pieces; events of the last FC_DIRECT_EVENTS pieces. */
 #define FC_DIRECT_EVENTS 8

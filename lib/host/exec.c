@@ -394,10 +394,13 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   size_t recv_bytes = fc_coll_recv_count(args->coll, args->count, comm->nranks) * esize;
   /* Ranks of one host: straight through the communicator's segment where the tuner says it is
    * faster (every rank decides alike: the same shared settings and sizes). */
+  fc_shm_windows_t win;
+  const int windowed = args->coll == FC_COLL_ALLREDUCE && fc_host_windows_find(comm, sendbuf, recvbuf, bytes, &win);
   fc_shm_mode_t shm = comm->shm ? fc_tuner_shm(args->coll, bytes > recv_bytes ? bytes : recv_bytes, comm->nranks,
-                                               fc_shm_crowded(comm))
+                                               fc_shm_crowded(comm), windowed)
                                 : FC_SHM_OFF;
-  if (shm != FC_SHM_OFF && args->count) return fc_shm_run(comm, shm, args, sendbuf, recvbuf, dtype, op);
+  if (shm != FC_SHM_OFF && args->count)
+    return fc_shm_run(comm, shm, args, sendbuf, recvbuf, dtype, op, shm == FC_SHM_WINDOW ? &win : NULL);
   /* In-place alltoall (NCCL allows it, and nccl-tests runs it): a round receives into blocks that
    * a later round still sends from, so the input is sent from a copy. */
   char *copy = NULL;

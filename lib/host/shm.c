@@ -16,7 +16,7 @@
  * therefore run at most FC_SHM_SLOTS - 1 rounds ahead, and a slot's post is exactly s when a
  * reader of round s looks (it waits for >= s all the same).
  *
- * Two modes (the tuner picks, lib/sched/tuner.c):
+ * Three modes (the tuner picks, lib/sched/tuner.c):
  *  - FC_SHM_EXCHANGE: every collective, one round per piece of at most a slot: each rank copies
  *    its input piece (or the blocks its peers need) into its slot, and every rank that needs a
  *    result reads or folds all the slots in rank order; small messages take one round.
@@ -26,7 +26,12 @@
  *    block on to recv while it is in L1 (fold_out), posts it, and every rank copies the n - 1
  *    peers' reduced parts out.  Each rank reads every byte of the message once and folds 1/n of
  *    it, where the exchange folds all of it on every rank.
- * Both fold in rank order (fold()), so both give the exchange algorithm's bits.
+ *  - FC_SHM_WINDOW (allreduce on buffers in host windows, window.c): no slot; round s says "my
+ *    input is ready and my output may be written", then each rank folds its part from the n
+ *    inputs, FOLD_BLOCK at a time, and writes the block into all n outputs; round s + 1 says "my
+ *    part is in every output".  Each rank reads 1/n of every input and writes 1/n of every output:
+ *    2 bytes moved per byte of the message, where the split moves 4.
+ * All fold in rank order (fold()), so all give the exchange algorithm's bits.
  *
  * Helper threads (the pool below): from FLEXCOLL_SHM_THREADS_MIN_BYTES a split allreduce runs each
  * step's copy in, fold and copy out as jobs cut into one part per thread (FLEXCOLL_SHM_THREADS,
@@ -70,6 +75,7 @@
 #include "log.h"
 #include "param.h"
 #include "topo.h"
+#include "window.h"
 
 FC_PARAM_INT(shm_slot_bytes, "SHM_SLOT_BYTES", 256 << 10)
 /* Threads per rank (the caller's included) for the copies and folds of a split allreduce of at
@@ -125,7 +131,7 @@ struct fc_shm {
   int spins;        /* polls of a word between yields */
   struct pool *pool; /* this rank's helper threads, started at the first call that uses them */
   int nthreads;     /* threads for a large split allreduce, the caller's included (1: none) */
-  size_t nt_min;    /* split allreduce from this size (bytes) writes recv with non-temporal stores */
+  size_t nt_min;    /* split and window allreduce from this size (bytes) write recv with non-temporal stores */
 };
 
 static size_t ctl_offset(void) { return LINE; }
@@ -760,18 +766,90 @@ static flexcoll_result_t run_split(call_t *x) {
   return res;
 }
 
+/* ---- the window mode (allreduce on buffers in host windows) ---------------------------------- */
+
+/* This rank's part of the call, cut between the threads: in[q] and out[q] are rank q's input and
+ * output at the part's start, as mapped here. */
+typedef struct {
+  const call_t *x;
+  const char *in[FC_SHM_MAX_RANKS];
+  char *out[FC_SHM_MAX_RANKS];
+  int n;
+  size_t count, align;
+} window_job_t;
+
+/* Each block is folded into a buffer of this thread's before any output is written: in place,
+ * out[q] is in[q], and the block of every input must be read first. */
+static void window_job(void *v, int part, int nparts) {
+  const window_job_t *j = v;
+  const call_t *x = j->x;
+  const size_t es = x->esize, per = FOLD_BLOCK / es;
+  const size_t a = edge(j->count, j->align, part, nparts), b = edge(j->count, j->align, part + 1, nparts);
+  _Alignas(LINE) char tmp[FOLD_BLOCK];
+  const char *blk[FC_SHM_MAX_RANKS];
+  for (size_t first = a; first < b; first += per) {
+    const size_t k = b - first < per ? b - first : per, off = first * es;
+    for (int q = 0; q < j->n; q++) blk[q] = j->in[q] + off;
+    fold(tmp, blk, j->n, k, es, x->dtype, x->op);
+    if (x->op == FLEXCOLL_AVG) fc_host_divide(tmp, k, x->dtype, j->n);
+    for (int q = 0; q < j->n; q++) COPY_OUT(x->nt, j->out[q] + off, tmp, k * es);
+  }
+}
+
+static flexcoll_result_t run_window(call_t *x, const fc_shm_windows_t *win) {
+  struct fc_shm *m = x->w.m;
+  const int n = x->w.c->nranks, me = x->w.c->rank;
+  const size_t es = x->esize, count = x->a->count, align = LINE / es;
+  /* Parts start on cache lines (of the buffers' offsets in their windows), so no two ranks write
+   * one line of an output whose offset is a multiple of a line. */
+  size_t pp = (count + (size_t)n - 1) / (size_t)n, off, k;
+  pp = (pp + align - 1) / align * align;
+  part(count, pp, me, &off, &k);
+  window_job_t j = {.x = x, .n = n, .count = k, .align = align};
+  for (int q = 0; q < n; q++) {
+    j.in[q] = win->send->peer[q] + win->send_off + off * es;
+    j.out[q] = win->recv->peer[q] + win->recv_off + off * es;
+  }
+  const uint64_t s = ++m->round;
+  FC_CHECK(begin_round(&x->w, s));
+  post(&x->w, s); /* this rank's input is ready, its output may be written */
+  FC_CHECK(wait_all_posted(&x->w, s));
+  if (k) run_job(x, window_job, &j);
+  finish_round(&x->w, s);
+  const uint64_t t = ++m->round;
+  FC_CHECK(begin_round(&x->w, t));
+  post(&x->w, t); /* this rank's part is in every output, and it reads no input any more */
+  FC_CHECK(wait_all_posted(&x->w, t));
+  finish_round(&x->w, t);
+  return FLEXCOLL_SUCCESS;
+}
+
+/* The window mode's call word adds where the buffers lie: a rank whose buffers are elsewhere in
+ * the windows (or in other windows) would have its peers read and write the wrong bytes, so the
+ * ranks must agree on it like on the count. */
+static uint64_t window_word(uint64_t call, const fc_shm_windows_t *win) {
+  call = mix(call, (uint64_t)win->send->id << 32 | win->recv->id);
+  call = mix(call, (uint64_t)win->send_off);
+  return mix(call, (uint64_t)win->recv_off);
+}
+
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
-                             const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+                             const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op,
+                             const fc_shm_windows_t *win) {
   call_t x = {.a = args, .send = sendbuf, .recv = recvbuf, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
-  waiter_init(&x.w, comm, call_word(args, dtype, op));
+  const int windowed = mode == FC_SHM_WINDOW && args->coll == FC_COLL_ALLREDUCE && win;
   const int split = mode == FC_SHM_SPLIT && args->coll == FC_COLL_ALLREDUCE;
+  uint64_t word = call_word(args, dtype, op);
+  /* Every mode gets its own word: ranks that chose differently fail at the first round. */
+  word = windowed ? window_word(mix(word, FC_SHM_WINDOW), win) : mix(word, split ? FC_SHM_SPLIT : FC_SHM_EXCHANGE);
+  waiter_init(&x.w, comm, word);
   struct fc_shm *m = comm->shm;
-  if (split && m->nthreads > 1 && args->count * x.esize >= (size_t)fc_param_shm_threads_min_bytes()) {
+  if ((split || windowed) && m->nthreads > 1 && args->count * x.esize >= (size_t)fc_param_shm_threads_min_bytes()) {
     if (!m->pool) pool_start(m);
     x.pool = m->pool;
   }
-  x.nt = split && args->count * x.esize >= m->nt_min;
-  flexcoll_result_t res = split ? run_split(&x) : run_exchange(&x);
+  x.nt = (split || windowed) && args->count * x.esize >= m->nt_min;
+  flexcoll_result_t res = windowed ? run_window(&x, win) : split ? run_split(&x) : run_exchange(&x);
   /* A call that failed half-way leaves this rank's rounds out of step with its peers: the
    * communicator is unusable (as for the host executor). */
   if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);

@@ -12,7 +12,12 @@
  * timeout, the bootstrap ring's watch) and by the segment's broken word, which a rank whose wait
  * failed sets so that every rank on the host stops at once.  The segment is unlinked as soon as
  * every rank mapped it: a dead rank's pages stay mapped for the survivors (no SIGBUS) and nothing
- * is left in /dev/shm once the last rank unmaps. */
+ * is left in /dev/shm once the last rank unmaps.
+ *
+ * Windows on host memory (window.c): memory from flexcoll_host_alloc is a shared file that the
+ * peers map when it is registered as a window; an allreduce whose buffers lie in windows then
+ * needs no slot at all: each rank folds its part of every rank's input straight into every rank's
+ * output (the window mode), the segment's rounds only say when inputs are ready and outputs done. */
 #ifndef FC_HOST_SHM_H
 #define FC_HOST_SHM_H
 
@@ -38,9 +43,34 @@ int fc_shm_crowded(const struct flexcoll_comm *comm);
 /* Unmap (local; the segment was unlinked at creation).  NULL comm->shm is fine. */
 void fc_shm_close(struct flexcoll_comm *comm);
 
+/* Where an allreduce's buffers lie in host windows: each at its offset from its window's start. */
+typedef struct {
+  const struct flexcoll_window *send, *recv;
+  size_t send_off, recv_off;
+} fc_shm_windows_t;
+
 /* Run a host collective through the segment in the given mode (fc_tuner_shm's pick, not
- * FC_SHM_OFF); the buffers were checked by the API (count > 0, in-place forms only). */
+ * FC_SHM_OFF); the buffers were checked by the API (count > 0, in-place forms only).  win: where
+ * the buffers lie for FC_SHM_WINDOW (fc_host_windows_find), else NULL. */
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
-                             const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op);
+                             const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op,
+                             const fc_shm_windows_t *win);
+
+/* ---- windows on host memory (window.c) ---- */
+/* Collective (flexcoll_window_register on host memory; arguments checked by api.c): buf must lie
+ * in one allocation of flexcoll_host_alloc.  Peers in other processes map it where the ranks
+ * share a segment; elsewhere the window is kept unmapped (its calls take the other paths). */
+flexcoll_result_t fc_host_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes,
+                                          struct flexcoll_window **out);
+/* Collective: unmaps the peers' allocations; the allocation may be freed afterwards. */
+flexcoll_result_t fc_host_window_deregister(struct flexcoll_comm *comm, struct flexcoll_window *w);
+/* Whether w is a live host window of comm. */
+int fc_host_window_valid(struct flexcoll_comm *comm, const struct flexcoll_window *w);
+/* At destroy: unmap every window of comm (local). */
+void fc_host_windows_release(struct flexcoll_comm *comm);
+/* Whether [sendbuf, + bytes) and [recvbuf, + bytes) both lie in comm's host windows, mapped into
+ * the peers (ranks sharing a segment): *out says where. */
+int fc_host_windows_find(const struct flexcoll_comm *comm, const void *sendbuf, const void *recvbuf, size_t bytes,
+                         fc_shm_windows_t *out);
 
 #endif

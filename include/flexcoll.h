@@ -181,10 +181,11 @@ flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t
  * of the host map it).  A device collective takes the direct path when each buffer that peers
  * touch (allreduce: both; allgather and broadcast: recvbuf; reduce_scatter: sendbuf) lies in a
  * window at the SAME offset from its window's start on every rank; otherwise it runs the staged
- * pipeline.  Breaking that rule on some ranks only ends in FLEXCOLL_TIMEOUT.  A host allreduce
- * whose sendbuf and recvbuf both lie in windows, on ranks that share one host, reads the peers'
- * inputs and writes their outputs in place; ranks that disagree on the windows or the offsets
- * get FLEXCOLL_INVALID_USAGE.  From one thread driving several communicators, call it inside
+ * pipeline.  Breaking that rule on some ranks only ends in FLEXCOLL_TIMEOUT.  On host memory, for
+ * ranks that share one host, the buffers peers touch in windows (at the same offsets; allreduce:
+ * both, reduce_scatter and broadcast: sendbuf on every rank, allgather: recvbuf) let a collective
+ * read the peers' inputs and write their outputs in place; ranks that disagree on the windows or
+ * the offsets get FLEXCOLL_INVALID_USAGE.  From one thread driving several communicators, call it inside
  * flexcoll_group_start/end (*window is set at the group's end). */
 typedef struct flexcoll_window *flexcoll_window_t;
 flexcoll_result_t flexcoll_window_register(flexcoll_comm_t comm, void *buf, size_t bytes, flexcoll_window_t *window);

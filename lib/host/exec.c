@@ -395,7 +395,7 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   /* Ranks of one host: straight through the communicator's segment where the tuner says it is
    * faster (every rank decides alike: the same shared settings and sizes). */
   fc_shm_windows_t win;
-  const int windowed = args->coll == FC_COLL_ALLREDUCE && fc_host_windows_find(comm, sendbuf, recvbuf, bytes, &win);
+  const int windowed = fc_host_windows_find(comm, args->coll, sendbuf, bytes, recvbuf, recv_bytes, &win);
   fc_shm_mode_t shm = comm->shm ? fc_tuner_shm(args->coll, bytes > recv_bytes ? bytes : recv_bytes, comm->nranks,
                                                fc_shm_crowded(comm), windowed)
                                 : FC_SHM_OFF;

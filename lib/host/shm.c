@@ -26,11 +26,12 @@
  *    block on to recv while it is in L1 (fold_out), posts it, and every rank copies the n - 1
  *    peers' reduced parts out.  Each rank reads every byte of the message once and folds 1/n of
  *    it, where the exchange folds all of it on every rank.
- *  - FC_SHM_WINDOW (allreduce on buffers in host windows, window.c): no slot; round s says "my
- *    input is ready and my output may be written", then each rank folds its part from the n
- *    inputs, FOLD_BLOCK at a time, and writes the block into all n outputs; round s + 1 says "my
- *    part is in every output".  Each rank reads 1/n of every input and writes 1/n of every output:
- *    2 bytes moved per byte of the message, where the split moves 4.
+ *  - FC_SHM_WINDOW (buffers in host windows, window.c): no slot; round s says "my input is ready
+ *    and my output may be written", then each rank does its share straight between the ranks'
+ *    buffers, FOLD_BLOCK at a time, and round s + 1 says "done".  Allreduce: each rank folds its
+ *    1/n of every input and writes it into every output, 2 bytes moved per byte of the message
+ *    where the split moves 4; reduce_scatter: folds its block of every input into its output;
+ *    allgather: writes its input into every output; broadcast: copies the root's input.
  * All fold in rank order (fold()), so all give the exchange algorithm's bits.
  *
  * Helper threads (the pool below): from FLEXCOLL_SHM_THREADS_MIN_BYTES a split allreduce runs each
@@ -131,7 +132,7 @@ struct fc_shm {
   int spins;        /* polls of a word between yields */
   struct pool *pool; /* this rank's helper threads, started at the first call that uses them */
   int nthreads;     /* threads for a large split allreduce, the caller's included (1: none) */
-  size_t nt_min;    /* split and window allreduce from this size (bytes) write recv with non-temporal stores */
+  size_t nt_min;    /* split and window modes from this size (bytes) write recv with non-temporal stores */
 };
 
 static size_t ctl_offset(void) { return LINE; }
@@ -766,20 +767,20 @@ static flexcoll_result_t run_split(call_t *x) {
   return res;
 }
 
-/* ---- the window mode (allreduce on buffers in host windows) ---------------------------------- */
+/* ---- the window mode (buffers in host windows) ------------------------------------------------ */
 
-/* This rank's part of the call, cut between the threads: in[q] and out[q] are rank q's input and
- * output at the part's start, as mapped here. */
+/* This rank's work of a call, cut between the threads: count elements of each of nin inputs,
+ * folded in rank order (one input: copied), into each of nout outputs, as mapped here. */
 typedef struct {
   const call_t *x;
   const char *in[FC_SHM_MAX_RANKS];
   char *out[FC_SHM_MAX_RANKS];
-  int n;
+  int nin, nout;
   size_t count, align;
 } window_job_t;
 
 /* Each block is folded into a buffer of this thread's before any output is written: in place,
- * out[q] is in[q], and the block of every input must be read first. */
+ * an output is one of the inputs, and the block of every input must be read first. */
 static void window_job(void *v, int part, int nparts) {
   const window_job_t *j = v;
   const call_t *x = j->x;
@@ -789,66 +790,102 @@ static void window_job(void *v, int part, int nparts) {
   const char *blk[FC_SHM_MAX_RANKS];
   for (size_t first = a; first < b; first += per) {
     const size_t k = b - first < per ? b - first : per, off = first * es;
-    for (int q = 0; q < j->n; q++) blk[q] = j->in[q] + off;
-    fold(tmp, blk, j->n, k, es, x->dtype, x->op);
-    if (x->op == FLEXCOLL_AVG) fc_host_divide(tmp, k, x->dtype, j->n);
-    for (int q = 0; q < j->n; q++) COPY_OUT(x->nt, j->out[q] + off, tmp, k * es);
+    const char *src = j->in[0] + off;
+    if (j->nin > 1) {
+      for (int q = 0; q < j->nin; q++) blk[q] = j->in[q] + off;
+      fold(tmp, blk, j->nin, k, es, x->dtype, x->op);
+      if (x->op == FLEXCOLL_AVG) fc_host_divide(tmp, k, x->dtype, j->nin);
+      src = tmp;
+    }
+    for (int q = 0; q < j->nout; q++) COPY_OUT(x->nt, j->out[q] + off, src, k * es);
   }
 }
 
+/* Round s: "my inputs are ready and my outputs may be written"; this rank's work; round t: "my
+ * work is in its outputs and I read no input any more".  A rank waits in each round for the
+ * ranks whose buffers it is about to touch, or whose work on its own it must see (all of them,
+ * but for broadcast: a rank reads the root's input only, and nobody touches another's output). */
 static flexcoll_result_t run_window(call_t *x, const fc_shm_windows_t *win) {
   struct fc_shm *m = x->w.m;
-  const int n = x->w.c->nranks, me = x->w.c->rank;
+  const int n = x->w.c->nranks, me = x->w.c->rank, root = x->a->root;
   const size_t es = x->esize, count = x->a->count, align = LINE / es;
-  /* Parts start on cache lines (of the buffers' offsets in their windows), so no two ranks write
-   * one line of an output whose offset is a multiple of a line. */
-  size_t pp = (count + (size_t)n - 1) / (size_t)n, off, k;
-  pp = (pp + align - 1) / align * align;
-  part(count, pp, me, &off, &k);
-  window_job_t j = {.x = x, .n = n, .count = k, .align = align};
-  for (int q = 0; q < n; q++) {
-    j.in[q] = win->send->peer[q] + win->send_off + off * es;
-    j.out[q] = win->recv->peer[q] + win->recv_off + off * es;
+  window_job_t j = {.x = x, .count = count, .align = align};
+  switch (x->a->coll) {
+    case FC_COLL_ALLREDUCE: {
+      /* Parts start on cache lines (of the buffers' offsets in their windows), so no two ranks
+       * write one line of an output whose offset is a multiple of a line. */
+      size_t pp = (count + (size_t)n - 1) / (size_t)n, off;
+      pp = (pp + align - 1) / align * align;
+      part(count, pp, me, &off, &j.count);
+      for (int q = 0; q < n; q++) {
+        j.in[q] = win->send->peer[q] + win->send_off + off * es;
+        j.out[q] = win->recv->peer[q] + win->recv_off + off * es;
+      }
+      j.nin = j.nout = n;
+      break;
+    }
+    case FC_COLL_REDUCE_SCATTER: /* block me of every input, into this rank's output */
+      for (int q = 0; q < n; q++) j.in[q] = win->send->peer[q] + win->send_off + (size_t)me * count * es;
+      j.out[0] = x->recv;
+      j.nin = n, j.nout = 1;
+      break;
+    case FC_COLL_ALLGATHER: /* this rank's input, into block me of every output */
+      j.in[0] = x->send;
+      for (int q = 0; q < n; q++) j.out[q] = win->recv->peer[q] + win->recv_off + (size_t)me * count * es;
+      j.nin = 1, j.nout = n;
+      break;
+    case FC_COLL_BROADCAST: /* the root's input, into this rank's output (every rank at once) */
+      j.in[0] = win->send->peer[root] + win->send_off;
+      j.out[0] = x->recv;
+      j.nin = j.nout = 1;
+      break;
+    default:
+      return fc_error(x->w.c, FLEXCOLL_INTERNAL_ERROR, "shared-memory window mode: collective %d", (int)x->a->coll);
   }
+  const int bcast = x->a->coll == FC_COLL_BROADCAST;
   const uint64_t s = ++m->round;
   FC_CHECK(begin_round(&x->w, s));
-  post(&x->w, s); /* this rank's input is ready, its output may be written */
-  FC_CHECK(wait_all_posted(&x->w, s));
-  if (k) run_job(x, window_job, &j);
+  post(&x->w, s);
+  if (bcast) FC_CHECK(wait_posted(&x->w, root, s));
+  else FC_CHECK(wait_all_posted(&x->w, s));
+  if (j.count) run_job(x, window_job, &j);
   finish_round(&x->w, s);
   const uint64_t t = ++m->round;
   FC_CHECK(begin_round(&x->w, t));
-  post(&x->w, t); /* this rank's part is in every output, and it reads no input any more */
-  FC_CHECK(wait_all_posted(&x->w, t));
+  post(&x->w, t);
+  if (!bcast || me == root) FC_CHECK(wait_all_posted(&x->w, t));
   finish_round(&x->w, t);
   return FLEXCOLL_SUCCESS;
 }
 
 /* The window mode's call word adds where the buffers lie: a rank whose buffers are elsewhere in
  * the windows (or in other windows) would have its peers read and write the wrong bytes, so the
- * ranks must agree on it like on the count. */
+ * ranks must agree on it like on the count.  A buffer the mode does not share adds nothing. */
 static uint64_t window_word(uint64_t call, const fc_shm_windows_t *win) {
-  call = mix(call, (uint64_t)win->send->id << 32 | win->recv->id);
-  call = mix(call, (uint64_t)win->send_off);
-  return mix(call, (uint64_t)win->recv_off);
+  if (win->send) call = mix(mix(call, (uint64_t)win->send->id << 1), (uint64_t)win->send_off);
+  if (win->recv) call = mix(mix(call, (uint64_t)win->recv->id << 1 | 1), (uint64_t)win->recv_off);
+  return call;
 }
 
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
                              const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op,
                              const fc_shm_windows_t *win) {
   call_t x = {.a = args, .send = sendbuf, .recv = recvbuf, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
-  const int windowed = mode == FC_SHM_WINDOW && args->coll == FC_COLL_ALLREDUCE && win;
+  const int windowed = mode == FC_SHM_WINDOW && win;
   const int split = mode == FC_SHM_SPLIT && args->coll == FC_COLL_ALLREDUCE;
   uint64_t word = call_word(args, dtype, op);
   /* Every mode gets its own word: ranks that chose differently fail at the first round. */
   word = windowed ? window_word(mix(word, FC_SHM_WINDOW), win) : mix(word, split ? FC_SHM_SPLIT : FC_SHM_EXCHANGE);
   waiter_init(&x.w, comm, word);
   struct fc_shm *m = comm->shm;
-  if ((split || windowed) && m->nthreads > 1 && args->count * x.esize >= (size_t)fc_param_shm_threads_min_bytes()) {
+  /* What this rank reads or writes at most: n blocks of count for allgather and reduce_scatter. */
+  const size_t sc = fc_coll_send_count(args->coll, args->count, comm->nranks),
+               rc = fc_coll_recv_count(args->coll, args->count, comm->nranks), work = (sc > rc ? sc : rc) * x.esize;
+  if ((split || windowed) && m->nthreads > 1 && work >= (size_t)fc_param_shm_threads_min_bytes()) {
     if (!m->pool) pool_start(m);
     x.pool = m->pool;
   }
-  x.nt = (split || windowed) && args->count * x.esize >= m->nt_min;
+  x.nt = (split || windowed) && work >= m->nt_min;
   flexcoll_result_t res = windowed ? run_window(&x, win) : split ? run_split(&x) : run_exchange(&x);
   /* A call that failed half-way leaves this rank's rounds out of step with its peers: the
    * communicator is unusable (as for the host executor). */

@@ -43,7 +43,8 @@ int fc_shm_crowded(const struct flexcoll_comm *comm);
 /* Unmap (local; the segment was unlinked at creation).  NULL comm->shm is fine. */
 void fc_shm_close(struct flexcoll_comm *comm);
 
-/* Where an allreduce's buffers lie in host windows: each at its offset from its window's start. */
+/* Where a collective's shared buffers lie in host windows: each at its offset from its window's
+ * start; NULL for a buffer the peers do not touch. */
 typedef struct {
   const struct flexcoll_window *send, *recv;
   size_t send_off, recv_off;
@@ -68,9 +69,10 @@ flexcoll_result_t fc_host_window_deregister(struct flexcoll_comm *comm, struct f
 int fc_host_window_valid(struct flexcoll_comm *comm, const struct flexcoll_window *w);
 /* At destroy: unmap every window of comm (local). */
 void fc_host_windows_release(struct flexcoll_comm *comm);
-/* Whether [sendbuf, + bytes) and [recvbuf, + bytes) both lie in comm's host windows, mapped into
- * the peers (ranks sharing a segment): *out says where. */
-int fc_host_windows_find(const struct flexcoll_comm *comm, const void *sendbuf, const void *recvbuf, size_t bytes,
-                         fc_shm_windows_t *out);
+/* Whether the buffers of coll that the peers touch (allreduce: both; reduce_scatter, broadcast:
+ * sendbuf; allgather: recvbuf) lie in comm's host windows, mapped into the peers (ranks sharing
+ * a segment): *out says where. */
+int fc_host_windows_find(const struct flexcoll_comm *comm, fc_coll_t coll, const void *sendbuf, size_t send_bytes,
+                         const void *recvbuf, size_t recv_bytes, fc_shm_windows_t *out);
 
 #endif

@@ -456,10 +456,17 @@ static const struct flexcoll_window *window_of(const struct flexcoll_comm *comm,
   return NULL;
 }
 
-int fc_host_windows_find(const struct flexcoll_comm *comm, const void *sendbuf, const void *recvbuf, size_t bytes,
-                         fc_shm_windows_t *out) {
+int fc_host_windows_find(const struct flexcoll_comm *comm, fc_coll_t coll, const void *sendbuf, size_t send_bytes,
+                         const void *recvbuf, size_t recv_bytes, fc_shm_windows_t *out) {
   if (!comm->host_windows || !comm->shm) return 0;
-  out->send = window_of(comm, sendbuf, bytes, &out->send_off);
-  out->recv = out->send ? window_of(comm, recvbuf, bytes, &out->recv_off) : NULL;
-  return out->recv != NULL;
+  /* The buffers the peers touch: allreduce both, reduce_scatter and broadcast the input (every
+   * rank's sendbuf, so that every rank decides alike; in place, as frameworks call broadcast, it
+   * is the output too), allgather the output. */
+  const int send = coll == FC_COLL_ALLREDUCE || coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_BROADCAST;
+  const int recv = coll == FC_COLL_ALLREDUCE || coll == FC_COLL_ALLGATHER;
+  *out = (fc_shm_windows_t){NULL, NULL, 0, 0};
+  if (!send && !recv) return 0;
+  if (send && !(out->send = window_of(comm, sendbuf, send_bytes, &out->send_off))) return 0;
+  if (recv && !(out->recv = window_of(comm, recvbuf, recv_bytes, &out->recv_off))) return 0;
+  return 1;
 }

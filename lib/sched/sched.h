@@ -27,14 +27,14 @@ int fc_tuner_kernels(void);
  * all (FC_SHM_OFF: FLEXCOLL_SHM_DIRECT=0, FLEXCOLL_ALGO forcing an algorithm), in exchange rounds
  * (every collective; every rank reads all the inputs), or split (allreduce from
  * FLEXCOLL_SHM_SPLIT_MIN_BYTES: reduce-scatter then allgather through the slots, two rounds per
- * slot's worth), or in the window mode (allreduce on buffers in host windows from
- * FLEXCOLL_SHM_WINDOW_MIN_BYTES: each rank folds its part of the peers' inputs straight into
- * their outputs, two rounds per call). */
+ * slot's worth), or in the window mode (allreduce, reduce_scatter, allgather, broadcast on
+ * buffers in host windows from FLEXCOLL_SHM_WINDOW_MIN_BYTES: straight between the ranks'
+ * buffers, two rounds per call). */
 typedef enum { FC_SHM_OFF, FC_SHM_EXCHANGE, FC_SHM_SPLIT, FC_SHM_WINDOW } fc_shm_mode_t;
 /* Whether communicators map a segment at all (FLEXCOLL_SHM_DIRECT, no forced algorithm). */
 int fc_tuner_shm_enabled(void);
 /* crowded: the ranks outnumber the host's cores (the split's threshold is higher then);
- * windowed: an allreduce whose buffers both lie in host windows. */
+ * windowed: the buffers the peers touch lie in host windows (fc_host_windows_find). */
 fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks, int crowded, int windowed);
 /* Pipeline chunk in elements for a message of count elements of esize bytes. */
 size_t fc_tuner_chunk_count(size_t count, size_t esize);

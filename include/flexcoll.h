@@ -144,7 +144,8 @@ flexcoll_result_t flexcoll_allgather(const void *sendbuf, void *recvbuf, size_t 
 flexcoll_result_t flexcoll_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
                                           flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_comm_t comm,
                                           flexcoll_stream_t stream);
-/* recvbuf = root's sendbuf on every rank. */
+/* recvbuf = root's sendbuf on every rank (sendbuf is read on the root only; with host windows,
+ * every rank's sendbuf decides the path: see flexcoll_window_register). */
 flexcoll_result_t flexcoll_broadcast(const void *sendbuf, void *recvbuf, size_t count, flexcoll_datatype_t dtype,
                                      int root, flexcoll_comm_t comm, flexcoll_stream_t stream);
 /* recvbuf on root = op over all ranks of sendbuf. */

@@ -7,32 +7,50 @@
  *                double free, zeroed page-aligned writable memory of the page-rounded size,
  *                distinct allocations, a free from another thread, a size that cannot be
  *                rounded, no descriptor kept per allocation, nothing linked in /dev/shm.
- *   procs        the windowed allreduce, ranks as forked processes: 2, 3 and 4 ranks with
- *                FLEXCOLL_SHM_WINDOW_MIN_BYTES=0 (every size takes the window path), 3 ranks with
- *                the default threshold, 3 ranks with 3 helper threads per rank and non-temporal
- *                stores at every size; each: every datatype x op (AVG included) x count 1, 7,
- *                1001, 65537 x in place / out of place, and 4 MiB of data (+3 elements) for every
- *                datatype x op at 3 ranks (min 0), for int8, float16, float32, uint64 x sum, avg,
- *                max in the other runs.  Buffers sit 128 bytes into their window (the same offset
- *                on every rank; recvbuf right after sendbuf, often unaligned), one window at the
- *                start of its allocation and one at an interior pointer (page 1 on, the last page
- *                left out), fresh inputs per call.  Every result is checked against the harness's
- *                reference (integers exactly, floats within hx_tolerance, as test_coll) and
- *                bitwise against the same call on heap buffers (the normal host path, which folds
- *                in rank order too); inputs must be unchanged, and every byte of both allocations
- *                outside the call's buffers must keep its poison (0xA5), whoever wrote it.  The
- *                4 MiB calls check the reference on samples (both ends and around every 1/n
- *                boundary, 2048 elements each; float32 sum at every element) and every element
+ *   procs        the windowed collectives (allreduce, reduce_scatter, allgather, broadcast),
+ *                ranks as forked processes: 2, 3 and 4 ranks with FLEXCOLL_SHM_WINDOW_MIN_BYTES=0
+ *                (every size takes the window path), 3 ranks with the default threshold, 3 ranks
+ *                with 3 helper threads per rank and non-temporal stores at every size.  Each:
+ *                every datatype (x op, AVG included, for the reductions) x count 1, 7, 1001, 65537
+ *                (reduce_scatter's recvcount, allgather's sendcount); broadcast with root n-1 and
+ *                root 0; allreduce in place and out of place; the others in three placements: in
+ *                place (reduce_scatter: recvbuf = sendbuf + rank x count, allgather: sendbuf =
+ *                recvbuf + rank x count, broadcast: sendbuf = recvbuf), out of place with the
+ *                buffer the ranks need not agree on ("unshared": reduce_scatter's and broadcast's
+ *                recvbuf, allgather's sendbuf) in the window too (at counts 7 and 65537 40 bytes
+ *                further per rank: other offsets on every rank), and out of place with it on the
+ *                heap (at counts 7 and 65537 on the even ranks only); at 65537 reduce_scatter's
+ *                heap placement for one op per datatype.  Then about 4 MiB of data (+3 elements;
+ *                reduce_scatter's sendbuf and allgather's recvbuf, n blocks, that size) for a
+ *                subset (want_big): at 3 ranks (min 0) every datatype x op of allreduce (in place
+ *                or not by turns) and every datatype of the others; elsewhere allreduce int8,
+ *                float16, float32, uint64 x sum, avg, max, reduce_scatter five datatype-op pairs,
+ *                allgather and broadcast four datatypes.  Buffers sit 128 bytes into their
+ *                window (the shared buffer at the same offset on every rank; the other right
+ *                after it, often unaligned), one window at the start of its allocation and one at
+ *                an interior pointer (page 1 on, the last page left out), fresh inputs per call.
+ *                Every result is checked against the harness's reference (integers exactly,
+ *                floats within hx_tolerance, as test_coll; data movement bitwise) and bitwise
+ *                against the same call on heap buffers (the normal host path, which folds in rank
+ *                order too); inputs must be unchanged (broadcast: every rank's sendbuf;
+ *                reduce_scatter in place: all but this rank's block), every byte of both
+ *                allocations outside the call's buffers must keep its poison (0xA5), whoever
+ *                wrote it, and a heap buffer its guards.  The 4 MiB calls check the reference on
+ *                samples (both ends and around every 1/n boundary, 2048 elements each, of every
+ *                block; float32 sum and float32 data movement at every element) and every element
  *                bitwise against the normal path.
- *   threads      the same with ranks as threads of one process: 2 ranks (every datatype x op at
- *                4 MiB), 3 ranks, 2 ranks with the default threshold, 2 ranks with helper threads
- *                and non-temporal stores.
- *   many         50 allreduces of varying sizes, datatypes, ops and offsets back to back in one
- *                window, then deregister, an allreduce on the same (no longer registered) memory,
- *                a second registration of the same allocation, 5 more calls, deregister, free;
+ *   threads      the same with ranks as threads of one process: 2 ranks (the 4 MiB calls of the
+ *                3-rank run above), 3 ranks, 2 ranks with the default threshold, 2 ranks with
+ *                helper threads and non-temporal stores.
+ *   many         110 calls of the four collectives, varying sizes, datatypes, ops, roots and
+ *                offsets in one window: 50 each followed by the same on the heap, 50 straight
+ *                after each other (reference only); then deregister, an allreduce, a
+ *                reduce_scatter and a broadcast on the same (no longer registered) memory, a
+ *                second registration of the same allocation, 10 more calls, deregister, free;
  *                processes (3) and threads (2).
  *   group        two ranks of flexcoll_comm_init_all driven by one thread: registration,
- *                windowed allreduces and deregistration inside groups.
+ *                windowed allreduces, reduce_scatters, allgathers and broadcasts (in place and
+ *                not) and deregistration inside groups.
  *   err_register registration errors, every rank returning within half the timeout: heap memory
  *                on one rank only (processes and threads), unequal sizes, buf + bytes past the
  *                allocation on every rank (INVALID_ARGUMENT) and on one rank only; afterwards the
@@ -43,6 +61,16 @@
  *                4 MiB with the default threshold): every rank returns INVALID_USAGE or
  *                REMOTE_ERROR within half the timeout, nothing of the recvbuf written, inputs
  *                unchanged; free succeeds once the communicator is destroyed.
+ *   err_coll     the same for reduce_scatter (sendbuf), allgather (recvbuf) and broadcast (every
+ *                rank's sendbuf): one rank's shared buffer at another offset (with the unshared
+ *                buffers in the window or on the heap; in place; at 4 MiB with the default
+ *                threshold), on the heap, in another window; broadcast's odd rank out the root
+ *                or not, and a non-root's sendbuf NULL.  Every rank must return INVALID_USAGE or
+ *                REMOTE_ERROR within half the timeout with its inputs unchanged and nothing
+ *                written (reduce_scatter, allgather); a broadcast's recvbuf may hold the root's
+ *                data (a rank copies it once every rank posted), nothing else; a root whose own
+ *                sendbuf is outside the windows may return SUCCESS with its data (the exchange's
+ *                root waits for nobody).
  *   free_busy    flexcoll_host_free refused (INVALID_USAGE) while a window lies in the allocation
  *                (also while a second communicator still has one after the first deregistered),
  *                the memory still usable; an interior pointer refused; deregister, then free.
@@ -366,33 +394,82 @@ static int destroy_comm(hx_rank_t *r, flexcoll_comm_t c) {
   return hx_ok(r, flexcoll_comm_destroy(c), NULL, "flexcoll_comm_destroy") ? 0 : -1;
 }
 
-/* ---- one checked windowed allreduce ----------------------------------------------------------- */
+/* ---- one checked windowed collective ---------------------------------------------------------- */
 
-/* The reference on samples of a large result: both ends and around every 1/n boundary. */
-static void check_sampled(hx_rank_t *r, const hx_data_t *d, flexcoll_op_t op, const unsigned char *buf, size_t count) {
-  const size_t es = fc_dtype_size(d->dtype);
-  size_t starts[2 + MAX_PIDS];
+/* The collectives of the window mode.  The ranks must agree on where some of their buffers lie
+ * ("shared": allreduce both, reduce_scatter sendbuf, allgather recvbuf, broadcast every rank's
+ * sendbuf, though the peers read only the root's); the other one ("unshared") may lie anywhere, at
+ * any offset on each rank. */
+enum { C_AR, C_RS, C_AG, C_BC, C_NCOLLS };
+static const char *const coll_names[C_NCOLLS] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+static const char *const coll_fns[C_NCOLLS] = {"flexcoll_allreduce", "flexcoll_reduce_scatter", "flexcoll_allgather",
+                                               "flexcoll_broadcast"};
+static int coll_reduces(int c) { return c == C_AR || c == C_RS; }
+/* Elements of sendbuf and recvbuf for a call of `count` (the API's count) on n ranks. */
+static size_t send_elems(int c, size_t count, int n) { return c == C_RS ? (size_t)n * count : count; }
+static size_t recv_elems(int c, size_t count, int n) { return c == C_AG ? (size_t)n * count : count; }
+
+static flexcoll_result_t coll_issue(int c, const void *send, void *recv, size_t count, flexcoll_datatype_t dt,
+                                    flexcoll_op_t op, int root, flexcoll_comm_t comm) {
+  switch (c) {
+    case C_RS: return flexcoll_reduce_scatter(send, recv, count, dt, op, comm, NULL);
+    case C_AG: return flexcoll_allgather(send, recv, count, dt, comm, NULL);
+    case C_BC: return flexcoll_broadcast(send, recv, count, dt, root, comm, NULL);
+    default: return flexcoll_allreduce(send, recv, count, dt, op, comm, NULL);
+  }
+}
+
+/* Where the samples of a large result start (both ends and around every 1/n boundary, SAMPLE
+ * elements each); returns how many. */
+static int sample_starts(size_t count, int n, size_t *starts, int max) {
   int k = 0;
   starts[k++] = 0;
   starts[k++] = count > SAMPLE ? count - SAMPLE : 0;
-  for (int q = 1; q < d->nranks && k < (int)(sizeof starts / sizeof starts[0]); q++) {
-    size_t b = count * (size_t)q / (size_t)d->nranks;
+  for (int q = 1; q < n && k < max; q++) {
+    size_t b = count * (size_t)q / (size_t)n;
     starts[k++] = b > SAMPLE / 2 ? b - SAMPLE / 2 : 0;
   }
+  return k;
+}
+
+/* The reference of a reduction on samples of a large result (elements first.. of the inputs). */
+static void check_sampled(hx_rank_t *r, const hx_data_t *d, flexcoll_op_t op, const unsigned char *buf, size_t first,
+                          size_t count) {
+  const size_t es = fc_dtype_size(d->dtype);
+  size_t starts[2 + MAX_PIDS];
+  const int k = sample_starts(count, d->nranks, starts, (int)(sizeof starts / sizeof starts[0]));
   for (int i = 0; i < k; i++) {
     size_t len = count - starts[i] < SAMPLE ? count - starts[i] : SAMPLE;
     char w[64];
     snprintf(w, sizeof w, "recvbuf (elements %zu..%zu)", starts[i], starts[i] + len - 1);
-    hx_check_reduced(r, w, d, op, buf + starts[i] * es, starts[i], len);
+    hx_check_reduced(r, w, d, op, buf + starts[i] * es, first + starts[i], len);
+  }
+}
+
+/* The same for a copy of src_rank's input (allgather's blocks, broadcast). */
+static void check_sampled_input(hx_rank_t *r, const char *where, const hx_data_t *d, int src_rank,
+                                const unsigned char *buf, size_t count) {
+  const size_t es = fc_dtype_size(d->dtype);
+  size_t starts[2 + MAX_PIDS];
+  const int k = sample_starts(count, d->nranks, starts, (int)(sizeof starts / sizeof starts[0]));
+  for (int i = 0; i < k; i++) {
+    size_t len = count - starts[i] < SAMPLE ? count - starts[i] : SAMPLE;
+    char w[96];
+    snprintf(w, sizeof w, "%s (elements %zu..%zu)", where, starts[i], starts[i] + len - 1);
+    hx_check_input(r, w, d, src_rank, buf + starts[i] * es, starts[i], len);
   }
 }
 
 typedef struct {
+  int coll;                  /* C_AR (the default), C_RS, C_AG, C_BC */
   flexcoll_datatype_t dt;
-  flexcoll_op_t op;
-  size_t count;
+  flexcoll_op_t op;          /* allreduce, reduce_scatter */
+  size_t count;              /* the API's count (reduce_scatter: recvcount; allgather: sendcount) */
   int inplace;
-  size_t send_off, recv_off; /* from the window's start; recv_off unused in place */
+  int root;                  /* broadcast */
+  size_t send_off, recv_off; /* from the window's start; in place, the buffer inside the other is unused */
+  size_t skew;               /* the unshared buffer, in the window: rank * skew bytes further on each rank */
+  int unshared_heap;         /* the unshared buffer on the heap: 1 on every rank, 2 on even ranks only */
   int sampled;               /* reference on samples only (large calls) */
   int compare;               /* also run the call on heap buffers and compare bitwise */
 } wcall_t;
@@ -414,119 +491,287 @@ static void heap_release(void) {
   hx_buf_free(&heap_recv);
 }
 
-/* One allreduce in window h of comm, the inputs of call `call`; h's allocation is all poison
+/* Bytes [from, to) of a and b must be equal (an input against its copy). */
+static void same_bytes(hx_rank_t *r, const char *what, const unsigned char *a, const unsigned char *b, size_t from,
+                       size_t to, size_t es) {
+  if (to <= from || memcmp(a + from, b + from, to - from) == 0) return;
+  size_t i = from;
+  while (a[i] == b[i]) i++;
+  hx_fail(r, "%s changed: byte %zu (element %zu) is 0x%02x, was 0x%02x", what, i, i / es, a[i], b[i]);
+}
+
+/* One collective in window h of comm, the inputs of call `call`; h's allocation is all poison
  * outside the call's buffers before and after.  Returns 0, or -1 when the library returned an
  * error (the ranks may be out of step: stop). */
 static int win_call(hx_rank_t *r, flexcoll_comm_t comm, hwin_t *h, const wcall_t *c, uint64_t call) {
-  const size_t es = fc_dtype_size(c->dt), bytes = c->count * es;
-  unsigned char *send = h->win + c->send_off, *recv = c->inplace ? send : h->win + c->recv_off;
-  hx_data_t d = {c->dt, hx_gen_for_op(c->op), r->seed, call, r->nranks};
-  char desc[200];
-  snprintf(desc, sizeof desc, "windowed allreduce %s %s count %zu %s, sendbuf at window + %zu (call %" PRIu64 ")",
-           fc_dtype_name(c->dt), fc_op_name(c->op), c->count, c->inplace ? "in place" : "out of place", c->send_off,
-           call);
-  if (!c->inplace) {
-    size_t l = strlen(desc);
-    snprintf(desc + l, sizeof desc - l, ", recvbuf at + %zu", c->recv_off);
+  const int n = r->nranks, me = r->rank, co = c->coll, root = co == C_BC ? c->root : -1;
+  const size_t es = fc_dtype_size(c->dt), cnt = c->count;
+  const size_t sbytes = send_elems(co, cnt, n) * es, rbytes = recv_elems(co, cnt, n) * es;
+  const int heap_here = !c->inplace && co != C_AR &&
+                        (c->unshared_heap == 1 || (c->unshared_heap == 2 && me % 2 == 0));
+  hx_buf_t uh = {0}; /* the unshared buffer on the heap */
+  unsigned char *send = NULL, *recv = NULL;
+  /* The window's regions that the call's buffers take (in place: one). */
+  unsigned char *wa = NULL, *wb = NULL;
+  size_t wal = 0, wbl = 0;
+  switch (co) {
+    case C_AR:
+      send = h->win + c->send_off;
+      recv = c->inplace ? send : h->win + c->recv_off;
+      wa = send, wal = sbytes;
+      if (!c->inplace) wb = recv, wbl = rbytes;
+      break;
+    case C_RS:
+      send = h->win + c->send_off;
+      wa = send, wal = sbytes;
+      if (c->inplace) recv = send + (size_t)me * cnt * es;
+      else if (heap_here) recv = hx_buf_new(r, &uh, rbytes);
+      else recv = wb = h->win + c->recv_off + (size_t)me * c->skew, wbl = rbytes;
+      if (!recv) return -1;
+      break;
+    case C_AG:
+      recv = h->win + c->recv_off;
+      wa = recv, wal = rbytes;
+      if (c->inplace) send = recv + (size_t)me * cnt * es;
+      else if (heap_here) send = hx_buf_new(r, &uh, sbytes);
+      else send = wb = h->win + c->send_off + (size_t)me * c->skew, wbl = sbytes;
+      if (!send) return -1;
+      break;
+    default: /* broadcast: every rank's sendbuf (the root's or not) in the window */
+      send = h->win + c->send_off;
+      wa = send, wal = sbytes;
+      if (c->inplace) recv = send;
+      else if (heap_here) recv = hx_buf_new(r, &uh, rbytes);
+      else recv = wb = h->win + c->recv_off + (size_t)me * c->skew, wbl = rbytes;
+      if (!recv) return -1;
+      break;
   }
+  hx_data_t d = {c->dt, coll_reduces(co) ? hx_gen_for_op(c->op) : HX_GEN_BITS, r->seed, call, n};
+  char desc[240];
+  int l = snprintf(desc, sizeof desc, "windowed %s %s", coll_names[co], fc_dtype_name(c->dt));
+  if (coll_reduces(co)) l += snprintf(desc + l, sizeof desc - (size_t)l, " %s", fc_op_name(c->op));
+  if (co == C_BC) l += snprintf(desc + l, sizeof desc - (size_t)l, " root %d", root);
+  l += snprintf(desc + l, sizeof desc - (size_t)l, " count %zu %s", cnt, c->inplace ? "in place" : "out of place");
+  /* The shared buffer(s) first, then the unshared one. */
+  if (co != C_AG) l += snprintf(desc + l, sizeof desc - (size_t)l, ", sendbuf at window + %zu", c->send_off);
+  else l += snprintf(desc + l, sizeof desc - (size_t)l, ", recvbuf at window + %zu", c->recv_off);
+  if (!c->inplace) {
+    const char *un = co != C_AG ? "recvbuf" : "sendbuf";
+    const size_t uoff = co != C_AG ? c->recv_off : c->send_off;
+    if (co == C_AR) l += snprintf(desc + l, sizeof desc - (size_t)l, ", recvbuf at + %zu", uoff);
+    else if (c->unshared_heap == 1) l += snprintf(desc + l, sizeof desc - (size_t)l, ", %s on the heap", un);
+    else if (c->unshared_heap == 2)
+      l += snprintf(desc + l, sizeof desc - (size_t)l, ", %s on the heap on even ranks, at + %zu + rank x %zu on odd",
+                    un, uoff, c->skew);
+    else l += snprintf(desc + l, sizeof desc - (size_t)l, ", %s at + %zu + rank x %zu", un, uoff, c->skew);
+  }
+  snprintf(desc + l, sizeof desc - (size_t)l, " (call %" PRIu64 ")", call);
   snprintf(r->what, sizeof r->what, "%s", desc);
-  hx_fill(&d, r->rank, send, 0, c->count);
+  /* Inputs: each rank's own (a broadcast's non-roots too: must stay, or be overwritten in place). */
+  hx_fill(&d, me, send, 0, send_elems(co, cnt, n));
   unsigned char *nsend = NULL, *nrecv = NULL;
   if (c->compare) {
-    if (heap_reserve(r, bytes)) return -1;
-    nsend = hx_buf_ptr(&heap_send);
-    nrecv = hx_buf_ptr(&heap_recv);
-    memcpy(nsend, send, bytes); /* the input, bit for bit */
+    if (heap_reserve(r, sbytes > rbytes ? sbytes : rbytes)) {
+      hx_buf_free(&uh);
+      return -1;
+    }
+    unsigned char *hs = hx_buf_ptr(&heap_send), *hr = hx_buf_ptr(&heap_recv);
     /* The result's bytes and the 64 after them (an earlier, larger call wrote there). */
-    hx_buf_poison(&heap_recv, 0, heap_recv.bytes - bytes < 64 ? heap_recv.bytes : bytes + 64);
+    hx_buf_poison(&heap_recv, 0, heap_recv.bytes - rbytes < 64 ? heap_recv.bytes : rbytes + 64);
+    switch (co) {
+      case C_AR: nsend = hs, nrecv = c->inplace ? hs : hr; break;
+      case C_RS: nsend = hs, nrecv = c->inplace ? hs + (size_t)me * cnt * es : hr; break;
+      case C_AG: nrecv = hr, nsend = c->inplace ? hr + (size_t)me * cnt * es : hs; break;
+      default: nsend = hs, nrecv = c->inplace ? hs : hr; break;
+    }
+    memcpy(nsend, send, sbytes); /* the input, bit for bit */
   }
-  flexcoll_result_t res = flexcoll_allreduce(send, recv, c->count, c->dt, c->op, comm, NULL);
-  if (!hx_ok(r, res, comm, "flexcoll_allreduce")) return -1;
-  if (c->sampled) check_sampled(r, &d, c->op, recv, c->count);
-  else hx_check_reduced(r, "recvbuf", &d, c->op, recv, 0, c->count);
+  flexcoll_result_t res = coll_issue(co, send, recv, cnt, c->dt, c->op, root, comm);
+  if (!hx_ok(r, res, comm, coll_fns[co])) {
+    hx_buf_free(&uh);
+    return -1;
+  }
+  /* The result against the reference. */
+  switch (co) {
+    case C_AR:
+    case C_RS: {
+      const size_t first = co == C_RS ? (size_t)me * cnt : 0;
+      if (c->sampled) check_sampled(r, &d, c->op, recv, first, cnt);
+      else hx_check_reduced(r, "recvbuf", &d, c->op, recv, first, cnt);
+      break;
+    }
+    case C_AG:
+      if (!c->sampled) hx_check_gathered(r, "recvbuf", &d, recv, cnt);
+      else
+        for (int q = 0; q < n; q++) {
+          char w[48];
+          snprintf(w, sizeof w, "recvbuf block %d", q);
+          check_sampled_input(r, w, &d, q, recv + (size_t)q * cnt * es, cnt);
+        }
+      break;
+    default:
+      if (c->sampled) check_sampled_input(r, "recvbuf", &d, root, recv, cnt);
+      else hx_check_input(r, "recvbuf", &d, root, recv, 0, cnt);
+      break;
+  }
+  /* The inputs must not change (in place: the parts of the buffer that are no output). */
   if (!c->inplace) {
-    if (!c->compare) hx_check_input(r, "sendbuf (must not change)", &d, r->rank, send, 0, c->count);
-    else if (memcmp(send, nsend, bytes) != 0) {
-      size_t i = 0;
-      while (send[i] == nsend[i]) i++;
-      hx_fail(r, "sendbuf changed: byte %zu (element %zu) is 0x%02x, was 0x%02x", i, i / es, send[i], nsend[i]);
+    if (!c->compare) hx_check_input(r, "sendbuf (must not change)", &d, me, send, 0, send_elems(co, cnt, n));
+    else same_bytes(r, "sendbuf", send, nsend, 0, sbytes, es);
+  } else if (c->inplace && co == C_RS) {
+    const size_t a = (size_t)me * cnt * es, b = a + cnt * es;
+    if (!c->compare) {
+      hx_check_input(r, "sendbuf before this rank's block (must not change)", &d, me, send, 0, (size_t)me * cnt);
+      hx_check_input(r, "sendbuf after this rank's block (must not change)", &d, me, send + b, (size_t)(me + 1) * cnt,
+                     (size_t)(n - me - 1) * cnt);
+    } else {
+      same_bytes(r, "sendbuf before this rank's block", send, nsend, 0, a, es);
+      same_bytes(r, "sendbuf after this rank's block", send, nsend, b, sbytes, es);
     }
   }
-  check_outside(r, "window allocation", h->base, h->alloc, send, bytes, c->inplace ? NULL : recv, bytes);
+  check_outside(r, "window allocation", h->base, h->alloc, wa, wal, wb, wbl);
+  if (uh.base) hx_buf_check_guards(r, co != C_AG ? "recvbuf on the heap" : "sendbuf on the heap", &uh);
   if (c->compare) {
-    snprintf(r->what, sizeof r->what, "the same allreduce on heap buffers (normal host path) after %s", desc);
-    res = flexcoll_allreduce(nsend, nrecv, c->count, c->dt, c->op, comm, NULL);
-    if (!hx_ok(r, res, comm, "flexcoll_allreduce")) return -1;
+    snprintf(r->what, sizeof r->what, "the same %s on heap buffers (normal host path) after %.180s", coll_names[co],
+             desc);
+    res = coll_issue(co, nsend, nrecv, cnt, c->dt, c->op, root, comm);
+    if (!hx_ok(r, res, comm, coll_fns[co])) {
+      hx_buf_free(&uh);
+      return -1;
+    }
     snprintf(r->what, sizeof r->what, "%s", desc);
-    if (memcmp(nrecv, recv, bytes) != 0) {
+    if (memcmp(nrecv, recv, rbytes) != 0) {
       size_t i = 0, diff = 0;
-      while (i < bytes && nrecv[i] == recv[i]) i++;
-      for (size_t e = 0; e < c->count; e++) diff += memcmp(nrecv + e * es, recv + e * es, es) != 0;
+      while (i < rbytes && nrecv[i] == recv[i]) i++;
+      for (size_t e = 0; e < rbytes / es; e++) diff += memcmp(nrecv + e * es, recv + e * es, es) != 0;
       uint64_t a = 0, b = 0;
       memcpy(&a, recv + i / es * es, es);
       memcpy(&b, nrecv + i / es * es, es);
       hx_fail(r, "the window path's result differs bitwise from the normal host path's in %zu of %zu elements; first "
-              "element %zu: 0x%0*" PRIx64 " (window) vs 0x%0*" PRIx64 " (normal)", diff, c->count, i / es, (int)es * 2,
-              a, (int)es * 2, b);
+              "element %zu: 0x%0*" PRIx64 " (window) vs 0x%0*" PRIx64 " (normal)", diff, rbytes / es, i / es,
+              (int)es * 2, a, (int)es * 2, b);
     }
-    size_t tail = heap_recv.bytes - bytes < 64 ? heap_recv.bytes - bytes : 64;
-    hx_check_poisoned(r, "the 64 bytes after the normal path's recvbuf", nrecv + bytes, tail);
+    if (nrecv == hx_buf_ptr(&heap_recv)) {
+      size_t tail = heap_recv.bytes - rbytes < 64 ? heap_recv.bytes - rbytes : 64;
+      hx_check_poisoned(r, "the 64 bytes after the normal path's recvbuf", nrecv + rbytes, tail);
+    }
     hx_buf_check_guards(r, "normal-path recvbuf", &heap_recv);
+    hx_buf_check_guards(r, "normal-path sendbuf", &heap_send);
   }
-  memset(send, HX_POISON, bytes);
-  if (!c->inplace) memset(recv, HX_POISON, bytes);
+  hx_buf_free(&uh);
+  if (wa) memset(wa, HX_POISON, wal);
+  if (wb) memset(wb, HX_POISON, wbl);
   return 0;
 }
 
 /* ---- the matrix ------------------------------------------------------------------------------- */
 
 typedef struct {
-  int big_all; /* the 4 MiB calls for every datatype x op; else a subset (big_subset) */
+  int big_all; /* the 4 MiB calls for every datatype (x op); else a subset */
 } mx_t;
 
-/* The 4 MiB calls of the other runs: int8, float16, float32 and uint64 x sum, avg and max. */
+/* The 4 MiB allreduces of the other runs: int8, float16, float32 and uint64 x sum, avg and max. */
 static int big_subset(int dt, int op) {
   return (dt == FLEXCOLL_INT8 || dt == FLEXCOLL_FLOAT16 || dt == FLEXCOLL_FLOAT32 || dt == FLEXCOLL_UINT64) &&
          (op == FLEXCOLL_SUM || op == FLEXCOLL_AVG || op == FLEXCOLL_MAX);
 }
 
+static int big_dtype(int dt) {
+  return dt == FLEXCOLL_INT8 || dt == FLEXCOLL_FLOAT16 || dt == FLEXCOLL_FLOAT32 || dt == FLEXCOLL_UINT64;
+}
+
+/* Placements of a call: in place, out of place with both buffers in the window (the unshared one
+ * at another offset on each rank at counts 7 and 65537), out of place with the unshared buffer on
+ * the heap (every rank's; at counts 7 and 65537 the even ranks' only, the odd ones' in the window). */
+enum { P_INPLACE, P_WINDOW, P_HEAP, P_N };
+#define SKEW 40 /* bytes per rank */
+
+/* Which calls of 4 MiB (+ a few elements; reduce_scatter and allgather: their n-block buffer) a
+ * run makes.  Where big_all: every datatype x op of allreduce (in place or out of place by turns),
+ * every datatype of reduce_scatter (one op each, all ops in turn; float32 sum too), allgather and
+ * broadcast (root n - 1 and 0 by turns), each in two of the three placements by turns.  Else
+ * allreduce int8, float16, float32, uint64 x sum, avg, max both ways; reduce_scatter int8 sum,
+ * float16 avg, float32 sum, uint64 max, bfloat16 prod; allgather and broadcast int8, float16,
+ * float32, uint64 (broadcast: root n - 1 and 0 by turns); float32 in every placement (and
+ * broadcast with both roots), the others in two by turns. */
+static int want_big(const mx_t *m, int co, int dt, int op, int ri, int pl) {
+  const int two = pl != (dt + op + ri) % P_N; /* two of the three placements, by turns */
+  switch (co) {
+    case C_AR: return m->big_all ? pl == (dt + op) % 2 : big_subset(dt, op);
+    case C_RS:
+      if (m->big_all) return (op == dt % FLEXCOLL_NUM_OPS || (dt == FLEXCOLL_FLOAT32 && op == FLEXCOLL_SUM)) && two;
+      if (dt == FLEXCOLL_FLOAT32) return op == FLEXCOLL_SUM;
+      return two && ((dt == FLEXCOLL_INT8 && op == FLEXCOLL_SUM) || (dt == FLEXCOLL_FLOAT16 && op == FLEXCOLL_AVG) ||
+                     (dt == FLEXCOLL_UINT64 && op == FLEXCOLL_MAX) || (dt == FLEXCOLL_BFLOAT16 && op == FLEXCOLL_PROD));
+    case C_AG: return m->big_all ? two : big_dtype(dt) && (dt == FLEXCOLL_FLOAT32 || two);
+    default:
+      if (dt == FLEXCOLL_FLOAT32 && !m->big_all) return 1;
+      return (m->big_all || big_dtype(dt)) && ri == dt % 2 && two;
+  }
+}
+
+/* At count 65537, reduce_scatter's heap placement for one op per datatype (all ops in turn): where
+ * the output lies does not depend on the op. */
+static int want_small(int co, int dt, int op, size_t k, int pl) {
+  return !(co == C_RS && k == NSMALL - 1 && pl == P_HEAP && op != dt % FLEXCOLL_NUM_OPS);
+}
+
 static int matrix_rank(hx_rank_t *r) {
   const mx_t *m = case_arg(r);
+  const int n = r->nranks;
   note_pid(r);
   double t0 = hx_now();
   flexcoll_comm_t comm = split_comm(r);
   if (!comm) return 1;
-  /* Window A: the whole allocation; window B: from page 1, the last page left out. */
+  /* Window A: the whole allocation; window B: from page 1, the last page left out.  Room for the
+   * largest buffers of every collective (reduce_scatter's sendbuf, allgather's recvbuf: n counts)
+   * and the unshared buffer's skew. */
   const size_t pg = page_size();
   hwin_t a, b;
   memset(&b, 0, sizeof b);
-  if (hwin_open(r, comm, &a, 0, OFF + 2 * SMALL_MAX_BYTES + GAP + 256, 0) ||
-      hwin_open(r, comm, &b, pg, OFF + 2 * (BIG_DATA + 3 * 8) + GAP + 256, pg))
+  if (hwin_open(r, comm, &a, 0, OFF + (size_t)(n + 1) * SMALL_MAX_BYTES + GAP + 64 * (size_t)n + 256, 0) ||
+      hwin_open(r, comm, &b, pg, OFF + 2 * (BIG_DATA + 3 * 8 * (size_t)n) + GAP + 64 * (size_t)n + 256, pg))
     return 1;
-  uint64_t call = 0;
-  double t_size[NSMALL + 1] = {0};
-  for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
-    for (int op = 0; op < FLEXCOLL_NUM_OPS; op++)
-      for (size_t k = 0; k <= NSMALL; k++)
-        for (int ip = 0; ip < 2; ip++) {
-          const double tc = hx_now();
-          const int big = k == NSMALL;
-          if (big && !m->big_all && !big_subset(dt, op)) continue;
-          /* Large calls: the reference on samples (every element compared with the normal path),
-           * float32 sum at every element. */
-          wcall_t c = {.dt = (flexcoll_datatype_t)dt, .op = (flexcoll_op_t)op,
-                       .count = big ? big_count((flexcoll_datatype_t)dt) : small_counts[k], .inplace = ip,
-                       .send_off = OFF, .sampled = big && !(dt == FLEXCOLL_FLOAT32 && op == FLEXCOLL_SUM),
-                       .compare = 1};
-          c.recv_off = OFF + c.count * fc_dtype_size(c.dt) + GAP;
-          if (win_call(r, comm, big ? &b : &a, &c, call++)) return 1;
-          t_size[k] += hx_now() - tc;
-        }
+  uint64_t call = 0, calls[C_NCOLLS] = {0};
+  double t_size[C_NCOLLS][NSMALL + 1];
+  memset(t_size, 0, sizeof t_size);
+  for (int co = 0; co < C_NCOLLS; co++)
+    for (int dt = 0; dt < FLEXCOLL_NUM_DATATYPES; dt++)
+      for (int op = 0; op < (coll_reduces(co) ? FLEXCOLL_NUM_OPS : 1); op++)
+        for (size_t k = 0; k <= NSMALL; k++)
+          for (int ri = 0; ri < (co == C_BC ? 2 : 1); ri++)
+            for (int pl = 0; pl < (co == C_AR ? 2 : P_N); pl++) {
+              const double tc = hx_now();
+              const int big = k == NSMALL;
+              if (big ? !want_big(m, co, dt, op, ri, pl) : !want_small(co, dt, op, k, pl)) continue;
+              const size_t es = fc_dtype_size((flexcoll_datatype_t)dt);
+              /* Large calls: the reference on samples (every element compared with the normal path),
+               * float32 sum (and float32 data movement) at every element. */
+              wcall_t c = {.coll = co, .dt = (flexcoll_datatype_t)dt, .op = (flexcoll_op_t)op,
+                           .inplace = pl == P_INPLACE, .root = ri == 0 ? n - 1 : 0,
+                           .sampled = big && dt != FLEXCOLL_FLOAT32, .compare = 1};
+              if (big && dt == FLEXCOLL_FLOAT32 && coll_reduces(co) && op != FLEXCOLL_SUM) c.sampled = 1;
+              if (!big) c.count = small_counts[k];
+              else if (co == C_RS || co == C_AG) c.count = BIG_DATA / es / (size_t)n + 3;
+              else c.count = big_count(c.dt);
+              if (pl == P_WINDOW && co != C_AR) c.skew = k & 1 ? SKEW : 0;
+              if (pl == P_HEAP) c.unshared_heap = !big && (k & 1) ? 2 : 1;
+              /* The shared buffer at OFF, the other one after it. */
+              const size_t sb = send_elems(co, c.count, n) * es, rb = recv_elems(co, c.count, n) * es;
+              if (co != C_AG) c.send_off = OFF, c.recv_off = OFF + sb + GAP;
+              else c.recv_off = OFF, c.send_off = OFF + rb + GAP;
+              if (win_call(r, comm, big ? &b : &a, &c, call++)) return 1;
+              calls[co]++;
+              t_size[co][k] += hx_now() - tc;
+            }
   r->what[0] = '\0';
   if (r->rank == 0)
-    fprintf(stderr, "[%s] rank 0: %" PRIu64 " windowed allreduces (and as many on the heap) in %.2f s: counts 1, 7, "
-            "1001, 65537, 4 MiB: %.2f %.2f %.2f %.2f %.2f s\n", r->label, call, hx_now() - t0, t_size[0], t_size[1],
-            t_size[2], t_size[3], t_size[4]);
+    for (int co = 0; co < C_NCOLLS; co++)
+      fprintf(stderr, "[%s] rank 0: %" PRIu64 " windowed %ss (and as many on the heap): counts 1, 7, 1001, 65537, "
+              "4 MiB: %.2f %.2f %.2f %.2f %.2f s\n", r->label, calls[co], coll_names[co], t_size[co][0], t_size[co][1],
+              t_size[co][2], t_size[co][3], t_size[co][4]);
+  if (r->rank == 0)
+    fprintf(stderr, "[%s] rank 0: %" PRIu64 " windowed calls in %.2f s\n", r->label, call, hx_now() - t0);
   if (hwin_close(r, comm, &a) || hwin_close(r, comm, &b)) return 1;
   if (destroy_comm(r, comm)) return 1;
   check_maps_unlinked(r, "at the end");
@@ -594,24 +839,32 @@ static wcall_t many_call(hx_rank_t *r, int i, size_t win_bytes) {
   uint64_t h = mix(r->seed ^ mix((uint64_t)i + 0x1234));
   wcall_t c;
   memset(&c, 0, sizeof c);
+  c.coll = (int)((h >> 44) % C_NCOLLS);
   c.dt = (flexcoll_datatype_t)(h % FLEXCOLL_NUM_DATATYPES);
   c.op = (flexcoll_op_t)((h >> 8) % FLEXCOLL_NUM_OPS);
   c.inplace = (h >> 16) & 1;
+  c.root = (int)(mix(h + 3) % (uint64_t)r->nranks);
   const size_t es = fc_dtype_size(c.dt);
-  /* Sizes spread over 1 element .. 256 KiB, a tenth of them up to 16 elements. */
+  /* Sizes spread over 1 element .. 256 KiB (reduce_scatter's sendbuf, allgather's recvbuf: n
+   * times that), a tenth of them up to 16 elements. */
   size_t bytes_max = ((h >> 20) % 10 == 0) ? 16 * es : (size_t)1 << (2 + (h >> 24) % 17);
   c.count = 1 + (size_t)(mix(h) % (bytes_max / es > 0 ? bytes_max / es : 1));
-  const size_t bytes = c.count * es;
-  size_t room = win_bytes - (c.inplace ? bytes : 2 * bytes) - 64;
-  c.send_off = (size_t)(mix(h + 1) % (room / 8)) * 8;
+  /* The shared buffer (allreduce: sendbuf; in place: the one buffer) at a random offset, the
+   * other one before or after it, not overlapping. */
+  const size_t sb = send_elems(c.coll, c.count, r->nranks) * es, rb = recv_elems(c.coll, c.count, r->nranks) * es;
+  const int send_first = c.coll != C_AG;
+  const size_t fb = send_first ? sb : rb, ob = send_first ? rb : sb;
+  size_t room = win_bytes - (c.inplace ? fb : fb + ob) - 64;
+  size_t f = (size_t)(mix(h + 1) % (room / 8)) * 8, o = 0;
   if (!c.inplace) {
-    /* recvbuf before or after sendbuf, not overlapping. */
-    size_t after = c.send_off + bytes;
-    size_t space = win_bytes - after - bytes;
-    if ((h >> 40) & 1 && c.send_off >= bytes) c.recv_off = (size_t)(mix(h + 2) % ((c.send_off - bytes) / 8 + 1)) * 8;
-    else c.recv_off = after + (size_t)(mix(h + 2) % (space / 8 + 1)) * 8;
-    if (c.recv_off + bytes > win_bytes) c.recv_off = after; /* (cannot happen; kept safe) */
+    size_t after = f + fb;
+    size_t space = win_bytes - after - ob;
+    if ((h >> 40) & 1 && f >= ob) o = (size_t)(mix(h + 2) % ((f - ob) / 8 + 1)) * 8;
+    else o = after + (size_t)(mix(h + 2) % (space / 8 + 1)) * 8;
+    if (o + ob > win_bytes) o = after; /* (cannot happen; kept safe) */
   }
+  if (send_first) c.send_off = f, c.recv_off = o;
+  else c.recv_off = f, c.send_off = o;
   c.compare = 1;
   return c;
 }
@@ -623,24 +876,33 @@ static int many_rank(hx_rank_t *r) {
   hwin_t h;
   if (hwin_open(r, comm, &h, 0, 2u << 20, 0)) return 1;
   uint64_t call = 0;
-  for (int i = 0; i < 50; i++) {
+  /* 50 calls each followed by the same on the heap, then 50 windowed calls straight after each
+   * other (checked against the reference only). */
+  for (int i = 0; i < 100; i++) {
     wcall_t c = many_call(r, i, h.win_bytes);
+    c.compare = i < 50;
     if (win_call(r, comm, &h, &c, call++)) return 1;
   }
   if (hwin_deregister(r, comm, &h)) return 1;
   check_maps_unlinked(r, "after flexcoll_window_deregister");
-  /* The memory is no window any more, but still memory: an allreduce in it takes the normal path. */
+  /* The memory is no window any more, but still memory: calls in it take the normal path. */
   {
     wcall_t c = {.dt = FLEXCOLL_FLOAT32, .op = FLEXCOLL_SUM, .count = 100003, .send_off = OFF, .compare = 1};
     c.recv_off = OFF + c.count * 4 + GAP;
     if (win_call(r, comm, &h, &c, call++)) return 1;
+    wcall_t rs = {.coll = C_RS, .dt = FLEXCOLL_INT32, .op = FLEXCOLL_MAX, .count = 3001, .send_off = OFF, .compare = 1};
+    rs.recv_off = OFF + (size_t)r->nranks * rs.count * 4 + GAP;
+    if (win_call(r, comm, &h, &rs, call++)) return 1;
+    wcall_t bc = {.coll = C_BC, .dt = FLEXCOLL_UINT8, .count = 100003, .root = r->nranks - 1, .recv_off = OFF,
+                  .send_off = OFF + 100003 + GAP, .compare = 1};
+    if (win_call(r, comm, &h, &bc, call++)) return 1;
   }
   /* The same allocation registered again, at an interior pointer this time. */
   snprintf(r->what, sizeof r->what, "flexcoll_window_register again (base + 4096)");
   h.win = h.base + 4096;
   h.win_bytes = h.alloc - 4096;
   if (!hx_ok(r, flexcoll_window_register(comm, h.win, h.win_bytes, &h.w), comm, "flexcoll_window_register")) return 1;
-  for (int i = 50; i < 55; i++) {
+  for (int i = 100; i < 110; i++) {
     wcall_t c = many_call(r, i, h.win_bytes);
     if (win_call(r, comm, &h, &c, call++)) return 1;
   }
@@ -669,7 +931,7 @@ static int group_body(void *arg) {
   snprintf(r->what, sizeof r->what, "flexcoll_comm_init_all(2)");
   if (!hx_ok(r, flexcoll_comm_init_all(c, 2, NULL), NULL, "flexcoll_comm_init_all")) return 1;
   hwin_t h[2];
-  const size_t need = OFF + 2 * 65537 * 8 + GAP + 256;
+  const size_t need = OFF + 3 * 65537 * 8 + GAP + 256;
   for (int i = 0; i < 2; i++) {
     memset(&h[i], 0, sizeof h[i]);
     h[i].alloc = round_up(need, page_size());
@@ -687,35 +949,66 @@ static int group_body(void *arg) {
   ok &= hx_ok(r, flexcoll_group_end(), NULL, "flexcoll_group_end");
   if (!ok) return 1;
   if (!h[0].w || !h[1].w) return hx_fail(r, "the group's end did not set both windows");
-  static const struct { flexcoll_datatype_t dt; flexcoll_op_t op; size_t count; int inplace; } calls[] = {
-      {FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 1001, 0}, {FLEXCOLL_INT64, FLEXCOLL_MAX, 65537, 1},
-      {FLEXCOLL_BFLOAT16, FLEXCOLL_AVG, 7, 0},   {FLEXCOLL_UINT8, FLEXCOLL_PROD, 65537, 0},
-      {FLEXCOLL_FLOAT64, FLEXCOLL_MIN, 1, 1}};
+  static const struct {
+    int coll;
+    flexcoll_datatype_t dt;
+    flexcoll_op_t op;
+    size_t count;
+    int inplace, root;
+  } calls[] = {
+      {C_AR, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 1001, 0, 0},   {C_AR, FLEXCOLL_INT64, FLEXCOLL_MAX, 65537, 1, 0},
+      {C_AR, FLEXCOLL_BFLOAT16, FLEXCOLL_AVG, 7, 0, 0},     {C_AR, FLEXCOLL_UINT8, FLEXCOLL_PROD, 65537, 0, 0},
+      {C_AR, FLEXCOLL_FLOAT64, FLEXCOLL_MIN, 1, 1, 0},      {C_RS, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, 1001, 0, 0},
+      {C_RS, FLEXCOLL_INT32, FLEXCOLL_AVG, 65537, 1, 0},    {C_AG, FLEXCOLL_FLOAT16, FLEXCOLL_SUM, 7, 0, 0},
+      {C_AG, FLEXCOLL_INT64, FLEXCOLL_SUM, 65537, 1, 0},    {C_BC, FLEXCOLL_UINT8, FLEXCOLL_SUM, 1001, 0, 1},
+      {C_BC, FLEXCOLL_FLOAT64, FLEXCOLL_SUM, 65537, 1, 0}};
   for (size_t k = 0; k < sizeof calls / sizeof calls[0]; k++) {
-    const size_t es = fc_dtype_size(calls[k].dt), bytes = calls[k].count * es;
-    hx_data_t d = {calls[k].dt, hx_gen_for_op(calls[k].op), r->seed, k, 2};
+    const int co = calls[k].coll;
+    const size_t es = fc_dtype_size(calls[k].dt), cnt = calls[k].count;
+    const size_t sb = send_elems(co, cnt, 2) * es, rb = recv_elems(co, cnt, 2) * es;
+    const size_t fb = co != C_AG ? sb : rb, ob = co != C_AG ? rb : sb;
+    hx_data_t d = {calls[k].dt, coll_reduces(co) ? hx_gen_for_op(calls[k].op) : HX_GEN_BITS, r->seed, k, 2};
     unsigned char *s[2], *rv[2];
     for (int i = 0; i < 2; i++) {
-      s[i] = h[i].win + OFF;
-      rv[i] = calls[k].inplace ? s[i] : s[i] + bytes + GAP;
-      hx_fill(&d, i, s[i], 0, calls[k].count);
+      /* The shared buffer at OFF, the other one after it. */
+      unsigned char *shared = h[i].win + OFF, *other = shared + fb + GAP;
+      const size_t slot = (size_t)i * cnt * es;
+      switch (co) {
+        case C_AR: s[i] = shared, rv[i] = calls[k].inplace ? shared : other; break;
+        case C_RS: s[i] = shared, rv[i] = calls[k].inplace ? shared + slot : other; break;
+        case C_AG: rv[i] = shared, s[i] = calls[k].inplace ? shared + slot : other; break;
+        default: s[i] = shared, rv[i] = calls[k].inplace ? shared : other; break;
+      }
+      hx_fill(&d, i, s[i], 0, send_elems(co, cnt, 2));
     }
-    snprintf(r->what, sizeof r->what, "windowed allreduce %s %s count %zu %s of both ranks in a group",
-             fc_dtype_name(calls[k].dt), fc_op_name(calls[k].op), calls[k].count,
-             calls[k].inplace ? "in place" : "out of place");
+    snprintf(r->what, sizeof r->what, "windowed %s %s %s count %zu %s root %d of both ranks in a group", coll_names[co],
+             fc_dtype_name(calls[k].dt), coll_reduces(co) ? fc_op_name(calls[k].op) : "-", cnt,
+             calls[k].inplace ? "in place" : "out of place", calls[k].root);
     ok = hx_ok(r, flexcoll_group_start(), NULL, "flexcoll_group_start");
     for (int i = 0; i < 2; i++)
-      ok &= hx_ok(r, flexcoll_allreduce(s[i], rv[i], calls[k].count, calls[k].dt, calls[k].op, c[i], NULL), c[i],
-                  "flexcoll_allreduce");
+      ok &= hx_ok(r, coll_issue(co, s[i], rv[i], cnt, calls[k].dt, calls[k].op, calls[k].root, c[i]), c[i],
+                  coll_fns[co]);
     ok &= hx_ok(r, flexcoll_group_end(), NULL, "flexcoll_group_end");
     if (!ok) return 1;
     for (int i = 0; i < 2; i++) {
       r->rank = i;
-      hx_check_reduced(r, "recvbuf", &d, calls[k].op, rv[i], 0, calls[k].count);
-      if (!calls[k].inplace) hx_check_input(r, "sendbuf", &d, i, s[i], 0, calls[k].count);
-      check_outside(r, "window allocation", h[i].base, h[i].alloc, s[i], bytes, calls[k].inplace ? NULL : rv[i], bytes);
-      memset(s[i], HX_POISON, bytes);
-      memset(rv[i], HX_POISON, bytes);
+      const size_t slot = (size_t)i * cnt * es;
+      switch (co) {
+        case C_AR: hx_check_reduced(r, "recvbuf", &d, calls[k].op, rv[i], 0, cnt); break;
+        case C_RS: hx_check_reduced(r, "recvbuf", &d, calls[k].op, rv[i], (size_t)i * cnt, cnt); break;
+        case C_AG: hx_check_gathered(r, "recvbuf", &d, rv[i], cnt); break;
+        default: hx_check_input(r, "recvbuf", &d, calls[k].root, rv[i], 0, cnt); break;
+      }
+      if (!calls[k].inplace) hx_check_input(r, "sendbuf", &d, i, s[i], 0, send_elems(co, cnt, 2));
+      else if (co == C_RS) {
+        hx_check_input(r, "sendbuf before this rank's block", &d, i, s[i], 0, (size_t)i * cnt);
+        hx_check_input(r, "sendbuf after this rank's block", &d, i, s[i] + slot + cnt * es, (size_t)(i + 1) * cnt,
+                       (size_t)(1 - i) * cnt);
+      }
+      unsigned char *shared = h[i].win + OFF, *other = calls[k].inplace ? NULL : shared + fb + GAP;
+      check_outside(r, "window allocation", h[i].base, h[i].alloc, shared, fb, other, ob);
+      memset(shared, HX_POISON, fb);
+      if (other) memset(other, HX_POISON, ob);
     }
     r->rank = 0;
   }
@@ -935,6 +1228,164 @@ START_TEST(test_err_call) {
   hx_opts_t o = {.label = label, .deadline_s = 90, .timeout_ms = ERR_TIMEOUT_MS,
                  .env = v == D_BIG_DEFAULT ? env_default : env_win0};
   ck_assert_msg(run_ranks(threads, n, &o, err_call_rank, &v), "%s: see stderr", label);
+}
+END_TEST
+
+/* Ranks that disagree on the shared buffer of a windowed reduce_scatter (sendbuf), allgather
+ * (recvbuf) or broadcast (every rank's sendbuf); float32, 1001 elements per block (4 MiB with the
+ * default threshold). */
+enum { K_OFFSET, K_HEAP_ONE, K_NULL_ONE, K_OTHER_WINDOW, K_BIG_DEFAULT };
+typedef struct {
+  int coll, kind;
+  int inplace;
+  int unshared_heap; /* the unshared buffer on the heap on every rank */
+  int root;          /* broadcast; -1: n - 1 */
+  const char *name;
+} dc_t;
+static const dc_t dc_cases[] = {
+    {C_RS, K_OFFSET, 0, 0, 0, "reduce_scatter: rank n-1's sendbuf at +256, the others' at +128"},
+    {C_RS, K_OFFSET, 0, 1, 0, "reduce_scatter, recvbufs on the heap: rank n-1's sendbuf at +256"},
+    {C_RS, K_OFFSET, 1, 0, 0, "reduce_scatter in place: rank n-1 at +256"},
+    {C_RS, K_HEAP_ONE, 0, 0, 0, "reduce_scatter: rank 1's sendbuf on the heap"},
+    {C_RS, K_OTHER_WINDOW, 0, 0, 0, "reduce_scatter: rank 0's sendbuf in its second window"},
+    {C_RS, K_BIG_DEFAULT, 0, 1, 0, "reduce_scatter 4 MiB, default threshold, recvbufs on the heap: rank n-1 at +256"},
+    {C_AG, K_OFFSET, 0, 0, 0, "allgather: rank n-1's recvbuf at +256, the others' at +128"},
+    {C_AG, K_OFFSET, 0, 1, 0, "allgather, sendbufs on the heap: rank n-1's recvbuf at +256"},
+    {C_AG, K_OFFSET, 1, 0, 0, "allgather in place: rank n-1 at +256"},
+    {C_AG, K_HEAP_ONE, 0, 0, 0, "allgather: rank 1's recvbuf on the heap"},
+    {C_AG, K_OTHER_WINDOW, 0, 0, 0, "allgather: rank 0's recvbuf in its second window"},
+    {C_AG, K_BIG_DEFAULT, 0, 0, 0, "allgather 4 MiB, default threshold: rank n-1's recvbuf at +256"},
+    {C_BC, K_OFFSET, 0, 0, -1, "broadcast root n-1: the root's sendbuf at +256, the others' at +128"},
+    {C_BC, K_OFFSET, 0, 1, -1, "broadcast root n-1, recvbufs on the heap: the root's sendbuf at +256"},
+    {C_BC, K_OFFSET, 1, 0, -1, "broadcast in place root n-1: the root at +256"},
+    {C_BC, K_OFFSET, 0, 0, 0, "broadcast root 0: rank n-1's sendbuf at +256"},
+    {C_BC, K_HEAP_ONE, 0, 0, 1, "broadcast root 1: the root's sendbuf on the heap"},
+    {C_BC, K_HEAP_ONE, 0, 0, 0, "broadcast root 0: rank 1's sendbuf on the heap"},
+    {C_BC, K_NULL_ONE, 0, 0, 0, "broadcast root 0: rank 1's sendbuf NULL"},
+    {C_BC, K_OTHER_WINDOW, 0, 0, -1, "broadcast root n-1: rank 0's sendbuf in its second window"},
+    {C_BC, K_BIG_DEFAULT, 0, 0, -1, "broadcast 4 MiB, default threshold: the root's (n-1) sendbuf at +256"},
+};
+#define DC_NCASES ((int)(sizeof dc_cases / sizeof dc_cases[0]))
+
+static int err_coll_rank(hx_rank_t *r) {
+  const dc_t *v = &dc_cases[*(const int *)case_arg(r)];
+  const int n = r->nranks, me = r->rank, co = v->coll, root = v->root < 0 ? n - 1 : v->root;
+  note_pid(r);
+  flexcoll_comm_t comm = split_comm(r);
+  if (!comm) return 1;
+  const size_t es = 4;
+  const size_t count = v->kind != K_BIG_DEFAULT ? 1001 : co == C_BC ? BIG_DATA / es + 3 : BIG_DATA / es / (size_t)n + 3;
+  const size_t sbytes = send_elems(co, count, n) * es, rbytes = recv_elems(co, count, n) * es;
+  /* The shared buffer (allgather: recvbuf; else sendbuf) at OFF, on the odd rank out at OFF + 128
+   * (offset cases), on the heap, NULL or in the second window; the other one after it. */
+  const size_t fb = co != C_AG ? sbytes : rbytes, ob = co != C_AG ? rbytes : sbytes;
+  const int odd = v->kind == K_HEAP_ONE || v->kind == K_NULL_ONE ? 1 : v->kind == K_OTHER_WINDOW ? 0 : n - 1;
+  hwin_t h[2];
+  memset(h, 0, sizeof h);
+  if (hwin_open(r, comm, &h[0], 0, 512 + fb + ob + 2 * GAP, 0)) return 1;
+  if (v->kind == K_OTHER_WINDOW && hwin_open(r, comm, &h[1], 0, 512 + fb + ob + 2 * GAP, 0)) return 1;
+  hwin_t *hw = v->kind == K_OTHER_WINDOW && me == odd ? &h[1] : &h[0];
+  hx_buf_t hf = {0}, ho = {0};
+  unsigned char *shared = hw->win + OFF + ((v->kind == K_OFFSET || v->kind == K_BIG_DEFAULT) && me == odd ? 128 : 0);
+  if (v->kind == K_HEAP_ONE && me == odd && !(shared = hx_buf_new(r, &hf, fb))) return 1;
+  if (v->kind == K_NULL_ONE && me == odd) shared = NULL; /* (broadcast's non-root only) */
+  unsigned char *other = NULL; /* the unshared buffer, out of place */
+  if (!v->inplace) {
+    if (!v->unshared_heap) other = h[0].win + OFF + 128 + fb + GAP;
+    else if (!(other = hx_buf_new(r, &ho, ob))) return 1;
+  }
+  unsigned char *send, *recv;
+  switch (co) {
+    case C_RS: send = shared, recv = v->inplace ? shared + (size_t)me * count * es : other; break;
+    case C_AG: recv = shared, send = v->inplace ? shared + (size_t)me * count * es : other; break;
+    default: send = shared, recv = v->inplace ? shared : other; break;
+  }
+  hx_data_t d = {FLEXCOLL_FLOAT32, co == C_RS ? HX_GEN_SUM : HX_GEN_BITS, r->seed, 7, n};
+  if (send) hx_fill(&d, me, send, 0, send_elems(co, count, n));
+  snprintf(r->what, sizeof r->what, "%s float32%s count %zu %s: %s", coll_names[co], co == C_RS ? " sum" : "", count,
+           v->inplace ? "in place" : "out of place", v->name);
+  double t0 = hx_now();
+  flexcoll_result_t res = coll_issue(co, send, recv, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, root, comm);
+  double took = hx_now() - t0;
+  /* A broadcast root whose sendbuf is outside the windows runs the exchange mode, whose root posts
+   * its input and returns without waiting for anyone: it cannot see the difference (its data is
+   * right; every other rank fails). */
+  const int blind_root = co == C_BC && me == root && me == odd && (v->kind == K_HEAP_ONE || v->kind == K_NULL_ONE);
+  static const flexcoll_result_t want[3] = {FLEXCOLL_INVALID_USAGE, FLEXCOLL_REMOTE_ERROR, FLEXCOLL_SUCCESS};
+  expect_res(r, res, comm, want, blind_root ? 3 : 2, NULL, took);
+  if (res != FLEXCOLL_SUCCESS) {
+    /* No input changed, no output written: a wrong result must never land.  (A broadcast's root
+     * copies its input into its recvbuf before it waits for anyone, and a non-root may copy the
+     * root's input before a third rank fails: the root's data is no wrong result.) */
+    switch (co) {
+      case C_RS:
+        hx_check_input(r, v->inplace ? "the in-place sendbuf of the refused call, this rank's block included (must not "
+                       "change)" : "sendbuf (must not change)", &d, me, send, 0, (size_t)n * count);
+        if (!v->inplace) hx_check_poisoned(r, "recvbuf of the refused call", recv, rbytes);
+        break;
+      case C_AG:
+        hx_check_input(r, "sendbuf (must not change)", &d, me, send, 0, count);
+        for (int q = 0; q < n; q++) {
+          if (v->inplace && q == me) continue;
+          char w[64];
+          snprintf(w, sizeof w, "recvbuf block %d of the refused call", q);
+          hx_check_poisoned(r, w, recv + (size_t)q * count * es, count * es);
+        }
+        break;
+      default: {
+        if (send && !v->inplace) hx_check_input(r, "sendbuf (must not change)", &d, me, send, 0, count);
+        unsigned char *rootdata = malloc(rbytes);
+        if (!rootdata) return hx_fail(r, "out of memory");
+        hx_fill(&d, root, rootdata, 0, count);
+        if (memcmp(recv, rootdata, rbytes) != 0) {
+          if (v->inplace)
+            hx_check_input(r, "the in-place buffer of the refused call (neither untouched nor the root's data)", &d, me,
+                           recv, 0, count);
+          else
+            hx_check_poisoned(r, "recvbuf of the refused call (neither untouched nor the root's data)", recv, rbytes);
+        }
+        free(rootdata);
+        break;
+      }
+    }
+    for (int i = 0; i < 2; i++)
+      if (h[i].base)
+        check_outside(r, "window allocation", h[i].base, h[i].alloc, hw == &h[i] && shared && !hf.base ? shared : NULL,
+                      fb, i == 0 && other && !ho.base ? other : NULL, ob);
+    if (hf.base) hx_buf_check_guards(r, "the shared buffer on the heap", &hf);
+    if (ho.base) hx_buf_check_guards(r, "the unshared buffer on the heap", &ho);
+  } else {
+    /* Already a failure; say whether the data is right at least. */
+    switch (co) {
+      case C_RS:
+        hx_check_reduced(r, "recvbuf of the call that succeeded", &d, FLEXCOLL_SUM, recv, (size_t)me * count, count);
+        break;
+      case C_AG: hx_check_gathered(r, "recvbuf of the call that succeeded", &d, recv, count); break;
+      default: hx_check_input(r, "recvbuf of the call that succeeded", &d, root, recv, 0, count); break;
+    }
+  }
+  hx_buf_free(&hf);
+  hx_buf_free(&ho);
+  /* As err_call_rank: abort where the communicator may be unusable, destroy it with the windows
+   * still registered, then free the memory. */
+  if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_INVALID_USAGE) flexcoll_comm_abort(comm);
+  if (destroy_comm(r, comm)) return 1;
+  for (int i = 0; i < 2; i++) {
+    h[i].w = NULL;
+    if (hwin_free(r, &h[i])) return 1;
+  }
+  return r->errors != 0;
+}
+
+START_TEST(test_err_coll) {
+  /* _i: the cases as processes (3 ranks), then a few with threads (2 ranks). */
+  static const int thread_cases[] = {0, 7, 12, 15, 18};
+  const int threads = _i >= DC_NCASES, v = threads ? thread_cases[_i - DC_NCASES] : _i, n = threads ? 2 : 3;
+  char label[160];
+  snprintf(label, sizeof label, "window call: %s (%s n=%d)", dc_cases[v].name, threads ? "threads" : "procs", n);
+  hx_opts_t o = {.label = label, .deadline_s = 90, .timeout_ms = ERR_TIMEOUT_MS,
+                 .env = dc_cases[v].kind == K_BIG_DEFAULT ? env_default : env_win0};
+  ck_assert_msg(run_ranks(threads, n, &o, err_coll_rank, &v), "%s: see stderr", label);
 }
 END_TEST
 
@@ -1247,6 +1698,7 @@ static Suite *host_window_suite(void) {
       {"group", test_group, 1},
       {"err_register", test_err_register, E_NCASES + 1},
       {"err_call", test_err_call, D_NCASES + 3},
+      {"err_coll", test_err_coll, DC_NCASES + 5},
       {"free_busy", test_free_busy, 2},
       {"destroy_busy", test_destroy_busy, 2},
       {"devshm", test_devshm, 2},

@@ -802,9 +802,9 @@ static void window_job(void *v, int part, int nparts) {
 }
 
 /* Round s: "my inputs are ready and my outputs may be written"; this rank's work; round t: "my
- * work is in its outputs and I read no input any more".  A rank waits in each round for the
- * ranks whose buffers it is about to touch, or whose work on its own it must see (all of them,
- * but for broadcast: a rank reads the root's input only, and nobody touches another's output). */
+ * work is in its outputs and I read no input any more".  A rank waits in round t for the ranks
+ * whose work touches its buffers (all of them, but for broadcast: only the root's input is read,
+ * and nobody touches another's output). */
 static flexcoll_result_t run_window(call_t *x, const fc_shm_windows_t *win) {
   struct fc_shm *m = x->w.m;
   const int n = x->w.c->nranks, me = x->w.c->rank, root = x->a->root;
@@ -846,8 +846,9 @@ static flexcoll_result_t run_window(call_t *x, const fc_shm_windows_t *win) {
   const uint64_t s = ++m->round;
   FC_CHECK(begin_round(&x->w, s));
   post(&x->w, s);
-  if (bcast) FC_CHECK(wait_posted(&x->w, root, s));
-  else FC_CHECK(wait_all_posted(&x->w, s));
+  /* Broadcast needs only the root's post here, but every rank looks at every peer's: ranks that
+   * disagree on the windows then all fail, not only the root and the one that differs. */
+  FC_CHECK(wait_all_posted(&x->w, s));
   if (j.count) run_job(x, window_job, &j);
   finish_round(&x->w, s);
   const uint64_t t = ++m->round;

@@ -74,10 +74,10 @@ static const fc_param_def_t table[] = {
      "shared-memory allreduce from this size: reduce-scatter + allgather (below: every rank folds every input); "
      "default 64K with a core per rank, 1M where ranks outnumber cores", 1, 0, BIG,
      NULL},
-    {"FLEXCOLL_SHM_WINDOW_MIN_BYTES", FC_PK_INT, "1K|8K|1M",
+    {"FLEXCOLL_SHM_WINDOW_MIN_BYTES", FC_PK_INT, "1K|4K|8K|1M",
      "shared-memory collectives on buffers in host windows (flexcoll_host_alloc) from this size read and write the "
-     "peers' buffers in place; default with a core per rank 1K (allreduce, reduce_scatter) or 8K (allgather, "
-     "broadcast), the split's threshold (1M) where ranks outnumber cores", 1, -1, BIG, NULL},
+     "peers' buffers in place; default with a core per rank 1K (allreduce, reduce_scatter), 4K (broadcast) or 8K "
+     "(allgather), the split's threshold (1M) where ranks outnumber cores", 1, -1, BIG, NULL},
     {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks", 1, 0,
      0, NULL},
     {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce within hosts first (0: rank order)",

@@ -27,14 +27,14 @@ FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)
  * peers that are not running).  docs/PERFORMANCE.md has the measurements behind both. */
 FC_PARAM_INT(shm_split_min_bytes, "SHM_SPLIT_MIN_BYTES", -1)
 /* Collectives on buffers in host windows from this size take the window mode; below it the
- * exchange's single round of inline data is faster.  Unset (-1), where every rank has a core:
- * 1 KiB for allreduce and reduce_scatter (allreduce's crossover measured between 512 B and 2 KiB
- * for 2 and 4 ranks; reduce_scatter faster from 1 KiB), 8 KiB for allgather and broadcast (slower
- * at 1 KiB, faster at 8); where ranks outnumber cores, the split's threshold (both modes wait two
- * rounds for peers that may not run).  docs/PERFORMANCE.md, session 14. */
+ * exchange's single round of inline data is faster.  Unset (-1), where every rank has a core, the
+ * crossovers measured for 2 and 4 ranks (docs/PERFORMANCE.md, session 14): allreduce and
+ * reduce_scatter from 1 KiB, broadcast from 4 KiB, allgather from 8 KiB; where ranks outnumber
+ * cores, the split's threshold (both modes wait two rounds for peers that may not run). */
 FC_PARAM_INT(shm_window_min_bytes, "SHM_WINDOW_MIN_BYTES", -1)
 #define SHM_WINDOW_MIN_BYTES_REDUCE (1u << 10)
-#define SHM_WINDOW_MIN_BYTES_COPY (8u << 10)
+#define SHM_WINDOW_MIN_BYTES_BROADCAST (4u << 10)
+#define SHM_WINDOW_MIN_BYTES_ALLGATHER (8u << 10)
 #define SHM_SPLIT_MIN_BYTES_CORES (64u << 10)
 #define SHM_SPLIT_MIN_BYTES_CROWDED (1u << 20)
 
@@ -90,11 +90,11 @@ fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks, int crowded
   const int64_t set = fc_param_shm_split_min_bytes();
   const size_t split = set >= 0 ? (size_t)set : crowded ? SHM_SPLIT_MIN_BYTES_CROWDED : SHM_SPLIT_MIN_BYTES_CORES;
   const int64_t wset = fc_param_shm_window_min_bytes();
-  const int reduces = coll == FC_COLL_ALLREDUCE || coll == FC_COLL_REDUCE_SCATTER;
-  const size_t window = wset >= 0     ? (size_t)wset
-                        : crowded     ? split
-                        : reduces     ? SHM_WINDOW_MIN_BYTES_REDUCE
-                                      : SHM_WINDOW_MIN_BYTES_COPY;
+  const size_t window = wset >= 0                     ? (size_t)wset
+                        : crowded                     ? split
+                        : coll == FC_COLL_BROADCAST   ? SHM_WINDOW_MIN_BYTES_BROADCAST
+                        : coll == FC_COLL_ALLGATHER   ? SHM_WINDOW_MIN_BYTES_ALLGATHER
+                                                      : SHM_WINDOW_MIN_BYTES_REDUCE;
   if (windowed && bytes >= window) return FC_SHM_WINDOW;
   if (coll == FC_COLL_ALLREDUCE && bytes >= split) return FC_SHM_SPLIT;
   return FC_SHM_EXCHANGE;

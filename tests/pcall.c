@@ -19,12 +19,53 @@ void pcall_describe(char *buf, size_t n, const pcall_t *p) {
   snprintf(buf, n, "%s %s%s%s count %zu%s %s (call %" PRIu64 ")", coll_names[p->coll], fc_dtype_name(p->dtype),
            coll_reduces(p->coll) ? " " : "", coll_reduces(p->coll) ? fc_op_name(p->op) : "", p->count, root,
            p->inplace ? "in place" : "out of place", p->d.call);
+  if (p->place && p->place->what) {
+    size_t used = strlen(buf);
+    if (used + 1 < n) snprintf(buf + used, n - used, "; %s", p->place->what);
+  }
+}
+
+/* The region that p->place gives buffer b (p->sb or p->rb), NULL: the heap; its size in *cap. */
+static unsigned char *region(const pcall_t *p, const hx_buf_t *b, size_t *cap) {
+  if (!p->place) return NULL;
+  const int send = b == &p->sb;
+  *cap = send ? p->place->send_cap : p->place->recv_cap;
+  return send ? p->place->send : p->place->recv;
+}
+
+/* A new poisoned buffer of `bytes` in b (p->sb or p->rb): on the heap (hx_buf_new) or in its
+ * region of p->place.  NULL (after reporting) when out of memory or too large for the region. */
+static void *buf_new(hx_rank_t *r, pcall_t *p, hx_buf_t *b, size_t bytes) {
+  size_t cap = 0;
+  unsigned char *at = region(p, b, &cap);
+  if (!at) return hx_buf_new(r, b, bytes);
+  if (bytes > cap || 2 * HX_GUARD > cap - bytes) {
+    hx_fail(r, "a %zu-byte %s buffer (+ %d bytes of guards) does not fit its %zu-byte region", bytes,
+            b == &p->sb ? "send" : "recv", 2 * HX_GUARD, cap);
+    return NULL;
+  }
+  b->base = at;
+  b->bytes = bytes;
+  memset(at, HX_POISON, 2 * HX_GUARD + bytes);
+  return at + HX_GUARD;
+}
+
+/* Forget b (p->sb or p->rb): free it when it is a heap buffer. */
+static void buf_release(const pcall_t *p, hx_buf_t *b) {
+  size_t cap = 0;
+  unsigned char *at = region(p, b, &cap);
+  if (at && b->base == at) {
+    b->base = NULL;
+    b->bytes = 0;
+    return;
+  }
+  hx_buf_free(b);
 }
 
 /* A new buffer of `elems` elements in b holding this rank's inputs (fill 0: left unfilled); NULL
  * when out of memory. */
 static void *own_data(hx_rank_t *r, pcall_t *p, hx_buf_t *b, size_t elems, int fill) {
-  void *buf = hx_buf_new(r, b, elems * fc_dtype_size(p->dtype));
+  void *buf = buf_new(r, p, b, elems * fc_dtype_size(p->dtype));
   if (buf && fill) hx_fill(&p->d, p->rank, buf, 0, elems);
   return buf;
 }
@@ -51,10 +92,10 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
       /* Reduce's non-roots: NULL when the root is the last rank, else a poisoned buffer that must
        * stay so. */
       if (c == C_ALLREDUCE || is_root || p->root != n - 1)
-        if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
+        if (!(p->recv = buf_new(r, p, &p->rb, cnt * es))) return -1;
       break;
     case C_ALLGATHER:
-      if (!(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es))) return -1;
+      if (!(p->recv = buf_new(r, p, &p->rb, (size_t)n * cnt * es))) return -1;
       if (p->inplace) {
         void *slot = (char *)p->recv + (size_t)me * cnt * es;
         hx_fill(&p->d, me, slot, 0, cnt);
@@ -68,7 +109,7 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
       if (!s) return -1;
       p->send = s;
       if (p->inplace) p->recv = s + (size_t)me * cnt * es;
-      else if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
+      else if (!(p->recv = buf_new(r, p, &p->rb, cnt * es))) return -1;
       break;
     }
     case C_BROADCAST:
@@ -77,10 +118,11 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
         p->send = p->recv;
         break;
       }
-      if (!(p->recv = hx_buf_new(r, &p->rb, cnt * es))) return -1;
-      /* Non-roots: NULL when the root is the last rank, else a buffer of their own data that
-       * must be ignored (and left alone). */
-      if ((is_root || p->root != n - 1) && !(p->send = own_data(r, p, &p->sb, cnt, 1))) return -1;
+      if (!(p->recv = buf_new(r, p, &p->rb, cnt * es))) return -1;
+      /* Non-roots: NULL when the root is the last rank (unless p->place puts sendbufs in a region:
+       * see pcall_place_t), else a buffer of their own data that must be ignored (and left alone). */
+      if ((is_root || p->root != n - 1 || (p->place && p->place->send)) && !(p->send = own_data(r, p, &p->sb, cnt, 1)))
+        return -1;
       break;
     case C_ALLTOALL:
       /* In place: sendbuf == recvbuf, the whole buffer (the library sends from a copy). */
@@ -90,7 +132,7 @@ int pcall_prepare(hx_rank_t *r, pcall_t *p, uint64_t seed, uint64_t call) {
         break;
       }
       if (!(p->send = own_data(r, p, &p->sb, (size_t)n * cnt, 1)) ||
-          !(p->recv = hx_buf_new(r, &p->rb, (size_t)n * cnt * es)))
+          !(p->recv = buf_new(r, p, &p->rb, (size_t)n * cnt * es)))
         return -1;
       break;
   }
@@ -162,12 +204,12 @@ void pcall_check(hx_rank_t *r, pcall_t *p) {
   }
   if (p->sb.base) hx_buf_check_guards(r, p->inplace && c == C_REDUCE_SCATTER ? "sendbuf/recvbuf" : "sendbuf", &p->sb);
   if (p->rb.base) hx_buf_check_guards(r, p->inplace ? "recvbuf/sendbuf" : "recvbuf", &p->rb);
-  hx_buf_free(&p->sb);
-  hx_buf_free(&p->rb);
+  buf_release(p, &p->sb);
+  buf_release(p, &p->rb);
   r->rank = saved_rank;
 }
 
 void pcall_free(pcall_t *p) {
-  hx_buf_free(&p->sb);
-  hx_buf_free(&p->rb);
+  buf_release(p, &p->sb);
+  buf_release(p, &p->rb);
 }

@@ -272,7 +272,8 @@ static flexcoll_result_t wait_posted(waiter_t *w, int q, uint64_t s) {
     atomic_store(&w->m->hdr->broken, 1);
     fc_comm_set_async_error(w->c, FLEXCOLL_INVALID_USAGE);
     return fc_error(w->c, FLEXCOLL_INVALID_USAGE, "rank %d made another call than this one (collective, count, datatype, "
-                    "op or root differ; shared-memory round %llu)", q, (unsigned long long)s);
+                    "op or root differ, or the buffers' host windows or offsets in them; shared-memory round %llu)", q,
+                    (unsigned long long)s);
   }
   /* q posted s only after it finished s - 1 (every rank takes part in every round). */
   if (w->m->seen_done[q] < s - 1) w->m->seen_done[q] = s - 1;

@@ -779,6 +779,17 @@ static int matrix_rank(hx_rank_t *r) {
 }
 
 static const char *const env_win0[] = {"FLEXCOLL_SHM_WINDOW_MIN_BYTES=0", NULL};
+
+/* One case of a TCase looped over processes (_i 0) and threads (_i 1): the label names the case,
+ * the mode and the rank count; with_timeout: the short ERR_TIMEOUT_MS of the error cases. */
+static void run_case(const char *what, int threads, int nranks, int deadline_s, int with_timeout, hx_rank_fn fn,
+                     const void *arg) {
+  char label[160];
+  snprintf(label, sizeof label, "window %s (%s n=%d)", what, threads ? "threads" : "procs", nranks);
+  hx_opts_t o = {.label = label, .deadline_s = deadline_s, .timeout_ms = with_timeout ? ERR_TIMEOUT_MS : 0,
+                 .env = env_win0};
+  ck_assert_msg(run_ranks(threads, nranks, &o, fn, arg), "%s: see stderr", label);
+}
 static const char *const env_default[] = {"FLEXCOLL_SHM_WINDOW_MIN_BYTES", NULL}; /* unset */
 /* Helper threads (3 per rank: parts cut unevenly) and non-temporal stores at every size, whatever
  * the cores: the window mode's parts of parts, and unaligned outputs written with them. */
@@ -912,11 +923,7 @@ static int many_rank(hx_rank_t *r) {
 }
 
 START_TEST(test_many) {
-  const int threads = _i == 1, n = threads ? 2 : 3;
-  char label[64];
-  snprintf(label, sizeof label, "window many calls %s n=%d", threads ? "threads" : "procs", n);
-  hx_opts_t o = {.label = label, .deadline_s = 120, .env = env_win0};
-  ck_assert_msg(run_ranks(threads, n, &o, many_rank, NULL), "%s: see stderr", label);
+  run_case("many calls", _i == 1, _i == 1 ? 2 : 3, 120, 0, many_rank, NULL);
 }
 END_TEST
 
@@ -1147,11 +1154,10 @@ static int err_register_rank(hx_rank_t *r) {
 
 START_TEST(test_err_register) {
   /* _i: the cases as processes (3 ranks), then heap memory on one rank with threads. */
-  const int e = _i < E_NCASES ? _i : E_HEAP_ONE, threads = _i >= E_NCASES;
-  char label[96];
-  snprintf(label, sizeof label, "window register: %s (%s)", e_names[e], threads ? "threads" : "procs");
-  hx_opts_t o = {.label = label, .deadline_s = 90, .timeout_ms = ERR_TIMEOUT_MS, .env = env_win0};
-  ck_assert_msg(run_ranks(threads, 3, &o, err_register_rank, &e), "%s: see stderr", label);
+  const int e = _i < E_NCASES ? _i : E_HEAP_ONE;
+  char what[96];
+  snprintf(what, sizeof what, "register: %s", e_names[e]);
+  run_case(what, _i >= E_NCASES, 3, 90, 1, err_register_rank, &e);
 }
 END_TEST
 
@@ -1430,11 +1436,7 @@ static int free_busy_rank(hx_rank_t *r) {
 }
 
 START_TEST(test_free_busy) {
-  const int threads = _i == 1;
-  char label[64];
-  snprintf(label, sizeof label, "window free while registered (%s n=2)", threads ? "threads" : "procs");
-  hx_opts_t o = {.label = label, .deadline_s = 90, .timeout_ms = ERR_TIMEOUT_MS, .env = env_win0};
-  ck_assert_msg(run_ranks(threads, 2, &o, free_busy_rank, NULL), "%s: see stderr", label);
+  run_case("free while registered", _i == 1, 2, 90, 1, free_busy_rank, NULL);
 }
 END_TEST
 
@@ -1462,11 +1464,7 @@ static int destroy_busy_rank(hx_rank_t *r) {
 }
 
 START_TEST(test_destroy_busy) {
-  const int threads = _i == 1;
-  char label[64];
-  snprintf(label, sizeof label, "window destroy while registered (%s n=2)", threads ? "threads" : "procs");
-  hx_opts_t o = {.label = label, .deadline_s = 90, .timeout_ms = ERR_TIMEOUT_MS, .env = env_win0};
-  ck_assert_msg(run_ranks(threads, 2, &o, destroy_busy_rank, NULL), "%s: see stderr", label);
+  run_case("destroy while registered", _i == 1, 2, 90, 1, destroy_busy_rank, NULL);
 }
 END_TEST
 
@@ -1500,11 +1498,7 @@ static int devshm_rank(hx_rank_t *r) {
 }
 
 START_TEST(test_devshm) {
-  const int threads = _i == 1;
-  char label[64];
-  snprintf(label, sizeof label, "window /dev/shm (%s n=%d)", threads ? "threads" : "procs", threads ? 2 : 3);
-  hx_opts_t o = {.label = label, .deadline_s = 90, .env = env_win0};
-  ck_assert_msg(run_ranks(threads, threads ? 2 : 3, &o, devshm_rank, NULL), "%s: see stderr", label);
+  run_case("/dev/shm", _i == 1, _i == 1 ? 2 : 3, 90, 0, devshm_rank, NULL);
 }
 END_TEST
 

@@ -1161,6 +1161,18 @@ START_TEST(test_err_register) {
 }
 END_TEST
 
+/* The end of a disagreement case: the communicator may be unusable (REMOTE_ERROR): abort where it
+ * is, destroy it with the windows still registered; then the memory can be freed. */
+static int end_err_case(hx_rank_t *r, flexcoll_comm_t comm, flexcoll_result_t res, hwin_t h[2]) {
+  if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_INVALID_USAGE) flexcoll_comm_abort(comm);
+  if (destroy_comm(r, comm)) return 1;
+  for (int i = 0; i < 2; i++) {
+    h[i].w = NULL;
+    if (hwin_free(r, &h[i])) return 1;
+  }
+  return r->errors != 0;
+}
+
 /* Ranks that disagree on a windowed allreduce. */
 enum { D_OFFSET, D_RECV_OFFSET, D_HEAP, D_SEND_HEAP, D_OTHER_WINDOW, D_INPLACE_OFFSET, D_BIG_DEFAULT, D_NCASES };
 static const char *const d_names[D_NCASES] = {
@@ -1214,15 +1226,7 @@ static int err_call_rank(hx_rank_t *r) {
   }
   hx_buf_free(&hs);
   hx_buf_free(&hr);
-  /* The communicator may be unusable now (REMOTE_ERROR): abort where it is, destroy it with the
-   * windows still registered; then the memory can be freed. */
-  if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_INVALID_USAGE) flexcoll_comm_abort(comm);
-  if (destroy_comm(r, comm)) return 1;
-  for (int i = 0; i < 2; i++) {
-    h[i].w = NULL;
-    if (hwin_free(r, &h[i])) return 1;
-  }
-  return r->errors != 0;
+  return end_err_case(r, comm, res, h);
 }
 
 START_TEST(test_err_call) {
@@ -1372,15 +1376,7 @@ static int err_coll_rank(hx_rank_t *r) {
   }
   hx_buf_free(&hf);
   hx_buf_free(&ho);
-  /* As err_call_rank: abort where the communicator may be unusable, destroy it with the windows
-   * still registered, then free the memory. */
-  if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_INVALID_USAGE) flexcoll_comm_abort(comm);
-  if (destroy_comm(r, comm)) return 1;
-  for (int i = 0; i < 2; i++) {
-    h[i].w = NULL;
-    if (hwin_free(r, &h[i])) return 1;
-  }
-  return r->errors != 0;
+  return end_err_case(r, comm, res, h);
 }
 
 START_TEST(test_err_coll) {

@@ -213,16 +213,21 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
   const size_t sizes[2] = {big / 16, big};
   char *buf = g->stage + g->p2p_off;
   if (sizes[0] < 16) return 0;
+  /* Every rank times every lane and size whatever its own results: the timings are ring kernels
+   * of all ranks together, and a rank that stopped after its first failed fit (two ranks
+   * time-slicing one GPU can time the larger size faster) left its peers' next kernel waiting
+   * for it.  The ranks agree on the outcome afterwards (seed_models). */
   int ok = 1;
-  for (int lane = 0; lane < 2 && ok; lane++) {
+  for (int lane = 0; lane < 2; lane++) {
     double x[2], y[2];
-    for (int k = 0; k < 2 && ok; k++) {
+    int measured = 1;
+    for (int k = 0; k < 2; k++) {
       x[k] = (double)sizes[k] * (comm->nranks - 1);
       y[k] = time_lane(comm, g, lane, sizes[k], buf);
-      ok = y[k] > 0;
+      measured &= y[k] > 0;
     }
     m[lane] = (fc_link_model_t){.alpha_us = 0, .beta = 0, .min_bytes = lane ? FC_PCIE_MIN_SHARE : 0, .port = -1};
-    if (ok) ok = fc_cost_fit(&m[lane], x, y, 2) == FLEXCOLL_SUCCESS;
+    ok &= measured && fc_cost_fit(&m[lane], x, y, 2) == FLEXCOLL_SUCCESS;
   }
   cudaGetLastError();
   return ok;
@@ -247,9 +252,14 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
   FC_CHECK(everyone(comm, have, &all_have));
   int fresh = 0;
   if (!all_have) {
-    fresh = calibrate(comm, g, p->model);
+    /* A fit can fail on noise (ranks time-slicing one GPU): the ranks agree on each attempt, so
+     * they measure again together. */
     int all_fresh = 0;
-    FC_CHECK(everyone(comm, fresh, &all_fresh));
+    for (int attempt = 0; attempt < 3 && !all_fresh; attempt++) {
+      fresh = calibrate(comm, g, p->model);
+      FC_CHECK(everyone(comm, fresh, &all_fresh));
+    }
+    fresh = all_fresh;
     if (!all_fresh) {
       p->on = 0;
       FC_INFO(FC_SUB_SCHED, "rank %d: pcie link off: its calibration failed on some rank", comm->rank);

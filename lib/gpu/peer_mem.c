@@ -268,22 +268,16 @@ flexcoll_result_t fc_gpu_window_deregister(struct flexcoll_comm *comm, struct fl
 }
 
 int fc_gpu_window_valid(struct flexcoll_comm *comm, const struct flexcoll_window *w) {
-  for (const struct flexcoll_window *x = comm->gpu ? comm->gpu->windows : NULL; x; x = x->next)
-    if (x == w) return 1;
-  return 0;
+  return fc_window_listed(comm->gpu ? comm->gpu->windows : NULL, w);
 }
 
 int fc_peer_mem_window_of(struct fc_gpu *g, const void *ptr, size_t bytes, const struct flexcoll_window **w,
                           size_t *offset) {
-  uintptr_t p = (uintptr_t)ptr;
-  for (const struct flexcoll_window *x = g->windows; x; x = x->next) {
-    uintptr_t b = (uintptr_t)x->base;
-    if (p >= b && p - b <= x->bytes && bytes <= x->bytes - (p - b)) {
+  for (const struct flexcoll_window *x = g->windows; x; x = x->next)
+    if (fc_window_covers(x, ptr, bytes, offset)) {
       *w = x;
-      *offset = p - b;
       return 1;
     }
-  }
   return 0;
 }
 #endif

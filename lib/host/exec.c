@@ -396,11 +396,11 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
    * faster (every rank decides alike: the same shared settings and sizes). */
   fc_shm_windows_t win;
   const int windowed = fc_host_windows_find(comm, args->coll, sendbuf, bytes, recvbuf, recv_bytes, &win);
-  fc_shm_mode_t shm = comm->shm ? fc_tuner_shm(args->coll, bytes > recv_bytes ? bytes : recv_bytes, comm->nranks,
-                                               fc_shm_crowded(comm), windowed)
+  const size_t larger = bytes > recv_bytes ? bytes : recv_bytes;
+  fc_shm_mode_t shm = comm->shm ? fc_tuner_shm(args->coll, larger, comm->nranks, fc_shm_crowded(comm), windowed)
                                 : FC_SHM_OFF;
   if (shm != FC_SHM_OFF && args->count)
-    return fc_shm_run(comm, shm, args, sendbuf, recvbuf, dtype, op, shm == FC_SHM_WINDOW ? &win : NULL);
+    return fc_shm_run(comm, shm, args, sendbuf, recvbuf, dtype, op, larger, shm == FC_SHM_WINDOW ? &win : NULL);
   /* In-place alltoall (NCCL allows it, and nccl-tests runs it): a round receives into blocks that
    * a later round still sends from, so the input is sent from a copy. */
   char *copy = NULL;
@@ -432,7 +432,7 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   res = execute(&x, &comm->schedule);
   free(copy);
   FC_CHECK(res);
-  return fc_links_after_collective(comm, bytes > recv_bytes ? bytes : recv_bytes);
+  return fc_links_after_collective(comm, larger);
 }
 
 flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs) {

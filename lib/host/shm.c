@@ -871,7 +871,7 @@ static uint64_t window_word(uint64_t call, const fc_shm_windows_t *win) {
 
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
                              const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op,
-                             const fc_shm_windows_t *win) {
+                             size_t bytes, const fc_shm_windows_t *win) {
   call_t x = {.a = args, .send = sendbuf, .recv = recvbuf, .esize = fc_dtype_size(dtype), .dtype = dtype, .op = op};
   const int windowed = mode == FC_SHM_WINDOW && win;
   const int split = mode == FC_SHM_SPLIT && args->coll == FC_COLL_ALLREDUCE;
@@ -880,14 +880,11 @@ flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, con
   word = windowed ? window_word(mix(word, FC_SHM_WINDOW), win) : mix(word, split ? FC_SHM_SPLIT : FC_SHM_EXCHANGE);
   waiter_init(&x.w, comm, word);
   struct fc_shm *m = comm->shm;
-  /* What this rank reads or writes at most: n blocks of count for allgather and reduce_scatter. */
-  const size_t sc = fc_coll_send_count(args->coll, args->count, comm->nranks),
-               rc = fc_coll_recv_count(args->coll, args->count, comm->nranks), work = (sc > rc ? sc : rc) * x.esize;
-  if ((split || windowed) && m->nthreads > 1 && work >= (size_t)fc_param_shm_threads_min_bytes()) {
+  if ((split || windowed) && m->nthreads > 1 && bytes >= (size_t)fc_param_shm_threads_min_bytes()) {
     if (!m->pool) pool_start(m);
     x.pool = m->pool;
   }
-  x.nt = (split || windowed) && work >= m->nt_min;
+  x.nt = (split || windowed) && bytes >= m->nt_min;
   flexcoll_result_t res = windowed ? run_window(&x, win) : split ? run_split(&x) : run_exchange(&x);
   /* A call that failed half-way leaves this rank's rounds out of step with its peers: the
    * communicator is unusable (as for the host executor). */

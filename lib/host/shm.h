@@ -51,11 +51,12 @@ typedef struct {
 } fc_shm_windows_t;
 
 /* Run a host collective through the segment in the given mode (fc_tuner_shm's pick, not
- * FC_SHM_OFF); the buffers were checked by the API (count > 0, in-place forms only).  win: where
- * the buffers lie for FC_SHM_WINDOW (fc_host_windows_find), else NULL. */
+ * FC_SHM_OFF); the buffers were checked by the API (count > 0, in-place forms only).  bytes: the
+ * larger buffer's (the tuner's size); win: where the buffers lie for FC_SHM_WINDOW
+ * (fc_host_windows_find), else NULL. */
 flexcoll_result_t fc_shm_run(struct flexcoll_comm *comm, fc_shm_mode_t mode, const fc_algo_args_t *args,
                              const void *sendbuf, void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op,
-                             const fc_shm_windows_t *win);
+                             size_t bytes, const fc_shm_windows_t *win);
 
 /* ---- windows on host memory (window.c) ---- */
 /* Collective (flexcoll_window_register on host memory; arguments checked by api.c): buf must lie

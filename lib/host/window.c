@@ -392,7 +392,6 @@ flexcoll_result_t fc_host_window_register(struct flexcoll_comm *comm, void *buf,
   pthread_mutex_unlock(&allocs_lock);
   w->magic = HOST_WINDOW_MAGIC;
   w->comm = comm;
-  w->host = 1;
   w->base = buf;
   w->bytes = bytes;
   w->mapped_all = everywhere;
@@ -414,9 +413,7 @@ fail:
 }
 
 int fc_host_window_valid(struct flexcoll_comm *comm, const struct flexcoll_window *w) {
-  for (const struct flexcoll_window *x = comm->host_windows; x; x = x->next)
-    if (x == w) return 1;
-  return 0;
+  return fc_window_listed(comm->host_windows, w);
 }
 
 flexcoll_result_t fc_host_window_deregister(struct flexcoll_comm *comm, struct flexcoll_window *w) {
@@ -445,14 +442,8 @@ void fc_host_windows_release(struct flexcoll_comm *comm) {
 /* [ptr, ptr + bytes) in one of comm's host windows: the window and ptr's offset in it. */
 static const struct flexcoll_window *window_of(const struct flexcoll_comm *comm, const void *ptr, size_t bytes,
                                                size_t *offset) {
-  const uintptr_t p = (uintptr_t)ptr;
-  for (const struct flexcoll_window *w = comm->host_windows; w; w = w->next) {
-    const uintptr_t b = (uintptr_t)w->base;
-    if (w->mapped_all && p >= b && p - b <= w->bytes && bytes <= w->bytes - (p - b)) {
-      *offset = p - b;
-      return w;
-    }
-  }
+  for (const struct flexcoll_window *w = comm->host_windows; w; w = w->next)
+    if (w->mapped_all && fc_window_covers(w, ptr, bytes, offset)) return w;
   return NULL;
 }
 

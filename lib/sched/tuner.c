@@ -89,13 +89,15 @@ fc_shm_mode_t fc_tuner_shm(fc_coll_t coll, size_t bytes, int nranks, int crowded
   if (!fc_tuner_shm_enabled() || nranks < 2) return FC_SHM_OFF;
   const int64_t set = fc_param_shm_split_min_bytes();
   const size_t split = set >= 0 ? (size_t)set : crowded ? SHM_SPLIT_MIN_BYTES_CROWDED : SHM_SPLIT_MIN_BYTES_CORES;
-  const int64_t wset = fc_param_shm_window_min_bytes();
-  const size_t window = wset >= 0                     ? (size_t)wset
-                        : crowded                     ? split
-                        : coll == FC_COLL_BROADCAST   ? SHM_WINDOW_MIN_BYTES_BROADCAST
-                        : coll == FC_COLL_ALLGATHER   ? SHM_WINDOW_MIN_BYTES_ALLGATHER
+  if (windowed) {
+    const int64_t wset = fc_param_shm_window_min_bytes();
+    const size_t window = wset >= 0                   ? (size_t)wset
+                          : crowded                   ? split
+                          : coll == FC_COLL_BROADCAST ? SHM_WINDOW_MIN_BYTES_BROADCAST
+                          : coll == FC_COLL_ALLGATHER ? SHM_WINDOW_MIN_BYTES_ALLGATHER
                                                       : SHM_WINDOW_MIN_BYTES_REDUCE;
-  if (windowed && bytes >= window) return FC_SHM_WINDOW;
+    if (bytes >= window) return FC_SHM_WINDOW;
+  }
   if (coll == FC_COLL_ALLREDUCE && bytes >= split) return FC_SHM_SPLIT;
   return FC_SHM_EXCHANGE;
 }

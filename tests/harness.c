@@ -24,7 +24,7 @@
 
 /* ---- seed, hashing, time ---------------------------------------------------------------------- */
 
-static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+uint64_t hx_mix64(uint64_t x) { /* splitmix64's finaliser */
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 27;
@@ -52,7 +52,7 @@ static void seed_init(void) {
   }
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  seed_value = mix64((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec) ^ mix64((uint64_t)getpid() << 20);
+  seed_value = hx_mix64((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec) ^ hx_mix64((uint64_t)getpid() << 20);
   fprintf(stderr, "[hx] seed 0x%016" PRIx64 " (FC_TEST_SEED=0x%016" PRIx64 " reproduces this run)\n", seed_value,
           seed_value);
 }
@@ -65,7 +65,7 @@ uint64_t hx_seed(void) {
 uint64_t hx_hash_str(const char *s) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (; s && *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-  return mix64(h);
+  return hx_mix64(h);
 }
 
 double hx_now(void) {
@@ -519,7 +519,7 @@ hx_gen_t hx_gen_for_op(flexcoll_op_t op) {
 }
 
 static uint64_t rank_key(const hx_data_t *d, int rank) {
-  return mix64(mix64(d->seed ^ mix64(d->call * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL)) ^
+  return hx_mix64(hx_mix64(d->seed ^ hx_mix64(d->call * 0x9e3779b97f4a7c15ULL + 0x632be59bd9b4e019ULL)) ^
                ((uint64_t)(rank + 1) * 0xd6e8feb86659fd93ULL));
 }
 
@@ -580,7 +580,7 @@ HX_INLINE double float_value(flexcoll_datatype_t t, uint64_t bits) {
 
 /* Element j of the input with key: its bits (in the low bytes) and, for floats, its value. */
 HX_INLINE uint64_t elem_k(flexcoll_datatype_t t, hx_gen_t gen, uint64_t key, size_t j, double *val) {
-  uint64_t h = mix64(key + (uint64_t)j * 0x9e3779b97f4a7c15ULL);
+  uint64_t h = hx_mix64(key + (uint64_t)j * 0x9e3779b97f4a7c15ULL);
   size_t esize = fc_dtype_size(t);
   if (gen == HX_GEN_BITS) {
     if (val) *val = fc_dtype_is_float(t) ? float_value(t, h & type_mask(esize)) : 0.0;

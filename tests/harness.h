@@ -87,6 +87,8 @@ typedef struct {
 
 /* The seed of this process: FC_TEST_SEED (any strtoull base) or time ^ pid; printed once. */
 uint64_t hx_seed(void);
+/* splitmix64's finaliser: a well-mixed 64-bit function of x, for draws every rank makes alike. */
+uint64_t hx_mix64(uint64_t x);
 /* A 64-bit hash of a string, to salt the seed per case. */
 uint64_t hx_hash_str(const char *s);
 /* Wall-clock seconds (monotonic). */

@@ -837,41 +837,33 @@ END_TEST
 
 /* ---- many calls back to back ------------------------------------------------------------------ */
 
-static uint64_t mix(uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x9e3779b97f4a7c15ULL;
-  x ^= x >> 29;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  return x ^ (x >> 32);
-}
-
 /* Call i of the sequence: the same on every rank (from r->seed). */
 static wcall_t many_call(hx_rank_t *r, int i, size_t win_bytes) {
-  uint64_t h = mix(r->seed ^ mix((uint64_t)i + 0x1234));
+  uint64_t h = hx_mix64(r->seed ^ hx_mix64((uint64_t)i + 0x1234));
   wcall_t c;
   memset(&c, 0, sizeof c);
   c.coll = (int)((h >> 44) % C_NCOLLS);
   c.dt = (flexcoll_datatype_t)(h % FLEXCOLL_NUM_DATATYPES);
   c.op = (flexcoll_op_t)((h >> 8) % FLEXCOLL_NUM_OPS);
   c.inplace = (h >> 16) & 1;
-  c.root = (int)(mix(h + 3) % (uint64_t)r->nranks);
+  c.root = (int)(hx_mix64(h + 3) % (uint64_t)r->nranks);
   const size_t es = fc_dtype_size(c.dt);
   /* Sizes spread over 1 element .. 256 KiB (reduce_scatter's sendbuf, allgather's recvbuf: n
    * times that), a tenth of them up to 16 elements. */
   size_t bytes_max = ((h >> 20) % 10 == 0) ? 16 * es : (size_t)1 << (2 + (h >> 24) % 17);
-  c.count = 1 + (size_t)(mix(h) % (bytes_max / es > 0 ? bytes_max / es : 1));
+  c.count = 1 + (size_t)(hx_mix64(h) % (bytes_max / es > 0 ? bytes_max / es : 1));
   /* The shared buffer (allreduce: sendbuf; in place: the one buffer) at a random offset, the
    * other one before or after it, not overlapping. */
   const size_t sb = send_elems(c.coll, c.count, r->nranks) * es, rb = recv_elems(c.coll, c.count, r->nranks) * es;
   const int send_first = c.coll != C_AG;
   const size_t fb = send_first ? sb : rb, ob = send_first ? rb : sb;
   size_t room = win_bytes - (c.inplace ? fb : fb + ob) - 64;
-  size_t f = (size_t)(mix(h + 1) % (room / 8)) * 8, o = 0;
+  size_t f = (size_t)(hx_mix64(h + 1) % (room / 8)) * 8, o = 0;
   if (!c.inplace) {
     size_t after = f + fb;
     size_t space = win_bytes - after - ob;
-    if ((h >> 40) & 1 && f >= ob) o = (size_t)(mix(h + 2) % ((f - ob) / 8 + 1)) * 8;
-    else o = after + (size_t)(mix(h + 2) % (space / 8 + 1)) * 8;
+    if ((h >> 40) & 1 && f >= ob) o = (size_t)(hx_mix64(h + 2) % ((f - ob) / 8 + 1)) * 8;
+    else o = after + (size_t)(hx_mix64(h + 2) % (space / 8 + 1)) * 8;
     if (o + ob > win_bytes) o = after; /* (cannot happen; kept safe) */
   }
   if (send_first) c.send_off = f, c.recv_off = o;

@@ -73,14 +73,6 @@ static size_t slot_bytes(int nranks) {
   return (b + pg - 1) / pg * pg;
 }
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 static long rss_bytes(void) {
   long pages = -1, resident = -1;
   FILE *f = fopen("/proc/self/statm", "r");
@@ -129,18 +121,18 @@ static void shm_free(char **v, int n) {
 
 /* Draw call `call` of the run (the same on every rank) into p. */
 static void draw(pcall_t *p, uint64_t seed, uint64_t call, int rank, int nranks) {
-  uint64_t x = mix64(seed ^ mix64(call + 0x5eed));
+  uint64_t x = hx_mix64(seed ^ hx_mix64(call + 0x5eed));
   memset(p, 0, sizeof *p);
   p->coll = (int)(x % NCOLLS);
-  x = mix64(x);
+  x = hx_mix64(x);
   p->dtype = (flexcoll_datatype_t)(x % FLEXCOLL_NUM_DATATYPES);
-  x = mix64(x);
+  x = hx_mix64(x);
   p->op = (flexcoll_op_t)(x % FLEXCOLL_NUM_OPS);
-  x = mix64(x);
+  x = hx_mix64(x);
   p->root = (int)(x % (uint64_t)nranks);
-  x = mix64(x);
+  x = hx_mix64(x);
   p->inplace = (int)(x & 1);
-  x = mix64(x);
+  x = hx_mix64(x);
   p->count = (x & 7) ? (size_t)((x >> 3) % (SMALL_MAX + 1)) : (size_t)((x >> 3) % (MEDIUM_MAX + 1));
   if (call < 2 * NCOLLS) { /* first the largest calls, so that the warm-up reaches every high-water mark */
     p->coll = (int)(call % NCOLLS);
@@ -178,11 +170,11 @@ static int unshared_buf(const pcall_t *p) {
 static void place(pcall_place_t *pl, char *what, size_t n, const pcall_t *p, unsigned char *win, size_t slot,
                   uint64_t seed, uint64_t call) {
   const size_t es = fc_dtype_size(p->dtype);
-  uint64_t x = mix64(seed ^ mix64(call + 0x91ace));
+  uint64_t x = hx_mix64(seed ^ hx_mix64(call + 0x91ace));
   const int heap = call < 2 * NCOLLS ? 0 : (int)(x & 7); /* 0: send on the heap, 1: recv */
-  x = mix64(x);
+  x = hx_mix64(x);
   size_t shift[2] = {(size_t)(x & 63) / es * es, (size_t)((x >> 6) & 63) / es * es};
-  x = mix64(x);
+  x = hx_mix64(x);
   const int u = unshared_buf(p);
   if (u >= 0 && (x & 3) == 0) shift[u] += (size_t)p->rank * es;
   pl->send = heap == 0 ? NULL : win + shift[0];

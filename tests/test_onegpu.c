@@ -49,7 +49,9 @@
  *      FLEXCOLL_LINK_SHARES=nvlink:0.9,pcie:0.1
  *   i  FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_ALGO=tree: the tree schedules as in c (the trees
  *      where the collective has one, the ring's schedule elsewhere)
- * In f, g and h the links' statistics must show bytes on pcie (and none on nvlink in g).
+ *   j  as g, with FLEXCOLL_PCIE_ENGINE=ce: the pcie lane's bytes moved by copy engines, a
+ *      proxy thread per rank (lib/gpu/pcie_ce.c)
+ * In f, g, h and j the links' statistics must show bytes on pcie (and none on nvlink in g and j).
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only).  Every
  * wait is bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
  * One line per (environment, N, phase) goes to stderr, then a summary.  Exit 77 (automake's
@@ -683,11 +685,11 @@ static void check_link_stats(rank_t *r) {
     if (!strcmp(st[i].name, "pcie")) have_pc = 1, pc += st[i].bytes;
   }
   const char *links = getenv("FLEXCOLL_LINKS");
-  const int want_pc = g_env == 'f' || g_env == 'g' || g_env == 'h';
+  const int want_pc = g_env == 'f' || g_env == 'g' || g_env == 'h' || g_env == 'j';
   if (!have_nv && !(links && !strstr(links, "nvlink"))) FAIL(r, "no nvlink link in the statistics (%d links)", n);
   if (want_pc && (!have_pc || pc == 0))
     FAIL(r, "the pcie link carried %llu bytes (%s in the statistics)", pc, have_pc ? "listed" : "not listed");
-  if (g_env == 'g' && (have_nv || nv != 0))
+  if ((g_env == 'g' || g_env == 'j') && (have_nv || nv != 0))
     FAIL(r, "FLEXCOLL_LINKS without nvlink, yet nvlink is listed (%llu bytes): the peers were mapped", nv);
 }
 
@@ -927,6 +929,8 @@ static const env_t envs[] = {
     {'g', {Q32, {"FLEXCOLL_LINKS", "pcie,shm,tcp"}, {"FLEXCOLL_PCIE_AREA_BYTES", "1M"}}, 0},
     {'h', {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_LINK_SHARES", "nvlink:0.9,pcie:0.1"}}, 1},
     {'i', {Q32, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_ALGO", "tree"}}, 0},
+    /* The pcie link through copy engines (a proxy thread per rank), every ring call through it. */
+    {'j', {Q32, {"FLEXCOLL_LINKS", "pcie,shm,tcp"}, {"FLEXCOLL_PCIE_ENGINE", "ce"}, {"FLEXCOLL_PCIE_AREA_BYTES", "1M"}}, 0},
 };
 #define NENVS (int)(sizeof envs / sizeof envs[0])
 
@@ -963,6 +967,7 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   unsetenv("FLEXCOLL_LINKS");
   unsetenv("FLEXCOLL_PCIE_AREA_BYTES");
   unsetenv("FLEXCOLL_ALGO");
+  unsetenv("FLEXCOLL_PCIE_ENGINE");
   for (int k = 0; k < 4; k++)
     if (e->vars[k][0]) setenv(e->vars[k][0], e->vars[k][1], 1);
   g_env = e->key;

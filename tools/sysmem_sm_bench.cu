@@ -7,12 +7,18 @@
  * flight per thread and block counts, next to cudaMemcpyAsync in each direction and both at
  * once (the raw staged copy's hops).  GB/s of payload per direction, best of 5.
  *
+ * A second part (`./sysmem_sm_bench MiB tma`) asks whether the ceiling of loads and stores at once
+ * belongs to the port or to the way SMs ask: readers and writers in unequal numbers, and copies
+ * through shared memory by the Tensor Memory Accelerator (cp.async.bulk: one thread issues
+ * requests of a whole stage, as a copy engine does), in stages of a few KiB.
+ *
  * Not built by make (a development benchmark for docs/PERFORMANCE.md):
- *   nvcc -O3 -arch=sm_90 -o sysmem_sm_bench tools/sysmem_sm_bench.cu && ./sysmem_sm_bench [MiB]
+ *   nvcc -O3 -arch=sm_90 -o sysmem_sm_bench tools/sysmem_sm_bench.cu && ./sysmem_sm_bench [MiB] [tma]
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CK(x)                                                                         \
   do {                                                                                \
@@ -49,6 +55,63 @@ __global__ void __launch_bounds__(THREADS) sm_copy(const uint4 *src, uint4 *dst,
   for (; i < hi; i += THREADS) d[i] = reader ? load<CV>(s + i) : __ldcg(s + i);
 }
 
+/* TMA copies: blocks [0, rblocks) copy host src -> device dst, the rest device wsrc -> host wdst,
+ * each block its contiguous part in stages of `stage` bytes, `nstage` stages in flight: bulk loads
+ * into shared memory (an mbarrier per stage counts the bytes), bulk stores out of it; a stage is
+ * loaded again once its store has read it (wait_group.read 1: the newest store may still run). */
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes, unsigned bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__global__ void tma_copy(const char *src, char *dst, const char *wsrc, char *wdst, size_t bytes, unsigned rblocks,
+                         unsigned stage, unsigned nstage) {
+  extern __shared__ __align__(128) char buf[];
+  __shared__ __align__(8) unsigned long long bars[16];
+  if (threadIdx.x != 0) return;
+  const bool reader = blockIdx.x < rblocks;
+  const unsigned idx = reader ? blockIdx.x : blockIdx.x - rblocks;
+  const unsigned nb = reader ? rblocks : gridDim.x - rblocks;
+  const char *s = reader ? src : wsrc;
+  char *d = reader ? dst : wdst;
+  size_t per = (bytes + nb - 1) / nb;
+  per = (per + 15) & ~(size_t)15;
+  const size_t lo = idx * per, hi = lo + per < bytes ? lo + per : bytes;
+  if (lo >= hi) return;
+  const size_t n = (hi - lo + stage - 1) / stage;
+  for (unsigned k = 0; k < nstage; k++)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bars[k])) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  auto len = [&](size_t k) { return (unsigned)(lo + (k + 1) * stage <= hi ? stage : hi - lo - k * stage); };
+  for (size_t k = 0; k < n && k < nstage; k++) bulk_load(smem_u32(buf + k * stage), s + lo + k * stage, len(k), smem_u32(&bars[k]));
+  for (size_t k = 0; k < n; k++) {
+    const unsigned st = k % nstage;
+    bar_wait(smem_u32(&bars[st]), (unsigned)((k / nstage) & 1));
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(d + lo + k * stage),
+                 "r"(smem_u32(buf + st * stage)), "r"(len(k))
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+    if (k >= 1 && k - 1 + nstage < n) {
+      const size_t j = k - 1 + nstage; /* refill the stage store k-1 has finished reading */
+      const unsigned sj = j % nstage;
+      bulk_load(smem_u32(buf + sj * stage), s + lo + j * stage, len(j), smem_u32(&bars[sj]));
+    }
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 static float time_ms(cudaStream_t st, void (*fn)(void *), void *ctx) {
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
@@ -73,6 +136,7 @@ struct run_t {
   size_t bytes;
   unsigned rblocks, wblocks;
   int cv, unroll;
+  unsigned stage, nstage;
   cudaStream_t st, st2;
 };
 
@@ -91,6 +155,16 @@ static void launch(void *ctx) {
     case 32: launch_t<false, 16>(r); break;
     default: launch_t<true, 16>(r); break;
   }
+  CK(cudaGetLastError());
+}
+
+static void launch_tma(void *ctx) {
+  run_t *r = (run_t *)ctx;
+  const unsigned smem = r->stage * r->nstage;
+  CK(cudaFuncSetAttribute(tma_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  tma_copy<<<r->rblocks + r->wblocks, 32, smem, r->st>>>((const char *)r->h_src, (char *)r->d_dst,
+                                                          (const char *)r->d_src, (char *)r->h_dst, r->bytes,
+                                                          r->rblocks, r->stage, r->nstage);
   CK(cudaGetLastError());
 }
 
@@ -127,6 +201,39 @@ int main(int argc, char **argv) {
          r.bytes >> 20);
   const char *names[] = {"", "copy engine H2D", "copy engine D2H", "copy engines both"};
   for (g_dir = 1; g_dir <= 3; g_dir++) printf("%-40s %8.1f\n", names[g_dir], mb / time_ms(r.st, copy_engines, &r));
+  if (argc > 2) { /* the second part: unequal readers and writers, and TMA copies */
+    printf("# SM loads and stores at once, unequal: readers writers (cv, U=8) -> GB/s each way (the slower)\n");
+    const unsigned rb[] = {64, 96, 128, 192}, wb[] = {16, 32, 64};
+    r.cv = 1;
+    r.unroll = 8;
+    for (unsigned a : rb)
+      for (unsigned b : wb) {
+        r.rblocks = a;
+        r.wblocks = b;
+        printf("both   cv  U=8  readers=%-4u writers=%-4u %8.1f\n", a, b, mb / time_ms(r.st, launch, &r));
+      }
+    memset(r.h_src, 0x5a, r.bytes);
+    CK(cudaMemset(r.d_dst, 0, r.bytes));
+    printf("# TMA: kind stage nstage blocks(readers+writers) -> GB/s per direction\n");
+    const unsigned stages[] = {4096, 16384, 32768}, nstages[] = {2, 4}, tb[] = {16, 32, 64, 132};
+    for (int kind = 0; kind < 3; kind++)
+      for (unsigned sz : stages)
+        for (unsigned ns : nstages)
+          for (unsigned b : tb) {
+            r.stage = sz;
+            r.nstage = ns;
+            r.rblocks = kind == 1 ? 0 : b;
+            r.wblocks = kind == 0 ? 0 : b;
+            const float ms = time_ms(r.st, launch_tma, &r);
+            /* check the last run's bytes both ways */
+            static uint4 probe[2];
+            CK(cudaMemcpy(probe, (char *)r.d_dst + r.bytes - 32, 32, cudaMemcpyDeviceToHost));
+            const bool ok = kind == 1 || memcmp(probe, (char *)r.h_src + r.bytes - 32, 32) == 0;
+            printf("tma-%-5s stage=%-6u n=%u blocks=%-4u %8.1f%s\n", kind == 0 ? "read" : kind == 1 ? "write" : "both",
+                   sz, ns, b, mb / ms, ok ? "" : " WRONG");
+          }
+    return 0;
+  }
   printf("# SM copies: kind load unroll blocks -> GB/s\n");
   const unsigned blocks[] = {8, 16, 32, 64, 128};
   const int unrolls[] = {4, 8, 16};

@@ -62,10 +62,24 @@ typedef struct {
   double parts[2], us[2];    /* rank 0's timed calls behind it, and their time (the log) */
 } fc_lane_board_entry_t;
 
+/* A rank's host area of the pcie lane: counters (ready and ack per block, as kernels.h lays
+ * out ring counters; then, for the copy-engine lane, the kernel's published counts, the proxy's
+ * staged counts and the descriptors per block), then the ring area. */
+#define FC_PCIE_SENT_OFF (2 * FC_MAX_BLOCKS * sizeof(uint64_t))
+#define FC_PCIE_STAGED_OFF (3 * FC_MAX_BLOCKS * sizeof(uint64_t))
+#define FC_PCIE_DESC_OFF (4 * FC_MAX_BLOCKS * sizeof(uint64_t))
+#define FC_PCIE_CTR_BYTES \
+  ((FC_PCIE_DESC_OFF + FC_MAX_BLOCKS * FC_PCIE_DESCS * sizeof(fc_pcie_desc_t) + 4095) / 4096 * 4096)
+struct fc_pcie_proxy;
+
 /* The pcie link of the ring kernels (pcie.c): host staging areas, ours and our ring
  * neighbours', mapped here, and the two lanes' cost models. */
 typedef struct {
   int on;                  /* on every rank */
+  int ce;                  /* its messages moved by copy engines (pcie_ce.c), on every rank */
+  struct fc_pcie_proxy *proxy; /* ce: this rank's */
+  char *boxes;             /* ce: device memory: outbox, inbox (area_bytes each), the published counts */
+  uint64_t *pub;           /* ce: in boxes */
   int only;                /* FLEXCOLL_LINKS names pcie but not nvlink: ring calls go through it whole */
   size_t bytes;            /* of every rank's area: counters, then the ring area */
   size_t ctr_bytes, area_bytes;
@@ -170,6 +184,13 @@ struct fc_gpu {
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g);
 void fc_pcie_close(struct fc_gpu *g);
 size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk);
+/* The copy-engine mover (pcie_ce.c), after the areas are mapped: its device boxes and proxy
+ * thread; where it cannot start, p->proxy stays NULL and why says so.  Stop: the proxy joined,
+ * its copies done, the boxes freed (also after a failed start). */
+flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, char *why, size_t wlen);
+void fc_pcie_ce_stop(struct fc_gpu *g);
+/* Before a ring call with a share on the copy-engine lane: wake the proxy if it sleeps. */
+void fc_pcie_ce_kick(struct fc_gpu *g);
 /* Stage 2 of the lanes around a ring call of `bytes` (count x type size) whose split is already in
  * a->pc_chunk_bytes: before the launch, take the records of timed calls that have finished (never
  * waiting for one) and, for a large eager call, have the kernel time this one (a's clock fields;

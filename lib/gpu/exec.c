@@ -174,8 +174,14 @@ void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
                         .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
                         .timeout_ns = g->timeout_ns, .error = g->error_dev};
   if (p->on) {
-    a->pc_area = p->own + p->ctr_bytes;
-    a->pc_area_next = p->next + p->ctr_bytes;
+    /* Through copy engines the kernel reads our inbox and writes our outbox (device memory);
+     * the proxies move the bytes through the host areas. */
+    a->pc_area = p->ce ? p->boxes + p->area_bytes : p->own + p->ctr_bytes;
+    a->pc_area_next = p->ce ? p->boxes : p->next + p->ctr_bytes;
+    a->pc_ce = p->ce;
+    a->pc_desc = p->ce ? (fc_pcie_desc_t *)(p->own + FC_PCIE_DESC_OFF) : NULL;
+    a->pc_sent = p->ce ? (uint64_t *)(p->own + FC_PCIE_SENT_OFF) : NULL;
+    a->pc_pub = p->ce ? p->pub : NULL;
     a->pc_ctr = (uint64_t *)p->own;
     a->pc_ctr_next = (uint64_t *)p->next;
     a->pc_ctr_prev = (uint64_t *)p->prev;
@@ -221,6 +227,8 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
                                         x->capturing, &a);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   FC_CHECK(kernel_order_before(x, stream));
+  /* A proxy that has dozed off is woken now, as the kernel it will serve is enqueued. */
+  if (a.pc_chunk_bytes && a.pc_ce) fc_pcie_ce_kick(g);
   const int e = fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream);
   if (e) {
     if (a.clk) g->pcie.issued--; /* no record will come for it */

@@ -146,6 +146,8 @@ static void unmap_area(fc_pcie_t *p, char **host) {
 
 void fc_pcie_close(struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
+  fc_pcie_ce_stop(g); /* before the areas it copies through go */
+  p->ce = 0;
   if (p->board) munmap(p->board, FC_LANE_BOARD_ENTRIES * sizeof *p->board);
   p->board = NULL;
   p->adapt = 0;
@@ -235,8 +237,9 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
 
 /* The cache key: the lanes' shape and every rank's host and GPU (connect_peers gathered them). */
 static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, char *key, size_t len) {
-  snprintf(key, len, "ring-lanes nvlink,pcie ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx", comm->nranks,
-           g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes, g->pcie.area_bytes,
+  snprintf(key, len, "ring-lanes nvlink,pcie%s ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx",
+           g->pcie.ce ? "(ce)" : "", comm->nranks, g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes,
+           g->pcie.area_bytes,
            (unsigned long long)g->where_hash);
 }
 
@@ -348,8 +351,19 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   p->stage2_bytes = s2 > 0 ? (size_t)s2 : 0;
   const int n = comm->nranks, next = (comm->rank + 1) % n, prev = (comm->rank + n - 1) % n;
   char why[256] = "";
+  const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
+  if (strcmp(engine, "sm") && strcmp(engine, "ce"))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_PCIE_ENGINE=%s: expected sm (the ring kernel's loads and "
+                    "stores) or ce (copy engines driven by a proxy thread)", engine);
   int64_t area = fc_param_pcie_area_bytes(), blocks = fc_param_pcie_blocks();
-  p->ctr_bytes = 4096; /* 2 * FC_MAX_BLOCKS counters, page aligned */
+  /* Through copy engines every message costs the proxies two copies and two stream writes to
+   * enqueue, so the lane wants few blocks and large messages (docs/PERFORMANCE.md, session 15);
+   * the kernel's own loads and stores want many blocks. */
+  if (!strcmp(engine, "ce")) {
+    if (!getenv("FLEXCOLL_PCIE_BLOCKS")) blocks = 4;
+    if (!getenv("FLEXCOLL_PCIE_AREA_BYTES")) area = 32 << 20;
+  }
+  p->ctr_bytes = FC_PCIE_CTR_BYTES; /* the same on every rank whatever its engine: ranks map each other's areas */
   p->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
   p->bytes = p->ctr_bytes + p->area_bytes;
   p->blocks = blocks < 1 ? 1u : (unsigned)blocks;
@@ -390,6 +404,20 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     return FLEXCOLL_SUCCESS;
   }
   p->on = 1;
+  /* The copy-engine mover where asked for and started on every rank; else every rank's kernel
+   * moves the bytes itself. */
+  if (!strcmp(engine, "ce")) {
+    why[0] = 0;
+    FC_CHECK(fc_pcie_ce_start(comm, g, why, sizeof why));
+    int all_ce = 0;
+    FC_CHECK(everyone(comm, g->pcie.proxy != NULL, &all_ce));
+    if (!all_ce) {
+      fc_pcie_ce_stop(g);
+      FC_INFO(FC_SUB_SCHED, "rank %d: pcie link: copy engines off, the ring kernel moves its bytes: %s", comm->rank,
+              why[0] ? why : "another rank could not start its proxy");
+    }
+    p->ce = all_ce;
+  }
   /* Without peer access (or without nvlink by choice, which leaves the peers unmapped) the
    * NVLink lane has nowhere to write: the ring kernels run on this lane alone. */
   p->only = !g->p2p;
@@ -398,8 +426,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   /* seed_models may have turned the link off (a failed calibration). */
   if (p->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0) FC_CHECK(open_board(comm, p));
   if (p->on)
-    FC_INFO(FC_SUB_SCHED, "rank %d: pcie link on: %zu KiB host ring area per rank, up to %u blocks, %s", comm->rank,
-            p->area_bytes >> 10, p->blocks,
+    FC_INFO(FC_SUB_SCHED, "rank %d: pcie link on: %zu KiB host ring area per rank, up to %u blocks, %s, %s", comm->rank,
+            p->area_bytes >> 10, p->blocks, p->ce ? "copy engines" : "the kernel's loads and stores",
             p->only ? "every ring call through it (no peer access)" : p->fixed >= 0 ? "fixed share" : "balanced share");
   else
     fc_pcie_close(g);

@@ -183,6 +183,13 @@ typedef struct {
   unsigned long long call;     /* the call's number (>= 1), written last */
   unsigned long long pad[3];
 } fc_lane_record_t;
+/* One message of the pcie lane for the copy-engine proxies: where it is in the outbox (and, at
+ * the same offset, in the host staging area and the next rank's inbox), its bytes, and the value
+ * the next rank's ready counter takes once it has landed. */
+#define FC_PCIE_DESCS 8 /* >= the most sub-slots: a block has at most that many messages in flight */
+typedef struct {
+  unsigned long long off, bytes, ready;
+} fc_pcie_desc_t;
 typedef struct {
   int rank, nranks;
   fc_dev_epoch_t *epoch;   /* this rank's; 16-byte aligned */
@@ -205,6 +212,14 @@ typedef struct {
   size_t pc_area_bytes;    /* a multiple of 16 */
   unsigned pc_blocks;      /* 1..FC_MAX_BLOCKS / 2 */
   size_t pc_chunk_bytes;   /* a multiple of 16, or the whole chunk (fc_ring_chunk_bytes) */
+  /* The pcie lane through copy engines (pc_ce): pc_area is our inbox and pc_area_next our
+   * outbox, both device memory; a push stores into the outbox and publishes the message for our
+   * proxy (pc_desc[block][n % FC_PCIE_DESCS], then pc_sent[block] = n + 1, host-mapped, n counted
+   * over the communicator's life in pc_pub[block], device memory); the proxies copy it through
+   * host memory into the next rank's inbox and raise its ready counter (lib/gpu/pcie_ce.c). */
+  int pc_ce;
+  fc_pcie_desc_t *pc_desc;
+  uint64_t *pc_sent, *pc_pub;
   /* Stage 2: clk NULL, nothing measured (small calls, captured ones); else the clock, the record
    * ring (as the device sees it), this call's number and its lanes' bytes for the record. */
   fc_lane_clock_t *clk;

@@ -72,7 +72,10 @@ struct fc_ring_lane {
   size_t lo, hi;                    /* of a chunk, before the chunk's own end */
   size_t step, room;
   unsigned nslices;
-  bool sys;                         /* the area is host memory */
+  bool sys;                         /* the area is host memory, or written by copy engines */
+  bool ce;                          /* pushes are published for the copy-engine proxy (pc_ce) */
+  fc_pcie_desc_t *desc;             /* ce: this block's descriptors */
+  uint64_t *sent, *pub;             /* ce: this block's published count, host-mapped and on the device */
 };
 
 __device__ __forceinline__ fc_ring_lane fc_ring_lane_of(const fc_ring_args_t &a, const fc_ring_io &io) {
@@ -96,6 +99,10 @@ __device__ __forceinline__ fc_ring_lane fc_ring_lane_of(const fc_ring_args_t &a,
   l.room = io.room[L];
   l.nslices = io.nslices[L];
   l.sys = L == 1;
+  l.ce = L == 1 && a.pc_ce;
+  l.desc = l.ce ? a.pc_desc + (size_t)l.idx * FC_PCIE_DESCS : nullptr;
+  l.sent = l.ce ? a.pc_sent + l.idx : nullptr;
+  l.pub = l.ce ? a.pc_pub + l.idx : nullptr;
   return l;
 }
 
@@ -209,13 +216,29 @@ __device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, const fc_r
   return ok_shared != 0;
 }
 
+/* The block's published count of a copy-engine lane (thread 0's), from pub at its start. */
+__shared__ unsigned long long fc_ring_pub_shared;
+
 /* After the block's accesses of a step: raise the next rank's ready (a push) and the previous
- * rank's ack (a receive), behind a system fence (as fc_post_flags). */
-__device__ __forceinline__ void fc_ring_signal(const fc_ring_lane &l, uint64_t ready_value, uint64_t ack_value) {
+ * rank's ack (a receive), behind a system fence (as fc_post_flags).  On a copy-engine lane a push
+ * is published for our proxy instead (the message at off in the outbox, bytes long): it raises
+ * the next rank's ready once the bytes have landed there. */
+__device__ __forceinline__ void fc_ring_signal(const fc_ring_lane &l, uint64_t ready_value, uint64_t ack_value,
+                                               size_t off, size_t bytes) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    if (ready_value) fc_st_release_sys(l.ready_next, ready_value);
+    if (ready_value && l.ce) {
+      const unsigned long long n = fc_ring_pub_shared;
+      volatile fc_pcie_desc_t *d = l.desc + n % FC_PCIE_DESCS;
+      d->off = off;
+      d->bytes = bytes;
+      d->ready = ready_value;
+      fc_ring_pub_shared = n + 1;
+      fc_st_release_sys(l.sent, n + 1);
+    } else if (ready_value) {
+      fc_st_release_sys(l.ready_next, ready_value);
+    }
     if (ack_value) fc_st_release_sys(l.ack_prev, ack_value);
   }
 }
@@ -282,6 +305,7 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
   const typename fc_divisor<D>::type dn = (typename fc_divisor<D>::type)a.nranks;
   const fc_ring_lane l = fc_ring_lane_of(a, io);
   uint64_t pushed = 0, received = 0; /* this call's messages on our two edges, this block */
+  if (l.ce && threadIdx.x == 0) fc_ring_pub_shared = *(volatile unsigned long long *)l.pub; /* read before any signal */
   for (unsigned k = 0; k < l.nslices; k++) {
     for (unsigned s = 0; s < io.steps; s++) {
       const fc_ring_role r = fc_ring_step_role(a, io, s);
@@ -294,7 +318,7 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
       const size_t hi = lo + l.step < pend ? lo + l.step : pend;
       const uint64_t ready_target = r.recv ? base + received + 1 : 0;
       const uint64_t ack_target = r.push && pushed >= S ? base + pushed - S + 1 : 0;
-      if ((ready_target || ack_target) && !fc_ring_wait(a, l, ready_target, ack_target)) return;
+      if ((ready_target || ack_target) && !fc_ring_wait(a, l, ready_target, ack_target)) goto done;
       const char *in = r.recv ? l.area + ((size_t)(received % S) * l.blocks + l.idx) * l.room : nullptr;
       char *nxt = r.push ? l.area_next + ((size_t)(pushed % S) * l.blocks + l.idx) * l.room : nullptr;
       const char *own = r.own ? io.send + (size_t)r.chunk * io.own_stride + lo : nullptr;
@@ -304,11 +328,15 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
       else fc_ring_xfer<V, D, Op, AVG, false>(in, own, out, nxt, hi - lo, r.fin, dn);
       if (r.push) pushed++;
       if (r.recv) received++;
-      if (r.push || r.recv) fc_ring_signal(l, r.push ? base + pushed : 0, r.recv ? base + received : 0);
+      if (r.push || r.recv)
+        fc_ring_signal(l, r.push ? base + pushed : 0, r.recv ? base + received : 0, nxt ? (size_t)(nxt - l.area_next) : 0,
+                       hi - lo);
     }
   }
   /* Everything we sent has been consumed: the next call may reuse the next rank's area. */
   if (pushed) fc_ring_wait(a, l, 0, base + pushed);
+done:
+  if (l.ce && threadIdx.x == 0) *(volatile unsigned long long *)l.pub = fc_ring_pub_shared;
 }
 
 /* Stage 2 (kernels.h, fc_lane_clock_t): thread 0 of every block folds the block's start (its
@@ -463,7 +491,7 @@ bool fc_ring_args_ok(const fc_ring_args_t *a, bool nvlink) {
          (!a->pc_chunk_bytes ||
           (a->pc_area && a->pc_area_next && a->pc_ctr && a->pc_ctr_next && a->pc_ctr_prev &&
            (((uintptr_t)a->pc_area | (uintptr_t)a->pc_area_next | a->pc_area_bytes) & 15u) == 0 && a->pc_blocks >= 1 &&
-           2 * a->pc_blocks <= a->blocks)) &&
+           2 * a->pc_blocks <= a->blocks && (!a->pc_ce || (a->pc_desc && a->pc_sent && a->pc_pub)))) &&
          (!a->clk || (a->rec && ((uintptr_t)a->clk & 7u) == 0 && a->call));
 }
 

@@ -1,0 +1,255 @@
+/* pcie_ce.c — the pcie lane moved by copy engines: one proxy thread per rank.
+ *
+ * Why: SM loads and stores of pinned host memory through one PCIe port at once top out well
+ * below what the copy engines move both ways (docs/PERFORMANCE.md, tools/sysmem_sm_bench.cu and
+ * the TMA variant), so with FLEXCOLL_PCIE_ENGINE=ce the ring kernel's pcie blocks keep their
+ * protocol but touch only device memory: a push stores the message into our outbox and publishes
+ * it (kernels.h, fc_pcie_desc_t); this rank's proxy copies it device -> host into our host area
+ * (the staging the next rank maps) and marks it staged; the next rank's proxy copies it host ->
+ * device into that rank's inbox and raises its ready counter.  Each hop is a cudaMemcpyAsync
+ * followed, on the same stream, by a stream write of the counter, so a counter never runs ahead
+ * of its bytes and the proxy never waits for a copy.  Each GPU's own copy engines do its hops
+ * (device -> host of what it sends, host -> device of what it receives): its own PCIe port.
+ *
+ * The proxy follows counters only (published counts, staged counts), never a call: a graph that
+ * replays ring kernels is served as eager calls are.  Copy-engine work and stream memory writes
+ * on the proxy's streams progress while the ring kernels spin, with one hardware queue too
+ * (measured on the node: docs/PERFORMANCE.md, session 15).  Flow control is the ring's own: a
+ * block writes message m into its outbox only after the next rank consumed m - S, which implies
+ * both proxies are done with that slot (outbox, staging, inbox) and its descriptor. */
+#define _GNU_SOURCE
+#include "config.h"
+
+#if HAVE_CUDA
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "error.h"
+#include "gpu/device.h"
+#include "log.h"
+
+typedef CUresult (*fc_write_value64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+struct fc_pcie_proxy {
+  pthread_t thread;
+  atomic_int stop;
+  /* Dozing (fc_pcie_ce_kick): the proxy sleeps on wake, which every enqueue of a ring call with
+   * a pcie share bumps; sleeping says whether the bump needs a system call to wake it. */
+  atomic_uint wake;
+  atomic_int sleeping;
+  int device, rank;
+  unsigned blocks;
+  cudaStream_t out, in;
+  fc_write_value64_fn write64;
+  /* Ours: the kernel's published counts and descriptors, the staging it is copied into, and the
+   * counters the stream writes raise (device views of our host area). */
+  const volatile uint64_t *sent;
+  const volatile fc_pcie_desc_t *desc;
+  char *staging;
+  CUdeviceptr staged_dev, ready_dev;
+  char *outbox, *inbox;
+  /* The previous rank's: what its proxy has staged, its descriptors and its staging. */
+  const volatile uint64_t *prev_staged;
+  const volatile fc_pcie_desc_t *prev_desc;
+  const char *prev_staging;
+  uint64_t out_done[FC_MAX_BLOCKS], in_done[FC_MAX_BLOCKS];
+  const volatile int *error; /* the kernels' timeout flag: once set, say where the lane stood */
+  const volatile uint64_t *ctr; /* ours: ready, then ack (FC_MAX_BLOCKS each) */
+  const volatile uint64_t *staged;
+};
+
+/* After a kernel timed out: every block's counters as this proxy sees them, so that a hang
+ * names the hop it stopped at (kernel -> proxy, proxy -> staged, staged -> the next proxy). */
+static void report(const struct fc_pcie_proxy *x, int warn) {
+  for (unsigned b = 0; b < x->blocks; b++) {
+    const uint64_t sent = x->sent[b], staged = x->staged[b], prev = x->prev_staged[b];
+    if (!sent && !prev) continue;
+#define FC_PCIE_REPORT_FMT                                                                                    \
+  "rank %d: pcie lane (copy engines) %s, block %u: published %llu, copied out %llu, staged %llu; previous rank " \
+  "staged %llu, copied in %llu; ready %llu, ack %llu"
+#define FC_PCIE_REPORT_ARGS                                                                                    \
+  x->rank, warn ? "at the timeout" : "idle", b, (unsigned long long)sent, (unsigned long long)x->out_done[b],    \
+      (unsigned long long)staged, (unsigned long long)prev, (unsigned long long)x->in_done[b],                   \
+      (unsigned long long)x->ctr[b], (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]
+    if (warn) FC_WARN(FC_PCIE_REPORT_FMT, FC_PCIE_REPORT_ARGS);
+    else FC_INFO(FC_SUB_SCHED, FC_PCIE_REPORT_FMT, FC_PCIE_REPORT_ARGS);
+  }
+}
+
+/* A copy of one message on a proxy stream. */
+static int copy(cudaStream_t s, void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
+  return !bytes || cudaMemcpyAsync(dst, src, bytes, kind, s) == cudaSuccess;
+}
+
+/* Idle rounds: spinning, then yielding, then short sleeps; after a few seconds of those the
+ * proxy dozes, sleeping up to FC_PCIE_DOZE_NS at a time unless an enqueue wakes it (graph
+ * replays enqueue nothing: their first message may wait that long); the idle report comes a
+ * few seconds later. */
+#define FC_PCIE_SPIN 2000u
+#define FC_PCIE_YIELD 20000u
+#define FC_PCIE_DOZE 70000u
+#define FC_PCIE_DOZE_NS 1000000L
+#define FC_PCIE_IDLE_REPORT (FC_PCIE_DOZE + 4000u)
+
+static void doze(struct fc_pcie_proxy *x, unsigned seen) {
+  atomic_store(&x->sleeping, 1);
+  const struct timespec t = {0, FC_PCIE_DOZE_NS};
+  /* Returns at once if an enqueue bumped wake since seen was read. */
+  syscall(SYS_futex, &x->wake, FUTEX_WAIT_PRIVATE, seen, &t, NULL, 0);
+  atomic_store(&x->sleeping, 0);
+}
+
+void fc_pcie_ce_kick(struct fc_gpu *g) {
+  struct fc_pcie_proxy *x = g->pcie.proxy;
+  if (!x) return;
+  atomic_fetch_add(&x->wake, 1u);
+  if (atomic_load(&x->sleeping)) syscall(SYS_futex, &x->wake, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static void *proxy_main(void *arg) {
+  struct fc_pcie_proxy *x = arg;
+  cudaSetDevice(x->device);
+  unsigned idle = 0, seen = atomic_load(&x->wake);
+  int reported = 0;
+  while (!atomic_load_explicit(&x->stop, memory_order_acquire)) {
+    const unsigned wake = atomic_load(&x->wake);
+    int moved = wake != seen; /* a call is on its way: spin */
+    seen = wake;
+    /* A block's messages found ready together are copied one after another, then one counter
+     * write behind the last covers them all (the counters only grow). */
+    for (unsigned b = 0; b < x->blocks; b++) {
+      const uint64_t sent = __atomic_load_n((const uint64_t *)&x->sent[b], __ATOMIC_ACQUIRE);
+      if (x->out_done[b] < sent) {
+        for (; x->out_done[b] < sent; x->out_done[b]++) {
+          const volatile fc_pcie_desc_t *d = &x->desc[b * FC_PCIE_DESCS + x->out_done[b] % FC_PCIE_DESCS];
+          const size_t off = d->off, bytes = d->bytes;
+          if (!copy(x->out, x->staging + off, x->outbox + off, bytes, cudaMemcpyDeviceToHost)) goto failed;
+        }
+        if (x->write64(x->out, x->staged_dev + b * sizeof(uint64_t), sent, 0) != CUDA_SUCCESS) goto failed;
+        moved = 1;
+      }
+      const uint64_t staged = __atomic_load_n((const uint64_t *)&x->prev_staged[b], __ATOMIC_ACQUIRE);
+      if (x->in_done[b] < staged) {
+        uint64_t ready = 0;
+        for (; x->in_done[b] < staged; x->in_done[b]++) {
+          const volatile fc_pcie_desc_t *d = &x->prev_desc[b * FC_PCIE_DESCS + x->in_done[b] % FC_PCIE_DESCS];
+          const size_t off = d->off, bytes = d->bytes;
+          ready = d->ready;
+          if (!copy(x->in, x->inbox + off, x->prev_staging + off, bytes, cudaMemcpyHostToDevice)) goto failed;
+        }
+        if (x->write64(x->in, x->ready_dev + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS) goto failed;
+        moved = 1;
+      }
+    }
+    /* Spin while messages flow, then yield, then sleep, then doze: an idle communicator's
+     * proxy costs next to nothing, and an eager call wakes it as it is enqueued. */
+    if (!reported && *x->error == 1) reported = 1, report(x, 1);
+    /* Where a lane stands once it has been still for a while (FLEXCOLL_DEBUG=INFO, SCHED): the
+     * last call's counters, or those of a stall that has not timed out yet. */
+    if (idle == FC_PCIE_IDLE_REPORT) report(x, 0);
+    if (moved) idle = 0;
+    else if (++idle > FC_PCIE_DOZE) doze(x, seen);
+    else if (idle > FC_PCIE_YIELD) nanosleep(&(struct timespec){0, 20000}, NULL);
+    else if (idle > FC_PCIE_SPIN) sched_yield();
+  }
+  return NULL;
+failed:
+  /* The ring kernels waiting for these messages time out and say so; this says why. */
+  FC_WARN("rank %d: pcie lane proxy stopped: a copy or stream write failed: %s", x->rank,
+          cudaGetErrorString(cudaGetLastError()));
+  return NULL;
+}
+
+flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, char *why, size_t wlen) {
+  fc_pcie_t *p = &g->pcie;
+  enum cudaDriverEntryPointQueryResult q;
+  void *w = NULL;
+  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &w, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    snprintf(why, wlen, "the CUDA driver has no 64-bit stream writes");
+    return FLEXCOLL_SUCCESS;
+  }
+  struct fc_pcie_proxy *x = calloc(1, sizeof *x);
+  if (!x) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  x->write64 = (fc_write_value64_fn)w;
+  x->device = g->device;
+  x->rank = comm->rank;
+  x->blocks = p->blocks;
+  x->sent = (const volatile uint64_t *)(p->own_host + FC_PCIE_SENT_OFF);
+  x->desc = (const volatile fc_pcie_desc_t *)(p->own_host + FC_PCIE_DESC_OFF);
+  x->staging = p->own_host + p->ctr_bytes;
+  x->staged_dev = (CUdeviceptr)(p->own + FC_PCIE_STAGED_OFF);
+  x->ready_dev = (CUdeviceptr)p->own; /* the ready counters come first (kernels.h) */
+  x->error = g->error_host;
+  x->ctr = (const volatile uint64_t *)p->own_host;
+  x->staged = (const volatile uint64_t *)(p->own_host + FC_PCIE_STAGED_OFF);
+  x->prev_staged = (const volatile uint64_t *)(p->prev_host + FC_PCIE_STAGED_OFF);
+  x->prev_desc = (const volatile fc_pcie_desc_t *)(p->prev_host + FC_PCIE_DESC_OFF);
+  x->prev_staging = p->prev_host + p->ctr_bytes;
+  cudaError_t e = cudaMalloc((void **)&p->boxes, 2 * p->area_bytes + FC_MAX_BLOCKS * sizeof(uint64_t));
+  if (e == cudaSuccess) {
+    x->outbox = p->boxes;
+    x->inbox = p->boxes + p->area_bytes;
+    p->pub = (uint64_t *)(p->boxes + 2 * p->area_bytes);
+    e = cudaMemsetAsync(p->pub, 0, FC_MAX_BLOCKS * sizeof(uint64_t), g->util_stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(g->util_stream);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&x->out, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&x->in, cudaStreamNonBlocking);
+  /* Each stream's first copy and stream write now, while no kernel of ours waits for them: a
+   * first use may set up state in the driver that waits for the device (seen on the node: the
+   * first of a fresh process's operations held back behind a spinning kernel).  The values
+   * written are the counters' own (zero). */
+  if (e == cudaSuccess) e = cudaMemcpyAsync(x->staging, x->outbox, 16, cudaMemcpyDeviceToHost, x->out);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(x->inbox, x->prev_staging, 16, cudaMemcpyHostToDevice, x->in);
+  if (e == cudaSuccess && (x->write64(x->out, x->staged_dev, 0, 0) != CUDA_SUCCESS ||
+                           x->write64(x->in, x->ready_dev, 0, 0) != CUDA_SUCCESS))
+    e = cudaErrorUnknown;
+  if (e == cudaSuccess) e = cudaStreamSynchronize(x->out);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(x->in);
+  int err = e == cudaSuccess ? pthread_create(&x->thread, NULL, proxy_main, x) : 0;
+  if (e != cudaSuccess || err) {
+    snprintf(why, wlen, "starting its proxy: %s", e != cudaSuccess ? cudaGetErrorString(e) : strerror(err));
+    cudaGetLastError();
+    if (x->out) cudaStreamDestroy(x->out);
+    if (x->in) cudaStreamDestroy(x->in);
+    cudaFree(p->boxes);
+    p->boxes = NULL;
+    p->pub = NULL;
+    free(x);
+    return FLEXCOLL_SUCCESS;
+  }
+  p->proxy = x;
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_pcie_ce_stop(struct fc_gpu *g) {
+  fc_pcie_t *p = &g->pcie;
+  struct fc_pcie_proxy *x = p->proxy;
+  if (x) {
+    atomic_store_explicit(&x->stop, 1, memory_order_release);
+    fc_pcie_ce_kick(g);
+    pthread_join(x->thread, NULL);
+    cudaStreamSynchronize(x->out);
+    cudaStreamSynchronize(x->in);
+    cudaStreamDestroy(x->out);
+    cudaStreamDestroy(x->in);
+    free(x);
+    p->proxy = NULL;
+  }
+  cudaFree(p->boxes);
+  p->boxes = NULL;
+  p->pub = NULL;
+  cudaGetLastError();
+}
+#endif

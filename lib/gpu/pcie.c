@@ -187,6 +187,7 @@ static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, 
   }
   double best = -1;
   for (int rep = 0; rep < 4; rep++) {
+    if (pcie) fc_pcie_ce_kick(g); /* as run_ring does: a dozing proxy would add its sleep */
     cudaEventRecord(t0, g->util_stream);
     int e = fc_kernel_ring_collective(&a, FC_RING_ALLGATHER, buf + (size_t)comm->rank * bytes, buf, bytes, FLEXCOLL_UINT8,
                                       FLEXCOLL_SUM, 0, g->util_stream);

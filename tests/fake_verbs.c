@@ -305,6 +305,20 @@ struct fv_ctx {
  * `device` links to its PCI function DIR/devices/pciDDDD:NN/0000:NN:SS.0/0000:BB:00.0 holding
  * `numa_node`, as in sysfs: the rdma link reads a real device's place the same way.  All devices
  * reach each other (one wire: shared memory). */
+/* FLEXCOLL_VERBS_FAKE_GIDS=N (1..4, default 1): each port's GID table, as an mlx5 RoCE port lays
+ * it out: entry 0 fe80::/64 RoCE v1, 1 the same as RoCE v2, 2 fd00::/64 (a global address) v1, 3
+ * the same as v2; each entry carries the context's identity in its low 64 bits, so any of them
+ * reaches the context.  The types appear in the sysfs-like tree (FLEXCOLL_VERBS_FAKE_SYSFS) as
+ * ports/1/gid_attrs/types/I. */
+#define FV_MAX_GIDS 4
+static int fv_ngids = 1;
+static atomic_int fv_last_sgid = -1;
+
+/* The source GID index of the last queue pair this process moved to RTR (tests). */
+FV_EXPORT int fake_verbs_last_sgid_index(void) { return atomic_load(&fv_last_sgid); }
+
+static void fv_gid(const fv_ctx_t *c, int idx, union ibv_gid *g);
+
 static struct ibv_device fv_devices[FV_MAX_DEVICES];
 static int fv_ndevices = 1, fv_numa[FV_MAX_DEVICES], fv_root[FV_MAX_DEVICES];
 static atomic_long fv_open_now[FV_MAX_DEVICES];
@@ -316,6 +330,13 @@ FV_EXPORT long fake_verbs_device_open(int dev) {
 
 static int parse_devices(void) {
   const char *s = getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), *places = getenv("FLEXCOLL_VERBS_FAKE_PLACES");
+  const char *gids = getenv("FLEXCOLL_VERBS_FAKE_GIDS");
+  if (gids && *gids) {
+    char *end = NULL;
+    long n = strtol(gids, &end, 10);
+    if (end == gids || *end || n < 1 || n > FV_MAX_GIDS) return -1;
+    fv_ngids = (int)n;
+  }
   for (int k = 0; k < FV_MAX_DEVICES; k++) fv_root[k] = k + 1;
   if (s && *s) {
     char *end = NULL;
@@ -379,6 +400,19 @@ static void lay_out_sysfs(const char *dir, int k) {
     if (f) {
       fprintf(f, "%d\n", node);
       if (fclose(f) || rename(tmp, link)) unlink(tmp);
+    }
+  }
+  /* The GID types, one file per entry, written whole like numa_node. */
+  for (int i = 0; i < fv_ngids; i++) {
+    char dir[560], tf[580];
+    snprintf(dir, sizeof dir, "%s/ports/1/gid_attrs/types", cls);
+    snprintf(tf, sizeof tf, "%s/%d", dir, i);
+    if (mkdirs(dir) || access(tf, F_OK) == 0) continue;
+    snprintf(tmp, sizeof tmp, "%s.%d", tf, (int)getpid());
+    f = fopen(tmp, "w");
+    if (f) {
+      fprintf(f, "%s\n", i % 2 ? "RoCE v2" : "IB/RoCE v1");
+      if (fclose(f) || rename(tmp, tf)) unlink(tmp);
     }
   }
   snprintf(link, sizeof link, "%s/device", cls);
@@ -471,7 +505,12 @@ static void qp_to_err(fv_qp_t *q, enum ibv_wc_status first) {
   q->in_tail = NULL;
 }
 
-static fv_box_t *open_box(fv_ctx_t *c, const union ibv_gid *g) {
+static fv_box_t *open_box(fv_ctx_t *c, const union ibv_gid *gid) {
+  /* Any entry of a context's table names it: looked up by its first (fe80::) entry. */
+  union ibv_gid canon = *gid;
+  canon.raw[0] = 0xfe;
+  canon.raw[1] = 0x80;
+  const union ibv_gid *g = &canon;
   for (int i = 0; i < c->nboxes; i++)
     if (!memcmp(&c->boxes[i].gid, g, sizeof *g)) return c->boxes[i].box;
   if (!memcmp(&c->gid, g, sizeof *g)) return c->box;
@@ -938,7 +977,7 @@ FV_EXPORT int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _comp
   memset(attr, 0, sizeof *attr);
   attr->state = ctx_of(ctx)->port_down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
   attr->max_mtu = attr->active_mtu = IBV_MTU_4096;
-  attr->gid_tbl_len = 1;
+  attr->gid_tbl_len = fv_ngids;
   attr->max_msg_sz = FV_MAX_MSG;
   attr->pkey_tbl_len = 1;
   attr->link_layer = IBV_LINK_LAYER_ETHERNET;
@@ -948,9 +987,25 @@ FV_EXPORT int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _comp
   return 0;
 }
 
+static void fv_gid(const fv_ctx_t *c, int idx, union ibv_gid *g) {
+  *g = c->gid; /* fe80::, the context's identity below */
+  if (idx >= 2) {
+    g->raw[0] = 0xfd;
+    g->raw[1] = 0x00;
+  }
+}
+
+/* Whether g is an entry of some context of this fake (fe80::/64 or fd00::/64; the identity in the
+ * low half names the context). */
+static int fv_gid_ours(const union ibv_gid *g) {
+  for (int i = 2; i < 8; i++)
+    if (g->raw[i]) return 0;
+  return (g->raw[0] == 0xfe && g->raw[1] == 0x80) || (g->raw[0] == 0xfd && g->raw[1] == 0x00);
+}
+
 FV_EXPORT int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid) {
-  if (port != 1 || index != 0) return errno = EINVAL, -1;
-  *gid = ctx_of(ctx)->gid;
+  if (port != 1 || index < 0 || index >= fv_ngids) return errno = EINVAL, -1;
+  fv_gid(ctx_of(ctx), index, gid);
   return 0;
 }
 
@@ -1164,11 +1219,12 @@ FV_EXPORT int ibv_modify_qp(struct ibv_qp *qp_, struct ibv_qp_attr *a, int mask)
     if (!has(mask, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
                        IBV_QP_MIN_RNR_TIMER))
       return EINVAL;
-    /* RoCE: addressed by GID only; this fake's GIDs are fe80::/64 with the process and context. */
-    if (!a->ah_attr.is_global || a->ah_attr.grh.dgid.raw[0] != 0xfe || a->ah_attr.grh.dgid.raw[1] != 0x80 ||
+    /* RoCE: addressed by GID only (fv_gid), from an entry of our own table. */
+    if (!a->ah_attr.is_global || !fv_gid_ours(&a->ah_attr.grh.dgid) || a->ah_attr.grh.sgid_index >= fv_ngids ||
         a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096)
       return EINVAL;
     q->dgid = a->ah_attr.grh.dgid;
+    atomic_store(&fv_last_sgid, a->ah_attr.grh.sgid_index);
     q->dqpn = a->dest_qp_num;
   } else if (to == IBV_QPS_RTS && from == IBV_QPS_RTR) {
     if (!has(mask, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))

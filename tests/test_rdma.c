@@ -501,6 +501,103 @@ START_TEST(test_rails) {
 }
 END_TEST
 
+/* ---- GID entries (RoCE) ------------------------------------------------------------------------ */
+
+static union ibv_gid gid_of(const char *kind, int host) {
+  union ibv_gid g;
+  memset(&g, 0, sizeof g);
+  if (!strcmp(kind, "ll")) g.raw[0] = 0xfe, g.raw[1] = 0x80, g.raw[15] = (uint8_t)host;
+  if (!strcmp(kind, "v6")) g.raw[0] = 0xfd, g.raw[15] = (uint8_t)host;
+  if (!strcmp(kind, "v4")) g.raw[10] = g.raw[11] = 0xff, g.raw[12] = 10, g.raw[15] = (uint8_t)host;
+  return g; /* "empty": all zero */
+}
+
+/* fc_rdma_pick_gid on tables as mlx5 ports lay them out, and the odd ones. */
+START_TEST(test_gid_pick) {
+  struct {
+    const char *kinds[6];
+    int types[6];
+    int want, expect;
+  } cases[] = {
+      {{"ll", "ll", "v4", "v4"}, {1, 2, 1, 2}, -1, 3},             /* the usual RoCE port: v2 IPv4-mapped */
+      {{"ll", "ll", "v6", "v6", "v4", "v4"}, {1, 2, 1, 2, 1, 2}, -1, 5}, /* IPv4-mapped before IPv6 */
+      {{"ll", "ll", "v6", "v6"}, {1, 2, 1, 2}, -1, 3},             /* a global IPv6 v2 before link-local */
+      {{"ll", "ll"}, {1, 2}, -1, 1},                                /* link-local v2 before v1 */
+      {{"ll", "ll", "v4"}, {1, 2, 1}, -1, 1},                       /* any v2 before an IPv4 v1 */
+      {{"ll", "ll", "v4", "v4"}, {0, 0, 0, 0}, -1, 0},              /* types unknown: entry 0, as before */
+      {{"empty", "ll", "v4"}, {0, 1, 1}, -1, 1},                    /* no v2, entry 0 empty: the first there is */
+      {{"empty", "empty"}, {2, 2}, -1, -1},                         /* nothing */
+      {{"ll", "ll", "v4", "v4"}, {1, 2, 1, 2}, 1, 1},               /* named */
+      {{"ll", "ll", "empty", "v4"}, {1, 2, 1, 2}, 2, -1},           /* named, empty */
+      {{"ll", "ll"}, {1, 2}, 7, -1},                                /* named, beyond the table */
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    union ibv_gid gids[6];
+    int n = 0;
+    for (; n < 6 && cases[c].kinds[n]; n++) gids[n] = gid_of(cases[c].kinds[n], 1);
+    ck_assert_msg(fc_rdma_pick_gid(gids, cases[c].types, n, cases[c].want) == cases[c].expect,
+                  "case %zu: entry %d, expected %d", c, fc_rdma_pick_gid(gids, cases[c].types, n, cases[c].want),
+                  cases[c].expect);
+  }
+  ck_assert_int_eq(fc_rdma_pick_gid(NULL, NULL, 0, -1), -1);
+  char text[64];
+  union ibv_gid g = gid_of("v4", 7);
+  fc_rdma_gid_text(&g, text, sizeof text);
+  ck_assert_str_eq(text, "::ffff:10.0.0.7");
+  g = gid_of("ll", 7);
+  fc_rdma_gid_text(&g, text, sizeof text);
+  ck_assert_str_eq(text, "fe80:0:0:0:0:0:0:7");
+}
+END_TEST
+
+/* The source GID index the fake saw at this process's last RTR (tests/fake_verbs.c). */
+static int fake_last_sgid(void) {
+  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  int (*f)(void) = h ? (int (*)(void))dlsym(h, "fake_verbs_last_sgid_index") : NULL;
+  int n = f ? f() : -2;
+  if (h) dlclose(h);
+  return n;
+}
+
+/* The matrix over rdma, then the GID entry the queue pairs were addressed from (arg: "label,N"). */
+static int gid_rank(hx_rank_t *r) {
+  char label[64];
+  int expect = 0;
+  if (sscanf((const char *)r->arg, "%63[^,],%d", label, &expect) != 2) return hx_fail(r, "bad arg");
+  r->arg = label;
+  matrix_rank(r);
+  const int got = fake_last_sgid();
+  if (got != expect) hx_fail(r, "%s: queue pairs addressed from GID entry %d, expected %d", label, got, expect);
+  return 0;
+}
+
+static int gid_run(const char *label, int ngids, int sysfs, const char *index, int expect) {
+  char e1[48], e2[300], e3[48], arg[96];
+  snprintf(e1, sizeof e1, "FLEXCOLL_VERBS_FAKE_GIDS=%d", ngids);
+  snprintf(e2, sizeof e2, "FLEXCOLL_VERBS_FAKE_SYSFS=%s", sysfs ? g_dir : "");
+  if (sysfs) strncat(e2, "/sysfs", sizeof e2 - strlen(e2) - 1);
+  snprintf(e3, sizeof e3, "FLEXCOLL_IB_GID_INDEX=%s", index ? index : "");
+  snprintf(arg, sizeof arg, "%s,%d", label, expect);
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
+                       e1, e2, e3, NULL};
+  hx_opts_t o = {.label = "rdma-2", .env = env, .deadline_s = 280};
+  fprintf(stderr, "[test_rdma] %s: %d GID entries, types %s, FLEXCOLL_IB_GID_INDEX=%s: entry %d expected\n", label,
+          ngids, sysfs ? "in sysfs" : "unknown", index ? index : "", expect);
+  return hx_run_procs(2, &o, gid_rank, arg);
+}
+
+/* A RoCE port of four GID entries (v1 and v2, link-local and global): the v2 global one; the one
+ * FLEXCOLL_IB_GID_INDEX names; entry 0 where the types cannot be read; the link-local v2 one of a
+ * two-entry table.  Every collective checked each time. */
+START_TEST(test_gid) {
+  ck_assert_msg(gid_run("gid-auto", 4, 1, NULL, 3), "four GIDs: see stderr");
+  ck_assert_msg(gid_run("gid-named", 4, 1, "1", 1), "FLEXCOLL_IB_GID_INDEX=1: see stderr");
+  ck_assert_msg(gid_run("gid-untyped", 4, 0, NULL, 0), "four GIDs without types: see stderr");
+  ck_assert_msg(gid_run("gid-two", 2, 1, NULL, 1), "two GIDs: see stderr");
+}
+END_TEST
+
 /* PCI distances and root ports on sysfs-like paths (rdma_dev.c). */
 START_TEST(test_pci_places) {
   const char *nic = "/sys/devices/pci0000:16/0000:16:01.0/0000:17:00.0/0000:18:00.0/0000:19:00.0";
@@ -974,6 +1071,14 @@ START_TEST(test_no_device) {
        FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_RDMA_RCACHE_BYTES", 0},
       {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_RDMA_RCACHE_PINNED=2", NULL},
        FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_RDMA_RCACHE_PINNED", 0},
+      /* A GID entry the port does not have (the fake's table has one): the link fails and says
+       * why; settings that are not entries at all are refused. */
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_IB_GID_INDEX=3", NULL}, FLEXCOLL_SYSTEM_ERROR,
+       "FLEXCOLL_IB_GID_INDEX=3", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_IB_GID_INDEX=-2", NULL},
+       FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_IB_GID_INDEX", 0},
+      {{"FLEXCOLL_VERBS_PROVIDER=fake", "FLEXCOLL_LINKS=shm,rdma", "FLEXCOLL_IB_GID_INDEX=v2", NULL},
+       FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_IB_GID_INDEX", 0},
   };
   const nodev_t *b = &cases[_i];
   const char *env[] = {b->env[0], b->env[1], b->env[2], "CUDA_VISIBLE_DEVICES=", NULL};
@@ -1355,6 +1460,8 @@ int main(void) {
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, test_rails, 0, 2);
     tcase_add_test(tc, test_pci_places);
+    tcase_add_test(tc, test_gid_pick);
+    tcase_add_test(tc, test_gid);
     tcase_add_test(tc, test_info_rails);
     suite_add_tcase(s, tc);
     tc = tcase_create("rcache");
@@ -1366,7 +1473,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_fault, 0, (int)(sizeof faults / sizeof faults[0]));
     tcase_add_loop_test(tc, test_zcopy_fault, 0, (int)(sizeof zc_faults / sizeof zc_faults[0]));
-    tcase_add_loop_test(tc, test_no_device, 0, 13);
+    tcase_add_loop_test(tc, test_no_device, 0, 16);
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);

@@ -266,6 +266,7 @@ typedef struct {
   char *ring, *send; /* nranks * nslots slots each (own rank's unused) */
   peer_t *peers;
   uint8_t port;
+  int gid_index;          /* RoCE: the port's GID entry this rank is addressed by */
   int fatal;
   char fatal_why[160];
   unsigned progress_calls;
@@ -932,6 +933,7 @@ static int rdma_progress(fc_link_t *link) {
 /* ---- open and close -------------------------------------------------------------------------- */
 
 FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
+FC_PARAM_INT(ib_gid_index, "IB_GID_INDEX", -1)
 FC_PARAM_INT(rdma_rcache_bytes, "RDMA_RCACHE_BYTES", 1 << 30)
 FC_PARAM_INT(rdma_rcache_pinned, "RDMA_RCACHE_PINNED", 0)
 
@@ -1043,8 +1045,16 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
   /* An sge's length is 32 bits; 1 GiB pieces cost nothing against a message's time. */
   r->max_msg = pa.max_msg_sz && pa.max_msg_sz < (1u << 30) ? pa.max_msg_sz : (1u << 30);
   me->global = pa.link_layer == IBV_LINK_LAYER_ETHERNET || pa.lid == 0;
-  if (me->global && r->v->query_gid(r->ctx, r->port, 0, &me->gid))
-    return snprintf(why, len, "ibv_query_gid: %s", strerror(errno)), -1;
+  if (me->global) {
+    int type = 0;
+    char text[64];
+    r->gid_index = fc_rdma_port_gid(r->v, r->ctx, r->ctx->device->ibdev_path, r->port, &pa,
+                                    (int)fc_param_ib_gid_index(), &me->gid, &type, why, len);
+    if (r->gid_index < 0) return -1;
+    fc_rdma_gid_text(&me->gid, text, sizeof text);
+    FC_INFO(FC_SUB_NET, "rank %d: rdma rail %d addressed by GID index %d (%s, %s)", r->rank, r->rail, r->gid_index,
+            fc_rdma_gid_type_name(type), text);
+  }
   struct ibv_device_attr da;
   if (r->v->query_device(r->ctx, &da)) return snprintf(why, len, "ibv_query_device: %s", strerror(errno)), -1;
   int peers = r->nranks - 1;
@@ -1116,8 +1126,9 @@ static int connect_peer(rdma_t *r, int p, const conn_hdr_t *me, const conn_hdr_t
   if (me->global) {
     a.ah_attr.is_global = 1;
     a.ah_attr.grh.dgid = c->gid;
-    a.ah_attr.grh.sgid_index = 0;
-    a.ah_attr.grh.hop_limit = 1;
+    a.ah_attr.grh.sgid_index = (uint8_t)r->gid_index;
+    /* RoCE v2 is routed: a hop limit of 1 would stop it at the first router. */
+    a.ah_attr.grh.hop_limit = 255;
   }
   int rc = r->v->modify_qp(e->qp, &a,
                            IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -1198,6 +1209,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_BYTES"));
   FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_PINNED"));
   FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_ZCOPY_BYTES"));
+  FC_CHECK(param_valid(comm, "FLEXCOLL_IB_GID_INDEX"));
   rdma_t *r = calloc(1, sizeof *r);
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;

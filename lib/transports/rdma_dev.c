@@ -88,6 +88,98 @@ void fc_pci_root_port(const char *path, char *out, size_t len) {
   out[n] = 0;
 }
 
+/* ---- GIDs ------------------------------------------------------------------------------------ */
+
+static int gid_empty(const union ibv_gid *g) {
+  for (int i = 0; i < 16; i++)
+    if (g->raw[i]) return 0;
+  return 1;
+}
+
+static int gid_ipv4_mapped(const union ibv_gid *g) {
+  for (int i = 0; i < 10; i++)
+    if (g->raw[i]) return 0;
+  return g->raw[10] == 0xff && g->raw[11] == 0xff;
+}
+
+static int gid_link_local(const union ibv_gid *g) { return g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80; }
+
+int fc_rdma_pick_gid(const union ibv_gid *gids, const int *types, int n, int want) {
+  if (!gids || !types || n <= 0) return -1;
+  if (want >= 0) return want < n && !gid_empty(&gids[want]) ? want : -1;
+  int best = -1, best_rank = 0;
+  for (int i = 0; i < n; i++) {
+    if (gid_empty(&gids[i])) continue;
+    /* 4: v2 IPv4-mapped; 3: v2 global IPv6; 2: v2 link-local; 1: any other (the first there is) */
+    const int rank = types[i] == 2 ? (gid_ipv4_mapped(&gids[i]) ? 4 : gid_link_local(&gids[i]) ? 2 : 3) : 1;
+    if (rank > best_rank) best = i, best_rank = rank;
+  }
+  return best;
+}
+
+/* Entry idx's type from sysfs: 2 RoCE v2, 1 v1 or IB, 0 unknown. */
+static int gid_type(const char *ibdev_path, int port, int idx) {
+  if (!ibdev_path || !ibdev_path[0]) return 0;
+  char fn[PATH_MAX], buf[64] = "";
+  snprintf(fn, sizeof fn, "%s/ports/%d/gid_attrs/types/%d", ibdev_path, port, idx);
+  FILE *f = fopen(fn, "r");
+  if (!f) return 0;
+  const int got = fgets(buf, sizeof buf, f) != NULL;
+  fclose(f);
+  if (!got) return 0;
+  if (strstr(buf, "RoCE v2")) return 2;
+  return strstr(buf, "v1") || strstr(buf, "IB") ? 1 : 0;
+}
+
+FC_PARAM_INT(ib_gid_index, "IB_GID_INDEX", -1)
+
+/* A real table has up to a few hundred entries; a rank reads this many at most. */
+#define FC_RDMA_MAX_GIDS 256
+
+int fc_rdma_port_gid(const fc_verbs_t *v, struct ibv_context *ctx, const char *ibdev_path, int port,
+                     const struct ibv_port_attr *pa, int want, union ibv_gid *gid, int *type, char *why, size_t len) {
+  const int n = pa->gid_tbl_len < FC_RDMA_MAX_GIDS ? pa->gid_tbl_len : FC_RDMA_MAX_GIDS;
+  union ibv_gid *gids = calloc(n > 0 ? (size_t)n : 1, sizeof *gids);
+  int *types = calloc(n > 0 ? (size_t)n : 1, sizeof *types);
+  int idx = -1;
+  if (!gids || !types) {
+    snprintf(why, len, "out of memory");
+    goto out;
+  }
+  /* Only the entries that can be chosen are read: one where the index is given. */
+  for (int i = want >= 0 ? (want < n ? want : n) : 0; i < n && (want < 0 || i == want); i++) {
+    if (v->query_gid(ctx, (uint8_t)port, i, &gids[i])) memset(&gids[i], 0, sizeof gids[i]);
+    types[i] = gid_type(ibdev_path, port, i);
+  }
+  idx = fc_rdma_pick_gid(gids, types, n, want);
+  if (idx < 0) {
+    if (want >= 0)
+      snprintf(why, len, "FLEXCOLL_IB_GID_INDEX=%d: port %d's GID table has %d entries%s", want, port, n,
+               want < n ? ", and that one is empty" : "");
+    else
+      snprintf(why, len, "port %d has no GID (a table of %d entries, all empty)", port, n);
+    goto out;
+  }
+  *gid = gids[idx];
+  *type = types[idx];
+out:
+  free(gids);
+  free(types);
+  return idx;
+}
+
+void fc_rdma_gid_text(const union ibv_gid *g, char *out, size_t len) {
+  if (gid_ipv4_mapped(g)) {
+    snprintf(out, len, "::ffff:%u.%u.%u.%u", g->raw[12], g->raw[13], g->raw[14], g->raw[15]);
+    return;
+  }
+  size_t k = 0;
+  for (int i = 0; i < 16 && k < len; i += 2)
+    k += (size_t)snprintf(out + k, len - k, "%s%x", i ? ":" : "", (unsigned)(g->raw[i] << 8 | g->raw[i + 1]));
+}
+
+const char *fc_rdma_gid_type_name(int type) { return type == 2 ? "RoCE v2" : type == 1 ? "RoCE v1 or IB" : "type unknown"; }
+
 static void read_pci(const char *sysdir, char *pci, size_t len, int *numa) {
   char p[PATH_MAX + 16], real[PATH_MAX];
   pci[0] = 0;
@@ -321,6 +413,21 @@ void fc_rdma_report(FILE *out) {
               pa.state == IBV_PORT_ACTIVE ? "active" : pa.state == IBV_PORT_DOWN ? "down" : "not active",
               pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", fc_rdma_mtu_name(pa.active_mtu),
               fc_rdma_port_gbps(&pa), taken);
+      /* Addressed by GID (RoCE, or InfiniBand without a LID): the entry a rank takes. */
+      if (pa.link_layer == IBV_LINK_LAYER_ETHERNET || pa.lid == 0) {
+        union ibv_gid gid;
+        int type = 0;
+        char gwhy[200], text[64];
+        const int want = (int)fc_param_ib_gid_index();
+        const int gi = fc_rdma_port_gid(v, ctx, list[i]->ibdev_path, p, &pa, want, &gid, &type, gwhy, sizeof gwhy);
+        if (gi < 0) {
+          fprintf(out, "      GID: none usable (%s)\n", gwhy);
+        } else {
+          fc_rdma_gid_text(&gid, text, sizeof text);
+          fprintf(out, "      GID index %d of %d (%s, %s)%s\n", gi, pa.gid_tbl_len, fc_rdma_gid_type_name(type), text,
+                  want >= 0 ? ", named by FLEXCOLL_IB_GID_INDEX" : "");
+        }
+      }
     }
     v->close_device(ctx);
   }

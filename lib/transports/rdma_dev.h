@@ -38,6 +38,22 @@ int fc_pci_hops(const char *a, const char *b);
 /* The PCIe root port of a PCI function's sysfs path (the component after the host bridge
  * pciDDDD:BB) into out; "" when there is none. */
 void fc_pci_root_port(const char *path, char *out, size_t len);
+/* RoCE: the entry of a port's GID table a rank addresses its queue pairs by.  want >= 0 (from
+ * FLEXCOLL_IB_GID_INDEX): that entry, if the table has it and it is not empty.  want < 0: a RoCE v2
+ * entry with an IPv4-mapped address (routed RoCE fabrics' usual setup, and NCCL's default), else a
+ * v2 entry with a global IPv6 address, else a v2 link-local one, else the first non-empty entry
+ * (lowest index first within a kind); types[i] is 2 for RoCE v2, 1 for v1 or InfiniBand, 0 unknown.  The index, or -1
+ * when there is none.  Pure: unit-tested on tables. */
+int fc_rdma_pick_gid(const union ibv_gid *gids, const int *types, int n, int want);
+/* The GID a rank uses on an open device's port (link layer Ethernet, or InfiniBand without a
+ * LID): the table read with ibv_query_gid, the types from the device's sysfs directory
+ * (ports/P/gid_attrs/types/I, as the kernel lays it out), want as above.  Returns the index, its
+ * GID and type, or -1 with the reason in why. */
+int fc_rdma_port_gid(const fc_verbs_t *v, struct ibv_context *ctx, const char *ibdev_path, int port,
+                     const struct ibv_port_attr *pa, int want, union ibv_gid *gid, int *type, char *why, size_t len);
+/* A GID as text (IPv6 notation; an IPv4-mapped one as ::ffff:a.b.c.d) and a type's name. */
+void fc_rdma_gid_text(const union ibv_gid *gid, char *out, size_t len);
+const char *fc_rdma_gid_type_name(int type);
 const char *fc_rdma_mtu_name(enum ibv_mtu m);
 double fc_rdma_port_gbps(const struct ibv_port_attr *a);
 

@@ -29,6 +29,7 @@
  *   portdown:N at the Nth ibv_post_send the port goes down: IBV_EVENT_PORT_ERR, and every QP of
  *            the context fails (RETRY_EXC_ERR, then flushes), as when the link drops
  *   nodev    no device at all (ibv_get_device_list gives NULL, ENOSYS)
+ *   nodev@R  the same in test rank R's process only (FC_TEST_RANK, which tests/harness.c sets)
  *   regfail:N every Nth ibv_reg_mr of the process fails (ENOMEM), as when pinned memory runs out
  *
  * The port's largest message is FV_MAX_MSG (a longer write fails with LOC_LEN_ERR), well under an
@@ -95,6 +96,11 @@ static void parse_faults(void) {
     char *colon = strchr(t, ':'), *end = NULL;
     long v = colon ? strtol(colon + 1, &end, 10) : 0;
     if (!strcmp(t, "nodev")) { fault.nodev = 1; continue; }
+    if (!strncmp(t, "nodev@", 6)) { /* only in test rank R's process (FC_TEST_RANK, tests/harness.c) */
+      const char *me = getenv("FC_TEST_RANK");
+      if (me && *me && !strcmp(t + 6, me)) fault.nodev = 1;
+      continue;
+    }
     if (!strcmp(t, "noodp")) { fault.noodp = 1; continue; }
     if (!strcmp(t, "pinned")) { fault.pinned = 1; continue; }
     if (!colon || end == colon + 1 || *end || v <= 0) { fault.bad = 1; continue; }

@@ -287,6 +287,10 @@ static void exit_barrier(atomic_int *arrived, int nranks, const hx_opts_t *o) {
 static int proc_rank_main(const hx_opts_t *o, int rank, int nranks, const flexcoll_unique_id_t *ids, int ncomms,
                           hx_rank_fn fn, void *arg, atomic_int *arrived) {
   hx_apply_env(o);
+  /* Which rank this process is, for test seams that act on one rank (the fake's nodev@R). */
+  char rank_s[16];
+  snprintf(rank_s, sizeof rank_s, "%d", rank);
+  setenv("FC_TEST_RANK", rank_s, 1);
   hx_rank_t r;
   hx_rank_init(&r, o, rank, nranks, arg);
   r.ncomms = ncomms;

@@ -145,22 +145,31 @@ static int matrix_rank(hx_rank_t *r) {
   const char *links = getenv("FLEXCOLL_LINKS");
   fprintf(stderr, "[test_rdma] %s rank %d: rdma sent %llu bytes (%d entries), shm %llu\n", label ? label : "-", r->rank,
           rdma, entries, shm);
-  /* FC_TEST_RAILS: rdma links (NICs) each rank must have opened, each toward every peer. */
+  /* FC_TEST_RAILS: rdma links (NICs) each rank must have opened, each toward every peer.
+   * FC_TEST_RDMA_WITHOUT=R: rank R has no device (the fake's nodev@R): no rdma there, and none
+   * toward it from the others, which keep rdma between themselves. */
   const int rails = getenv("FC_TEST_RAILS") ? atoi(getenv("FC_TEST_RAILS")) : 1;
-  if (links && strstr(links, "rdma")) {
-    if (entries != rails * (r->nranks - 1))
-      hx_fail(r, "%d rdma link entries, expected %d", entries, rails * (r->nranks - 1));
+  const int without = getenv("FC_TEST_RDMA_WITHOUT") ? atoi(getenv("FC_TEST_RDMA_WITHOUT")) : -1;
+  if (links && strstr(links, "rdma") && without == r->rank) {
+    if (entries || rdma) hx_fail(r, "no device here, yet %d rdma link entries (%llu bytes)", entries, rdma);
+  } else if (links && strstr(links, "rdma")) {
+    const int peers = r->nranks - 1 - (without >= 0);
+    const char *shares = getenv("FLEXCOLL_LINK_SHARES");
+    const int fixed = shares && *shares; /* under the balancer a link may rightly carry nothing */
+    if (entries != rails * peers) hx_fail(r, "%d rdma link entries, expected %d", entries, rails * peers);
     flexcoll_link_stats_t st[64];
     int n = 0;
-    if (rails > 1 && flexcoll_comm_get_link_stats(r->comm, st, 64, &n) == FLEXCOLL_SUCCESS)
-      for (int i = 0; i < n && i < 64; i++)
-        if (!strcmp(st[i].name, "rdma") && st[i].peer != r->rank) {
-          fprintf(stderr, "[test_rdma] %s rank %d: rdma entry %d to rank %d: %llu bytes\n", label ? label : "-", r->rank, i,
-                  st[i].peer, st[i].bytes);
-          if (!st[i].bytes) hx_fail(r, "a rail (entry %d) carried nothing to rank %d", i, st[i].peer);
-        }
-    if (!rdma) hx_fail(r, "FLEXCOLL_LINKS=%s: rdma carried nothing", links);
-    if (strchr(links, ',') && !shm) hx_fail(r, "FLEXCOLL_LINKS=%s at fixed shares: shm carried nothing", links);
+    if ((rails > 1 || without >= 0) && flexcoll_comm_get_link_stats(r->comm, st, 64, &n) == FLEXCOLL_SUCCESS)
+      for (int i = 0; i < n && i < 64; i++) {
+        if (strcmp(st[i].name, "rdma") || st[i].peer == r->rank) continue;
+        if (st[i].peer == without) hx_fail(r, "an rdma entry toward rank %d, which has no device", without);
+        if (rails > 1)
+          fprintf(stderr, "[test_rdma] %s rank %d: rdma entry %d to rank %d: %llu bytes\n", label ? label : "-", r->rank,
+                  i, st[i].peer, st[i].bytes);
+        if (!st[i].bytes && (rails > 1 || fixed)) hx_fail(r, "rdma (entry %d) carried nothing to rank %d", i, st[i].peer);
+      }
+    if (!rdma && (fixed || !strchr(links, ','))) hx_fail(r, "FLEXCOLL_LINKS=%s: rdma carried nothing", links);
+    if (strchr(links, ',') && fixed && !shm) hx_fail(r, "FLEXCOLL_LINKS=%s at fixed shares: shm carried nothing", links);
   }
   return 0;
 }
@@ -498,6 +507,37 @@ START_TEST(test_rails) {
                 nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, shared),
                 "%d ranks: rails under one port differ from one", nranks);
+}
+END_TEST
+
+/* ---- a rank without a device ------------------------------------------------------------------ */
+
+/* One rank has no RDMA device (nodev@R): the others keep rdma between themselves, every pair with
+ * that rank goes over shm alone, at fixed shares (both links carry where both join) and under the
+ * balancer; results bitwise those over shm alone (test_bitwise_with_shm's digests). */
+START_TEST(test_rank_without_nic) {
+  const int nranks = 3 + _i, without = nranks - 2;
+  char e1[48], e2[48], shm[32], part[32], bal[32];
+  snprintf(e1, sizeof e1, "FLEXCOLL_VERBS_FAKE_FAULT=nodev@%d", without);
+  snprintf(e2, sizeof e2, "FC_TEST_RDMA_WITHOUT=%d", without);
+  snprintf(shm, sizeof shm, "shm-%d", nranks);
+  snprintf(part, sizeof part, "partial-%d", nranks);
+  snprintf(bal, sizeof bal, "partialbal-%d", nranks);
+  for (int balanced = 0; balanced < 2; balanced++) {
+    const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=shm,rdma",
+                         balanced ? "FLEXCOLL_LINK_SHARES=" : "FLEXCOLL_LINK_SHARES=shm:0.5,rdma:0.5", e1, e2, NULL};
+    char same[32];
+    snprintf(same, sizeof same, "rdma-%d", nranks);
+    hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+    fprintf(stderr, "[test_rdma] %d ranks, rank %d without a device, %s\n", nranks, without,
+            balanced ? "balanced" : "shm:0.5,rdma:0.5");
+    ck_assert_msg(hx_run_procs(nranks, &o, matrix_rank, balanced ? bal : part), "%d ranks, rank %d without a device: see stderr",
+                  nranks, without);
+  }
+  ck_assert_msg(run(nranks, 0, shm, "shm", NULL), "%d ranks over shm: see stderr", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, shm, part), "%d ranks: a rank without a device changed the bits",
+                nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, shm, bal), "%d ranks: balanced, the bits differ", nranks);
 }
 END_TEST
 
@@ -1462,6 +1502,7 @@ int main(void) {
     tcase_add_test(tc, test_pci_places);
     tcase_add_test(tc, test_gid_pick);
     tcase_add_test(tc, test_gid);
+    tcase_add_loop_test(tc, test_rank_without_nic, 0, 2);
     tcase_add_test(tc, test_info_rails);
     suite_add_tcase(s, tc);
     tc = tcase_create("rcache");

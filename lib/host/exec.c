@@ -247,7 +247,7 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
      * destroy's flush, which then waited for peers. */
     const int all = (++links->wait_rounds & (IDLE_LINK_ROUNDS - 1)) == 0;
     for (int i = 0; i < links->n; i++)
-      if (all || (busy >> i & 1) || !links->link[i].ops->idle_progress_rarely)
+      if (!links->link[i].off && (all || (busy >> i & 1) || !links->link[i].ops->idle_progress_rarely))
         polled |= links->link[i].ops->progress(&links->link[i]);
     busy = 0;
     for (size_t i = 0; i < x->nslices; i++) {

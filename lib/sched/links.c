@@ -156,8 +156,10 @@ static flexcoll_result_t find_hosts(struct flexcoll_comm *comm, fc_links_t *l) {
 }
 
 int fc_links_joins(const fc_links_t *l, int i, int p, int q) {
-  /* Every link joins a rank to itself (send/recv to self, as before links were per pair). */
-  return !l->link[i].ops->same_host || l->host[p] == l->host[q];
+  /* Every link joins a rank to itself (send/recv to self, as before links were per pair), where
+   * the rank has it. */
+  const unsigned char *on = l->link[i].on;
+  return (!l->link[i].ops->same_host || l->host[p] == l->host[q]) && (!on || (on[p] && on[q]));
 }
 
 /* "0 3 5" (the ranks of host h, ascending), cut short with "..." where buf is too small. */
@@ -227,7 +229,32 @@ static flexcoll_result_t check_pairs(struct flexcoll_comm *comm, const fc_links_
   return FLEXCOLL_SUCCESS;
 }
 
-/* Open rail `rail` of registry entry r; keep it when every rank could (*kept).  Collective. */
+/* A pairwise link that some ranks lack (on): kept for the pairs of ranks that both have it.  A
+ * rank without it closes its side now and keeps the entry off (links are numbered alike on
+ * every rank); the others stop reaching those ranks over it. */
+static void keep_where_on(struct flexcoll_comm *comm, fc_links_t *l, fc_link_t *link, unsigned char *on, int usable,
+                          const char *why) {
+  char without[128] = "";
+  for (int q = 0, used = 0; q < comm->nranks; q++)
+    if (!on[q] && used < (int)sizeof without - 8)
+      used += snprintf(without + used, sizeof without - (size_t)used, "%s%d", used ? " " : "", q);
+  link->on = on;
+  if (!usable) {
+    link->ops->close(comm, link, 1);
+    link->state = NULL;
+    link->off = 1;
+    memset(link->reach, 0, (size_t)comm->nranks);
+    FC_INFO(FC_SUB_SCHED, "link %s not on this rank (%s): ranks %s and the others use other links", link->ops->name,
+            why[0] ? why : "unusable here", without);
+  } else {
+    for (int q = 0; q < comm->nranks; q++) link->reach[q] &= (unsigned char)fc_links_joins(l, l->n, comm->rank, q);
+    FC_INFO(FC_SUB_SCHED, "link %s kept between the ranks that have it: not on rank(s) %s, whose pairs use other links",
+            link->ops->name, without);
+  }
+}
+
+/* Open rail `rail` of registry entry r; keep it when every rank could (*kept), or, for a
+ * pairwise link, where two ranks or more could.  Collective. */
 static flexcoll_result_t open_rail(struct flexcoll_comm *comm, fc_links_t *l, int r, int rail, char *dropped,
                                    size_t dlen, int *kept) {
   fc_link_t *link = &l->link[l->n];
@@ -255,11 +282,31 @@ static flexcoll_result_t open_rail(struct flexcoll_comm *comm, fc_links_t *l, in
     link->reach = NULL;
     return res;
   }
-  int first_not = -1;
-  res = fc_bootstrap_agree(comm->bootstrap, usable, &first_not);
-  const int everywhere = first_not < 0;
+  int first_not = -1, have = 0;
+  unsigned char *on = NULL;
+  if (link->ops->pairwise) {
+    /* Which ranks have it: kept between those where two or more do. */
+    on = calloc((size_t)comm->nranks, 1);
+    if (!on) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+    else on[comm->rank] = (unsigned char)(usable != 0), res = fc_bootstrap_allgather(comm->bootstrap, on, 1);
+    for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS; q++) {
+      have += on[q];
+      if (!on[q] && first_not < 0) first_not = q;
+    }
+  } else {
+    res = fc_bootstrap_agree(comm->bootstrap, usable, &first_not);
+  }
+  const int everywhere = first_not < 0, somewhere = on && have >= 2 && !everywhere;
   if (!everywhere && usable) snprintf(why, sizeof why, "unusable on rank %d", first_not);
-  if (res == FLEXCOLL_SUCCESS && everywhere) link->stats = calloc((size_t)comm->nranks, sizeof *link->stats);
+  if (res == FLEXCOLL_SUCCESS && (everywhere || somewhere))
+    link->stats = calloc((size_t)comm->nranks, sizeof *link->stats);
+  if (res == FLEXCOLL_SUCCESS && somewhere && link->stats) {
+    keep_where_on(comm, l, link, on, usable, why);
+    l->n++;
+    *kept = 1;
+    return FLEXCOLL_SUCCESS;
+  }
+  free(on);
   if (res != FLEXCOLL_SUCCESS || !everywhere || !link->stats) {
     link->ops->close(comm, link, 1);
     free(link->stats);
@@ -290,12 +337,14 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
   unsigned char *all = calloc((size_t)n, FC_MAX_LINKS + 1);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   unsigned char *mine = all + (size_t)comm->rank * (FC_MAX_LINKS + 1);
-  mine[0] = (unsigned char)registry[r]->rails(&l->link[first], mine + 1, FC_MAX_LINKS);
+  /* Counted over the ranks that have the link (a pairwise one may be off here). */
+  const unsigned char *on = l->link[first].on;
+  if (!l->link[first].off) mine[0] = (unsigned char)registry[r]->rails(&l->link[first], mine + 1, FC_MAX_LINKS);
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, FC_MAX_LINKS + 1);
   int rails = FC_MAX_LINKS - first;
   for (int q = 0; q < n && res == FLEXCOLL_SUCCESS; q++) {
     const int theirs = all[(size_t)q * (FC_MAX_LINKS + 1)];
-    rails = theirs < rails ? theirs : rails;
+    if (!on || on[q]) rails = theirs < rails ? theirs : rails;
   }
   if (res == FLEXCOLL_SUCCESS && rails > 1)
     FC_INFO(FC_SUB_SCHED, "link %s: %d rails (devices) on every rank", registry[r]->name, rails);
@@ -303,7 +352,8 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
     res = open_rail(comm, l, r, k, dropped, dlen, &kept);
     if (res != FLEXCOLL_SUCCESS || !kept) break;
     int own = 1;
-    for (int q = 0; q < n; q++) own &= all[(size_t)q * (FC_MAX_LINKS + 1) + 1 + (size_t)k];
+    for (int q = 0; q < n; q++)
+      if (!on || on[q]) own &= all[(size_t)q * (FC_MAX_LINKS + 1) + 1 + (size_t)k];
     l->link[l->n - 1].own_port = own;
   }
   free(all);
@@ -512,7 +562,8 @@ void fc_links_close(struct flexcoll_comm *comm, int force) {
   fc_links_t *l = comm->links;
   if (!l) return;
   for (int i = 0; i < l->n; i++) {
-    l->link[i].ops->close(comm, &l->link[i], force);
+    if (!l->link[i].off) l->link[i].ops->close(comm, &l->link[i], force);
+    free(l->link[i].on);
     free(l->link[i].stats);
     free(l->link[i].reach);
   }

@@ -1239,18 +1239,28 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   me->usable = (uint8_t)ok;
   conn_hdr_t mine = *me;
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per);
+  /* A rank without a device leaves only its own pairs (pairwise: lib/sched/links.c keeps the
+   * link between the others); one that sizes its rings otherwise cannot talk to anyone. */
   for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS && ok; q++) {
     const conn_hdr_t *c = (const conn_hdr_t *)(all + (size_t)q * per);
-    if (!c->usable || c->nslots != mine.nslots) {
+    if (!c->usable && q != comm->rank) link->reach[q] = 0;
+    if (c->usable && c->nslots != mine.nslots) {
       ok = 0;
-      snprintf(why, len, "not available on rank %d", q);
+      snprintf(why, len, "rank %d sizes its rings otherwise", q);
     }
   }
   for (int q = 0; q < comm->nranks && res == FLEXCOLL_SUCCESS && ok; q++) {
-    if (q == comm->rank) continue;
+    if (q == comm->rank || !link->reach[q]) continue;
     const conn_hdr_t *c = (const conn_hdr_t *)(all + (size_t)q * per);
     if (connect_peer(r, q, &mine, c, ((const uint32_t *)(c + 1))[comm->rank], why, len)) ok = 0;
   }
+  /* The queue pairs toward ranks without a device never leave INIT: gone now, so that nothing
+   * (credits, progress) ever looks at them. */
+  for (int q = 0; q < comm->nranks && ok; q++)
+    if (q != comm->rank && !link->reach[q] && r->peers[q].qp) {
+      r->v->destroy_qp(r->peers[q].qp);
+      r->peers[q].qp = NULL;
+    }
   free(all);
   /* Nobody writes into a queue pair before its peer's is ready to receive. */
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
@@ -1435,7 +1445,8 @@ static int rdma_rails(fc_link_t *link, unsigned char *alone, int max) {
 
 /* Between hosts as within one (a NIC reaches any port of the fabric). */
 const fc_link_ops_t fc_link_rdma = {"rdma",      rdma_open,   rdma_close, rdma_isend, rdma_irecv, rdma_progress,
-                                    rdma_test,   rdma_cancel, 0,          0,          rdma_rails};
+                                    rdma_test,   rdma_cancel, 0,          0,          rdma_rails,
+                                    1};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1453,6 +1464,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0};
 
 #endif

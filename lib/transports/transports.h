@@ -58,6 +58,10 @@ typedef struct {
    * rails 0..k-1 uses (its bandwidth adds to theirs).  lib/sched/links.c opens rails 1.. as links
    * of their own (fc_link.rail), as many as every rank has, so the balancer splits over them. */
   int (*rails)(fc_link_t *link, unsigned char *alone, int max);
+  /* Nonzero: the link may work on some ranks only (a NIC on some hosts): open marks the peers
+   * whose side failed as unreached (reach[q] = 0), and lib/sched/links.c keeps the link for the
+   * pairs whose ranks both have it wherever two ranks or more do.  Zero: every rank or none. */
+  int pairwise;
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */
@@ -76,6 +80,11 @@ struct fc_link {
    * a pair agree without a message; open connects those peers only, and nothing is ever sent to
    * a peer the link does not reach. */
   unsigned char *reach;
+  /* A pairwise link kept where some ranks lack it: on[q] says whether rank q has it (NULL: every
+   * rank).  On a rank without it the entry stays (links are numbered alike on every rank) but
+   * off, with no state: no pair joins that rank over it and nothing is asked of it there. */
+  unsigned char *on;
+  int off;
   int rail;      /* which of the transport's devices (0: its first; set before open) */
   int own_port;  /* a rail whose port no earlier rail shares, on every rank: its own port in the model */
 };

@@ -30,6 +30,7 @@
  *            the context fails (RETRY_EXC_ERR, then flushes), as when the link drops
  *   nodev    no device at all (ibv_get_device_list gives NULL, ENOSYS)
  *   nodev@R  the same in test rank R's process only (FC_TEST_RANK, which tests/harness.c sets)
+ *   fewer@R:M test rank R's process lists only the first M devices (FLEXCOLL_VERBS_FAKE_DEVICES)
  *   regfail:N every Nth ibv_reg_mr of the process fails (ENOMEM), as when pinned memory runs out
  *
  * The port's largest message is FV_MAX_MSG (a longer write fails with LOC_LEN_ERR), well under an
@@ -74,6 +75,7 @@
 static struct {
   long post_fail, drop, kill, delay_ms, portdown, regfail;
   int nodev, noodp, pinned, bad;
+  int fewer; /* > 0: this process lists only its first `fewer` devices (fewer@R:M) */
 } fault;
 static atomic_long posts, completions, mrs_ever, mrs_now, plain_writes, regs_tried;
 
@@ -101,6 +103,13 @@ static void parse_faults(void) {
       if (me && *me && !strcmp(t + 6, me)) fault.nodev = 1;
       continue;
     }
+    if (!strncmp(t, "fewer@", 6)) { /* fewer@R:M: test rank R's process lists M devices */
+      const char *me = getenv("FC_TEST_RANK");
+      int rank = -1, m = 0;
+      if (sscanf(t + 6, "%d:%d", &rank, &m) != 2 || m < 1) fault.bad = 1;
+      else if (me && *me && atoi(me) == rank) fault.fewer = m;
+      continue;
+    }
     if (!strcmp(t, "noodp")) { fault.noodp = 1; continue; }
     if (!strcmp(t, "pinned")) { fault.pinned = 1; continue; }
     if (!colon || end == colon + 1 || *end || v <= 0) { fault.bad = 1; continue; }
@@ -120,7 +129,7 @@ static void parse_faults(void) {
             "node[:root port]\n",
             getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), getenv("FLEXCOLL_VERBS_FAKE_PLACES"), FV_MAX_DEVICES);
   }
-  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev, noodp, pinned\n", s);
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev, nodev@R, fewer@R:M, noodp, pinned\n", s);
 }
 
 static double now_ms(void) {
@@ -818,10 +827,11 @@ FV_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
     errno = fault.bad ? EINVAL : ENOSYS;
     return NULL;
   }
-  struct ibv_device **list = calloc((size_t)fv_ndevices + 1, sizeof *list);
+  const int ndev = fault.fewer > 0 && fault.fewer < fv_ndevices ? fault.fewer : fv_ndevices;
+  struct ibv_device **list = calloc((size_t)ndev + 1, sizeof *list);
   if (!list) return NULL;
   const char *sysfs = getenv("FLEXCOLL_VERBS_FAKE_SYSFS");
-  for (int k = 0; k < fv_ndevices; k++) {
+  for (int k = 0; k < ndev; k++) {
     struct ibv_device *d = &fv_devices[k];
     snprintf(d->name, sizeof d->name, "fakeverbs%d", k);
     snprintf(d->dev_name, sizeof d->dev_name, "uverbs-fake%d", k);
@@ -834,7 +844,7 @@ FV_EXPORT struct ibv_device **ibv_get_device_list(int *num) {
     }
     list[k] = d;
   }
-  if (num) *num = fv_ndevices;
+  if (num) *num = ndev;
   return list;
 }
 

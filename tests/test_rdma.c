@@ -156,7 +156,17 @@ static int matrix_rank(hx_rank_t *r) {
     const int peers = r->nranks - 1 - (without >= 0);
     const char *shares = getenv("FLEXCOLL_LINK_SHARES");
     const int fixed = shares && *shares; /* under the balancer a link may rightly carry nothing */
-    if (entries != rails * peers) hx_fail(r, "%d rdma link entries, expected %d", entries, rails * peers);
+    /* FC_TEST_RAILS_PER_RANK=a,b,c...: ranks with different NIC counts; a pair has as many rdma
+     * entries as the one of the two with fewer. */
+    int per_rank[64], nper = 0, want = rails * peers;
+    const char *pr = getenv("FC_TEST_RAILS_PER_RANK");
+    for (const char *c = pr; c && *c && nper < 64; c = strchr(c, ',') ? strchr(c, ',') + 1 : "") per_rank[nper++] = atoi(c);
+    if (nper == r->nranks) {
+      want = 0;
+      for (int q = 0; q < r->nranks; q++)
+        if (q != r->rank) want += per_rank[q] < per_rank[r->rank] ? per_rank[q] : per_rank[r->rank];
+    }
+    if (entries != want) hx_fail(r, "%d rdma link entries, expected %d", entries, want);
     flexcoll_link_stats_t st[64];
     int n = 0;
     if ((rails > 1 || without >= 0) && flexcoll_comm_get_link_stats(r->comm, st, 64, &n) == FLEXCOLL_SUCCESS)
@@ -480,6 +490,24 @@ static int rails_run(int nranks, const char *label, const char *places, const ch
   return hx_run_procs(nranks, &o, rails_rank, arg);
 }
 
+/* The matrix with rank 1's process listing the first of the devices only (the fake's fewer@1:1),
+ * every other rank two near ones (places: near, far, near): link entries per pair as the rank
+ * of the two with fewer rails has. */
+static int rails_fewer_run(int nranks, const char *label, const char *places) {
+  char e1[96], e2[300], e3[64];
+  snprintf(e1, sizeof e1, "FLEXCOLL_VERBS_FAKE_PLACES=%s", places);
+  snprintf(e2, sizeof e2, "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs", g_dir);
+  snprintf(e3, sizeof e3, "FC_TEST_RAILS_PER_RANK=%s", nranks == 2 ? "2,1" : "2,1,2");
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
+                       "FLEXCOLL_VERBS_FAKE_DEVICES=3", "FLEXCOLL_VERBS_FAKE_FAULT=fewer@1:1", "FLEXCOLL_IB_HCA=",
+                       e1, e2, e3, NULL};
+  char same[32];
+  snprintf(same, sizeof same, "rdma-%d", nranks);
+  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+  fprintf(stderr, "[test_rdma] %s: %d ranks, fake devices at %s, rank 1 lists one\n", label, nranks, places);
+  return hx_run_procs(nranks, &o, matrix_rank, (void *)label);
+}
+
 /* Fake devices on this NUMA node (near) and another (far): one near device is one rail; two near
  * ones under different root ports are two, both carrying a fair part to every peer under the
  * balancer, the far one never opened; two near ones under one root port are two rails too;
@@ -502,6 +530,13 @@ START_TEST(test_rails) {
                 nranks);
   ck_assert_msg(rails_run(nranks, named, dev3, "fakeverbs1,fakeverbs0", 2, 3, 0),
                 "%d ranks, FLEXCOLL_IB_HCA: see stderr", nranks);
+  /* Rank 1 sees one of the two near NICs only: rail 0 between all, rail 1 between the others
+   * (3 ranks), or rail 1 nowhere (2 ranks: one rank alone has it). */
+  char fewer[32];
+  snprintf(fewer, sizeof fewer, "railfewer-%d", nranks);
+  ck_assert_msg(rails_fewer_run(nranks, fewer, dev3), "%d ranks, rank 1 with one NIC: see stderr", nranks);
+  ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, fewer), "%d ranks: uneven rails differ from one",
+                nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, two), "%d ranks: two rails differ from one", nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, one, named), "%d ranks: the named rails differ from one",
                 nranks);

@@ -337,24 +337,30 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
   unsigned char *all = calloc((size_t)n, FC_MAX_LINKS + 1);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   unsigned char *mine = all + (size_t)comm->rank * (FC_MAX_LINKS + 1);
-  /* Counted over the ranks that have the link (a pairwise one may be off here). */
-  const unsigned char *on = l->link[first].on;
+  /* As many rails as the rank with the most: a pairwise transport keeps rail k between the
+   * ranks that have it (rails of their own ports only where every one of those has its own);
+   * another, between all or none, as many as the rank with the fewest. */
   if (!l->link[first].off) mine[0] = (unsigned char)registry[r]->rails(&l->link[first], mine + 1, FC_MAX_LINKS);
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, FC_MAX_LINKS + 1);
-  int rails = FC_MAX_LINKS - first;
+  int most = 0, least = FC_MAX_LINKS;
   for (int q = 0; q < n && res == FLEXCOLL_SUCCESS; q++) {
     const int theirs = all[(size_t)q * (FC_MAX_LINKS + 1)];
-    if (!on || on[q]) rails = theirs < rails ? theirs : rails;
+    most = theirs > most ? theirs : most;
+    if (!l->link[first].on || l->link[first].on[q]) least = theirs < least ? theirs : least;
   }
+  int rails = registry[r]->pairwise ? most : least;
+  if (rails > FC_MAX_LINKS - first) rails = FC_MAX_LINKS - first;
   if (res == FLEXCOLL_SUCCESS && rails > 1)
-    FC_INFO(FC_SUB_SCHED, "link %s: %d rails (devices) on every rank", registry[r]->name, rails);
+    FC_INFO(FC_SUB_SCHED, "link %s: %d rails (devices) on %s", registry[r]->name, rails,
+            least == most ? "every rank" : "the ranks with the most");
   for (int k = 1; k < rails && res == FLEXCOLL_SUCCESS; k++) {
     res = open_rail(comm, l, r, k, dropped, dlen, &kept);
     if (res != FLEXCOLL_SUCCESS || !kept) break;
+    fc_link_t *rail = &l->link[l->n - 1];
     int own = 1;
     for (int q = 0; q < n; q++)
-      if (!on || on[q]) own &= all[(size_t)q * (FC_MAX_LINKS + 1) + 1 + (size_t)k];
-    l->link[l->n - 1].own_port = own;
+      if (!rail->on || rail->on[q]) own &= all[(size_t)q * (FC_MAX_LINKS + 1) + 1 + (size_t)k];
+    rail->own_port = own;
   }
   free(all);
   return res;

@@ -56,7 +56,9 @@ typedef struct {
   /* Several devices (multi-rail), NULL for one: after rail 0 opened, how many rails this rank can
    * open (at most max), and alone[k] = 1 where rail k's device sits behind a PCIe port none of
    * rails 0..k-1 uses (its bandwidth adds to theirs).  lib/sched/links.c opens rails 1.. as links
-   * of their own (fc_link.rail), as many as every rank has, so the balancer splits over them. */
+   * of their own (fc_link.rail), so the balancer splits over them: as many as the rank with the
+   * most has where the transport is pairwise (rail k between the ranks that have it), else as
+   * many as every rank has. */
   int (*rails)(fc_link_t *link, unsigned char *alone, int max);
   /* Nonzero: the link may work on some ranks only (a NIC on some hosts): open marks the peers
    * whose side failed as unreached (reach[q] = 0), and lib/sched/links.c keeps the link for the

@@ -249,9 +249,12 @@ static flexcoll_result_t alloc_local(struct flexcoll_comm *comm, struct fc_gpu *
   return FLEXCOLL_SUCCESS;
 }
 
-/* Map peer q's staging area: its pointer in this process, or its IPC handle from another. */
+/* Map peer q's staging area: its pointer in this process, or its IPC handle from another.  A
+ * peer on another host has no peer access, whatever its GPU's PCI address: identical nodes put
+ * their GPUs at the same addresses, and its IPC handle means nothing here. */
 static flexcoll_result_t map_peer(struct flexcoll_comm *comm, struct fc_gpu *g, const fc_gpu_peer_info_t *me,
                                   const fc_gpu_peer_info_t *p, fc_peer_t *peer) {
+  if (p->host_hash != me->host_hash) return FLEXCOLL_SUCCESS;
   int local_dev;
   if (cudaDeviceGetByPCIBusId(&local_dev, p->pci_bus_id) != cudaSuccess) {
     cudaGetLastError();

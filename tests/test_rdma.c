@@ -549,7 +549,7 @@ END_TEST
 
 /* One rank has no RDMA device (nodev@R): the others keep rdma between themselves, every pair with
  * that rank goes over shm alone, at fixed shares (both links carry where both join) and under the
- * balancer; results bitwise those over shm alone (test_bitwise_with_shm's digests). */
+ * balancer; results bitwise those over shm alone. */
 START_TEST(test_rank_without_nic) {
   const int nranks = 3 + _i, without = nranks - 2;
   char e1[48], e2[48], shm[32], part[32], bal[32];

@@ -67,21 +67,22 @@ struct fc_pcie_proxy {
   const volatile uint64_t *staged;
 };
 
-/* After a kernel timed out: every block's counters as this proxy sees them, so that a hang
- * names the hop it stopped at (kernel -> proxy, proxy -> staged, staged -> the next proxy). */
+/* Every block's counters as this proxy sees them, so that a stall names the hop it stopped at
+ * (kernel -> proxy, proxy -> staged, staged -> the next proxy): a warning once a kernel timed
+ * out, an INFO line (SCHED) once the lane has been idle a while. */
 static void report(const struct fc_pcie_proxy *x, int warn) {
   for (unsigned b = 0; b < x->blocks; b++) {
     const uint64_t sent = x->sent[b], staged = x->staged[b], prev = x->prev_staged[b];
     if (!sent && !prev) continue;
-#define FC_PCIE_REPORT_FMT                                                                                    \
-  "rank %d: pcie lane (copy engines) %s, block %u: published %llu, copied out %llu, staged %llu; previous rank " \
-  "staged %llu, copied in %llu; ready %llu, ack %llu"
-#define FC_PCIE_REPORT_ARGS                                                                                    \
-  x->rank, warn ? "at the timeout" : "idle", b, (unsigned long long)sent, (unsigned long long)x->out_done[b],    \
-      (unsigned long long)staged, (unsigned long long)prev, (unsigned long long)x->in_done[b],                   \
-      (unsigned long long)x->ctr[b], (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]
-    if (warn) FC_WARN(FC_PCIE_REPORT_FMT, FC_PCIE_REPORT_ARGS);
-    else FC_INFO(FC_SUB_SCHED, FC_PCIE_REPORT_FMT, FC_PCIE_REPORT_ARGS);
+    char line[320];
+    snprintf(line, sizeof line,
+             "rank %d: pcie lane (copy engines) %s, block %u: published %llu, copied out %llu, staged %llu; previous "
+             "rank staged %llu, copied in %llu; ready %llu, ack %llu",
+             x->rank, warn ? "at the timeout" : "idle", b, (unsigned long long)sent, (unsigned long long)x->out_done[b],
+             (unsigned long long)staged, (unsigned long long)prev, (unsigned long long)x->in_done[b],
+             (unsigned long long)x->ctr[b], (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
+    if (warn) FC_WARN("%s", line);
+    else FC_INFO(FC_SUB_SCHED, "%s", line);
   }
 }
 
@@ -150,12 +151,12 @@ static void *proxy_main(void *arg) {
         moved = 1;
       }
     }
-    /* Spin while messages flow, then yield, then sleep, then doze: an idle communicator's
-     * proxy costs next to nothing, and an eager call wakes it as it is enqueued. */
     if (!reported && *x->error == 1) reported = 1, report(x, 1);
     /* Where a lane stands once it has been still for a while (FLEXCOLL_DEBUG=INFO, SCHED): the
      * last call's counters, or those of a stall that has not timed out yet. */
     if (idle == FC_PCIE_IDLE_REPORT) report(x, 0);
+    /* Spin while messages flow, then yield, then sleep, then doze: an idle communicator's
+     * proxy costs next to nothing, and an eager call wakes it as it is enqueued. */
     if (moved) idle = 0;
     else if (++idle > FC_PCIE_DOZE) doze(x, seen);
     else if (idle > FC_PCIE_YIELD) nanosleep(&(struct timespec){0, 20000}, NULL);

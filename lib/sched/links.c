@@ -3,7 +3,8 @@
  * Hosts: the ranks' host names are all-gathered first; ranks with the same name share a host.
  * Open: every link FLEXCOLL_LINKS names is opened on every rank (collective), toward the peers it
  * can reach (shm: the ranks of this host; tcp and rdma: every rank), and kept only where it works
- * on all ranks; every pair of ranks must then have a link.  Transfers between two ranks use the
+ * on all ranks (rdma, pairwise: between the ranks where it works, if two or more); every pair of
+ * ranks must then have a link.  Transfers between two ranks use the
  * links of that pair only (fc_links_split).  Stage 1: with two links or more, the models come
  * from the calibration cache when every rank has it, else from a short calibration (a ring
  * exchange per link and size, around the ranks the link joins), averaged over the ranks that

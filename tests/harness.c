@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "harness.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -945,4 +946,48 @@ int hx_same_digests(const char *tag, const char *dir, int nranks, const char *a,
     if (!same || lines == 0) return 0;
   }
   return 1;
+}
+
+/* ---- what a process holds (leak checks) ---------------------------------------------------- */
+
+static int plain_name(const char *name) { return strcmp(name, ".") && strcmp(name, ".."); }
+
+int hx_count_entries(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += plain_name(e->d_name) && !strncmp(e->d_name, prefix, strlen(prefix));
+  closedir(d);
+  return n;
+}
+
+int hx_open_fds(void) {
+  const int n = hx_count_entries("/proc/self/fd", "");
+  return n < 0 ? -1 : n - 1; /* the directory's own descriptor */
+}
+
+char **hx_list_names(const char *dir, const char *prefix, int *n) {
+  *n = 0;
+  DIR *d = opendir(dir);
+  if (!d) return NULL;
+  char **v = NULL;
+  int cap = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (!plain_name(e->d_name) || strncmp(e->d_name, prefix, strlen(prefix))) continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 64;
+      char **w = realloc(v, (size_t)cap * sizeof *v);
+      if (!w) break;
+      v = w;
+    }
+    if (!(v[*n] = strdup(e->d_name))) break;
+    (*n)++;
+  }
+  closedir(d);
+  return v;
+}
+
+void hx_names_free(char **names, int n) {
+  for (int i = 0; i < n; i++) free(names[i]);
+  free(names);
 }

@@ -126,6 +126,18 @@ int hx_ok(hx_rank_t *r, flexcoll_result_t res, flexcoll_comm_t comm, const char 
 uint64_t hx_digest(const void *buf, size_t bytes);
 int hx_same_digests(const char *tag, const char *dir, int nranks, const char *a, const char *b);
 
+/* ---- what a process holds (leak checks) ---------------------------------------------------- */
+
+/* Entries of a directory whose names start with prefix ("" for all), without "." and ".."; -1
+ * when it cannot be read. */
+int hx_count_entries(const char *dir, const char *prefix);
+/* Open file descriptors of this process (without the one that counts them); -1 unreadable. */
+int hx_open_fds(void);
+/* The names in dir starting with prefix, each allocated, *n of them (NULL and 0 when none or
+ * unreadable); hx_names_free releases them. */
+char **hx_list_names(const char *dir, const char *prefix, int *n);
+void hx_names_free(char **names, int n);
+
 /* ---- data --------------------------------------------------------------------------------- */
 
 typedef enum {

@@ -22,7 +22,6 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -40,6 +39,7 @@
 #include <unistd.h>
 
 #include "flexcoll.h"
+#include "harness.h"
 
 #define TIMEOUT_MS 3000
 #define NRANKS 3
@@ -113,12 +113,9 @@ static pid_t rank_pids[NRANKS];
  * segment's name starts with flexcoll-shm-<pid>-, lib/host/shm.c). */
 static int shm_leftovers(pid_t pid) {
   char prefix[64];
-  int len = snprintf(prefix, sizeof prefix, "flexcoll-shm-%d-", (int)pid), n = 0;
-  DIR *d = opendir("/dev/shm");
-  if (!d) return 0;
-  for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, (size_t)len) == 0;
-  closedir(d);
-  return n;
+  snprintf(prefix, sizeof prefix, "flexcoll-shm-%d-", (int)pid);
+  const int n = hx_count_entries("/dev/shm", prefix);
+  return n < 0 ? 0 : n;
 }
 
 enum { EXPECT_OK, EXPECT_EXIT0, EXPECT_SIGKILL, EXPECT_ANY };
@@ -228,24 +225,8 @@ typedef struct {
   const char *threads;   /* FLEXCOLL_SHM_THREADS for the ranks (helper threads), NULL: the default */
 } job_t;
 
-/* Entries of a /proc directory (not . and ..); -1 when it cannot be read. */
-static int count_entries(const char *dir) {
-  int n = 0;
-  DIR *d = opendir(dir);
-  if (!d) return -1;
-  for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
-  closedir(d);
-  return n;
-}
-
-/* Open file descriptors of this process. */
-static int count_fds(void) {
-  const int n = count_entries("/proc/self/fd");
-  return n < 0 ? -1 : n - 1; /* the directory's own descriptor */
-}
-
 /* Threads of this process. */
-static int count_threads(void) { return count_entries("/proc/self/task"); }
+static int count_threads(void) { return hx_count_entries("/proc/self/task", ""); }
 
 /* The first communicator of a process may open descriptors that stay for the life of the
  * process (the CUDA driver's, when UCX is built with CUDA, as on the GPU node): count them only
@@ -285,7 +266,7 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   if (job->threads) setenv("FLEXCOLL_SHM_THREADS", job->threads, 1);
   flexcoll_comm_t comm = NULL;
   open_process_lifetime_fds();
-  int fds_before = count_fds(), threads_before = count_threads();
+  int fds_before = hx_open_fds(), threads_before = count_threads();
   PHASE("flexcoll_comm_init_rank");
   RANK_OK(flexcoll_comm_init_rank(&comm, NRANKS, *id, rank, &cfg));
   const int threads_init = count_threads(); /* the communicator's own (the bootstrap's), no helper yet */
@@ -413,7 +394,7 @@ static void leave_rank(int rank, const flexcoll_unique_id_t *id, void *arg) {
   t0 = tf_now_ms();
   RANK_OK(flexcoll_comm_destroy(comm));
   double t_destroy = tf_now_ms() - t0;
-  int fds_after = count_fds(), threads_after = count_threads();
+  int fds_after = hx_open_fds(), threads_after = count_threads();
   rank_log("abort %.0f ms, destroy %.0f ms, fds %d -> %d, threads %d -> %d", t_abort, t_destroy, fds_before, fds_after,
            threads_before, threads_after);
   RANK_CHECK(t_abort < 1000, "abort took %.0f ms", t_abort);
@@ -573,7 +554,7 @@ START_TEST(test_abort_from_other_thread) {
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
   setenv("FLEXCOLL_TIMEOUT_MS", "30000", 1);
   open_process_lifetime_fds();
-  int fds_before = count_fds();
+  int fds_before = hx_open_fds();
   flexcoll_comm_t comms[2] = {NULL, NULL};
   ck_assert_msg(flexcoll_comm_init_all(comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
 
@@ -609,8 +590,8 @@ START_TEST(test_abort_from_other_thread) {
   ck_assert_int_eq(flexcoll_comm_destroy(comms[1]), FLEXCOLL_SUCCESS);
   ck_assert_msg(tf_now_ms() - t0 < 2000, "destroying the aborted communicators took %.0f ms", tf_now_ms() - t0);
   /* Everything is released (the rendezvous server of init_all ends with the rendezvous). */
-  int fds_after = count_fds();
-  for (int i = 0; i < 100 && fds_after != fds_before; i++) tf_sleep_ms(10), fds_after = count_fds();
+  int fds_after = hx_open_fds();
+  for (int i = 0; i < 100 && fds_after != fds_before; i++) tf_sleep_ms(10), fds_after = hx_open_fds();
   ck_assert_msg(fds_after == fds_before, "%d file descriptors before init_all, %d after destroy", fds_before, fds_after);
 }
 END_TEST

@@ -87,7 +87,6 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
-#include <dirent.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -124,31 +123,15 @@ typedef struct {
 } shm_list_t;
 
 static void shm_list_free(shm_list_t *l) {
-  for (int i = 0; i < l->n; i++) free(l->name[i]);
-  free(l->name);
+  hx_names_free(l->name, l->n);
   l->name = NULL;
   l->n = 0;
 }
 
 /* The entries of /dev/shm whose names start with "flexcoll". */
 static shm_list_t shm_list(void) {
-  shm_list_t l = {NULL, 0};
-  DIR *d = opendir("/dev/shm");
-  if (!d) return l;
-  struct dirent *e;
-  int cap = 0;
-  while ((e = readdir(d))) {
-    if (strncmp(e->d_name, "flexcoll", 8) != 0) continue;
-    if (l.n == cap) {
-      cap = cap ? 2 * cap : 16;
-      char **nn = realloc(l.name, (size_t)cap * sizeof *nn);
-      if (!nn) break;
-      l.name = nn;
-    }
-    if (!(l.name[l.n] = strdup(e->d_name))) break;
-    l.n++;
-  }
-  closedir(d);
+  shm_list_t l;
+  l.name = hx_list_names("/dev/shm", "flexcoll", &l.n);
   return l;
 }
 
@@ -1515,14 +1498,6 @@ END_TEST
                   flexcoll_get_error_string(r_), flexcoll_get_last_error(NULL));                               \
   } while (0)
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int n = 0;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
 
 START_TEST(test_alloc_args) {
   void *p = (void *)&p; /* a failure sets it to NULL */
@@ -1618,12 +1593,12 @@ START_TEST(test_alloc_fds) {
   void *p = NULL;
   EXPECT_OK(flexcoll_host_alloc(4096, &p));
   EXPECT_OK(flexcoll_host_free(p));
-  const int fds = count_fds();
+  const int fds = hx_open_fds();
   void *many[64];
   for (int i = 0; i < 64; i++) EXPECT_OK(flexcoll_host_alloc((size_t)(i + 1) * 1000, &many[i]));
   for (int i = 0; i < 64; i += 2) EXPECT_OK(flexcoll_host_free(many[i]));
   for (int i = 1; i < 64; i += 2) EXPECT_OK(flexcoll_host_free(many[i]));
-  ck_assert_int_eq(count_fds(), fds);
+  ck_assert_int_eq(hx_open_fds(), fds);
 }
 END_TEST
 

@@ -49,7 +49,6 @@ static const size_t counts[] = {0, 1, 7, 1001, 300007};
 static const flexcoll_datatype_t dtypes[] = {FLEXCOLL_FLOAT32, FLEXCOLL_INT32, FLEXCOLL_FLOAT64, FLEXCOLL_UINT8};
 #define NDTYPES (sizeof dtypes / sizeof dtypes[0])
 
-static int count_dir(const char *dir, const char *prefix);
 
 static const char *provider_env(void) { return g_real ? "FLEXCOLL_VERBS_PROVIDER=" : "FLEXCOLL_VERBS_PROVIDER=fake"; }
 
@@ -1076,7 +1075,7 @@ START_TEST(test_rank_killed) {
     struct ibv_context *ctx = v->open_device(list[0]);
     ck_assert_ptr_nonnull(ctx);
     snprintf(mine, sizeof mine, "fcfv-%d-", g_kill->victim_pid);
-    ck_assert_msg(count_dir("/dev/shm", mine) == 0, "the killed rank's segments are still there after a device open");
+    ck_assert_msg(hx_count_entries("/dev/shm", mine) == 0, "the killed rank's segments are still there after a device open");
     v->close_device(ctx);
     v->free_device_list(list);
   }
@@ -1165,25 +1164,16 @@ END_TEST
 
 /* ---- leaks --------------------------------------------------------------------------------------- */
 
-static int count_dir(const char *dir, const char *prefix) {
-  DIR *d = opendir(dir);
-  int n = 0;
-  if (!d) return -1;
-  for (struct dirent *e; (e = readdir(d));)
-    if (e->d_name[0] != '.' && !strncmp(e->d_name, prefix, strlen(prefix))) n++;
-  closedir(d);
-  return n;
-}
 
 /* A communicator split off, used over rdma and destroyed: no descriptor and no segment more. */
 static int leak_rank(hx_rank_t *r) {
   char mine[64];
   snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
-  int fds0 = count_dir("/proc/self/fd", ""), shm0 = count_dir("/dev/shm", mine);
+  int fds0 = hx_count_entries("/proc/self/fd", ""), shm0 = hx_count_entries("/dev/shm", mine);
   for (int round = 0; round < 3; round++) {
     flexcoll_comm_t sub = NULL;
     if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
-    if (count_dir("/dev/shm", mine) != shm0 + 1) hx_fail(r, "the split communicator has no fake device segment");
+    if (hx_count_entries("/dev/shm", mine) != shm0 + 1) hx_fail(r, "the split communicator has no fake device segment");
     float a[1000], b[1000];
     for (int i = 0; i < 1000; i++) a[i] = (float)(i + r->rank);
     hx_ok(r, flexcoll_allreduce(a, b, 1000, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, sub, NULL), sub, "allreduce");
@@ -1192,7 +1182,7 @@ static int leak_rank(hx_rank_t *r) {
     if (b[7] != want) hx_fail(r, "allreduce on the split communicator: %g, want %g", b[7], want);
     hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy");
   }
-  int fds1 = count_dir("/proc/self/fd", ""), shm1 = count_dir("/dev/shm", mine);
+  int fds1 = hx_count_entries("/proc/self/fd", ""), shm1 = hx_count_entries("/dev/shm", mine);
   if (fds1 != fds0) hx_fail(r, "%d open descriptors before three split communicators, %d after", fds0, fds1);
   if (shm1 != shm0) hx_fail(r, "%d fake device segments before three split communicators, %d after", shm0, shm1);
   return 0;
@@ -1338,7 +1328,7 @@ START_TEST(test_fake_model) {
   }
   m.v->free_device_list(list);
   snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
-  ck_assert_int_eq(count_dir("/dev/shm", mine), 2);
+  ck_assert_int_eq(hx_count_entries("/dev/shm", mine), 2);
   /* Remote write without local write: refused, as by every provider. */
   ck_assert_ptr_null(m.v->reg_mr(m.pd[0], m.buf[0], 64, IBV_ACCESS_REMOTE_WRITE));
   struct ibv_qp *a = fm_qp(&m, 0, NULL, 4, 2), *b = fm_qp(&m, 1, NULL, 4, 2);
@@ -1470,7 +1460,7 @@ START_TEST(test_fake_model) {
     ck_assert_int_eq(m.v->dealloc_pd(m.pd[s]), 0);
     ck_assert_int_eq(m.v->close_device(m.ctx[s]), 0);
   }
-  ck_assert_int_eq(count_dir("/dev/shm", mine), 0);
+  ck_assert_int_eq(hx_count_entries("/dev/shm", mine), 0);
 }
 END_TEST
 

@@ -41,7 +41,6 @@
  * progress lines; by default rank 0 prints one every 10% of a run).
  * Exit 0: passed; 1: failed (why on stderr). */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,42 +81,6 @@ static long rss_bytes(void) {
   return resident < 0 ? -1 : resident * sysconf(_SC_PAGESIZE);
 }
 
-/* Open descriptors of this process (without the one that lists them); -1 when unreadable. */
-static int open_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-  closedir(d);
-  return n - 1; /* the descriptor of d itself */
-}
-
-/* The names in /dev/shm, one allocated string each; *n of them. */
-static char **shm_list(int *n) {
-  *n = 0;
-  DIR *d = opendir("/dev/shm");
-  if (!d) return NULL;
-  char **v = NULL;
-  int cap = 0;
-  for (struct dirent *e; (e = readdir(d));) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    if (*n == cap) {
-      cap = cap ? 2 * cap : 64;
-      char **w = realloc(v, (size_t)cap * sizeof *v);
-      if (!w) break;
-      v = w;
-    }
-    v[(*n)++] = strdup(e->d_name);
-  }
-  closedir(d);
-  return v;
-}
-
-static void shm_free(char **v, int n) {
-  for (int i = 0; i < n; i++) free(v[i]);
-  free(v);
-}
 
 /* Draw call `call` of the run (the same on every rank) into p. */
 static void draw(pcall_t *p, uint64_t seed, uint64_t call, int rank, int nranks) {
@@ -252,7 +215,7 @@ typedef struct {
   int fds;
 } sample_t;
 
-static sample_t sample(void) { return (sample_t){rss_bytes(), open_fds()}; }
+static sample_t sample(void) { return (sample_t){rss_bytes(), hx_open_fds()}; }
 
 /* The ranks of a run: every rank issues the calls; the one that samples (every process rank; rank
  * 0 of the threads run) checks that its process stays steady. */
@@ -305,14 +268,14 @@ static int soak_rank(hx_rank_t *r) {
     }
     if (s->verbose && r->rank == 0 && s->calls >= 10 && (c + 1) % (s->calls / 10) == 0)
       fprintf(stderr, "[%s] rank 0: %ld of %ld calls, %.1f s, RSS %.1f MiB, %d fds\n", r->label, c + 1, s->calls,
-              hx_now() - t0, rss_bytes() / 1048576.0, open_fds());
+              hx_now() - t0, rss_bytes() / 1048576.0, hx_open_fds());
   }
   sample_t end = {0, 0};
   if (samples) end = sample();
   if (s->window && window_close(r, wbase, w)) return 1;
   if (!samples) return 0;
   /* Deregistering and freeing must not have left a descriptor behind. */
-  int fds_after = open_fds();
+  int fds_after = hx_open_fds();
   if (s->window && fds_after > end.fds)
     hx_fail(r, "open descriptors went from %d to %d over flexcoll_window_deregister and flexcoll_host_free", end.fds,
             fds_after);
@@ -340,7 +303,7 @@ int main(void) {
   uint64_t seed = hx_seed();
   memset(poison_blk, HX_POISON, sizeof poison_blk);
   int nshm0;
-  char **shm0 = shm_list(&nshm0);
+  char **shm0 = hx_list_names("/dev/shm", "", &nshm0);
   double t0 = hx_now();
 
   soak_t procs = {total - 2 * (total / 4), verbose, 0}, windows = {total / 4, verbose, 1},
@@ -359,7 +322,7 @@ int main(void) {
   int leaked = 0;
   for (int attempt = 0; attempt < 30; attempt++) {
     int nshm1;
-    char **shm1 = shm_list(&nshm1);
+    char **shm1 = hx_list_names("/dev/shm", "", &nshm1);
     leaked = 0;
     for (int i = 0; i < nshm1; i++) {
       int known = 0;
@@ -369,11 +332,11 @@ int main(void) {
         leaked++;
       }
     }
-    shm_free(shm1, nshm1);
+    hx_names_free(shm1, nshm1);
     if (!leaked) break;
     usleep(100 * 1000);
   }
-  shm_free(shm0, nshm0);
+  hx_names_free(shm0, nshm0);
   ok = ok && !leaked;
   fprintf(stderr, "test_soak: %s: %ld mixed checked calls in %.1f s (3 processes, 3 processes on host windows, "
           "then 2 threads); FC_TEST_SEED=0x%016" PRIx64 " reproduces them\n",

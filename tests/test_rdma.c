@@ -575,6 +575,52 @@ START_TEST(test_rank_without_nic) {
 }
 END_TEST
 
+/* ---- progress between calls --------------------------------------------------------------------- */
+
+/* Rank 0 sends 4 MiB eagerly (64 KiB slots, credits back from the receiver) while rank 1 is away
+ * from the library for AWAY_S; arg "1": the send must end long before rank 1 comes back (its
+ * progress thread took the fragments in and returned the credits), "0" (no thread): the send can
+ * only end after it.  The bytes are checked either way. */
+#define AWAY_S 0.6
+static int away_rank(hx_rank_t *r) {
+  const int thread = !strcmp((const char *)r->arg, "1");
+  const size_t bytes = (size_t)4 << 20;
+  unsigned char *buf = malloc(bytes);
+  if (!buf) return hx_fail(r, "out of memory");
+  if (r->rank == 0) {
+    for (size_t i = 0; i < bytes; i++) buf[i] = (unsigned char)(i * 7 + 3);
+    const double t0 = hx_now();
+    hx_ok(r, flexcoll_send(buf, bytes, FLEXCOLL_UINT8, 1, r->comm, NULL), r->comm, "send");
+    const double dt = hx_now() - t0;
+    fprintf(stderr, "[test_rdma] progress thread %s: the 4 MiB send took %.3f s, the receiver away %.1f s\n",
+            thread ? "on" : "off", dt, AWAY_S);
+    if (thread && dt > AWAY_S / 2) hx_fail(r, "the send waited %.3f s for a receiver away from the library", dt);
+    if (!thread && dt < AWAY_S * 0.75) hx_fail(r, "the send ended in %.3f s without the receiver's progress", dt);
+  } else if (r->rank == 1) {
+    nanosleep(&(struct timespec){0, (long)(AWAY_S * 1e9)}, NULL);
+    memset(buf, 0, bytes);
+    hx_ok(r, flexcoll_recv(buf, bytes, FLEXCOLL_UINT8, 0, r->comm, NULL), r->comm, "recv");
+    for (size_t i = 0; i < bytes; i++)
+      if (buf[i] != (unsigned char)(i * 7 + 3)) {
+        hx_fail(r, "byte %zu: %u", i, buf[i]);
+        break;
+      }
+  }
+  free(buf);
+  return 0;
+}
+
+START_TEST(test_progress_thread) {
+  for (int thread = 1; thread >= 0; thread--) {
+    const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_RDMA_ZCOPY_BYTES=0",
+                         thread ? "FLEXCOLL_RDMA_PROGRESS_THREAD=1" : "FLEXCOLL_RDMA_PROGRESS_THREAD=0", NULL};
+    hx_opts_t o = {.label = "progress", .env = env, .deadline_s = 60};
+    ck_assert_msg(hx_run_procs(2, &o, away_rank, thread ? "1" : "0"), "progress thread %s: see stderr",
+                  thread ? "on" : "off");
+  }
+}
+END_TEST
+
 /* ---- GID entries (RoCE) ------------------------------------------------------------------------ */
 
 static union ibv_gid gid_of(const char *kind, int host) {
@@ -1528,6 +1574,7 @@ int main(void) {
     tcase_add_test(tc, test_gid_pick);
     tcase_add_test(tc, test_gid);
     tcase_add_loop_test(tc, test_rank_without_nic, 0, 2);
+    tcase_add_test(tc, test_progress_thread);
     tcase_add_test(tc, test_info_rails);
     suite_add_tcase(s, tc);
     tc = tcase_create("rcache");

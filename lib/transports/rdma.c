@@ -55,6 +55,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,6 +277,15 @@ typedef struct {
   unsigned char alone[FC_RDMA_MAX_RAILS]; /* rail k's PCIe root port is none of rails 0..k-1's */
   int odp;             /* the device's registrations can follow the page tables (on-demand paging) */
   uint64_t max_msg;   /* the port's largest message: the longest single write */
+  /* The progress thread (FLEXCOLL_RDMA_PROGRESS_THREAD): it polls completions and async events
+   * between calls too, so a peer's eager fragments are taken into the unexpected queue and their
+   * credits returned while this rank computes, and a port that goes down sets the communicator's
+   * asynchronous error without a call.  Every entry point of the table holds lock; the thread
+   * only takes it when free (a call in progress drives the link itself). */
+  pthread_mutex_t lock;
+  int lock_made, progress_on;
+  pthread_t progress_tid;
+  atomic_int progress_stop;
 } rdma_t;
 
 /* What each rank publishes at open (the bootstrap all-gather), then one queue pair number per rank. */
@@ -906,8 +916,7 @@ static void poll_async(rdma_t *r) {
   }
 }
 
-static int rdma_progress(fc_link_t *link) {
-  rdma_t *r = link->state;
+static int progress_locked(rdma_t *r) {
   int events = 0;
   /* Async events are rare and cost a system call each look: every 128th call. */
   if ((++r->progress_calls & 127) == 0) poll_async(r);
@@ -930,10 +939,37 @@ static int rdma_progress(fc_link_t *link) {
   return events > 0;
 }
 
+static int rdma_progress(fc_link_t *link) {
+  rdma_t *r = link->state;
+  pthread_mutex_lock(&r->lock);
+  const int events = progress_locked(r);
+  pthread_mutex_unlock(&r->lock);
+  return events;
+}
+
+/* Between calls: yield while something moves, then sleep longer and longer (at most a
+ * millisecond, so an idle link costs a thousand wake-ups a second). */
+static void *progress_main(void *arg) {
+  rdma_t *r = arg;
+  unsigned idle = 0;
+  while (!atomic_load_explicit(&r->progress_stop, memory_order_acquire)) {
+    int moved = 0;
+    if (pthread_mutex_trylock(&r->lock) == 0) {
+      moved = progress_locked(r);
+      pthread_mutex_unlock(&r->lock);
+    }
+    idle = moved ? 0 : idle + 1;
+    if (idle < 16) sched_yield();
+    else nanosleep(&(struct timespec){0, idle < 1024 ? 50000 : 1000000}, NULL);
+  }
+  return NULL;
+}
+
 /* ---- open and close -------------------------------------------------------------------------- */
 
 FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
 FC_PARAM_INT(ib_gid_index, "IB_GID_INDEX", -1)
+FC_PARAM_INT(rdma_progress_thread, "RDMA_PROGRESS_THREAD", 1)
 FC_PARAM_INT(rdma_rcache_bytes, "RDMA_RCACHE_BYTES", 1 << 30)
 FC_PARAM_INT(rdma_rcache_pinned, "RDMA_RCACHE_PINNED", 0)
 
@@ -1202,6 +1238,7 @@ static void rdma_free(rdma_t *r) {
   free(r->ring);
   free(r->send);
   free(r->peers);
+  if (r->lock_made) pthread_mutex_destroy(&r->lock);
   free(r);
 }
 
@@ -1210,9 +1247,12 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_PINNED"));
   FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_ZCOPY_BYTES"));
   FC_CHECK(param_valid(comm, "FLEXCOLL_IB_GID_INDEX"));
+  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_PROGRESS_THREAD"));
   rdma_t *r = calloc(1, sizeof *r);
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;
+  r->lock_made = pthread_mutex_init(&r->lock, NULL) == 0;
+  if (!r->lock_made) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: pthread_mutex_init failed");
   r->comm = comm;
   r->nranks = comm->nranks;
   r->rank = comm->rank;
@@ -1265,6 +1305,11 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   /* Nobody writes into a queue pair before its peer's is ready to receive. */
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
   *usable = ok && res == FLEXCOLL_SUCCESS;
+  if (*usable && fc_param_rdma_progress_thread()) {
+    const int e = pthread_create(&r->progress_tid, NULL, progress_main, r);
+    if (e) FC_INFO(FC_SUB_NET, "rank %d: rdma progress thread not started (%s): progress in calls only", r->rank, strerror(e));
+    r->progress_on = e == 0;
+  }
   return res;
 }
 
@@ -1274,6 +1319,11 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
   rdma_t *r = link->state;
   if (!r) return;
+  if (r->progress_on) {
+    atomic_store_explicit(&r->progress_stop, 1, memory_order_release);
+    pthread_join(r->progress_tid, NULL);
+    r->progress_on = 0;
+  }
   if (!force && r->cq && !r->fatal) {
     double bound = comm->timeout_ms > 0 && comm->timeout_ms < 2000 ? comm->timeout_ms : 2000, t0 = fc_now_ms();
     for (;;) {
@@ -1333,7 +1383,7 @@ static flexcoll_result_t send_self(struct flexcoll_comm *comm, rdma_t *r, rdma_r
   return FLEXCOLL_SUCCESS;
 }
 
-static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
+static flexcoll_result_t rdma_isend_locked(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
                                    uint64_t tag, fc_link_req_t *req) {
   rdma_t *r = link->state;
   FC_CHECK(peer_ok(comm, r, peer, "send to"));
@@ -1370,7 +1420,7 @@ static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link,
   return FLEXCOLL_SUCCESS;
 }
 
-static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
+static flexcoll_result_t rdma_irecv_locked(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
                                     uint64_t tag, fc_link_req_t *req) {
   rdma_t *r = link->state;
   FC_CHECK(peer_ok(comm, r, peer, "receive from"));
@@ -1403,7 +1453,7 @@ static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link,
   return FLEXCOLL_SUCCESS;
 }
 
-static flexcoll_result_t rdma_test(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
+static flexcoll_result_t rdma_test_locked(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
                                    int *done) {
   rdma_t *r = link->state;
   rdma_req_t *q = *req;
@@ -1427,13 +1477,48 @@ static flexcoll_result_t rdma_test(struct flexcoll_comm *comm, fc_link_t *link, 
   return res;
 }
 
-static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
+static void rdma_cancel_locked(fc_link_t *link, fc_link_req_t *req) {
   rdma_t *r = link->state;
   rdma_req_t *q = *req;
   if (!q) return;
   req_detach(r, q);
   req_release(q);
   *req = NULL;
+}
+
+/* The table's entry points: each under the link's lock (the progress thread shares the state). */
+static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
+                                   uint64_t tag, fc_link_req_t *req) {
+  rdma_t *r = link->state;
+  pthread_mutex_lock(&r->lock);
+  flexcoll_result_t res = rdma_isend_locked(comm, link, peer, buf, bytes, tag, req);
+  pthread_mutex_unlock(&r->lock);
+  return res;
+}
+
+static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
+                                    uint64_t tag, fc_link_req_t *req) {
+  rdma_t *r = link->state;
+  pthread_mutex_lock(&r->lock);
+  flexcoll_result_t res = rdma_irecv_locked(comm, link, peer, buf, bytes, tag, req);
+  pthread_mutex_unlock(&r->lock);
+  return res;
+}
+
+static flexcoll_result_t rdma_test(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
+                                   int *done) {
+  rdma_t *r = link->state;
+  pthread_mutex_lock(&r->lock);
+  flexcoll_result_t res = rdma_test_locked(comm, link, req, expect, done);
+  pthread_mutex_unlock(&r->lock);
+  return res;
+}
+
+static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
+  rdma_t *r = link->state;
+  pthread_mutex_lock(&r->lock);
+  rdma_cancel_locked(link, req);
+  pthread_mutex_unlock(&r->lock);
 }
 
 static int rdma_rails(fc_link_t *link, unsigned char *alone, int max) {

@@ -80,9 +80,9 @@ static const fc_param_def_t table[] = {
      "shared-memory collectives on buffers in host windows (flexcoll_host_alloc) from this size read and write the "
      "peers' buffers in place; default with a core per rank 1K (allreduce, reduce_scatter), 4K (broadcast) or 8K "
      "(allgather), the split's threshold (1M) where ranks outnumber cores", 1, -1, BIG, NULL},
-    {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks", 1, 0,
+    {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks (rdma: between those that have it)", 1, 0,
      0, NULL},
-    {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce within hosts first (0: rank order)",
+    {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce/allgather/reduce_scatter within hosts first (0: rank order)",
      1, 0, 1, NULL},
     {"FLEXCOLL_LINK_SHARES", FC_PK_SHARES, "(balanced)", "fixed fractions per link instead of the balancer, e.g. shm:0.7,tcp:0.3",
      1, 0, 0, NULL},
@@ -90,9 +90,10 @@ static const fc_param_def_t table[] = {
      0, 0, NULL},
     {"FLEXCOLL_VERBS_FAKE_LIB", FC_PK_TEXT, "(unset)", "the test suite's fake verbs provider, for FLEXCOLL_VERBS_PROVIDER=fake", 0,
      0, 0, NULL},
-    {"FLEXCOLL_VERBS_FAKE_FAULT", FC_PK_TEXT, "(none)", "faults the fake verbs provider injects: post:N,drop:N,kill:N,portdown:N,regfail:N,delay:MS,nodev,noodp,pinned",
+    {"FLEXCOLL_VERBS_FAKE_FAULT", FC_PK_TEXT, "(none)", "faults the fake verbs provider injects: post:N,drop:N,kill:N,portdown:N,regfail:N,delay:MS,nodev,nodev@R,fewer@R:M,noodp,pinned",
      0, 0, 0, NULL},
     {"FLEXCOLL_VERBS_FAKE_DEVICES", FC_PK_INT, "1", "how many devices the fake verbs provider presents", 0, 1, 8, NULL},
+    {"FLEXCOLL_VERBS_FAKE_GIDS", FC_PK_INT, "1", "how many GID entries each fake port has (fe80:: v1, v2, fd00:: v1, v2)", 0, 1, 4, NULL},
     {"FLEXCOLL_VERBS_FAKE_PLACES", FC_PK_TEXT, "(node 0, a root port each)",
      "the fake verbs provider's devices' places, device by device: node[:root port],...", 0, 0, 0, NULL},
     {"FLEXCOLL_VERBS_FAKE_SYSFS", FC_PK_TEXT, "(none)",

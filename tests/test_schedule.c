@@ -633,44 +633,6 @@ START_TEST(test_uneven_hosts_two_dimensions) {
 }
 END_TEST
 
-/* Allgather and reduce-scatter over equal hosts take two dimensions too (ring.c): a rank sends
- * (H-1) blocks to other hosts (every rank does, one per host position), where the flat ring's
- * boundary ranks send n-1 each; checked on the steps for hosts of 2 and 4 ranks, the ranks
- * numbered round the hosts and in blocks.  (Their results: test_hierarchy_sweep.) */
-START_TEST(test_equal_hosts_two_dimensions) {
-  static const int layouts[][9] = {
-      {0, 1, 0, 1, 0, 1, 0, 1, -1}, /* 2 hosts of 4, round them */
-      {0, 0, 0, 0, 1, 1, 1, 1, -1}, /* 2 hosts of 4, in blocks */
-      {0, 1, 2, 3, 0, 1, 2, 3, -1}, /* 4 hosts of 2 */
-  };
-  for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
-    int n = 0, nh = 0;
-    while (layouts[li][n] >= 0) nh = layouts[li][n] + 1 > nh ? layouts[li][n] + 1 : nh, n++;
-    make_hierarchy(n, layouts[li]);
-    for (int coll = 0; coll < 2; coll++) {
-      const size_t c = 1000;
-      fc_algo_args_t a = {coll ? FC_COLL_REDUCE_SCATTER : FC_COLL_ALLGATHER, FC_ALGO_RING, 0, n, 0, c, 0,
-                          h_order, h_pos, h_host};
-      int senders = 0;
-      for (int r = 0; r < n; r++) {
-        fc_schedule_t sch;
-        fc_schedule_init(&sch);
-        a.rank = r;
-        ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
-        size_t cross = 0;
-        for (int i = 0; i < sch.nsteps; i++)
-          if (sch.steps[i].kind == FC_STEP_SEND && h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
-        fc_schedule_free(&sch);
-        ck_assert_msg(cross == (size_t)(nh - 1) * c, "layout %zu, %s: rank %d sends %zu elements to other hosts, not %zu",
-                      li, coll ? "reduce_scatter" : "allgather", r, cross, (size_t)(nh - 1) * c);
-        senders += cross > 0;
-      }
-      ck_assert_int_eq(senders, n);
-    }
-  }
-}
-END_TEST
-
 /* The simulator itself must catch the faults it is there to catch. */
 static void hand_schedule(int r, const fc_step_t *steps, const int *round_of, int nsteps) {
   fc_build_t b = {&S.rk[r].s, FLEXCOLL_SUCCESS};
@@ -1066,7 +1028,6 @@ static Suite *schedule_suite(void) {
   tcase_add_loop_test(tc, test_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
   tcase_add_loop_test(tc, test_hierarchy_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
   tcase_add_test(tc, test_uneven_hosts_two_dimensions);
-  tcase_add_test(tc, test_equal_hosts_two_dimensions);
   tcase_add_test(tc, test_p2p_batches);
   suite_add_tcase(su, tc);
   return su;

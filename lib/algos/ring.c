@@ -369,90 +369,6 @@ static void ring_alltoall(fc_build_t *b, const ring_t *g) {
   }
 }
 
-/* Allgather and reduce-scatter over hosts of L ranks each (H >= 2 hosts, L >= 2, every host
- * alike), in two dimensions as allreduce: between hosts only the H ranks of one host position
- * talk (L rings at once instead of one pair per host boundary), within a host the rest.  A rank
- * at host position l exchanges, within its host, the blocks of the H ranks at position l (one per
- * host): those are not contiguous in the rank-ordered buffers, so they travel packed in scratch
- * slot l (H blocks, host by host; N blocks in all), and a round of local copies packs or unpacks
- * them (the build rule allows one message per pair, direction and round).  Rounds are the same on
- * every rank: the hosts are alike. */
-
-/* Rank at host h, position l; the offset of its block (c elements per rank). */
-static int rank_at(const fc_algo_args_t *a, int L, int h, int l) { return a->order[h * L + l]; }
-
-/* Allgather: (A) ring allgather between hosts of the blocks of position l, straight into recv;
- * (B) pack them into scratch slot l, ring allgather of the slots within the host, unpack. */
-static void ring2d_allgather(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
-  const int v = a->pos[a->rank], hv = v / L, lv = v % L;
-  const int lnext = a->order[hv * L + (lv + 1) % L], lprev = a->order[hv * L + (lv + L - 1) % L];
-  const int hnext = a->order[((hv + 1) % H) * L + lv], hprev = a->order[((hv + H - 1) % H) * L + lv];
-  const size_t c = a->count, slot = (size_t)H * c;
-  for (int s = 0; s < H - 1; s++) { /* A */
-    const int sh = fc_mod(hv - s, H), rh = fc_mod(hv - s - 1, H);
-    fc_build_round(b);
-    if (s == 0) {
-      fc_build_copy(b, FC_BUF_RECV, (size_t)a->rank * c, FC_BUF_SEND, 0, c);
-      fc_build_send(b, hnext, FC_BUF_SEND, 0, c);
-    } else {
-      fc_build_send(b, hnext, FC_BUF_RECV, (size_t)rank_at(a, L, sh, lv) * c, c);
-    }
-    fc_build_recv(b, hprev, FC_BUF_RECV, (size_t)rank_at(a, L, rh, lv) * c, c);
-  }
-  fc_build_round(b); /* pack this position's blocks (its own from send: A may not have copied it yet) */
-  for (int h = 0; h < H; h++) {
-    const int q = rank_at(a, L, h, lv);
-    fc_build_copy(b, FC_BUF_SCRATCH, (size_t)lv * slot + (size_t)h * c, q == a->rank ? FC_BUF_SEND : FC_BUF_RECV,
-                  q == a->rank ? 0 : (size_t)q * c, c);
-  }
-  for (int t = 0; t < L - 1; t++) { /* B */
-    const int sl = fc_mod(lv - t, L), rl = fc_mod(lv - t - 1, L);
-    fc_build_round(b);
-    fc_build_send(b, lnext, FC_BUF_SCRATCH, (size_t)sl * slot, slot);
-    fc_build_recv(b, lprev, FC_BUF_SCRATCH, (size_t)rl * slot, slot);
-  }
-  fc_build_round(b); /* unpack the other positions' slots */
-  for (int l = 0; l < L; l++)
-    for (int h = 0; h < H && l != lv; h++)
-      fc_build_copy(b, FC_BUF_RECV, (size_t)rank_at(a, L, h, l) * c, FC_BUF_SCRATCH, (size_t)l * slot + (size_t)h * c, c);
-  b->s->scratch_count = (size_t)L * slot;
-}
-
-/* Reduce-scatter: pack send into scratch slots (slot l: the blocks of the ranks at position l,
- * host by host); (A) ring reduce-scatter of the slots within the host, folding in place, leaves
- * slot l reduced over the host at position l; (B) ring reduce-scatter of that slot's blocks
- * between hosts, the last fold straight into recv.  Every element is folded along one chain
- * (within its host, then between hosts), so the result depends on the ring alone.  recv is written
- * only by the last step, after send was read (in place it lies inside send). */
-static void ring2d_reduce_scatter(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
-  const int v = a->pos[a->rank], hv = v / L, lv = v % L;
-  const int lnext = a->order[hv * L + (lv + 1) % L], lprev = a->order[hv * L + (lv + L - 1) % L];
-  const int hnext = a->order[((hv + 1) % H) * L + lv], hprev = a->order[((hv + H - 1) % H) * L + lv];
-  const size_t c = a->count, slot = (size_t)H * c;
-  fc_build_round(b);
-  for (int l = 0; l < L; l++)
-    for (int h = 0; h < H; h++)
-      fc_build_copy(b, FC_BUF_SCRATCH, (size_t)l * slot + (size_t)h * c, FC_BUF_SEND, (size_t)rank_at(a, L, h, l) * c, c);
-  for (int t = 0; t < L - 1; t++) { /* A: round t sends slot lv-t-1, folds slot lv-t-2 */
-    const int sl = fc_mod(lv - t - 1, L), rl = fc_mod(lv - t - 2, L);
-    fc_build_round(b);
-    fc_build_send(b, lnext, FC_BUF_SCRATCH, (size_t)sl * slot, slot);
-    fc_build_recv_reduce(b, lprev, FC_BUF_SCRATCH, (size_t)rl * slot, FC_BUF_SCRATCH, (size_t)rl * slot, slot);
-  }
-  const size_t own = (size_t)lv * slot;
-  for (int s = 0; s < H - 1; s++) { /* B: round s sends block hv-s-1, folds block hv-s-2 */
-    const int sh = fc_mod(hv - s - 1, H), rh = fc_mod(hv - s - 2, H);
-    fc_build_round(b);
-    fc_build_send(b, hnext, FC_BUF_SCRATCH, own + (size_t)sh * c, c);
-    if (s == H - 2)
-      fc_build_recv_reduce(b, hprev, FC_BUF_RECV, 0, FC_BUF_SCRATCH, own + (size_t)rh * c, c);
-    else
-      fc_build_recv_reduce(b, hprev, FC_BUF_SCRATCH, own + (size_t)rh * c, FC_BUF_SCRATCH, own + (size_t)rh * c, c);
-  }
-  b->s->scratch_count = (size_t)L * slot;
-  fc_build_result(b, FC_BUF_RECV, 0, c);
-}
-
 void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
   ring_t g = ring_of(a);
   switch (a->coll) {
@@ -464,18 +380,8 @@ void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
       else ring_allreduce(b, &g);
       break;
     }
-    case FC_COLL_ALLGATHER: {
-      int hosts, per;
-      if (uniform_hosts(a, &hosts, &per)) ring2d_allgather(b, a, hosts, per);
-      else ring_allgather(b, &g);
-      break;
-    }
-    case FC_COLL_REDUCE_SCATTER: {
-      int hosts, per;
-      if (uniform_hosts(a, &hosts, &per)) ring2d_reduce_scatter(b, a, hosts, per);
-      else ring_reduce_scatter(b, &g);
-      break;
-    }
+    case FC_COLL_ALLGATHER: ring_allgather(b, &g); break;
+    case FC_COLL_REDUCE_SCATTER: ring_reduce_scatter(b, &g); break;
     case FC_COLL_BROADCAST: ring_broadcast(b, &g, a->root, a->chunk_count); break;
     case FC_COLL_REDUCE: ring_reduce(b, &g, a->root, a->chunk_count); break;
     case FC_COLL_ALLTOALL: ring_alltoall(b, &g); break;

@@ -10,6 +10,7 @@
 
 #include <strings.h>
 
+#include "error.h"
 #include "log.h"
 
 #define BIG ((int64_t)1 << 40)
@@ -230,4 +231,13 @@ const char *fc_param_str(const char *env, const char *dflt) {
     return s;
   }
   return dflt;
+}
+
+flexcoll_result_t fc_param_check(flexcoll_comm_t comm, const char *name) {
+  const char *s = getenv(name);
+  const fc_param_def_t *d = fc_param_find(name);
+  char why[120];
+  if (s && *s && d && fc_param_validate(d, s, why, sizeof why))
+    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s=%s: %s", name, s, why);
+  return FLEXCOLL_SUCCESS;
 }

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flexcoll.h"
+
 /* Strict integer: the whole string, in C notation (0x.. hex, 0.. octal), optionally followed by one
  * K, M or G (binary multiples) for byte sizes.  Returns 0 and sets *out, or -1 (nothing to read,
  * trailing text, out of range).  Inline so that flexcoll-perf, which links only the public library,
@@ -54,6 +56,10 @@ const fc_param_def_t *fc_param_table(size_t *n);
 const fc_param_def_t *fc_param_find(const char *name);
 /* 0 when value is valid for p; else -1 with the reason in why. */
 int fc_param_validate(const fc_param_def_t *p, const char *value, char *why, size_t len);
+/* The variable's value as its registry entry allows (range, integer, choices), else
+ * FLEXCOLL_INVALID_ARGUMENT naming it and why (comm's last error too): a setting that is not
+ * valid should not silently become the default.  Unset or empty: valid. */
+flexcoll_result_t fc_param_check(flexcoll_comm_t comm, const char *name);
 
 /* Parse once into *cache (guarded by *state); returns the value. */
 int64_t fc_param_int_load(const char *env, int64_t dflt, int64_t *cache, int *state);

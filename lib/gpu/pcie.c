@@ -352,10 +352,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   p->stage2_bytes = s2 > 0 ? (size_t)s2 : 0;
   const int n = comm->nranks, next = (comm->rank + 1) % n, prev = (comm->rank + n - 1) % n;
   char why[256] = "";
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_ENGINE")); /* sm or ce */
   const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
-  if (strcmp(engine, "sm") && strcmp(engine, "ce"))
-    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "FLEXCOLL_PCIE_ENGINE=%s: expected sm (the ring kernel's loads and "
-                    "stores) or ce (copy engines driven by a proxy thread)", engine);
   int64_t area = fc_param_pcie_area_bytes(), blocks = fc_param_pcie_blocks();
   /* Through copy engines every message costs the proxies two copies and two stream writes to
    * enqueue, so the lane wants few blocks and large messages (docs/PERFORMANCE.md, session 15);

@@ -973,16 +973,6 @@ FC_PARAM_INT(rdma_progress_thread, "RDMA_PROGRESS_THREAD", 1)
 FC_PARAM_INT(rdma_rcache_bytes, "RDMA_RCACHE_BYTES", 1 << 30)
 FC_PARAM_INT(rdma_rcache_pinned, "RDMA_RCACHE_PINNED", 0)
 
-/* A variable of the registry as its entry allows (range, integer), else INVALID_ARGUMENT naming it:
- * a cache bound that is not a number should not silently become the default. */
-static flexcoll_result_t param_valid(struct flexcoll_comm *comm, const char *name) {
-  const char *s = getenv(name);
-  const fc_param_def_t *d = fc_param_find(name);
-  char why[120];
-  if (s && *s && d && fc_param_validate(d, s, why, sizeof why))
-    return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "%s=%s: %s", name, s, why);
-  return FLEXCOLL_SUCCESS;
-}
 
 /* Whether the device's registrations can follow the process's page tables for what the rendezvous
  * does with them (on-demand paging for RC: the requester reading a source, the responder taking a
@@ -1243,11 +1233,11 @@ static void rdma_free(rdma_t *r) {
 }
 
 static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, int *usable, char *why, size_t len) {
-  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_BYTES"));
-  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_RCACHE_PINNED"));
-  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_ZCOPY_BYTES"));
-  FC_CHECK(param_valid(comm, "FLEXCOLL_IB_GID_INDEX"));
-  FC_CHECK(param_valid(comm, "FLEXCOLL_RDMA_PROGRESS_THREAD"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RDMA_RCACHE_BYTES"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RDMA_RCACHE_PINNED"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RDMA_ZCOPY_BYTES"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_IB_GID_INDEX"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RDMA_PROGRESS_THREAD"));
   rdma_t *r = calloc(1, sizeof *r);
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;

@@ -146,8 +146,9 @@ int fc_rdma_port_gid(const fc_verbs_t *v, struct ibv_context *ctx, const char *i
     snprintf(why, len, "out of memory");
     goto out;
   }
-  /* Only the entries that can be chosen are read: one where the index is given. */
-  for (int i = want >= 0 ? (want < n ? want : n) : 0; i < n && (want < 0 || i == want); i++) {
+  /* Only the entries that can be chosen are read: the one named (if the table has it), else all. */
+  const int first = want >= 0 ? want : 0, end = want < 0 ? n : want < n ? want + 1 : 0;
+  for (int i = first; i < end; i++) {
     if (v->query_gid(ctx, (uint8_t)port, i, &gids[i])) memset(&gids[i], 0, sizeof gids[i]);
     types[i] = gid_type(ibdev_path, port, i);
   }

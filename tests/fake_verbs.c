@@ -89,6 +89,12 @@ static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
 
 static int parse_devices(void);
 
+/* Whether this process is test rank r (FC_TEST_RANK, which tests/harness.c sets). */
+static int this_test_rank(int r) {
+  const char *me = getenv("FC_TEST_RANK");
+  return me && *me && atoi(me) == r;
+}
+
 static void parse_faults(void) {
   const char *s = getenv("FLEXCOLL_VERBS_FAKE_FAULT");
   if (!s || !*s) s = "";
@@ -98,16 +104,16 @@ static void parse_faults(void) {
     char *colon = strchr(t, ':'), *end = NULL;
     long v = colon ? strtol(colon + 1, &end, 10) : 0;
     if (!strcmp(t, "nodev")) { fault.nodev = 1; continue; }
-    if (!strncmp(t, "nodev@", 6)) { /* only in test rank R's process (FC_TEST_RANK, tests/harness.c) */
-      const char *me = getenv("FC_TEST_RANK");
-      if (me && *me && !strcmp(t + 6, me)) fault.nodev = 1;
+    if (!strncmp(t, "nodev@", 6)) { /* nodev@R: only in test rank R's process */
+      int rank = -1, used = 0;
+      if (sscanf(t + 6, "%d%n", &rank, &used) != 1 || t[6 + used]) fault.bad = 1;
+      else if (this_test_rank(rank)) fault.nodev = 1;
       continue;
     }
     if (!strncmp(t, "fewer@", 6)) { /* fewer@R:M: test rank R's process lists M devices */
-      const char *me = getenv("FC_TEST_RANK");
       int rank = -1, m = 0;
       if (sscanf(t + 6, "%d:%d", &rank, &m) != 2 || m < 1) fault.bad = 1;
-      else if (me && *me && atoi(me) == rank) fault.fewer = m;
+      else if (this_test_rank(rank)) fault.fewer = m;
       continue;
     }
     if (!strcmp(t, "noodp")) { fault.noodp = 1; continue; }
@@ -312,14 +318,6 @@ struct fv_ctx {
   unsigned rounds;
 };
 
-/* ---- devices (FLEXCOLL_VERBS_FAKE_DEVICES, _PLACES, _SYSFS) ----------------------------------------
- * FLEXCOLL_VERBS_FAKE_DEVICES=N devices (default 1), placed by FLEXCOLL_VERBS_FAKE_PLACES: a comma
- * list, device by device, of a NUMA node and optionally ":S", the PCIe root port it sits under
- * (devices it does not cover: node 0; by default each device a root port of its own).
- * With FLEXCOLL_VERBS_FAKE_SYSFS=DIR each device's ibdev_path is DIR/class/infiniband/NAME, whose
- * `device` links to its PCI function DIR/devices/pciDDDD:NN/0000:NN:SS.0/0000:BB:00.0 holding
- * `numa_node`, as in sysfs: the rdma link reads a real device's place the same way.  All devices
- * reach each other (one wire: shared memory). */
 /* FLEXCOLL_VERBS_FAKE_GIDS=N (1..4, default 1): each port's GID table, as an mlx5 RoCE port lays
  * it out: entry 0 fe80::/64 RoCE v1, 1 the same as RoCE v2, 2 fd00::/64 (a global address) v1, 3
  * the same as v2; each entry carries the context's identity in its low 64 bits, so any of them
@@ -332,8 +330,14 @@ static atomic_int fv_last_sgid = -1;
 /* The source GID index of the last queue pair this process moved to RTR (tests). */
 FV_EXPORT int fake_verbs_last_sgid_index(void) { return atomic_load(&fv_last_sgid); }
 
-static void fv_gid(const fv_ctx_t *c, int idx, union ibv_gid *g);
-
+/* ---- devices (FLEXCOLL_VERBS_FAKE_DEVICES, _PLACES, _SYSFS) ----------------------------------------
+ * FLEXCOLL_VERBS_FAKE_DEVICES=N devices (default 1), placed by FLEXCOLL_VERBS_FAKE_PLACES: a comma
+ * list, device by device, of a NUMA node and optionally ":S", the PCIe root port it sits under
+ * (devices it does not cover: node 0; by default each device a root port of its own).
+ * With FLEXCOLL_VERBS_FAKE_SYSFS=DIR each device's ibdev_path is DIR/class/infiniband/NAME, whose
+ * `device` links to its PCI function DIR/devices/pciDDDD:NN/0000:NN:SS.0/0000:BB:00.0 holding
+ * `numa_node`, as in sysfs: the rdma link reads a real device's place the same way.  All devices
+ * reach each other (one wire: shared memory). */
 static struct ibv_device fv_devices[FV_MAX_DEVICES];
 static int fv_ndevices = 1, fv_numa[FV_MAX_DEVICES], fv_root[FV_MAX_DEVICES];
 static atomic_long fv_open_now[FV_MAX_DEVICES];

@@ -183,18 +183,23 @@ static int matrix_rank(hx_rank_t *r) {
   return 0;
 }
 
+/* nranks ranks (processes, or threads) of fn under env.  One label per rank count: it salts the
+ * seed, and compared runs must see the same data. */
+static int run_ranks(int nranks, int threads, const char *const *env, hx_rank_fn fn, void *arg) {
+  char same[32];
+  snprintf(same, sizeof same, "rdma-%d", nranks);
+  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
+  return threads ? hx_run_threads(nranks, &o, fn, arg) : hx_run_procs(nranks, &o, fn, arg);
+}
+
 static int run(int nranks, int threads, const char *label, const char *links, const char *shares) {
   char e1[64], e2[96];
   snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", links);
   snprintf(e2, sizeof e2, "FLEXCOLL_LINK_SHARES=%s", shares ? shares : "");
   const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", e1, e2, NULL};
-  /* One label per rank count: it salts the seed, and compared runs must see the same data. */
-  char same[32];
-  snprintf(same, sizeof same, "rdma-%d", nranks);
-  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
   fprintf(stderr, "[test_rdma] %s: %d ranks (%s), FLEXCOLL_LINKS=%s FLEXCOLL_LINK_SHARES=%s\n", label ? label : "-", nranks,
           threads ? "threads" : "processes", links, shares ? shares : "");
-  return threads ? hx_run_threads(nranks, &o, matrix_rank, (void *)label) : hx_run_procs(nranks, &o, matrix_rank, (void *)label);
+  return run_ranks(nranks, threads, env, matrix_rank, (void *)label);
 }
 
 START_TEST(test_collectives) {
@@ -481,12 +486,9 @@ static int rails_run(int nranks, const char *label, const char *places, const ch
   snprintf(arg, sizeof arg, "%s,%d,%d", label, mask, split);
   const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
                        e1, e2, e3, e4, e5, NULL};
-  char same[32];
-  snprintf(same, sizeof same, "rdma-%d", nranks);
-  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
   fprintf(stderr, "[test_rdma] %s: %d ranks, fake devices at %s, FLEXCOLL_IB_HCA=%s: %d rail(s)\n", label, nranks, places,
           hca ? hca : "", rails);
-  return hx_run_procs(nranks, &o, rails_rank, arg);
+  return run_ranks(nranks, 0, env, rails_rank, arg);
 }
 
 /* The matrix with rank 1's process listing the first of the devices only (the fake's fewer@1:1),
@@ -500,11 +502,8 @@ static int rails_fewer_run(int nranks, const char *label, const char *places) {
   const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
                        "FLEXCOLL_VERBS_FAKE_DEVICES=3", "FLEXCOLL_VERBS_FAKE_FAULT=fewer@1:1", "FLEXCOLL_IB_HCA=",
                        e1, e2, e3, NULL};
-  char same[32];
-  snprintf(same, sizeof same, "rdma-%d", nranks);
-  hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
   fprintf(stderr, "[test_rdma] %s: %d ranks, fake devices at %s, rank 1 lists one\n", label, nranks, places);
-  return hx_run_procs(nranks, &o, matrix_rank, (void *)label);
+  return run_ranks(nranks, 0, env, matrix_rank, (void *)label);
 }
 
 /* Fake devices on this NUMA node (near) and another (far): one near device is one rail; two near
@@ -560,13 +559,10 @@ START_TEST(test_rank_without_nic) {
   for (int balanced = 0; balanced < 2; balanced++) {
     const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=shm,rdma",
                          balanced ? "FLEXCOLL_LINK_SHARES=" : "FLEXCOLL_LINK_SHARES=shm:0.5,rdma:0.5", e1, e2, NULL};
-    char same[32];
-    snprintf(same, sizeof same, "rdma-%d", nranks);
-    hx_opts_t o = {.label = same, .env = env, .deadline_s = 280};
     fprintf(stderr, "[test_rdma] %d ranks, rank %d without a device, %s\n", nranks, without,
             balanced ? "balanced" : "shm:0.5,rdma:0.5");
-    ck_assert_msg(hx_run_procs(nranks, &o, matrix_rank, balanced ? bal : part), "%d ranks, rank %d without a device: see stderr",
-                  nranks, without);
+    ck_assert_msg(run_ranks(nranks, 0, env, matrix_rank, balanced ? bal : part),
+                  "%d ranks, rank %d without a device: see stderr", nranks, without);
   }
   ck_assert_msg(run(nranks, 0, shm, "shm", NULL), "%d ranks over shm: see stderr", nranks);
   ck_assert_msg(hx_same_digests("test_rdma", g_dir, nranks, shm, part), "%d ranks: a rank without a device changed the bits",
@@ -701,10 +697,9 @@ static int gid_run(const char *label, int ngids, int sysfs, const char *index, i
   snprintf(arg, sizeof arg, "%s,%d", label, expect);
   const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_LINK_SHARES=",
                        e1, e2, e3, NULL};
-  hx_opts_t o = {.label = "rdma-2", .env = env, .deadline_s = 280};
   fprintf(stderr, "[test_rdma] %s: %d GID entries, types %s, FLEXCOLL_IB_GID_INDEX=%s: entry %d expected\n", label,
           ngids, sysfs ? "in sysfs" : "unknown", index ? index : "", expect);
-  return hx_run_procs(2, &o, gid_rank, arg);
+  return run_ranks(2, 0, env, gid_rank, arg);
 }
 
 /* A RoCE port of four GID entries (v1 and v2, link-local and global): the v2 global one; the one

@@ -574,7 +574,8 @@ END_TEST
 /* ---- progress between calls --------------------------------------------------------------------- */
 
 /* Rank 0 sends 4 MiB eagerly (64 KiB slots, credits back from the receiver) while rank 1 is away
- * from the library for AWAY_S; arg "1": the send must end long before rank 1 comes back (its
+ * from the library for AWAY_S (the ranks then wait for each other before destroying: rank 0 must
+ * not leave while rank 1's receive is still to come); arg "1": the send must end long before rank 1 comes back (its
  * progress thread took the fragments in and returned the credits), "0" (no thread): the send can
  * only end after it.  The bytes are checked either way. */
 #define AWAY_S 0.6
@@ -610,7 +611,7 @@ START_TEST(test_progress_thread) {
   for (int thread = 1; thread >= 0; thread--) {
     const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_RDMA_ZCOPY_BYTES=0",
                          thread ? "FLEXCOLL_RDMA_PROGRESS_THREAD=1" : "FLEXCOLL_RDMA_PROGRESS_THREAD=0", NULL};
-    hx_opts_t o = {.label = "progress", .env = env, .deadline_s = 60};
+    hx_opts_t o = {.label = "progress", .env = env, .deadline_s = 60, .exit_barrier = 1};
     ck_assert_msg(hx_run_procs(2, &o, away_rank, thread ? "1" : "0"), "progress thread %s: see stderr",
                   thread ? "on" : "off");
   }

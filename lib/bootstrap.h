@@ -88,6 +88,14 @@ flexcoll_result_t fc_bootstrap_init(fc_bootstrap_t **bs, const flexcoll_unique_i
  * on return every slot is.  All ranks must pass the same bytes (checked: FLEXCOLL_INTERNAL_ERROR). */
 flexcoll_result_t fc_bootstrap_allgather(fc_bootstrap_t *bs, void *data, size_t bytes);
 
+/* From now on every wait of bs calls progress(arg) between nonblocking polls instead of sleeping
+ * in poll (NULL: back to sleeping).  For the exchanges of a communicator that carries traffic
+ * (stage 2, comm_split, window registration): a rank that reaches one may still owe a peer bytes
+ * of the last collective that only its own progress moves (UCX over TCP keeps what the socket did
+ * not take), and that peer reaches the exchange only once they have arrived.  Not thread-safe
+ * against a wait on bs in progress. */
+void fc_bootstrap_set_progress(fc_bootstrap_t *bs, int (*progress)(void *), void *arg);
+
 /* Returns once every rank has entered the barrier (collective). */
 flexcoll_result_t fc_bootstrap_barrier(fc_bootstrap_t *bs);
 

@@ -21,6 +21,8 @@ struct fc_bootstrap {
   uint64_t magic;
   int next_fd, prev_fd; /* ring sockets; -1 when nranks == 1 */
   uint32_t seq;         /* all-gathers so far, compared between neighbours to catch a desync */
+  int (*progress)(void *); /* fc_bootstrap_set_progress */
+  void *progress_arg;
 };
 
 /* ---- rank side: waits ------------------------------------------------------------------ */
@@ -39,7 +41,12 @@ static fc_result_t wait_fds(const fc_bootstrap_t *b, struct pollfd *p, int n, in
   if (left <= 0)
     return fc_error(NULL, FLEXCOLL_TIMEOUT, "bootstrap rank %d of %d: %s: no progress for %d ms", b->rank, b->nranks,
                     what, b->timeout_ms);
-  if (poll(p, (nfds_t)n, (int)(left < SLICE_MS ? left : SLICE_MS)) < 0) {
+  /* With a progress function: a nonblocking poll, then the caller's transports, and where they
+   * had nothing to do a millisecond's nap that the sockets cut short. */
+  int k;
+  if (!b->progress) k = poll(p, (nfds_t)n, (int)(left < SLICE_MS ? left : SLICE_MS));
+  else if ((k = poll(p, (nfds_t)n, 0)) == 0 && !b->progress(b->progress_arg)) k = poll(p, (nfds_t)n, 1);
+  if (k < 0) {
     if (errno != EINTR) return fc_error(NULL, FLEXCOLL_SYSTEM_ERROR, "bootstrap: poll: %s", strerror(errno));
     for (int i = 0; i < n; i++) p[i].revents = 0;
   }
@@ -414,6 +421,12 @@ flexcoll_result_t fc_bootstrap_allgather(fc_bootstrap_t *b, void *data, size_t b
                        what));
   }
   return FLEXCOLL_SUCCESS;
+}
+
+void fc_bootstrap_set_progress(fc_bootstrap_t *b, int (*progress)(void *), void *arg) {
+  if (!b) return;
+  b->progress = progress;
+  b->progress_arg = arg;
 }
 
 flexcoll_result_t fc_bootstrap_barrier(fc_bootstrap_t *b) {

@@ -542,6 +542,15 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   return FLEXCOLL_SUCCESS;
 }
 
+/* Every link that is on, progressed once; nonzero when any did something. */
+static int progress_links(void *arg) {
+  fc_links_t *l = arg;
+  int any = 0;
+  for (int i = 0; i < l->n; i++)
+    if (!l->link[i].off) any |= l->link[i].ops->progress(&l->link[i]);
+  return any;
+}
+
 flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
   fc_links_t *l = calloc(1, sizeof *l);
   if (!l) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
@@ -562,12 +571,17 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
   for (int i = 0; i < l->n; i++) l->model[i] = (fc_link_model_t){.beta = 1, .port = -1};
   if (l->n > 1) FC_CHECK(seed_models(comm, l));
   FC_CHECK(fixed_shares(comm, l));
+  /* The communicator's exchanges from here on (stage 2, comm_split, window registration) come
+   * after collectives: while a rank waits in one, its links must keep moving what a peer still
+   * in the collective needs from it (test_hosts.sh matrix3 hung in stage 2's exchange without). */
+  fc_bootstrap_set_progress(comm->bootstrap, progress_links, l);
   return FLEXCOLL_SUCCESS;
 }
 
 void fc_links_close(struct flexcoll_comm *comm, int force) {
   fc_links_t *l = comm->links;
   if (!l) return;
+  fc_bootstrap_set_progress(comm->bootstrap, NULL, NULL);
   for (int i = 0; i < l->n; i++) {
     if (!l->link[i].off) l->link[i].ops->close(comm, &l->link[i], force);
     free(l->link[i].on);
@@ -661,7 +675,8 @@ void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *by
   fc_stage2_update(l->model, l->idle, l->probe, NULL, l->n, parts, bytes, us);
 }
 
-/* Every rank adds up everyone's measurements and applies the same update. */
+/* Every rank adds up everyone's measurements and applies the same update (the bootstrap's waits
+ * progress the links meanwhile: fc_links_open). */
 static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t *l) {
   size_t per = (size_t)l->n * 3;
   double *all = calloc((size_t)comm->nranks * per, sizeof *all);

@@ -31,6 +31,7 @@
  *   nodev    no device at all (ibv_get_device_list gives NULL, ENOSYS)
  *   nodev@R  the same in test rank R's process only (FC_TEST_RANK, which tests/harness.c sets)
  *   fewer@R:M test rank R's process lists only the first M devices (FLEXCOLL_VERBS_FAKE_DEVICES)
+ *   NAME@R:N post, drop, kill, delay, portdown or regfail in test rank R's process only
  *   regfail:N every Nth ibv_reg_mr of the process fails (ENOMEM), as when pinned memory runs out
  *
  * The port's largest message is FV_MAX_MSG (a longer write fails with LOC_LEN_ERR), well under an
@@ -120,6 +121,13 @@ static void parse_faults(void) {
     if (!strcmp(t, "pinned")) { fault.pinned = 1; continue; }
     if (!colon || end == colon + 1 || *end || v <= 0) { fault.bad = 1; continue; }
     *colon = 0;
+    char *at = strchr(t, '@'); /* NAME@R:N: in test rank R's process only */
+    if (at) {
+      int rank = -1, used = 0;
+      if (sscanf(at + 1, "%d%n", &rank, &used) != 1 || at[1 + used]) { fault.bad = 1; continue; }
+      if (!this_test_rank(rank)) continue;
+      *at = 0;
+    }
     if (!strcmp(t, "post")) fault.post_fail = v;
     else if (!strcmp(t, "drop")) fault.drop = v;
     else if (!strcmp(t, "kill")) fault.kill = v;
@@ -135,7 +143,7 @@ static void parse_faults(void) {
             "node[:root port]\n",
             getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), getenv("FLEXCOLL_VERBS_FAKE_PLACES"), FV_MAX_DEVICES);
   }
-  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N, nodev, nodev@R, fewer@R:M, noodp, pinned\n", s);
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N (each also NAME@R:N), nodev, nodev@R, fewer@R:M, noodp, pinned\n", s);
 }
 
 static double now_ms(void) {

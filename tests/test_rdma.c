@@ -618,6 +618,42 @@ START_TEST(test_progress_thread) {
 }
 END_TEST
 
+/* Messages that arrived whole are delivered even once the link to their sender has broken: rank 0
+ * sends 4 eager messages (a quarter of its 16 slots: no credit is needed) and leaves; rank 1's
+ * progress thread takes them in and returns their credit, and that first post of its process kills
+ * its queue pair (FLEXCOLL_VERBS_FAKE_FAULT=kill@1:1), which breaks its link to rank 0 while no
+ * call is running.  Only then does rank 1 post its receives: each must bring its bytes, not an
+ * error. */
+#define LEAVE_MSGS 4
+static int sender_leaves_rank(hx_rank_t *r) {
+  enum { BYTES = 3000 };
+  unsigned char buf[BYTES];
+  if (r->rank == 0) {
+    for (int m = 0; m < LEAVE_MSGS; m++) {
+      for (size_t i = 0; i < BYTES; i++) buf[i] = (unsigned char)(i * 5 + (size_t)m);
+      if (!hx_ok(r, flexcoll_send(buf, BYTES, FLEXCOLL_UINT8, 1, r->comm, NULL), r->comm, "send")) break;
+    }
+    return 0; /* the harness destroys rank 0's communicator now */
+  }
+  nanosleep(&(struct timespec){0, 300 * 1000000L}, NULL);
+  for (int m = 0; m < LEAVE_MSGS; m++) {
+    memset(buf, 0, BYTES);
+    snprintf(r->what, sizeof r->what, "receive %d of %d after the link broke", m, LEAVE_MSGS);
+    if (!hx_ok(r, flexcoll_recv(buf, BYTES, FLEXCOLL_UINT8, 0, r->comm, NULL), r->comm, "recv")) break;
+    for (size_t i = 0; i < BYTES; i++)
+      if (buf[i] != (unsigned char)(i * 5 + (size_t)m)) return hx_fail(r, "message %d byte %zu: %u", m, i, buf[i]);
+  }
+  return 0;
+}
+
+START_TEST(test_sender_leaves) {
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma",
+                       "FLEXCOLL_VERBS_FAKE_FAULT=kill@1:1", NULL};
+  hx_opts_t o = {.label = "sender leaves", .env = env, .timeout_ms = 5000, .deadline_s = 60};
+  ck_assert_msg(hx_run_procs(2, &o, sender_leaves_rank, NULL), "see stderr");
+}
+END_TEST
+
 /* ---- GID entries (RoCE) ------------------------------------------------------------------------ */
 
 static union ibv_gid gid_of(const char *kind, int host) {
@@ -1571,6 +1607,7 @@ int main(void) {
     tcase_add_test(tc, test_gid);
     tcase_add_loop_test(tc, test_rank_without_nic, 0, 2);
     tcase_add_test(tc, test_progress_thread);
+    tcase_add_test(tc, test_sender_leaves);
     tcase_add_test(tc, test_info_rails);
     suite_add_tcase(s, tc);
     tc = tcase_create("rcache");

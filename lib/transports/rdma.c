@@ -1410,10 +1410,21 @@ static flexcoll_result_t rdma_isend_locked(struct flexcoll_comm *comm, fc_link_t
   return FLEXCOLL_SUCCESS;
 }
 
+/* The first unexpected message of tag not yet matched: whole (every fragment in), or NULL. */
+static const unexp_t *whole_unexpected(const peer_t *e, uint64_t tag) {
+  for (const unexp_t *u = e->uq_head; u; u = u->next)
+    if (u->tag == tag && !u->req) return !u->rts && u->got == u->total && u != e->cur_unexp ? u : NULL;
+  return NULL;
+}
+
 static flexcoll_result_t rdma_irecv_locked(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
                                     uint64_t tag, fc_link_req_t *req) {
   rdma_t *r = link->state;
-  FC_CHECK(peer_ok(comm, r, peer, "receive from"));
+  /* A message that arrived whole before its sender left (or its queue pair broke) is delivered:
+   * the sender's send completed, so its data must not be lost; anything else needs the peer. */
+  const int left_whole = peer >= 0 && peer < r->nranks && r->peers[peer].qp && r->peers[peer].broken &&
+                         whole_unexpected(&r->peers[peer], tag);
+  if (!left_whole) FC_CHECK(peer_ok(comm, r, peer, "receive from"));
   peer_t *e = &r->peers[peer];
   rdma_req_t *q = calloc(1, sizeof *q);
   if (!q) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");

@@ -30,7 +30,10 @@
 set -u
 
 skip() { echo "SKIP: test_hosts.sh: $*"; exit 77; }
-fail() { echo "FAIL: test_hosts.sh: $*"; FAILED=1; }
+# Every failure is printed where it happens and again at the end, where a CI log's tail shows it.
+FAILS=""
+fail() { echo "FAIL: test_hosts.sh: $*"; FAILED=1; FAILS="$FAILS
+  $*"; }
 
 B=$(pwd)
 TC=$B/tests/test_coll
@@ -314,6 +317,9 @@ if want down; then
   drop_hosts
 fi
 
-[ $FAILED = 0 ] || exit 1
+if [ $FAILED != 0 ]; then
+  echo "FAIL: test_hosts.sh (FC_TEST_SEED=$SEED):$FAILS"
+  exit 1
+fi
 echo "PASS: test_hosts.sh"
 exit 0

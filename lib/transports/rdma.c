@@ -968,7 +968,6 @@ static void *progress_main(void *arg) {
 /* ---- open and close -------------------------------------------------------------------------- */
 
 FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
-FC_PARAM_INT(ib_gid_index, "IB_GID_INDEX", -1)
 FC_PARAM_INT(rdma_progress_thread, "RDMA_PROGRESS_THREAD", 1)
 FC_PARAM_INT(rdma_rcache_bytes, "RDMA_RCACHE_BYTES", 1 << 30)
 FC_PARAM_INT(rdma_rcache_pinned, "RDMA_RCACHE_PINNED", 0)
@@ -1075,7 +1074,7 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
     int type = 0;
     char text[64];
     r->gid_index = fc_rdma_port_gid(r->v, r->ctx, r->ctx->device->ibdev_path, r->port, &pa,
-                                    (int)fc_param_ib_gid_index(), &me->gid, &type, why, len);
+                                    fc_rdma_gid_index_wanted(), &me->gid, &type, why, len);
     if (r->gid_index < 0) return -1;
     fc_rdma_gid_text(&me->gid, text, sizeof text);
     FC_INFO(FC_SUB_NET, "rank %d: rdma rail %d addressed by GID index %d (%s, %s)", r->rank, r->rail, r->gid_index,

@@ -133,6 +133,8 @@ static int gid_type(const char *ibdev_path, int port, int idx) {
 
 FC_PARAM_INT(ib_gid_index, "IB_GID_INDEX", -1)
 
+int fc_rdma_gid_index_wanted(void) { return (int)fc_param_ib_gid_index(); }
+
 /* A real table has up to a few hundred entries; a rank reads this many at most. */
 #define FC_RDMA_MAX_GIDS 256
 
@@ -419,7 +421,7 @@ void fc_rdma_report(FILE *out) {
         union ibv_gid gid;
         int type = 0;
         char gwhy[200], text[64];
-        const int want = (int)fc_param_ib_gid_index();
+        const int want = fc_rdma_gid_index_wanted();
         const int gi = fc_rdma_port_gid(v, ctx, list[i]->ibdev_path, p, &pa, want, &gid, &type, gwhy, sizeof gwhy);
         if (gi < 0) {
           fprintf(out, "      GID: none usable (%s)\n", gwhy);

@@ -45,6 +45,8 @@ void fc_pci_root_port(const char *path, char *out, size_t len);
  * (lowest index first within a kind); types[i] is 2 for RoCE v2, 1 for v1 or InfiniBand, 0 unknown.  The index, or -1
  * when there is none.  Pure: unit-tested on tables. */
 int fc_rdma_pick_gid(const union ibv_gid *gids, const int *types, int n, int want);
+/* FLEXCOLL_IB_GID_INDEX: the GID entry asked for, -1 when unset (the pick above chooses). */
+int fc_rdma_gid_index_wanted(void);
 /* The GID a rank uses on an open device's port (link layer Ethernet, or InfiniBand without a
  * LID): the table read with ibv_query_gid, the types from the device's sysfs directory
  * (ports/P/gid_attrs/types/I, as the kernel lays it out), want as above.  Returns the index, its

@@ -109,6 +109,7 @@ static const fc_param_def_t table[] = {
      "rdma link: keep pinned registrations too (1: buffers given to flexcoll are never unmapped while it runs)", 0, 0, 1,
      NULL},
     {"FLEXCOLL_RDMA_PROGRESS_THREAD", FC_PK_INT, "1", "rdma: a thread per link polls completions and events between calls (0: in calls only)", 0, 0, 1, NULL},
+    {"FLEXCOLL_TCP_PROGRESS_THREAD", FC_PK_INT, "1", "tcp: a thread per link moves what UCX still holds between calls, once the link carries something (0: in calls only)", 0, 0, 1, NULL},
     {"FLEXCOLL_IB_GID_INDEX", FC_PK_INT, "-1", "RoCE: the GID table entry of the rdma links' ports (-1: a RoCE v2 one, IPv4-mapped first)", 0, -1, 255, NULL},
     {"FLEXCOLL_IB_HCA", FC_PK_TEXT, "(nearest)", "RDMA devices of the rdma links (one rail each): a comma list of name or name:port", 0, 0, 0, NULL},
     {"FLEXCOLL_MEM_TYPE_CACHE", FC_PK_INT, "1",

@@ -7,8 +7,9 @@
  * `shm` alone (the reduction order of an element never depends on its link) and right against the
  * reference.  Both links must carry bytes (flexcoll_comm_get_link_stats).  Stage 2: a link whose
  * measured part times grow loses its share, and regains it when they recover.  A bootstrap
- * exchange right after a large collective (comm_split) completes.  Bad settings and bad arguments
- * get clear errors. */
+ * exchange right after a large collective (comm_split) completes; a receive never waits for its
+ * sender's next call (the tcp link's progress thread).  Bad settings and bad arguments get clear
+ * errors. */
 #define _GNU_SOURCE
 #include <check.h>
 #include <stdio.h>
@@ -263,6 +264,51 @@ START_TEST(test_exchange_after_collective) {
 }
 END_TEST
 
+/* Between calls: UCX completes a short send over TCP once the message is in its own buffer and
+ * keeps there what the socket did not take, so without the tcp link's progress thread a receiver
+ * waits until its sender's next call.  Tiny socket buffers (UCX_TCP_SNDBUF/RCVBUF, the kernel's
+ * minimum) make the socket take only part of an 8100-byte message (whether it does varies from
+ * run to run); the sender then stays away from the library for AWAY_MS, and no receive may wait
+ * for it (the kernel's own window probes stay well under the bound). */
+#define AWAY_MS 1500
+static int sender_away_rank(hx_rank_t *r) {
+  enum { BYTES = 8100, ROUNDS = 4 };
+  unsigned char buf[BYTES];
+  double worst = 0;
+  for (int k = 0; k < ROUNDS && !r->errors; k++) {
+    if (r->rank == 0) {
+      for (size_t i = 0; i < BYTES; i++) buf[i] = (unsigned char)(i * 3 + (size_t)k);
+      hx_ok(r, flexcoll_send(buf, BYTES, FLEXCOLL_UINT8, 1, r->comm, NULL), r->comm, "send");
+      usleep(AWAY_MS * 1000); /* away from the library */
+    } else {
+      usleep(100 * 1000);
+      memset(buf, 0, BYTES);
+      const double t0 = hx_now();
+      snprintf(r->what, sizeof r->what, "receive %d", k);
+      if (!hx_ok(r, flexcoll_recv(buf, BYTES, FLEXCOLL_UINT8, 0, r->comm, NULL), r->comm, "recv")) break;
+      const double dt = hx_now() - t0;
+      worst = dt > worst ? dt : worst;
+      for (size_t i = 0; i < BYTES; i++)
+        if (buf[i] != (unsigned char)(i * 3 + (size_t)k)) {
+          hx_fail(r, "receive %d: byte %zu is %u", k, i, buf[i]);
+          break;
+        }
+      if (dt > AWAY_MS * 0.6e-3) hx_fail(r, "receive %d waited %.3f s for a sender away %d ms", k, dt, AWAY_MS);
+    }
+    int one = 1, sum = 0; /* the rounds in step */
+    hx_ok(r, flexcoll_allreduce(&one, &sum, 1, FLEXCOLL_INT32, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce");
+  }
+  if (r->rank == 1) fprintf(stderr, "[test_links] sender away %d ms: the longest receive took %.3f s\n", AWAY_MS, worst);
+  return 0;
+}
+
+START_TEST(test_sender_away) {
+  const char *env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=tcp", "UCX_TCP_SNDBUF=1", "UCX_TCP_RCVBUF=1", NULL};
+  hx_opts_t o = {.label = "sender away", .env = env, .deadline_s = 120};
+  ck_assert_msg(hx_run_procs(2, &o, sender_away_rank, NULL), "see stderr");
+}
+END_TEST
+
 /* Calibration: cached after the first communicator, read back by the next. */
 static int init_only_rank(hx_rank_t *r) {
   int n = 0;
@@ -374,6 +420,7 @@ int main(void) {
   tcase_add_test(tc, test_adaptive);
   tcase_add_test(tc, test_calibration_cache);
   tcase_add_test(tc, test_exchange_after_collective);
+  tcase_add_test(tc, test_sender_away);
   suite_add_tcase(s, tc);
   tc = tcase_create("errors");
   tcase_set_timeout(tc, 120);

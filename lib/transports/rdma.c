@@ -47,6 +47,7 @@
 #include "verbs.h"
 #include "rdma_rcache.h"
 #include "rdma_dev.h"
+#include "progress_thread.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -283,9 +284,8 @@ typedef struct {
    * asynchronous error without a call.  Every entry point of the table holds lock; the thread
    * only takes it when free (a call in progress drives the link itself). */
   pthread_mutex_t lock;
-  int lock_made, progress_on;
-  pthread_t progress_tid;
-  atomic_int progress_stop;
+  int lock_made;
+  fc_progress_thread_t progress;
 } rdma_t;
 
 /* What each rank publishes at open (the bootstrap all-gather), then one queue pair number per rank. */
@@ -941,29 +941,14 @@ static int progress_locked(rdma_t *r) {
 
 static int rdma_progress(fc_link_t *link) {
   rdma_t *r = link->state;
+  fc_progress_thread_used(&r->progress);
   pthread_mutex_lock(&r->lock);
   const int events = progress_locked(r);
   pthread_mutex_unlock(&r->lock);
   return events;
 }
 
-/* Between calls: yield while something moves, then sleep longer and longer (at most a
- * millisecond, so an idle link costs a thousand wake-ups a second). */
-static void *progress_main(void *arg) {
-  rdma_t *r = arg;
-  unsigned idle = 0;
-  while (!atomic_load_explicit(&r->progress_stop, memory_order_acquire)) {
-    int moved = 0;
-    if (pthread_mutex_trylock(&r->lock) == 0) {
-      moved = progress_locked(r);
-      pthread_mutex_unlock(&r->lock);
-    }
-    idle = moved ? 0 : idle + 1;
-    if (idle < 16) sched_yield();
-    else nanosleep(&(struct timespec){0, idle < 1024 ? 50000 : 1000000}, NULL);
-  }
-  return NULL;
-}
+static int progress_of(void *arg) { return progress_locked(arg); }
 
 /* ---- open and close -------------------------------------------------------------------------- */
 
@@ -1295,9 +1280,8 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
   *usable = ok && res == FLEXCOLL_SUCCESS;
   if (*usable && fc_param_rdma_progress_thread()) {
-    const int e = pthread_create(&r->progress_tid, NULL, progress_main, r);
+    const int e = fc_progress_thread_start(&r->progress, &r->lock, progress_of, r);
     if (e) FC_INFO(FC_SUB_NET, "rank %d: rdma progress thread not started (%s): progress in calls only", r->rank, strerror(e));
-    r->progress_on = e == 0;
   }
   return res;
 }
@@ -1308,11 +1292,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
   rdma_t *r = link->state;
   if (!r) return;
-  if (r->progress_on) {
-    atomic_store_explicit(&r->progress_stop, 1, memory_order_release);
-    pthread_join(r->progress_tid, NULL);
-    r->progress_on = 0;
-  }
+  fc_progress_thread_stop(&r->progress);
   if (!force && r->cq && !r->fatal) {
     double bound = comm->timeout_ms > 0 && comm->timeout_ms < 2000 ? comm->timeout_ms : 2000, t0 = fc_now_ms();
     for (;;) {
@@ -1490,6 +1470,7 @@ static void rdma_cancel_locked(fc_link_t *link, fc_link_req_t *req) {
 static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
                                    uint64_t tag, fc_link_req_t *req) {
   rdma_t *r = link->state;
+  fc_progress_thread_used(&r->progress);
   pthread_mutex_lock(&r->lock);
   flexcoll_result_t res = rdma_isend_locked(comm, link, peer, buf, bytes, tag, req);
   pthread_mutex_unlock(&r->lock);
@@ -1499,6 +1480,7 @@ static flexcoll_result_t rdma_isend(struct flexcoll_comm *comm, fc_link_t *link,
 static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
                                     uint64_t tag, fc_link_req_t *req) {
   rdma_t *r = link->state;
+  fc_progress_thread_used(&r->progress);
   pthread_mutex_lock(&r->lock);
   flexcoll_result_t res = rdma_irecv_locked(comm, link, peer, buf, bytes, tag, req);
   pthread_mutex_unlock(&r->lock);
@@ -1508,6 +1490,7 @@ static flexcoll_result_t rdma_irecv(struct flexcoll_comm *comm, fc_link_t *link,
 static flexcoll_result_t rdma_test(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
                                    int *done) {
   rdma_t *r = link->state;
+  fc_progress_thread_used(&r->progress);
   pthread_mutex_lock(&r->lock);
   flexcoll_result_t res = rdma_test_locked(comm, link, req, expect, done);
   pthread_mutex_unlock(&r->lock);
@@ -1516,6 +1499,7 @@ static flexcoll_result_t rdma_test(struct flexcoll_comm *comm, fc_link_t *link, 
 
 static void rdma_cancel(fc_link_t *link, fc_link_req_t *req) {
   rdma_t *r = link->state;
+  fc_progress_thread_used(&r->progress);
   pthread_mutex_lock(&r->lock);
   rdma_cancel_locked(link, req);
   pthread_mutex_unlock(&r->lock);

@@ -15,18 +15,53 @@
 #include "comm.h"
 #include "error.h"
 #include "param.h"
+#include "progress_thread.h"
 #include "transports.h"
 
 FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
 
 int fc_ucx_peer_failure(void) { return fc_param_ucx_peer_failure() != 0; }
 
+FC_PARAM_INT(tcp_progress_thread, "TCP_PROGRESS_THREAD", 1)
+
+/* The tcp link's progress thread (FLEXCOLL_TCP_PROGRESS_THREAD, progress_thread.h): UCX completes
+ * a short send once the message is in its own buffer and keeps there what the socket did not
+ * take; only this rank's progress moves it on, so a peer waiting for it would wait for this
+ * rank's next call (measured: a receiver waited the whole time its sender spent away).  While
+ * the thread runs, every entry point holds lock (the worker is single-threaded).  Shared memory
+ * needs none: a send there is complete once it is in the peer's FIFO. */
 typedef struct {
   ucp_context_h context;
   ucp_worker_h worker;
   ucp_ep_h *eps;
   int nranks;
+  pthread_mutex_t lock;
+  fc_progress_thread_t progress;
+  int want_thread; /* tcp with FLEXCOLL_TCP_PROGRESS_THREAD: started by the first send or receive */
+  int rank;
 } fc_ucx_t;
+
+/* The lock, where the progress thread runs (it starts in a call, before that call's first use
+ * of the worker, and stops in close, so the answer never changes under a use). */
+static void ucx_lock(fc_ucx_t *u) {
+  if (!u->progress.on) return;
+  fc_progress_thread_used(&u->progress);
+  pthread_mutex_lock(&u->lock);
+}
+static void ucx_unlock(fc_ucx_t *u) {
+  if (u->progress.on) pthread_mutex_unlock(&u->lock);
+}
+
+static int progress_worker(void *arg) { return (int)ucp_worker_progress(((fc_ucx_t *)arg)->worker); }
+
+/* The thread, once the link carries something (a link that never does, as tcp beside shared
+ * memory within one host mostly, costs no thread). */
+static void start_thread_once(fc_ucx_t *u) {
+  if (u->progress.on || !u->want_thread) return;
+  u->want_thread = 0;
+  const int e = fc_progress_thread_start(&u->progress, &u->lock, progress_worker, u);
+  if (e) FC_INFO(FC_SUB_NET, "rank %d: tcp progress thread not started (%s): progress in calls only", u->rank, strerror(e));
+}
 
 /* Each link's UCX transports: they replace UCX_TLS for the link's context (FLEXCOLL_LINKS chooses links). */
 typedef struct {
@@ -327,10 +362,16 @@ out:
  * other ranks' too. */
 static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, const ucx_link_kind_t *kind, int *usable,
                                   char *why, size_t len) {
+  if (kind == &kind_tcp) FC_CHECK(fc_param_check(comm, "FLEXCOLL_TCP_PROGRESS_THREAD"));
   fc_ucx_t *u = calloc(1, sizeof *u);
   if (!u) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  if (pthread_mutex_init(&u->lock, NULL) != 0) {
+    free(u);
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "pthread_mutex_init failed");
+  }
   link->state = u;
   u->nranks = comm->nranks;
+  u->rank = comm->rank;
   u->eps = calloc((size_t)comm->nranks, sizeof *u->eps);
   if (!u->eps) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   /* Without a worker this rank still takes part in the exchange (address length 0). */
@@ -356,6 +397,7 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   int first_not = -1;
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(comm->bootstrap, *usable, &first_not);
   if (res == FLEXCOLL_SUCCESS && first_not < 0) res = finish_wireup(comm, u, link->reach, kind->name);
+  u->want_thread = kind == &kind_tcp && fc_param_tcp_progress_thread() != 0;
   return res;
 }
 
@@ -401,6 +443,8 @@ static void close_endpoints(fc_ucx_t *u) {
 }
 
 static void ucx_free(fc_ucx_t *u) {
+  fc_progress_thread_stop(&u->progress);
+  pthread_mutex_destroy(&u->lock);
   free(u->eps);
   if (u->worker) ucp_worker_destroy(u->worker);
   if (u->context) ucp_cleanup(u->context);
@@ -410,6 +454,7 @@ static void ucx_free(fc_ucx_t *u) {
 static void ucx_close(struct flexcoll_comm *comm, fc_link_t *link, int force) {
   fc_ucx_t *u = link->state;
   if (!u) return;
+  fc_progress_thread_stop(&u->progress); /* the flush below progresses the worker itself */
   if (u->eps && u->worker) {
     /* At most 5 s, less with a shorter timeout (<= 0: none, so 5 s). */
     if (!force) flush_worker(u, comm->timeout_ms > 0 && comm->timeout_ms < 5000 ? comm->timeout_ms : 5000);
@@ -423,7 +468,11 @@ static flexcoll_result_t ucx_isend(struct flexcoll_comm *comm, fc_link_t *link, 
                                    uint64_t tag, fc_link_req_t *req) {
   fc_ucx_t *u = link->state;
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
-  return post_result(comm, ucp_tag_send_nbx(u->eps[peer], buf, bytes, tag, &p), req, "send");
+  start_thread_once(u);
+  ucx_lock(u);
+  flexcoll_result_t res = post_result(comm, ucp_tag_send_nbx(u->eps[peer], buf, bytes, tag, &p), req, "send");
+  ucx_unlock(u);
+  return res;
 }
 
 static flexcoll_result_t ucx_irecv(struct flexcoll_comm *comm, fc_link_t *link, int peer, void *buf, size_t bytes,
@@ -433,10 +482,20 @@ static flexcoll_result_t ucx_irecv(struct flexcoll_comm *comm, fc_link_t *link, 
   /* Always a request, so that fc_ucx_test_recv can check the length that arrived. */
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
                            .datatype = ucp_dt_make_contig(1)};
-  return post_result(comm, ucp_tag_recv_nbx(u->worker, buf, bytes, tag, UINT64_MAX, &p), req, "recv");
+  start_thread_once(u);
+  ucx_lock(u);
+  flexcoll_result_t res = post_result(comm, ucp_tag_recv_nbx(u->worker, buf, bytes, tag, UINT64_MAX, &p), req, "recv");
+  ucx_unlock(u);
+  return res;
 }
 
-static int ucx_progress(fc_link_t *link) { return (int)ucp_worker_progress(((fc_ucx_t *)link->state)->worker); }
+static int ucx_progress(fc_link_t *link) {
+  fc_ucx_t *u = link->state;
+  ucx_lock(u);
+  const int moved = progress_worker(u);
+  ucx_unlock(u);
+  return moved;
+}
 
 static flexcoll_result_t test_done(struct flexcoll_comm *comm, fc_link_req_t *req, int *done) {
   *done = 1;
@@ -453,9 +512,7 @@ static flexcoll_result_t test_done(struct flexcoll_comm *comm, fc_link_req_t *re
   return fc_error(comm, FLEXCOLL_REMOTE_ERROR, "transfer failed: %s", ucs_status_string(st));
 }
 
-static flexcoll_result_t ucx_test(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
-                                  int *done) {
-  (void)link;
+static flexcoll_result_t test_locked(struct flexcoll_comm *comm, fc_link_req_t *req, size_t expect, int *done) {
   *done = 1;
   if (*req == NULL) return FLEXCOLL_SUCCESS;
   if (expect == SIZE_MAX) return test_done(comm, req, done);
@@ -472,10 +529,22 @@ static flexcoll_result_t ucx_test(struct flexcoll_comm *comm, fc_link_t *link, f
   return test_done(comm, req, done);
 }
 
+static flexcoll_result_t ucx_test(struct flexcoll_comm *comm, fc_link_t *link, fc_link_req_t *req, size_t expect,
+                                  int *done) {
+  fc_ucx_t *u = link->state;
+  ucx_lock(u);
+  flexcoll_result_t res = test_locked(comm, req, expect, done);
+  ucx_unlock(u);
+  return res;
+}
+
 static void ucx_cancel(fc_link_t *link, fc_link_req_t *req) {
   if (*req == NULL) return;
-  if (ucp_request_check_status(*req) == UCS_INPROGRESS) ucp_request_cancel(((fc_ucx_t *)link->state)->worker, *req);
+  fc_ucx_t *u = link->state;
+  ucx_lock(u);
+  if (ucp_request_check_status(*req) == UCS_INPROGRESS) ucp_request_cancel(u->worker, *req);
   ucp_request_free(*req);
+  ucx_unlock(u);
   *req = NULL;
 }
 

@@ -1,0 +1,36 @@
+/* progress_thread.h — a link's progress between calls.
+ *
+ * A transport whose peers may need this rank to act while no call of it runs (receive credits to
+ * return, the tail of a message that UCX over TCP keeps until the socket takes it) drives itself
+ * from a thread: it progresses the link whenever the link's lock is free (a call in progress
+ * drives the link itself), yielding while things move, then sleeping longer and longer, at most
+ * a millisecond.  Every entry point of the link's table holds the lock while the thread runs and
+ * counts itself (fc_progress_thread_used): the thread stands back while calls use the link, so
+ * that it never competes with a collective's own progress for the lock or a core. */
+#ifndef FC_TRANSPORTS_PROGRESS_THREAD_H
+#define FC_TRANSPORTS_PROGRESS_THREAD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct {
+  pthread_t tid;
+  atomic_int stop;
+  int on;                           /* the thread runs */
+  pthread_mutex_t *lock;            /* the link's */
+  int (*progress_locked)(void *);   /* called with lock held: nonzero when something moved */
+  void *arg;
+  atomic_ulong uses;                /* entry points' calls so far */
+} fc_progress_thread_t;
+
+/* An entry point of the link's table ran (any thread). */
+static inline void fc_progress_thread_used(fc_progress_thread_t *t) {
+  atomic_fetch_add_explicit(&t->uses, 1, memory_order_relaxed);
+}
+
+/* Start the thread: 0, or the pthread_create error (t->on stays 0: progress in calls only). */
+int fc_progress_thread_start(fc_progress_thread_t *t, pthread_mutex_t *lock, int (*progress_locked)(void *), void *arg);
+/* Stop and join it (nothing when it does not run). */
+void fc_progress_thread_stop(fc_progress_thread_t *t);
+
+#endif

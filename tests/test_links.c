@@ -22,6 +22,7 @@
 #include "flexcoll.h"
 #include "harness.h"
 #include "sched/sched.h"
+#include "transports/progress_thread.h"
 
 static const size_t counts[] = {0, 1, 7, 1001, 300007, 1 << 20};
 #define NCOUNTS (sizeof counts / sizeof counts[0])
@@ -309,6 +310,52 @@ START_TEST(test_sender_away) {
 }
 END_TEST
 
+/* The progress thread itself (lib/transports/progress_thread.c): it progresses an idle link, and
+ * stands back while the link's entry points are in use.  A caller uses the link without pause for
+ * 200 ms (after 20 ms for the thread to notice); the thread may still call where the caller lost
+ * its core for a while (a loaded machine: the thread then sees no use for a millisecond), so a
+ * call counts against the thread only when the caller ran without a gap of 0.5 ms for the 3 ms
+ * before it. */
+static atomic_int thread_calls;
+static int count_thread_calls(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&thread_calls, 1);
+  return 0;
+}
+
+START_TEST(test_progress_thread_stands_back) {
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  fc_progress_thread_t t = {0};
+  atomic_store(&thread_calls, 0);
+  ck_assert_int_eq(fc_progress_thread_start(&t, &lock, count_thread_calls, NULL), 0);
+  /* Loaded machines run the thread late: up to 5 s for its first ten calls. */
+  for (const double w0 = hx_now(); atomic_load(&thread_calls) < 10 && hx_now() - w0 < 5;) usleep(1000);
+  ck_assert_msg(atomic_load(&thread_calls) >= 10, "an idle link was progressed %d times in 5 s", atomic_load(&thread_calls));
+  int in_use = 0, against = 0;
+  double prev = hx_now(), last_gap = prev;
+  /* The first 20 ms are the thread's to notice the use (it looked more often while idle). */
+  for (const double t0 = prev; prev - t0 < 0.22;) {
+    const int before = atomic_load(&thread_calls);
+    fc_progress_thread_used(&t); /* as an entry point does, around its own work under the lock */
+    pthread_mutex_lock(&lock);
+    pthread_mutex_unlock(&lock);
+    const double now = hx_now();
+    if (now - prev > 0.5e-3) last_gap = now;
+    const int calls = atomic_load(&thread_calls) - before;
+    if (now - t0 >= 0.02) {
+      in_use += calls;
+      if (calls && now - last_gap > 3e-3) against += calls;
+    }
+    prev = now;
+  }
+  fc_progress_thread_stop(&t);
+  ck_assert_int_eq(t.on, 0);
+  fprintf(stderr, "[test_links] progress thread: %d calls in 200 ms of use, %d of them without a gap before\n", in_use,
+          against);
+  ck_assert_msg(against == 0, "the thread progressed the link %d times while it was in use", against);
+}
+END_TEST
+
 /* Calibration: cached after the first communicator, read back by the next. */
 static int init_only_rank(hx_rank_t *r) {
   int n = 0;
@@ -421,6 +468,7 @@ int main(void) {
   tcase_add_test(tc, test_calibration_cache);
   tcase_add_test(tc, test_exchange_after_collective);
   tcase_add_test(tc, test_sender_away);
+  tcase_add_test(tc, test_progress_thread_stands_back);
   suite_add_tcase(s, tc);
   tc = tcase_create("errors");
   tcase_set_timeout(tc, 120);

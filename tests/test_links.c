@@ -226,7 +226,7 @@ END_TEST
  * empties; if it then waits in a bootstrap exchange (comm_split here; stage 2's every few large
  * calls) without progressing its links, the peer never finishes the allreduce and both wait out
  * the timeout.  The last rank enters each allreduce a little late, which makes a full socket
- * toward it likelier (the hang is timing-dependent: test_hosts.sh met it about once in eight
+ * toward it likelier (the hang is timing-dependent: test_hosts.sh met it in 2 of 21
  * runs under load; here it is the pattern that is checked).  Every call must succeed: a hang
  * ends in the 20 s timeout's error. */
 static int exchange_after_rank(hx_rank_t *r) {

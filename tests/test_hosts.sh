@@ -32,7 +32,7 @@ set -u
 skip() { echo "SKIP: test_hosts.sh: $*"; exit 77; }
 # Every failure is printed where it happens and again at the end, where a CI log's tail shows it.
 FAILS=""
-fail() { echo "FAIL: test_hosts.sh: $*"; FAILED=1; FAILS="$FAILS
+fail() { echo "FAIL: test_hosts.sh: $*"; FAILS="$FAILS
   $*"; }
 
 B=$(pwd)
@@ -47,7 +47,6 @@ unshare -n -u -i -m true 2>/dev/null || skip "unshare -n -u -i -m is refused her
 
 W=$(mktemp -d /tmp/fc-hosts.XXXXXX)
 PIDS=""
-FAILED=0
 SEED=${FC_TEST_SEED:-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')}
 case $SEED in 0x*) ;; *) SEED=0x$SEED ;; esac
 echo "test_hosts.sh: FC_TEST_SEED=$SEED, work directory $W"
@@ -317,7 +316,7 @@ if want down; then
   drop_hosts
 fi
 
-if [ $FAILED != 0 ]; then
+if [ -n "$FAILS" ]; then
   echo "FAIL: test_hosts.sh (FC_TEST_SEED=$SEED):$FAILS"
   exit 1
 fi

@@ -38,7 +38,6 @@ typedef struct {
   pthread_mutex_t lock;
   fc_progress_thread_t progress;
   int want_thread; /* tcp with FLEXCOLL_TCP_PROGRESS_THREAD: started by the first send or receive */
-  int rank;
 } fc_ucx_t;
 
 /* The lock, where the progress thread runs (it starts in a call, before that call's first use
@@ -54,13 +53,14 @@ static void ucx_unlock(fc_ucx_t *u) {
 
 static int progress_worker(void *arg) { return (int)ucp_worker_progress(((fc_ucx_t *)arg)->worker); }
 
-/* The thread, once the link carries something (a link that never does, as tcp beside shared
- * memory within one host mostly, costs no thread). */
-static void start_thread_once(fc_ucx_t *u) {
+/* The thread, once the link carries something: a link that never does costs no thread.  The
+ * calibration at creation sends over every link, so that holds only where the models come from
+ * the cache (tcp beside shared memory within one host, which the balancer leaves idle). */
+static void start_thread_once(const struct flexcoll_comm *comm, fc_ucx_t *u) {
   if (u->progress.on || !u->want_thread) return;
   u->want_thread = 0;
   const int e = fc_progress_thread_start(&u->progress, &u->lock, progress_worker, u);
-  if (e) FC_INFO(FC_SUB_NET, "rank %d: tcp progress thread not started (%s): progress in calls only", u->rank, strerror(e));
+  if (e) FC_INFO(FC_SUB_NET, "rank %d: tcp progress thread not started (%s): progress in calls only", comm->rank, strerror(e));
 }
 
 /* Each link's UCX transports: they replace UCX_TLS for the link's context (FLEXCOLL_LINKS chooses links). */
@@ -371,7 +371,6 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   }
   link->state = u;
   u->nranks = comm->nranks;
-  u->rank = comm->rank;
   u->eps = calloc((size_t)comm->nranks, sizeof *u->eps);
   if (!u->eps) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   /* Without a worker this rank still takes part in the exchange (address length 0). */
@@ -443,7 +442,6 @@ static void close_endpoints(fc_ucx_t *u) {
 }
 
 static void ucx_free(fc_ucx_t *u) {
-  fc_progress_thread_stop(&u->progress);
   pthread_mutex_destroy(&u->lock);
   free(u->eps);
   if (u->worker) ucp_worker_destroy(u->worker);
@@ -468,7 +466,7 @@ static flexcoll_result_t ucx_isend(struct flexcoll_comm *comm, fc_link_t *link, 
                                    uint64_t tag, fc_link_req_t *req) {
   fc_ucx_t *u = link->state;
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
-  start_thread_once(u);
+  start_thread_once(comm, u);
   ucx_lock(u);
   flexcoll_result_t res = post_result(comm, ucp_tag_send_nbx(u->eps[peer], buf, bytes, tag, &p), req, "send");
   ucx_unlock(u);
@@ -482,7 +480,7 @@ static flexcoll_result_t ucx_irecv(struct flexcoll_comm *comm, fc_link_t *link, 
   /* Always a request, so that fc_ucx_test_recv can check the length that arrived. */
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE | UCP_OP_ATTR_FLAG_NO_IMM_CMPL,
                            .datatype = ucp_dt_make_contig(1)};
-  start_thread_once(u);
+  start_thread_once(comm, u);
   ucx_lock(u);
   flexcoll_result_t res = post_result(comm, ucp_tag_recv_nbx(u->worker, buf, bytes, tag, UINT64_MAX, &p), req, "recv");
   ucx_unlock(u);

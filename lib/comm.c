@@ -214,7 +214,10 @@ flexcoll_result_t fc_comm_init(flexcoll_comm_t c) {
   c->p2p_sent = calloc((size_t)c->nranks * 2, sizeof *c->p2p_sent);
   if (!c->p2p_sent) { res = fc_error(c, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto fail; }
   c->p2p_received = c->p2p_sent + c->nranks;
-  FC_CHECK_GOTO(fc_links_open(c), res, fail);
+  const int caller_device = fc_gpu_enter_device(c);
+  res = fc_links_open(c);
+  fc_gpu_leave_device(caller_device);
+  if (res != FLEXCOLL_SUCCESS) goto fail;
   FC_CHECK_GOTO(fc_shm_open(c), res, fail);
   FC_CHECK_GOTO(fc_gpu_comm_init(c), res, fail);
   /* Unless aborted meanwhile (a non-blocking initialisation): that stays. */

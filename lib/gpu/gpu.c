@@ -417,6 +417,22 @@ static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   return FLEXCOLL_SUCCESS;
 }
 
+int fc_gpu_enter_device(const struct flexcoll_comm *comm) {
+  const int want = comm->init_config.cuda_device;
+  int prev = -1;
+  if (want < 0 || want >= fc_gpu_count() || cudaGetDevice(&prev) != cudaSuccess ||
+      cudaSetDevice(want) != cudaSuccess || cudaFree(NULL) != cudaSuccess) {
+    cudaGetLastError(); /* fc_gpu_comm_init reports what is wrong with the device */
+    if (prev >= 0) cudaSetDevice(prev);
+    return -1;
+  }
+  return prev != want ? prev : -1;
+}
+
+void fc_gpu_leave_device(int previous) {
+  if (previous >= 0) cudaSetDevice(previous);
+}
+
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   int want = comm->init_config.cuda_device;
   int count = fc_gpu_count();
@@ -549,6 +565,8 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
 #else
 int fc_gpu_count(void) { return 0; }
 int fc_gpu_current_device(void) { return FLEXCOLL_CONFIG_UNDEF; }
+int fc_gpu_enter_device(const struct flexcoll_comm *comm) { (void)comm; return -1; }
+void fc_gpu_leave_device(int previous) { (void)previous; }
 int fc_gpu_stream_capturing(flexcoll_stream_t stream) { (void)stream; return 0; }
 fc_mem_t fc_mem_type(const void *ptr, int *device) { (void)ptr; *device = -1; return FC_MEM_HOST; }
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {

@@ -34,6 +34,14 @@ int fc_gpu_current_device(void);
  * never captured. */
 int fc_gpu_stream_capturing(flexcoll_stream_t stream);
 
+/* Make the device comm's configuration names current on this thread, its context created, for
+ * what runs before fc_gpu_comm_init: UCX opens its CUDA transports against the current context
+ * (without one, its cuda_copy probe fails a driver call that compute-sanitizer reports).  Returns
+ * the device to give back to fc_gpu_leave_device, -1 when nothing changed (no device, or one
+ * fc_gpu_comm_init will refuse). */
+int fc_gpu_enter_device(const struct flexcoll_comm *comm);
+void fc_gpu_leave_device(int previous);
+
 /* Choose the CUDA device of comm (config, else current; -1 when there is none) and set up what
  * device collectives need. */
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm);

@@ -12,9 +12,11 @@
  * errors. */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "comm.h"
@@ -329,7 +331,7 @@ START_TEST(test_progress_thread_stands_back) {
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   fc_progress_thread_t t = {0};
   atomic_store(&thread_calls, 0);
-  ck_assert_int_eq(fc_progress_thread_start(&t, &lock, count_thread_calls, NULL), 0);
+  ck_assert_int_eq(fc_progress_thread_start(&t, "test", &lock, count_thread_calls, NULL, NULL), 0);
   /* Loaded machines run the thread late: up to 5 s for its first ten calls. */
   for (const double w0 = hx_now(); atomic_load(&thread_calls) < 10 && hx_now() - w0 < 5;) usleep(1000);
   ck_assert_msg(atomic_load(&thread_calls) >= 10, "an idle link was progressed %d times in 5 s", atomic_load(&thread_calls));
@@ -357,6 +359,125 @@ START_TEST(test_progress_thread_stands_back) {
   /* A few: the thread can lose its core between finding no use and calling, and call after the
    * caller came back.  A thread that did not stand back called hundreds of times here. */
   ck_assert_msg(against <= 20, "the thread progressed the link %d times while it was in use", against);
+}
+END_TEST
+
+/* A thread whose link can wake it parks once idle: a fake link whose descriptor is an eventfd
+ * (armed: the thread may sleep on it; progressed: what was written there is taken).  Parked, it
+ * must call far less often than the millisecond naps would (about a thousand calls a second),
+ * wake when the descriptor says so well before its bound, and stop at once. */
+static atomic_int park_arms, park_taken;
+static int park_fd = -1;
+static int park_progress(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&thread_calls, 1);
+  uint64_t v;
+  if (read(park_fd, &v, sizeof v) != sizeof v) return 0;
+  atomic_fetch_add(&park_taken, 1);
+  return 1;
+}
+static int park_arm(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&park_arms, 1);
+  return park_fd;
+}
+
+START_TEST(test_progress_thread_parks) {
+  park_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ck_assert_int_ge(park_fd, 0);
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  fc_progress_thread_t t = {0};
+  atomic_store(&thread_calls, 0);
+  atomic_store(&park_arms, 0);
+  atomic_store(&park_taken, 0);
+  ck_assert_int_eq(fc_progress_thread_start(&t, "test", &lock, park_progress, park_arm, NULL), 0);
+  for (const double w0 = hx_now(); atomic_load(&park_arms) < 2 && hx_now() - w0 < 10;) usleep(10000);
+  ck_assert_msg(atomic_load(&park_arms) >= 2, "the thread did not park in 10 s of an idle link");
+  const int calls0 = atomic_load(&thread_calls);
+  usleep(1000000);
+  const int parked_calls = atomic_load(&thread_calls) - calls0;
+  double waits[5];
+  for (int k = 0; k < 5; k++) {
+    const int taken = atomic_load(&park_taken);
+    usleep(20000 + 37000 * k); /* somewhere in the thread's poll */
+    const double t0 = hx_now();
+    ck_assert_int_eq(write(park_fd, &(uint64_t){1}, sizeof(uint64_t)), (ssize_t)sizeof(uint64_t));
+    while (atomic_load(&park_taken) == taken && hx_now() - t0 < 5) usleep(200);
+    waits[k] = hx_now() - t0;
+  }
+  for (const double w0 = hx_now(); atomic_load(&park_arms) < 8 && hx_now() - w0 < 10;) usleep(10000); /* parked again */
+  const double s0 = hx_now();
+  fc_progress_thread_stop(&t);
+  const double stop_s = hx_now() - s0;
+  close(park_fd);
+  /* the middle of the five: a thread that only woke at its bound takes about half of it */
+  for (int i = 0; i < 5; i++)
+    for (int j = i + 1; j < 5; j++)
+      if (waits[j] < waits[i]) { const double w = waits[i]; waits[i] = waits[j]; waits[j] = w; }
+  fprintf(stderr, "[test_links] parked progress thread: %d calls in 1 s, woken in %.1f ms (median of 5), stopped in %.1f ms\n",
+          parked_calls, waits[2] * 1e3, stop_s * 1e3);
+  ck_assert_msg(parked_calls <= 100, "a parked thread progressed an idle link %d times in 1 s", parked_calls);
+  ck_assert_msg(waits[2] < 0.04, "the link's descriptor woke the parked thread in %.1f ms (median)", waits[2] * 1e3);
+  ck_assert_msg(stop_s < 0.05, "stopping a parked thread took %.1f ms", stop_s * 1e3);
+}
+END_TEST
+
+/* The tcp link's thread on real UCX: after a collective, with nothing to do, it parks on the
+ * worker's descriptor.  Its wake-ups are the kernel's count of its voluntary context switches
+ * (a thread that naps a millisecond at a time makes about a thousand a second). */
+static long tcp_thread_switches(int *threads) {
+  long total = 0;
+  *threads = 0;
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  for (struct dirent *e; (e = readdir(d));) {
+    char path[300], line[128];
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    const int ours = fgets(line, sizeof line, f) && !strncmp(line, "flexcoll-tcp", 12);
+    fclose(f);
+    if (!ours) continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+    if (!(f = fopen(path, "r"))) continue;
+    while (fgets(line, sizeof line, f))
+      if (!strncmp(line, "voluntary_ctxt_switches:", 24)) total += atol(line + 24), ++*threads;
+    fclose(f);
+  }
+  closedir(d);
+  return total;
+}
+
+/* One allreduce of the two ranks (threads of this process), checked. */
+static void allreduce_both(flexcoll_comm_t comms[2]) {
+  float in[2][1000], out[2][1000];
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 1000; i++) in[r][i] = (float)(i + r);
+  ck_assert_int_eq(flexcoll_group_start(), FLEXCOLL_SUCCESS);
+  for (int r = 0; r < 2; r++)
+    ck_assert_int_eq(flexcoll_allreduce(in[r], out[r], 1000, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comms[r], NULL), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(flexcoll_group_end(), FLEXCOLL_SUCCESS);
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 1000; i++) ck_assert_msg(out[r][i] == (float)(2 * i + 1), "rank %d element %d", r, i);
+}
+
+START_TEST(test_tcp_thread_parks) {
+  setenv("FLEXCOLL_LINKS", "tcp", 1);
+  setenv("FLEXCOLL_UCX_PEER_FAILURE", "0", 1);
+  flexcoll_comm_t comms[2] = {NULL, NULL};
+  ck_assert_msg(flexcoll_comm_init_all(comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
+  allreduce_both(comms); /* the link's first transfers start its thread */
+  int threads = 0;
+  tcp_thread_switches(&threads);
+  ck_assert_msg(threads == 2, "%d tcp progress threads for 2 ranks over tcp", threads);
+  usleep(2500000); /* idle: past the second after which the threads park */
+  const long s0 = tcp_thread_switches(&threads);
+  usleep(1000000);
+  const long woke = tcp_thread_switches(&threads) - s0;
+  allreduce_both(comms); /* still a working link once parked */
+  for (int r = 0; r < 2; r++) ck_assert_int_eq(flexcoll_comm_destroy(comms[r]), FLEXCOLL_SUCCESS);
+  fprintf(stderr, "[test_links] idle tcp progress threads: %ld wake-ups in 1 s (2 threads)\n", woke);
+  ck_assert_msg(woke <= 200, "idle tcp progress threads woke %ld times in 1 s", woke);
 }
 END_TEST
 
@@ -473,6 +594,8 @@ int main(void) {
   tcase_add_test(tc, test_exchange_after_collective);
   tcase_add_test(tc, test_sender_away);
   tcase_add_test(tc, test_progress_thread_stands_back);
+  tcase_add_test(tc, test_progress_thread_parks);
+  tcase_add_test(tc, test_tcp_thread_parks);
   suite_add_tcase(s, tc);
   tc = tcase_create("errors");
   tcase_set_timeout(tc, 120);

@@ -1,11 +1,34 @@
 /* progress_thread.c — a link's progress between calls (progress_thread.h). */
+#define _GNU_SOURCE
 #include "progress_thread.h"
 
+#include <poll.h>
+#include <stdint.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <sched.h>
 #include <time.h>
 
-/* Yield while something moves, then sleep longer and longer (at most a millisecond, so an idle
- * link costs a thousand wake-ups a second); while the entry points are in use, only sleep. */
+/* Idle rounds: yield for the first few, then sleep 50 us, then a millisecond; a link that can
+ * wake the thread parks after PARK rounds (about a second without anything moving). */
+#define FC_PROGRESS_YIELD 16u
+#define FC_PROGRESS_SLOW 1024u
+#define FC_PROGRESS_PARK (FC_PROGRESS_SLOW + 1000u)
+#define FC_PROGRESS_PARK_MS 200
+
+/* Parked: arm the link and sleep in poll until its descriptor says something came (or the
+ * bound, so that what no event announces, UCX's keepalive, still runs). */
+static void park(fc_progress_thread_t *t) {
+  if (pthread_mutex_trylock(t->lock)) return; /* a call holds the link: it progresses it */
+  const int fd = t->arm_locked(t->arg);
+  pthread_mutex_unlock(t->lock);
+  if (fd < 0) return;
+  struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = t->stop_fd, .events = POLLIN}};
+  poll(p, 2, FC_PROGRESS_PARK_MS);
+}
+
+/* Yield while something moves, then sleep longer and longer (at most a millisecond); while the
+ * entry points are in use, only sleep. */
 static void *progress_main(void *arg) {
   fc_progress_thread_t *t = arg;
   unsigned idle = 0;
@@ -15,33 +38,49 @@ static void *progress_main(void *arg) {
     int moved = 0;
     if (uses != seen) {
       seen = uses;
-      idle = 1024; /* a call drives the link: look again in a millisecond, not sooner (on few
-                      cores, waking more often took time from the spinning caller) */
+      idle = FC_PROGRESS_SLOW; /* a call drives the link: look again in a millisecond, not
+                                  sooner (on few cores, waking more often took time from the
+                                  spinning caller) */
     } else if (pthread_mutex_trylock(t->lock) == 0) {
       moved = t->progress_locked(t->arg);
       pthread_mutex_unlock(t->lock);
     }
-    idle = moved ? 0 : idle + 1;
-    if (idle < 16) sched_yield();
-    else nanosleep(&(struct timespec){0, idle < 1024 ? 50000 : 1000000}, NULL);
+    if (moved) idle = 0;
+    else if (idle < FC_PROGRESS_PARK) idle++;
+    if (idle < FC_PROGRESS_YIELD) sched_yield();
+    else if (idle >= FC_PROGRESS_PARK && t->arm_locked) park(t);
+    else nanosleep(&(struct timespec){0, idle < FC_PROGRESS_SLOW ? 50000 : 1000000}, NULL);
   }
   return NULL;
 }
 
-int fc_progress_thread_start(fc_progress_thread_t *t, pthread_mutex_t *lock, int (*progress_locked)(void *), void *arg) {
+int fc_progress_thread_start(fc_progress_thread_t *t, const char *name, pthread_mutex_t *lock,
+                             int (*progress_locked)(void *), int (*arm_locked)(void *), void *arg) {
   t->lock = lock;
   t->progress_locked = progress_locked;
+  t->arm_locked = arm_locked;
   t->arg = arg;
   atomic_store(&t->stop, 0);
   atomic_store(&t->uses, 0);
+  /* Without it the thread only sleeps: a parked one would make stop wait out its poll. */
+  t->stop_fd = arm_locked ? eventfd(0, EFD_CLOEXEC) : -1;
+  if (t->stop_fd < 0) t->arm_locked = NULL;
   const int e = pthread_create(&t->tid, NULL, progress_main, t);
   t->on = e == 0;
+  if (e && t->stop_fd >= 0) close(t->stop_fd);
+  if (t->on) pthread_setname_np(t->tid, name);
   return e;
 }
 
 void fc_progress_thread_stop(fc_progress_thread_t *t) {
   if (!t->on) return;
   atomic_store_explicit(&t->stop, 1, memory_order_release);
+  if (t->stop_fd >= 0) {
+    const ssize_t w = write(t->stop_fd, &(uint64_t){1}, sizeof(uint64_t)); /* cannot fail: one add */
+    (void)w;
+  }
   pthread_join(t->tid, NULL);
+  if (t->stop_fd >= 0) close(t->stop_fd);
+  t->stop_fd = -1;
   t->on = 0;
 }

@@ -1280,7 +1280,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
   *usable = ok && res == FLEXCOLL_SUCCESS;
   if (*usable && fc_param_rdma_progress_thread()) {
-    const int e = fc_progress_thread_start(&r->progress, &r->lock, progress_of, r);
+    const int e = fc_progress_thread_start(&r->progress, "flexcoll-rdma", &r->lock, progress_of, NULL, r);
     if (e) FC_INFO(FC_SUB_NET, "rank %d: rdma progress thread not started (%s): progress in calls only", r->rank, strerror(e));
   }
   return res;

@@ -38,6 +38,7 @@ typedef struct {
   pthread_mutex_t lock;
   fc_progress_thread_t progress;
   int want_thread; /* tcp with FLEXCOLL_TCP_PROGRESS_THREAD: started by the first send or receive */
+  int efd;         /* the worker's wakeup descriptor (tcp), -1 without one: the thread never parks */
 } fc_ucx_t;
 
 /* The lock, where the progress thread runs (it starts in a call, before that call's first use
@@ -53,13 +54,21 @@ static void ucx_unlock(fc_ucx_t *u) {
 
 static int progress_worker(void *arg) { return (int)ucp_worker_progress(((fc_ucx_t *)arg)->worker); }
 
+/* An idle thread parks on the worker's descriptor: UCX signals it once armed (a message came, a
+ * socket that held our bytes back takes them). */
+static int arm_worker(void *arg) {
+  fc_ucx_t *u = arg;
+  return ucp_worker_arm(u->worker) == UCS_OK ? u->efd : -1;
+}
+
 /* The thread, once the link carries something: a link that never does costs no thread.  The
  * calibration at creation sends over every link, so that holds only where the models come from
  * the cache (tcp beside shared memory within one host, which the balancer leaves idle). */
 static void start_thread_once(const struct flexcoll_comm *comm, fc_ucx_t *u) {
   if (u->progress.on || !u->want_thread) return;
   u->want_thread = 0;
-  const int e = fc_progress_thread_start(&u->progress, &u->lock, progress_worker, u);
+  const int e = fc_progress_thread_start(&u->progress, "flexcoll-tcp", &u->lock, progress_worker,
+                                         u->efd >= 0 ? arm_worker : NULL, u);
   if (e) FC_INFO(FC_SUB_NET, "rank %d: tcp progress thread not started (%s): progress in calls only", comm->rank, strerror(e));
 }
 
@@ -155,7 +164,8 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, 
     }
   }
   ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
-                         .features = UCP_FEATURE_TAG, .mt_workers_shared = 0};
+                         .features = UCP_FEATURE_TAG | (kind == &kind_tcp ? UCP_FEATURE_WAKEUP : 0),
+                         .mt_workers_shared = 0};
   st = ucp_init(&params, config, &u->context);
   ucp_config_release(config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_init", st);
@@ -165,6 +175,8 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, 
                                  .thread_mode = UCS_THREAD_MODE_SERIALIZED};
   st = ucp_worker_create(u->context, &wparams, &u->worker);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_worker_create", st);
+  /* Without a descriptor the tcp thread keeps its millisecond naps: correct, only busier. */
+  if (kind == &kind_tcp && ucp_worker_get_efd(u->worker, &u->efd) != UCS_OK) u->efd = -1;
   return FLEXCOLL_SUCCESS;
 }
 
@@ -365,6 +377,7 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   if (kind == &kind_tcp) FC_CHECK(fc_param_check(comm, "FLEXCOLL_TCP_PROGRESS_THREAD"));
   fc_ucx_t *u = calloc(1, sizeof *u);
   if (!u) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  u->efd = -1;
   if (pthread_mutex_init(&u->lock, NULL) != 0) {
     free(u);
     return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "pthread_mutex_init failed");

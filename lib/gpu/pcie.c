@@ -344,6 +344,13 @@ static flexcoll_result_t open_board(struct flexcoll_comm *comm, fc_pcie_t *p) {
 
 /* ---- open ---------------------------------------------------------------------------------- */
 
+
+/* The lane's blocks: as asked, at least one, at most half the ring grid (the NVLink lane keeps
+ * the rest). */
+static unsigned lane_blocks(int64_t asked, unsigned ring_blocks) {
+  const unsigned b = asked < 1 ? 1u : (unsigned)asked;
+  return b > ring_blocks / 2 ? ring_blocks / 2 : b;
+}
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
   memset(p, 0, sizeof *p);
@@ -365,8 +372,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   p->ctr_bytes = FC_PCIE_CTR_BYTES; /* the same on every rank whatever its engine: ranks map each other's areas */
   p->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
   p->bytes = p->ctr_bytes + p->area_bytes;
-  p->blocks = blocks < 1 ? 1u : (unsigned)blocks;
-  if (p->blocks > g->ring_blocks / 2) p->blocks = g->ring_blocks / 2;
+  p->blocks = lane_blocks(blocks, g->ring_blocks);
   int want = 1;
   if (!fc_links_names("pcie")) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
   else if (!g->ring) snprintf(why, sizeof why, "the ring kernels are off (FLEXCOLL_RING_KERNEL=0)"), want = 0;
@@ -407,11 +413,19 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
    * moves the bytes itself. */
   if (!strcmp(engine, "ce")) {
     why[0] = 0;
-    FC_CHECK(fc_pcie_ce_start(comm, g, why, sizeof why));
+    /* With one hardware queue the proxy's copies and counter writes were held back behind the
+     * spinning ring kernels (the node, session 17: the first call stopped for good); the default
+     * queues and 32 worked, 2 to 7 are not measured. */
+    const char *queues = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (queues && atoi(queues) < 8)
+      snprintf(why, sizeof why, "CUDA_DEVICE_MAX_CONNECTIONS=%s (copy engines need at least 8 hardware queues)", queues);
+    else FC_CHECK(fc_pcie_ce_start(comm, g, why, sizeof why));
     int all_ce = 0;
     FC_CHECK(everyone(comm, g->pcie.proxy != NULL, &all_ce));
     if (!all_ce) {
       fc_pcie_ce_stop(g);
+      /* Every rank falls back alike (agreed above): the kernel's own default block count. */
+      if (!getenv("FLEXCOLL_PCIE_BLOCKS")) p->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks);
       FC_INFO(FC_SUB_SCHED, "rank %d: pcie link: copy engines off, the ring kernel moves its bytes: %s", comm->rank,
               why[0] ? why : "another rank could not start its proxy");
     }

@@ -24,7 +24,7 @@ static void park(fc_progress_thread_t *t) {
   pthread_mutex_unlock(t->lock);
   if (fd < 0) return;
   struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = t->stop_fd, .events = POLLIN}};
-  poll(p, 2, FC_PROGRESS_PARK_MS);
+  poll(p, 2, t->park_ms > 0 ? t->park_ms : FC_PROGRESS_PARK_MS);
 }
 
 /* Yield while something moves, then sleep longer and longer (at most a millisecond); while the

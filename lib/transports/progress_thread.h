@@ -27,6 +27,7 @@ typedef struct {
   int (*arm_locked)(void *);
   void *arg;
   int stop_fd;                      /* an eventfd: wakes a parked thread to stop */
+  int park_ms;                      /* longest sleep parked (0: FC_PROGRESS_PARK_MS; tests set more) */
   atomic_ulong uses;                /* entry points' calls so far */
 } fc_progress_thread_t;
 

@@ -344,13 +344,13 @@ static flexcoll_result_t open_board(struct flexcoll_comm *comm, fc_pcie_t *p) {
 
 /* ---- open ---------------------------------------------------------------------------------- */
 
-
 /* The lane's blocks: as asked, at least one, at most half the ring grid (the NVLink lane keeps
  * the rest). */
 static unsigned lane_blocks(int64_t asked, unsigned ring_blocks) {
   const unsigned b = asked < 1 ? 1u : (unsigned)asked;
   return b > ring_blocks / 2 ? ring_blocks / 2 : b;
 }
+
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
   memset(p, 0, sizeof *p);

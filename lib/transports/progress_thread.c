@@ -3,11 +3,11 @@
 #include "progress_thread.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <stdint.h>
 #include <sys/eventfd.h>
-#include <unistd.h>
-#include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Idle rounds: yield for the first few, then sleep 50 us, then a millisecond; a link that can
  * wake the thread parks after PARK rounds (about a second without anything moving). */
@@ -67,7 +67,7 @@ int fc_progress_thread_start(fc_progress_thread_t *t, const char *name, pthread_
   if (t->stop_fd < 0) t->arm_locked = NULL;
   const int e = pthread_create(&t->tid, NULL, progress_main, t);
   t->on = e == 0;
-  if (e && t->stop_fd >= 0) close(t->stop_fd);
+  if (e && t->stop_fd >= 0) close(t->stop_fd), t->stop_fd = -1;
   if (t->on) pthread_setname_np(t->tid, name);
   return e;
 }

@@ -8,7 +8,7 @@
  * counts itself (fc_progress_thread_used): the thread stands back while calls use the link, so
  * that it never competes with a collective's own progress for the lock or a core.  A link that
  * can wake a thread through a file descriptor (UCX's wakeup) lets it park once idle a second:
- * it then sleeps in poll until the link has something to do, or 100 ms at most, instead of
+ * it then sleeps in poll until the link has something to do, or 200 ms at most, instead of
  * waking a thousand times a second. */
 #ifndef FC_TRANSPORTS_PROGRESS_THREAD_H
 #define FC_TRANSPORTS_PROGRESS_THREAD_H

@@ -357,8 +357,9 @@ START_TEST(test_progress_thread_stands_back) {
   fprintf(stderr, "[test_links] progress thread: %d calls in 200 ms of use, %d of them without a gap before\n", in_use,
           against);
   /* A few: the thread can lose its core between finding no use and calling, and call after the
-   * caller came back.  A thread that did not stand back called hundreds of times here. */
-  ck_assert_msg(against <= 20, "the thread progressed the link %d times while it was in use", against);
+   * caller came back (21 of 60 calls once in CI, make check beside itself on 2 cores).  A thread
+   * that did not stand back called hundreds of times here. */
+  ck_assert_msg(against <= 50, "the thread progressed the link %d times while it was in use", against);
 }
 END_TEST
 

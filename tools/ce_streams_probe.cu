@@ -24,14 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      printf("%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));               \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
+#include "probe_check.h"
 
 enum { FLOWS = 2, SLOTS = 8 };
 static const size_t total = 256u << 20, slice = 4u << 20;

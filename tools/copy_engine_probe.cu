@@ -24,14 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      printf("%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));               \
-      exit(1);                                                                                 \
-    }                                                                                          \
-  } while (0)
+#include "probe_check.h"
 
 static double now_s() {
   struct timespec t;

@@ -16,13 +16,22 @@
 #define FC_PROGRESS_PARK (FC_PROGRESS_SLOW + 1000u)
 #define FC_PROGRESS_PARK_MS 200
 
+static void nap(long ns) { nanosleep(&(struct timespec){0, ns}, NULL); }
+
 /* Parked: arm the link and sleep in poll until its descriptor says something came (or the
- * bound, so that what no event announces, UCX's keepalive, still runs). */
+ * bound, so that what no event announces, UCX's keepalive, still runs).  Where it cannot be armed
+ * (a call holds the link, or the link has something pending that progress did not move) the
+ * thread naps a millisecond as before parking: never a loop without a sleep. */
 static void park(fc_progress_thread_t *t) {
-  if (pthread_mutex_trylock(t->lock)) return; /* a call holds the link: it progresses it */
-  const int fd = t->arm_locked(t->arg);
-  pthread_mutex_unlock(t->lock);
-  if (fd < 0) return;
+  int fd = -1;
+  if (pthread_mutex_trylock(t->lock) == 0) {
+    fd = t->arm_locked(t->arg);
+    pthread_mutex_unlock(t->lock);
+  }
+  if (fd < 0) {
+    nap(1000000);
+    return;
+  }
   struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = t->stop_fd, .events = POLLIN}};
   poll(p, 2, t->park_ms > 0 ? t->park_ms : FC_PROGRESS_PARK_MS);
 }
@@ -49,7 +58,7 @@ static void *progress_main(void *arg) {
     else if (idle < FC_PROGRESS_PARK) idle++;
     if (idle < FC_PROGRESS_YIELD) sched_yield();
     else if (idle >= FC_PROGRESS_PARK && t->arm_locked) park(t);
-    else nanosleep(&(struct timespec){0, idle < FC_PROGRESS_SLOW ? 50000 : 1000000}, NULL);
+    else nap(idle < FC_PROGRESS_SLOW ? 50000 : 1000000);
   }
   return NULL;
 }

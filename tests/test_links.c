@@ -531,7 +531,8 @@ static int bad_args_rank(hx_rank_t *r) {
     (void)msg;
     if (cases[i].res != FLEXCOLL_INVALID_ARGUMENT) hx_fail(r, "get_link_stats with %s returned %d", cases[i].what, cases[i].res);
   }
-  /* The default links: shm (with peer-failure handling, UCX 1.13 and later) and tcp. */
+  /* The default host links: shm (with peer-failure handling, UCX 1.13 and later) and tcp (the
+   * ranks are host ranks: on a GPU machine the device lanes would follow them). */
   if (flexcoll_comm_get_link_stats(r->comm, st, 1, &n) != FLEXCOLL_SUCCESS || n != 2 * (r->nranks - 1))
     hx_fail(r, "get_link_stats with room for 1: n = %d, expected %d (shm and tcp)", n, 2 * (r->nranks - 1));
   else if (strcmp(st[0].name, "shm") || st[0].peer == r->rank)
@@ -540,7 +541,8 @@ static int bad_args_rank(hx_rank_t *r) {
 }
 
 START_TEST(test_bad_arguments) {
-  hx_opts_t o = {.label = "link stats arguments"};
+  const char *env[] = {"CUDA_VISIBLE_DEVICES=", NULL};
+  hx_opts_t o = {.label = "link stats arguments", .env = env};
   ck_assert_msg(hx_run_procs(2, &o, bad_args_rank, NULL), "bad arguments: see stderr");
 }
 END_TEST

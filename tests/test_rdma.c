@@ -780,14 +780,15 @@ START_TEST(test_pci_places) {
 END_TEST
 
 /* flexcoll-info on three fake devices, two near (the second under the first's root port) and one
- * far: places, NUMA nodes, speed, and which are a rank's rails here. */
+ * far: places, NUMA nodes, speed, and which are a rank's rails here.  GPUs hidden: with one, the
+ * rails are those nearest to it, and the fake devices are near none. */
 START_TEST(test_info_rails) {
   int me = bind_to_my_node(), far = me + 1;
   char cmd[1200], line[512];
   snprintf(cmd, sizeof cmd,
            "FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_DEVICES=3 FLEXCOLL_VERBS_FAKE_PLACES=%d,%d,%d:1 "
            "FLEXCOLL_VERBS_FAKE_SYSFS=%s/sysfs-info "
-           "FLEXCOLL_IB_HCA= %s 2>&1",
+           "FLEXCOLL_IB_HCA= CUDA_VISIBLE_DEVICES= %s 2>&1",
            me, far, me, g_dir, FC_INFO_BIN);
   FILE *p = popen(cmd, "r");
   ck_assert(p != NULL);

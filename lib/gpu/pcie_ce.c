@@ -32,12 +32,30 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "comm.h"
 #include "error.h"
 #include "gpu/device.h"
 #include "log.h"
 
 typedef CUresult (*fc_write_value64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+
+/* How busy each hop's stream was: its batches (copies behind one counter write) are done in
+ * stream order, so the proxy watches only the oldest one's counter and counts the stream busy
+ * from a batch's enqueue (or the previous batch's end) to the moment it sees the counter.  Set
+ * against the time the lane had anything in flight, this tells a slow copy (bytes per busy
+ * second low) from a stalled pipeline (streams idle while the lane is active). */
+#define FC_HOP_TRACE_MAX 256u
+typedef struct {
+  struct {
+    double enqueued_us;
+    uint64_t target, bytes;
+    unsigned block;
+  } q[FC_HOP_TRACE_MAX];
+  unsigned head, tail; /* pending batches: q[head % MAX] .. q[(tail - 1) % MAX] */
+  double last_done_us, busy_us;
+  uint64_t batches, bytes, lost; /* lost: batches not traced (the queue was full) */
+} fc_hop_trace_t;
 
 struct fc_pcie_proxy {
   pthread_t thread;
@@ -65,7 +83,45 @@ struct fc_pcie_proxy {
   const volatile int *error; /* the kernels' timeout flag: once set, say where the lane stood */
   const volatile uint64_t *ctr; /* ours: ready, then ack (FC_MAX_BLOCKS each) */
   const volatile uint64_t *staged;
+  fc_hop_trace_t trace_out, trace_in;
+  double active_us; /* time with a batch in flight on either stream */
 };
+
+static void trace_enqueued(fc_hop_trace_t *t, unsigned block, uint64_t target, uint64_t bytes, double now) {
+  if (t->tail - t->head == FC_HOP_TRACE_MAX) {
+    t->lost++;
+    return;
+  }
+  t->q[t->tail % FC_HOP_TRACE_MAX].enqueued_us = now;
+  t->q[t->tail % FC_HOP_TRACE_MAX].target = target;
+  t->q[t->tail % FC_HOP_TRACE_MAX].bytes = bytes;
+  t->q[t->tail % FC_HOP_TRACE_MAX].block = block;
+  t->tail++;
+}
+
+/* Retire the batches whose counters (counter[block]) have reached their targets, oldest first. */
+static void trace_landed(fc_hop_trace_t *t, const volatile uint64_t *counter, double now) {
+  while (t->head != t->tail) {
+    const unsigned i = t->head % FC_HOP_TRACE_MAX;
+    if (counter[t->q[i].block] < t->q[i].target) break;
+    const double from = t->q[i].enqueued_us > t->last_done_us ? t->q[i].enqueued_us : t->last_done_us;
+    t->busy_us += now - from;
+    t->last_done_us = now;
+    t->batches++;
+    t->bytes += t->q[i].bytes;
+    t->head++;
+  }
+}
+
+static void trace_line(const struct fc_pcie_proxy *x, const char *hop, const fc_hop_trace_t *t) {
+  if (!t->batches) return;
+  FC_INFO(FC_SUB_SCHED,
+          "rank %d: pcie lane (copy engines), %s: %llu batches, %.1f MB, stream busy %.1f ms (%.1f GB/s while busy), "
+          "%.0f%% of the %.1f ms the lane had bytes in flight%s",
+          x->rank, hop, (unsigned long long)t->batches, t->bytes / 1e6, t->busy_us / 1e3,
+          t->busy_us > 0 ? t->bytes / t->busy_us / 1e3 : 0.0, x->active_us > 0 ? 100.0 * t->busy_us / x->active_us : 0.0,
+          x->active_us / 1e3, t->lost ? " (some batches not traced)" : "");
+}
 
 /* Every block's counters as this proxy sees them, so that a stall names the hop it stopped at
  * (kernel -> proxy, proxy -> staged, staged -> the next proxy): a warning once a kernel timed
@@ -121,7 +177,16 @@ static void *proxy_main(void *arg) {
   cudaSetDevice(x->device);
   unsigned idle = 0, seen = atomic_load(&x->wake);
   int reported = 0;
+  double last_us = fc_now_us();
   while (!atomic_load_explicit(&x->stop, memory_order_acquire)) {
+    const int in_flight = x->trace_out.head != x->trace_out.tail || x->trace_in.head != x->trace_in.tail;
+    const double now = fc_now_us();
+    if (in_flight) {
+      x->active_us += now - last_us;
+      trace_landed(&x->trace_out, x->staged, now);
+      trace_landed(&x->trace_in, x->ctr, now);
+    }
+    last_us = now;
     const unsigned wake = atomic_load(&x->wake);
     int moved = wake != seen; /* a call is on its way: spin */
     seen = wake;
@@ -130,24 +195,29 @@ static void *proxy_main(void *arg) {
     for (unsigned b = 0; b < x->blocks; b++) {
       const uint64_t sent = __atomic_load_n((const uint64_t *)&x->sent[b], __ATOMIC_ACQUIRE);
       if (x->out_done[b] < sent) {
+        uint64_t batch = 0;
         for (; x->out_done[b] < sent; x->out_done[b]++) {
           const volatile fc_pcie_desc_t *d = &x->desc[b * FC_PCIE_DESCS + x->out_done[b] % FC_PCIE_DESCS];
           const size_t off = d->off, bytes = d->bytes;
           if (!copy(x->out, x->staging + off, x->outbox + off, bytes, cudaMemcpyDeviceToHost)) goto failed;
+          batch += bytes;
         }
         if (x->write64(x->out, x->staged_dev + b * sizeof(uint64_t), sent, 0) != CUDA_SUCCESS) goto failed;
+        trace_enqueued(&x->trace_out, b, sent, batch, last_us);
         moved = 1;
       }
       const uint64_t staged = __atomic_load_n((const uint64_t *)&x->prev_staged[b], __ATOMIC_ACQUIRE);
       if (x->in_done[b] < staged) {
-        uint64_t ready = 0;
+        uint64_t ready = 0, batch = 0;
         for (; x->in_done[b] < staged; x->in_done[b]++) {
           const volatile fc_pcie_desc_t *d = &x->prev_desc[b * FC_PCIE_DESCS + x->in_done[b] % FC_PCIE_DESCS];
           const size_t off = d->off, bytes = d->bytes;
           ready = d->ready;
           if (!copy(x->in, x->inbox + off, x->prev_staging + off, bytes, cudaMemcpyHostToDevice)) goto failed;
+          batch += bytes;
         }
         if (x->write64(x->in, x->ready_dev + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS) goto failed;
+        trace_enqueued(&x->trace_in, b, ready, batch, last_us);
         moved = 1;
       }
     }
@@ -243,6 +313,8 @@ void fc_pcie_ce_stop(struct fc_gpu *g) {
     pthread_join(x->thread, NULL);
     cudaStreamSynchronize(x->out);
     cudaStreamSynchronize(x->in);
+    trace_line(x, "device -> host", &x->trace_out);
+    trace_line(x, "host -> device", &x->trace_in);
     cudaStreamDestroy(x->out);
     cudaStreamDestroy(x->in);
     free(x);

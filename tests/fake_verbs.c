@@ -39,6 +39,14 @@
  * fake_verbs_mr_stats() says how many memory regions this process has registered in all and how
  * many are registered now (the tests' leak check), and how many plain RDMA WRITEs it posted.
  *
+ * Completion channels (ibv_create_comp_channel, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events):
+ * a channel's descriptor is the read end of a FIFO beside its context's inbox
+ * (/dev/shm/fcfv-PID-N.wake, one channel per context); whoever appends to an inbox whose context has
+ * an armed CQ writes a byte into it, as a NIC raises a completion event.  This "NIC" moves only
+ * when its process polls, so arming a CQ of a context that still has work of its own (arrivals not
+ * taken, acknowledgements or writes not yet pushed) raises the event at once.  A CQ with events not
+ * acknowledged cannot be destroyed (EBUSY: libibverbs would wait for them for ever).
+ *
  * Callers pass a whole struct ibv_port_attr to ibv_query_port (the rdma link does).  Inboxes of
  * processes that died without closing their device are unlinked at the next ibv_open_device. */
 #define _GNU_SOURCE
@@ -158,6 +166,8 @@ typedef struct {
   pthread_mutex_t lock;
   uint32_t magic;
   atomic_int closed;
+  atomic_int armed;    /* a CQ of the owner is armed: the next push writes a byte to wake_path */
+  char wake_path[96];  /* the owner's completion channel (a FIFO), or empty */
   pid_t pid;
   uint64_t head, tail, cap;
   char data[];
@@ -193,6 +203,15 @@ static void ring_copy_out(fv_box_t *b, uint64_t at, void *dst, size_t n) {
   memcpy((char *)dst + first, b->data, n - first);
 }
 
+/* The owner of b armed a CQ: one byte into its channel says something came. */
+static void box_wake(fv_box_t *b) {
+  if (!atomic_exchange(&b->armed, 0)) return;
+  const int fd = open(b->wake_path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return; /* its channel is gone: nobody waits */
+  if (write(fd, "", 1) < 0) { /* full: it has bytes to read already */ }
+  close(fd);
+}
+
 /* 0, or -1 when the inbox has no room now (the caller retries later, as a NIC would). */
 static int box_push(fv_box_t *b, fv_msg_t *m, const void *payload) {
   m->bytes = (uint32_t)((sizeof *m + m->len + 7) & ~(size_t)7);
@@ -204,6 +223,7 @@ static int box_push(fv_box_t *b, fv_msg_t *m, const void *payload) {
     b->head += m->bytes;
   }
   pthread_mutex_unlock(&b->lock);
+  if (ok) box_wake(b);
   return ok ? 0 : -1;
 }
 
@@ -294,7 +314,17 @@ typedef struct {
   struct ibv_cq cq;
   struct ibv_wc *ring;
   int cap, head, n, overrun;
+  int armed;                    /* ibv_req_notify_cq since its last event */
+  unsigned long events, acked;  /* events handed out by ibv_get_cq_event, acknowledged */
 } fv_cq_t;
+
+#define FV_CHANNEL_CQS 8
+typedef struct {
+  struct ibv_comp_channel ch;
+  fv_cq_t *cqs[FV_CHANNEL_CQS];
+  int ncqs;
+  char path[96];
+} fv_channel_t;
 
 typedef struct fv_ack {
   fv_msg_t m;
@@ -324,6 +354,7 @@ struct fv_ctx {
   int nevents;
   int port_down;
   unsigned rounds;
+  fv_channel_t *channel;
 };
 
 /* FLEXCOLL_VERBS_FAKE_GIDS=N (1..4, default 1): each port's GID table, as an mlx5 RoCE port lays
@@ -826,6 +857,30 @@ static int fv_post_recv(struct ibv_qp *qp_, struct ibv_recv_wr *wr, struct ibv_r
   return 0;
 }
 
+/* Work this context's "NIC" still has to do, which only a poll moves: arrivals not taken,
+ * acknowledgements not delivered, writes not yet pushed (delayed, or their target's inbox full). */
+static int has_own_work(fv_ctx_t *c) {
+  box_lock(c->box);
+  const int arrivals = c->box->head != c->box->tail;
+  pthread_mutex_unlock(&c->box->lock);
+  if (arrivals || c->acks_head) return 1;
+  for (fv_qp_t *q = c->qps; q; q = q->next)
+    for (int i = 0; i < q->sq_n; i++)
+      if (!q->sq[(q->sq_head + i) % q->max_send].pushed) return 1;
+  return 0;
+}
+
+static int fv_req_notify_cq(struct ibv_cq *cq_, int solicited_only) {
+  (void)solicited_only;
+  fv_cq_t *cq = (fv_cq_t *)cq_;
+  fv_ctx_t *c = ctx_of(cq_->context);
+  if (!cq_->channel) return EINVAL;
+  cq->armed = 1;
+  atomic_store(&c->box->armed, 1); /* before looking: a push after it wakes, one before it is seen */
+  if (has_own_work(c)) box_wake(c->box);
+  return 0;
+}
+
 /* ---- the exported functions ----------------------------------------------------------------------- */
 
 static int fv_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *input,
@@ -926,6 +981,7 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
   c->vctx.context.ops.poll_cq = fv_poll_cq;
   c->vctx.context.ops.post_send = fv_post_send;
   c->vctx.context.ops.post_recv = fv_post_recv;
+  c->vctx.context.ops.req_notify_cq = fv_req_notify_cq;
   c->next_qpn = 0x100;
   c->next_key = 0x1000 + serial * 0x10000;
   pthread_mutex_init(&c->vctx.context.mutex, NULL);
@@ -955,6 +1011,7 @@ FV_EXPORT int ibv_close_device(struct ibv_context *ctx) {
   for (int i = 0; i < c->nboxes; i++) munmap(c->boxes[i].box, sizeof(fv_box_t) + FV_BOX_BYTES);
   munmap(c->box, sizeof(fv_box_t) + FV_BOX_BYTES);
   shm_unlink(c->name);
+  if (c->channel) unlink(c->channel->path); /* a channel left open: its FIFO goes with the device */
   atomic_fetch_sub(&fv_open_now[c->devno], 1);
   close(ctx->async_fd);
   pthread_mutex_destroy(&ctx->mutex);
@@ -1166,16 +1223,73 @@ FV_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
   return EINVAL;
 }
 
+FV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *ctx) {
+  fv_ctx_t *c = ctx_of(ctx);
+  if (c->channel) return errno = EBUSY, NULL; /* one per context (the inbox has one FIFO) */
+  fv_channel_t *h = calloc(1, sizeof *h);
+  if (!h) return errno = ENOMEM, NULL;
+  snprintf(h->path, sizeof h->path, "/dev/shm%s.wake", c->name);
+  unlink(h->path);
+  /* Read and write: the FIFO never reports end of file while no pusher holds it open. */
+  if (mkfifo(h->path, 0600) || (h->ch.fd = open(h->path, O_RDWR | O_CLOEXEC)) < 0) {
+    const int e = errno;
+    unlink(h->path);
+    free(h);
+    return errno = e, NULL;
+  }
+  h->ch.context = ctx;
+  snprintf(c->box->wake_path, sizeof c->box->wake_path, "%s", h->path);
+  c->channel = h;
+  return &h->ch;
+}
+
+FV_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *ch) {
+  fv_channel_t *h = (fv_channel_t *)ch;
+  if (h->ncqs) return EBUSY;
+  fv_ctx_t *c = ctx_of(ch->context);
+  atomic_store(&c->box->armed, 0);
+  c->box->wake_path[0] = 0;
+  close(ch->fd);
+  unlink(h->path);
+  c->channel = NULL;
+  free(h);
+  return 0;
+}
+
+/* The next event: a byte from the FIFO names the channel's armed CQ (bytes no armed CQ is left
+ * for are dropped, so that no event comes without a request).  EAGAIN where the caller made the
+ * descriptor non-blocking and nothing came. */
+FV_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq_out, void **cq_context) {
+  fv_channel_t *h = (fv_channel_t *)ch;
+  for (;;) {
+    char b;
+    if (read(ch->fd, &b, 1) != 1) return -1;
+    for (int i = 0; i < h->ncqs; i++)
+      if (h->cqs[i]->armed) {
+        h->cqs[i]->armed = 0;
+        h->cqs[i]->events++;
+        *cq_out = &h->cqs[i]->cq;
+        *cq_context = h->cqs[i]->cq.cq_context;
+        return 0;
+      }
+  }
+}
+
+FV_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq_, unsigned int n) { ((fv_cq_t *)cq_)->acked += n; }
+
 FV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, struct ibv_comp_channel *ch,
                                        int vector) {
-  (void)ch;
   if (cqe < 1 || cqe > 65536 || vector != 0) return errno = EINVAL, NULL;
+  fv_channel_t *h = (fv_channel_t *)ch;
+  if (h && (ch->context != ctx || h->ncqs == FV_CHANNEL_CQS)) return errno = EINVAL, NULL;
   fv_cq_t *cq = calloc(1, sizeof *cq);
   if (!cq || !(cq->ring = calloc((size_t)cqe, sizeof *cq->ring))) return free(cq), errno = ENOMEM, NULL;
   cq->cap = cqe;
   cq->cq.context = ctx;
   cq->cq.cq_context = cq_context;
   cq->cq.cqe = cqe;
+  cq->cq.channel = ch;
+  if (h) h->cqs[h->ncqs++] = cq;
   ctx_of(ctx)->ncqs++;
   return &cq->cq;
 }
@@ -1185,6 +1299,10 @@ FV_EXPORT int ibv_destroy_cq(struct ibv_cq *cq_) {
   for (fv_qp_t *q = c->qps; q; q = q->next)
     if (q->qp.send_cq == cq_ || q->qp.recv_cq == cq_) return EBUSY;
   fv_cq_t *cq = (fv_cq_t *)cq_;
+  if (cq->events != cq->acked) return EBUSY;
+  fv_channel_t *h = (fv_channel_t *)cq_->channel;
+  for (int i = 0; h && i < h->ncqs; i++)
+    if (h->cqs[i] == cq) h->cqs[i] = h->cqs[--h->ncqs];
   c->ncqs--;
   free(cq->ring);
   free(cq);

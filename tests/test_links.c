@@ -428,62 +428,17 @@ END_TEST
 /* The tcp link's thread on real UCX: after a collective, with nothing to do, it parks on the
  * worker's descriptor.  Its wake-ups are the kernel's count of its voluntary context switches
  * (a thread that naps a millisecond at a time makes about a thousand a second). */
-static long tcp_thread_switches(int *threads) {
-  long total = 0;
-  *threads = 0;
-  DIR *d = opendir("/proc/self/task");
-  if (!d) return -1;
-  for (struct dirent *e; (e = readdir(d));) {
-    char path[300], line[128];
-    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    const int ours = fgets(line, sizeof line, f) && !strncmp(line, "flexcoll-tcp", 12);
-    fclose(f);
-    if (!ours) continue;
-    snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
-    if (!(f = fopen(path, "r"))) continue;
-    while (fgets(line, sizeof line, f))
-      if (!strncmp(line, "voluntary_ctxt_switches:", 24)) total += atol(line + 24), ++*threads;
-    fclose(f);
-  }
-  closedir(d);
-  return total;
-}
-
-/* One allreduce of the two ranks (threads of this process), checked. */
-static void allreduce_both(flexcoll_comm_t comms[2]) {
-  float in[2][1000], out[2][1000];
-  for (int r = 0; r < 2; r++)
-    for (int i = 0; i < 1000; i++) in[r][i] = (float)(i + r);
-  ck_assert_int_eq(flexcoll_group_start(), FLEXCOLL_SUCCESS);
-  for (int r = 0; r < 2; r++)
-    ck_assert_int_eq(flexcoll_allreduce(in[r], out[r], 1000, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comms[r], NULL), FLEXCOLL_SUCCESS);
-  ck_assert_int_eq(flexcoll_group_end(), FLEXCOLL_SUCCESS);
-  for (int r = 0; r < 2; r++)
-    for (int i = 0; i < 1000; i++) ck_assert_msg(out[r][i] == (float)(2 * i + 1), "rank %d element %d", r, i);
-}
-
 START_TEST(test_tcp_thread_parks) {
   setenv("CUDA_VISIBLE_DEVICES", "", 1); /* host ranks as threads, whatever GPUs the machine has */
   setenv("FLEXCOLL_LINKS", "tcp", 1);
   setenv("FLEXCOLL_UCX_PEER_FAILURE", "0", 1);
   flexcoll_comm_t comms[2] = {NULL, NULL};
   ck_assert_msg(flexcoll_comm_init_all(comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
-  allreduce_both(comms); /* the link's first transfers start its thread */
+  ck_assert(hx_allreduce_pair(comms)); /* the link's first transfers start its thread */
   int threads = 0;
-  tcp_thread_switches(&threads);
+  const long woke = hx_idle_wakeups("flexcoll-tcp", &threads, 200);
   ck_assert_msg(threads == 2, "%d tcp progress threads for 2 ranks over tcp", threads);
-  /* Idle: the threads park after about a second, later on a loaded machine; the quietest of up
-   * to eight seconds counts. */
-  long woke = -1;
-  for (int k = 0; k < 8 && (woke < 0 || woke > 200); k++) {
-    const long s0 = tcp_thread_switches(&threads);
-    usleep(1000000);
-    const long w = tcp_thread_switches(&threads) - s0;
-    if (woke < 0 || w < woke) woke = w;
-  }
-  allreduce_both(comms); /* still a working link once parked */
+  ck_assert(hx_allreduce_pair(comms)); /* still a working link once parked */
   for (int r = 0; r < 2; r++) ck_assert_int_eq(flexcoll_comm_destroy(comms[r]), FLEXCOLL_SUCCESS);
   fprintf(stderr, "[test_links] idle tcp progress threads: %ld wake-ups in their quietest second (2 threads)\n", woke);
   ck_assert_msg(woke <= 200, "idle tcp progress threads woke %ld times in 1 s", woke);

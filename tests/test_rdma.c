@@ -24,6 +24,8 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -577,24 +579,28 @@ END_TEST
  * from the library for AWAY_S (the ranks then wait for each other before destroying: rank 0 must
  * not leave while rank 1's receive is still to come); arg "1": the send must end long before rank 1 comes back (its
  * progress thread took the fragments in and returned the credits), "0" (no thread): the send can
- * only end after it.  The bytes are checked either way. */
+ * only end after it; "parked": as "1", but rank 0 sends only once rank 1's thread has been idle
+ * long enough to park (it must wake for the fragments).  The bytes are checked either way. */
 #define AWAY_S 0.6
+#define PARKED_S 1.8 /* idle before the send: threads park after about a second */
 static int away_rank(hx_rank_t *r) {
-  const int thread = !strcmp((const char *)r->arg, "1");
+  const int parked = !strcmp((const char *)r->arg, "parked"), thread = parked || !strcmp((const char *)r->arg, "1");
+  const double away = parked ? PARKED_S + AWAY_S : AWAY_S;
   const size_t bytes = (size_t)4 << 20;
   unsigned char *buf = malloc(bytes);
   if (!buf) return hx_fail(r, "out of memory");
   if (r->rank == 0) {
     for (size_t i = 0; i < bytes; i++) buf[i] = (unsigned char)(i * 7 + 3);
+    if (parked) nanosleep(&(struct timespec){(time_t)PARKED_S, (long)((PARKED_S - (time_t)PARKED_S) * 1e9)}, NULL);
     const double t0 = hx_now();
     hx_ok(r, flexcoll_send(buf, bytes, FLEXCOLL_UINT8, 1, r->comm, NULL), r->comm, "send");
     const double dt = hx_now() - t0;
     fprintf(stderr, "[test_rdma] progress thread %s: the 4 MiB send took %.3f s, the receiver away %.1f s\n",
-            thread ? "on" : "off", dt, AWAY_S);
+            parked ? "parked" : thread ? "on" : "off", dt, away);
     if (thread && dt > AWAY_S / 2) hx_fail(r, "the send waited %.3f s for a receiver away from the library", dt);
     if (!thread && dt < AWAY_S * 0.75) hx_fail(r, "the send ended in %.3f s without the receiver's progress", dt);
   } else if (r->rank == 1) {
-    nanosleep(&(struct timespec){0, (long)(AWAY_S * 1e9)}, NULL);
+    nanosleep(&(struct timespec){(time_t)away, (long)((away - (time_t)away) * 1e9)}, NULL);
     memset(buf, 0, bytes);
     hx_ok(r, flexcoll_recv(buf, bytes, FLEXCOLL_UINT8, 0, r->comm, NULL), r->comm, "recv");
     for (size_t i = 0; i < bytes; i++)
@@ -608,13 +614,33 @@ static int away_rank(hx_rank_t *r) {
 }
 
 START_TEST(test_progress_thread) {
-  for (int thread = 1; thread >= 0; thread--) {
+  static const char *const modes[] = {"1", "0", "parked"};
+  for (int k = 0; k < 3; k++) {
     const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", "FLEXCOLL_RDMA_ZCOPY_BYTES=0",
-                         thread ? "FLEXCOLL_RDMA_PROGRESS_THREAD=1" : "FLEXCOLL_RDMA_PROGRESS_THREAD=0", NULL};
+                         strcmp(modes[k], "0") ? "FLEXCOLL_RDMA_PROGRESS_THREAD=1" : "FLEXCOLL_RDMA_PROGRESS_THREAD=0", NULL};
     hx_opts_t o = {.label = "progress", .env = env, .deadline_s = 60, .exit_barrier = 1};
-    ck_assert_msg(hx_run_procs(2, &o, away_rank, thread ? "1" : "0"), "progress thread %s: see stderr",
-                  thread ? "on" : "off");
+    ck_assert_msg(hx_run_procs(2, &o, away_rank, (void *)modes[k]), "progress thread mode %s: see stderr", modes[k]);
   }
+}
+END_TEST
+
+/* An idle link's progress thread parks (the CQ's completion channel and the device's async events
+ * wake it): two ranks as threads, the wake-ups of their two threads in their quietest second (a
+ * thread that naps a millisecond at a time makes about a thousand), and the link still works. */
+START_TEST(test_thread_parks) {
+  setenv("CUDA_VISIBLE_DEVICES", "", 1); /* host ranks as threads, whatever GPUs the machine has */
+  hx_apply_env(&(hx_opts_t){.env = (const char *[]){provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0",
+                                                      "FLEXCOLL_LINKS=rdma", NULL}});
+  flexcoll_comm_t comms[2] = {NULL, NULL};
+  ck_assert_msg(flexcoll_comm_init_all(comms, 2, NULL) == FLEXCOLL_SUCCESS, "init_all: %s", flexcoll_get_last_error(NULL));
+  ck_assert(hx_allreduce_pair(comms));
+  int threads = 0;
+  const long woke = hx_idle_wakeups("flexcoll-rdma", &threads, 100);
+  ck_assert_msg(threads == 2, "%d rdma progress threads for 2 ranks over rdma", threads);
+  ck_assert(hx_allreduce_pair(comms)); /* woken by the channel, or its bound */
+  for (int r = 0; r < 2; r++) ck_assert_int_eq(flexcoll_comm_destroy(comms[r]), FLEXCOLL_SUCCESS);
+  fprintf(stderr, "[test_rdma] idle rdma progress threads: %ld wake-ups in their quietest second (2 threads)\n", woke);
+  ck_assert_msg(woke <= 100, "idle rdma progress threads woke %ld times in 1 s", woke);
 }
 END_TEST
 
@@ -1252,7 +1278,9 @@ static int leak_rank(hx_rank_t *r) {
   for (int round = 0; round < 3; round++) {
     flexcoll_comm_t sub = NULL;
     if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
-    if (hx_count_entries("/dev/shm", mine) != shm0 + 1) hx_fail(r, "the split communicator has no fake device segment");
+    /* Its device's inbox, and its completion channel's FIFO (the progress thread parks on it). */
+    const int held = hx_count_entries("/dev/shm", mine) - shm0;
+    if (held != 2) hx_fail(r, "the split communicator holds %d entries of the fake in /dev/shm, not 2", held);
     float a[1000], b[1000];
     for (int i = 0; i < 1000; i++) a[i] = (float)(i + r->rank);
     hx_ok(r, flexcoll_allreduce(a, b, 1000, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, sub, NULL), sub, "allreduce");
@@ -1543,6 +1571,90 @@ START_TEST(test_fake_model) {
 }
 END_TEST
 
+/* The fake's completion channel: an armed CQ's event comes with the next arrival from another
+ * context, or at once where the context still has work only a poll moves; one event per request;
+ * a CQ with events not acknowledged, or a channel with a CQ, cannot be destroyed; nothing is left
+ * in /dev/shm. */
+static int readable(int fd, int ms) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, ms) == 1;
+}
+
+START_TEST(test_fake_channel) {
+  char why[300] = "", mine[64];
+  setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+  unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
+  fm_t m;
+  memset(&m, 0, sizeof m);
+  m.v = fc_verbs_load(why, sizeof why);
+  ck_assert_msg(m.v != NULL && m.v->create_comp_channel && m.v->get_cq_event, "the fake has no channels: %s", why);
+  int n = 0, tag = 0;
+  struct ibv_device **list = m.v->get_device_list(&n);
+  ck_assert_ptr_nonnull(list);
+  struct ibv_comp_channel *ch = NULL;
+  for (int s = 0; s < 2; s++) {
+    ck_assert_ptr_nonnull(m.ctx[s] = m.v->open_device(list[0]));
+    ck_assert_ptr_nonnull(m.pd[s] = m.v->alloc_pd(m.ctx[s]));
+    if (s == 1) {
+      ck_assert_ptr_nonnull(ch = m.v->create_comp_channel(m.ctx[1]));
+      ck_assert_ptr_null(m.v->create_comp_channel(m.ctx[1])); /* one per context */
+      ck_assert_int_eq(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK), 0);
+    }
+    ck_assert_ptr_nonnull(m.cq[s] = m.v->create_cq(m.ctx[s], 64, s ? &tag : NULL, s ? ch : NULL, 0));
+    ck_assert_ptr_nonnull(m.mr[s] = m.v->reg_mr(m.pd[s], m.buf[s], sizeof m.buf[s], IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+  }
+  m.v->free_device_list(list);
+  snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
+  struct ibv_qp *a = fm_qp(&m, 0, NULL, 4, 2), *b = fm_qp(&m, 1, NULL, 4, 4);
+  ck_assert_int_eq(fm_init(&m, a), 0);
+  ck_assert_int_eq(fm_init(&m, b), 0);
+  fm_connect(&m, a, b, 1, 7);
+  fm_connect(&m, b, a, 0, 7);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(fm_recv(b, 100 + (uint64_t)i), 0);
+  struct ibv_cq *got = NULL;
+  void *ctx = NULL;
+  struct ibv_wc wc[2];
+  /* Nothing requested, nothing came. */
+  ck_assert_int_eq(m.v->get_cq_event(ch, &got, &ctx), -1);
+  ck_assert_int_eq(ibv_req_notify_cq(m.cq[0], 0), EINVAL); /* no channel */
+  /* Armed, idle: no event until a write arrives from the other context. */
+  ck_assert_int_eq(ibv_req_notify_cq(m.cq[1], 0), 0);
+  ck_assert(!readable(ch->fd, 0));
+  ck_assert_int_eq(fm_write(&m, a, 7, 0, 64, 1, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert_msg(readable(ch->fd, 2000), "no event for an arrival at an armed CQ");
+  ck_assert_int_eq(m.v->get_cq_event(ch, &got, &ctx), 0);
+  ck_assert_ptr_eq(got, m.cq[1]);
+  ck_assert_ptr_eq(ctx, &tag);
+  ck_assert_int_eq(m.v->get_cq_event(ch, &got, &ctx), -1); /* one per request */
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 100);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  /* Not armed: an arrival raises nothing; arming with it still to be taken raises at once. */
+  ck_assert_int_eq(fm_write(&m, a, 8, 0, 8, 2, m.mr[0]->lkey, m.mr[1]->rkey), 0);
+  ck_assert(!readable(ch->fd, 50));
+  ck_assert_int_eq(ibv_req_notify_cq(m.cq[1], 0), 0);
+  ck_assert_msg(readable(ch->fd, 0), "arming with an arrival not taken raised no event");
+  ck_assert_int_eq(m.v->get_cq_event(ch, &got, &ctx), 0);
+  ck_assert_int_eq(fm_poll(&m, NULL, 1, wc, 1), 1);
+  ck_assert_uint_eq(wc[0].wr_id, 101);
+  ck_assert_int_eq(fm_poll(&m, NULL, 0, wc, 1), 1);
+  /* Teardown order: events acknowledged before the CQ goes, the CQ before its channel. */
+  ck_assert_int_eq(m.v->destroy_qp(a), 0);
+  ck_assert_int_eq(m.v->destroy_qp(b), 0);
+  ck_assert_int_eq(m.v->destroy_cq(m.cq[1]), EBUSY);
+  m.v->ack_cq_events(m.cq[1], 2);
+  ck_assert_int_eq(m.v->destroy_comp_channel(ch), EBUSY);
+  for (int s = 0; s < 2; s++) {
+    ck_assert_int_eq(m.v->dereg_mr(m.mr[s]), 0);
+    ck_assert_int_eq(m.v->destroy_cq(m.cq[s]), 0);
+    ck_assert_int_eq(m.v->dealloc_pd(m.pd[s]), 0);
+  }
+  ck_assert_int_eq(m.v->destroy_comp_channel(ch), 0);
+  for (int s = 0; s < 2; s++) ck_assert_int_eq(m.v->close_device(m.ctx[s]), 0);
+  ck_assert_int_eq(hx_count_entries("/dev/shm", mine), 0);
+}
+END_TEST
+
 /* Segments of the fake left by processes that no longer exist: leaks of the runs above. */
 static int stale_segments(void) {
   DIR *d = opendir("/dev/shm");
@@ -1608,6 +1720,7 @@ int main(void) {
     tcase_add_test(tc, test_gid);
     tcase_add_loop_test(tc, test_rank_without_nic, 0, 2);
     tcase_add_test(tc, test_progress_thread);
+    tcase_add_test(tc, test_thread_parks);
     tcase_add_test(tc, test_sender_leaves);
     tcase_add_test(tc, test_info_rails);
     suite_add_tcase(s, tc);
@@ -1623,6 +1736,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_no_device, 0, 16);
     tcase_add_test(tc, test_no_leaks);
     tcase_add_test(tc, test_fake_model);
+    tcase_add_test(tc, test_fake_channel);
     tcase_add_loop_test(tc, test_rank_killed, 0, 2);
     tcase_add_loop_test(tc, test_count_mismatch, 0, (int)(sizeof mismatches / sizeof mismatches[0]));
     suite_add_tcase(s, tc);

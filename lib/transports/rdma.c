@@ -60,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -126,6 +127,9 @@ const fc_verbs_t *fc_verbs_load(char *why, size_t len) {
       {(void **)&v->create_qp, "ibv_create_qp", 0},             {(void **)&v->modify_qp, "ibv_modify_qp", 0},
       {(void **)&v->destroy_qp, "ibv_destroy_qp", 0},           {(void **)&v->get_async_event, "ibv_get_async_event", 0},
       {(void **)&v->ack_async_event, "ibv_ack_async_event", 0}, {(void **)&v->wc_status_str, "ibv_wc_status_str", 1},
+      {(void **)&v->create_comp_channel, "ibv_create_comp_channel", 1},
+      {(void **)&v->destroy_comp_channel, "ibv_destroy_comp_channel", 1},
+      {(void **)&v->get_cq_event, "ibv_get_cq_event", 1},       {(void **)&v->ack_cq_events, "ibv_ack_cq_events", 1},
   };
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
     *syms[i].slot = dlsym(h, syms[i].name);
@@ -286,6 +290,12 @@ typedef struct {
   pthread_mutex_t lock;
   int lock_made;
   fc_progress_thread_t progress;
+  /* Parking: the CQ reports completions through channel once armed; wake_fd (epoll) is readable
+   * when the channel or the device's async events have something, so a parked thread sleeps
+   * until then.  No channel (the provider has none, or it failed): the thread never parks. */
+  struct ibv_comp_channel *channel;
+  int wake_fd;
+  unsigned cq_events; /* taken from the channel, not yet acknowledged */
 } rdma_t;
 
 /* What each rank publishes at open (the bootstrap all-gather), then one queue pair number per rank. */
@@ -950,6 +960,50 @@ static int rdma_progress(fc_link_t *link) {
 
 static int progress_of(void *arg) { return progress_locked(arg); }
 
+/* Events taken from the channel are acknowledged in one call (libibverbs' destroy_cq waits for
+ * every one it handed out). */
+static void drain_cq_events(rdma_t *r) {
+  struct ibv_cq *cq;
+  void *ctx;
+  while (r->v->get_cq_event(r->channel, &cq, &ctx) == 0) r->cq_events++;
+  if (r->cq_events) r->v->ack_cq_events(r->cq, r->cq_events);
+  r->cq_events = 0;
+}
+
+/* The parked thread's arm (progress_thread.h): the CQ asks for an event at its next completion,
+ * then one more look catches what came before the request; -1 when that look moved something. */
+static int arm_of(void *arg) {
+  rdma_t *r = arg;
+  drain_cq_events(r);
+  if (ibv_req_notify_cq(r->cq, 0)) return -1;
+  poll_async(r);
+  return progress_locked(r) ? -1 : r->wake_fd;
+}
+
+/* A completion channel for the CQ and the descriptor a parked thread sleeps on; on any failure
+ * none (the thread then naps instead of parking), never an error of the link. */
+static void open_channel(rdma_t *r) {
+  const fc_verbs_t *v = r->v;
+  if (!v->create_comp_channel || !v->destroy_comp_channel || !v->get_cq_event || !v->ack_cq_events) return;
+  r->channel = v->create_comp_channel(r->ctx);
+  int ok = r->channel != NULL;
+  if (ok) {
+    const int fl = fcntl(r->channel->fd, F_GETFL);
+    ok = fl >= 0 && fcntl(r->channel->fd, F_SETFL, fl | O_NONBLOCK) == 0;
+  }
+  if (ok) ok = (r->wake_fd = epoll_create1(EPOLL_CLOEXEC)) >= 0;
+  struct epoll_event ev = {.events = EPOLLIN};
+  if (ok) ok = epoll_ctl(r->wake_fd, EPOLL_CTL_ADD, r->channel->fd, &ev) == 0 &&
+               epoll_ctl(r->wake_fd, EPOLL_CTL_ADD, r->ctx->async_fd, &ev) == 0;
+  if (ok) return;
+  FC_INFO(FC_SUB_NET, "rank %d: rdma rail %d: no completion channel (%s): its progress thread naps instead of parking",
+          r->rank, r->rail, strerror(errno));
+  if (r->wake_fd >= 0) close(r->wake_fd);
+  r->wake_fd = -1;
+  if (r->channel) v->destroy_comp_channel(r->channel);
+  r->channel = NULL;
+}
+
 /* ---- open and close -------------------------------------------------------------------------- */
 
 FC_PARAM_INT(rdma_zcopy_bytes, "RDMA_ZCOPY_BYTES", 256 << 10)
@@ -1076,7 +1130,8 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
   r->pd = r->v->alloc_pd(r->ctx);
   if (!r->pd) return snprintf(why, len, "ibv_alloc_pd: %s", strerror(errno)), -1;
   if (rcache_open(r, why, len)) return -1;
-  r->cq = r->v->create_cq(r->ctx, (int)cqe, NULL, NULL, 0);
+  if (fc_param_rdma_progress_thread()) open_channel(r);
+  r->cq = r->v->create_cq(r->ctx, (int)cqe, NULL, r->channel, 0);
   if (!r->cq) return snprintf(why, len, "ibv_create_cq(%ld): %s", cqe, strerror(errno)), -1;
   size_t area = (size_t)r->nranks * (size_t)r->nslots * SLOT_BYTES;
   if (posix_memalign((void **)&r->ring, 4096, area) || posix_memalign((void **)&r->send, 4096, area)) {
@@ -1206,7 +1261,10 @@ static void rdma_free(rdma_t *r) {
   fc_rcache_free(r->rcache);
   if (r->ring_mr) r->v->dereg_mr(r->ring_mr);
   if (r->send_mr) r->v->dereg_mr(r->send_mr);
+  if (r->cq && r->channel) drain_cq_events(r);
   if (r->cq) r->v->destroy_cq(r->cq);
+  if (r->channel) r->v->destroy_comp_channel(r->channel);
+  if (r->wake_fd >= 0) close(r->wake_fd);
   if (r->pd) r->v->dealloc_pd(r->pd);
   if (r->ctx) r->v->close_device(r->ctx);
   free(r->ring);
@@ -1225,6 +1283,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   rdma_t *r = calloc(1, sizeof *r);
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;
+  r->wake_fd = -1;
   r->lock_made = pthread_mutex_init(&r->lock, NULL) == 0;
   if (!r->lock_made) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: pthread_mutex_init failed");
   r->comm = comm;
@@ -1280,7 +1339,8 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_barrier(comm->bootstrap);
   *usable = ok && res == FLEXCOLL_SUCCESS;
   if (*usable && fc_param_rdma_progress_thread()) {
-    const int e = fc_progress_thread_start(&r->progress, "flexcoll-rdma", &r->lock, progress_of, NULL, r);
+    const int e = fc_progress_thread_start(&r->progress, "flexcoll-rdma", &r->lock, progress_of,
+                                           r->channel ? arm_of : NULL, r);
     if (e) FC_INFO(FC_SUB_NET, "rank %d: rdma progress thread not started (%s): progress in calls only", r->rank, strerror(e));
   }
   return res;

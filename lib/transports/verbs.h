@@ -38,6 +38,11 @@ typedef struct {
   int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *event);
   void (*ack_async_event)(struct ibv_async_event *event);
   const char *(*wc_status_str)(enum ibv_wc_status status);
+  /* Optional (a provider without them: the progress thread never parks). */
+  struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *ctx);
+  int (*destroy_comp_channel)(struct ibv_comp_channel *channel);
+  int (*get_cq_event)(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context);
+  void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
   const char *path; /* what was opened */
 } fc_verbs_t;
 

@@ -1416,14 +1416,20 @@ static int fm_recv(struct ibv_qp *qp, uint64_t id) {
   return ibv_post_recv(qp, &wr, &bad);
 }
 
-START_TEST(test_fake_model) {
-  char why[300] = "", mine[64];
+/* The fake's table, without faults. */
+static void fm_load(fm_t *m) {
+  char why[300] = "";
   setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
   unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
+  memset(m, 0, sizeof *m);
+  m->v = fc_verbs_load(why, sizeof why);
+  ck_assert_msg(m->v != NULL, "the fake does not load: %s", why);
+}
+
+START_TEST(test_fake_model) {
+  char mine[64];
   fm_t m;
-  memset(&m, 0, sizeof m);
-  m.v = fc_verbs_load(why, sizeof why);
-  ck_assert_msg(m.v != NULL, "the fake does not load: %s", why);
+  fm_load(&m);
   int n = 0;
   struct ibv_device **list = m.v->get_device_list(&n);
   ck_assert_msg(list && n == 1, "the fake lists %d devices", n);
@@ -1581,13 +1587,10 @@ static int readable(int fd, int ms) {
 }
 
 START_TEST(test_fake_channel) {
-  char why[300] = "", mine[64];
-  setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
-  unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
+  char mine[64];
   fm_t m;
-  memset(&m, 0, sizeof m);
-  m.v = fc_verbs_load(why, sizeof why);
-  ck_assert_msg(m.v != NULL && m.v->create_comp_channel && m.v->get_cq_event, "the fake has no channels: %s", why);
+  fm_load(&m);
+  ck_assert_msg(m.v->create_comp_channel && m.v->get_cq_event, "the fake has no completion channels");
   int n = 0, tag = 0;
   struct ibv_device **list = m.v->get_device_list(&n);
   ck_assert_ptr_nonnull(list);

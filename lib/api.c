@@ -37,6 +37,9 @@ flexcoll_result_t fc_check_config(const flexcoll_config_t *config, const char *f
   if (config->size >= offsetof(flexcoll_config_t, timeout_ms) + sizeof(int) && config->timeout_ms != FLEXCOLL_CONFIG_UNDEF &&
       config->timeout_ms <= 0)
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: config.timeout_ms %d must be positive", fn, config->timeout_ms);
+  if (config->size >= offsetof(flexcoll_config_t, blocking) + sizeof(int) && config->blocking != FLEXCOLL_CONFIG_UNDEF &&
+      config->blocking != 0 && config->blocking != 1)
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: config.blocking %d must be 0 or 1", fn, config->blocking);
   if (config->size >= offsetof(flexcoll_config_t, cuda_device) + sizeof(int) && config->cuda_device != FLEXCOLL_CONFIG_UNDEF &&
       config->cuda_device < -1)
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: config.cuda_device %d is neither a device index nor -1 (host only)",
@@ -94,6 +97,8 @@ flexcoll_result_t flexcoll_comm_init_all(flexcoll_comm_t *comms, int ndev, const
   const char *fn = "flexcoll_comm_init_all";
   if (!comms) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: comms is NULL", fn);
   if (ndev < 1 || ndev > 65535) return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: ndev %d out of range [1, 65535]", fn, ndev);
+  /* Refused or not, comms holds no handle a cleanup loop could mistake for a communicator. */
+  for (int i = 0; i < ndev; i++) comms[i] = NULL;
   int ngpus = fc_gpu_count();
   if (devlist) {
     for (int i = 0; i < ndev; i++) {
@@ -109,7 +114,6 @@ flexcoll_result_t flexcoll_comm_init_all(flexcoll_comm_t *comms, int ndev, const
     return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "%s: ndev %d but only %d CUDA device(s); pass devlist or fewer", fn,
                     ndev, ngpus);
   }
-  for (int i = 0; i < ndev; i++) comms[i] = NULL;
   flexcoll_unique_id_t id;
   FC_CHECK(fc_bootstrap_create_root(&id));
   flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
@@ -397,10 +401,16 @@ flexcoll_result_t flexcoll_recv(void *recvbuf, size_t count, flexcoll_datatype_t
 
 /* ---- gather and scatter: point-to-point batches -------------------------------------------- */
 
-/* The root exchanges count elements with every rank, itself included, in one group of sends and
+/* The root exchanges count elements with every rank, itself included, in groups of sends and
  * receives (NCCL 2.28 defines ncclGather and ncclScatter alike, so they match flexcoll_send/recv
  * in order as NCCL's do).  Every call is checked before any is queued, so an invalid argument
- * leaves nothing half-issued; in place, the root's own block stays where it is. */
+ * leaves nothing half-issued; in place, the root's own block stays where it is.  A group's batch
+ * holds FC_P2P_MAX_OPS, so outside a group the root's n + 1 calls go in groups of at most that
+ * many, its exchange with itself first (a send and its receive in one batch): each group needs
+ * only its own peers, who each make one call.  Inside the caller's group they must all fit. */
+static int rooted_batch_ops = FC_P2P_MAX_OPS;
+void fc_rooted_set_batch_ops(int ops) { rooted_batch_ops = ops >= 2 && ops <= FC_P2P_MAX_OPS ? ops : FC_P2P_MAX_OPS; }
+
 static flexcoll_result_t rooted_exchange(int gather, const void *sendbuf, void *recvbuf, size_t count,
                                          flexcoll_datatype_t dtype, int root, flexcoll_comm_t comm,
                                          flexcoll_stream_t stream, const char *fn) {
@@ -440,7 +450,8 @@ static flexcoll_result_t rooted_exchange(int gather, const void *sendbuf, void *
     else calls[k].recvbuf = recvbuf;
     k++;
   }
-  for (int q = 0; q < n && me == root; q++) {
+  for (int j = 0; j < n && me == root; j++) {
+    const int q = (root + j) % n; /* the root itself first */
     if (q == root && in_place) continue;
     calls[k] = base;
     calls[k].kind = from_root;
@@ -451,9 +462,16 @@ static flexcoll_result_t rooted_exchange(int gather, const void *sendbuf, void *
   }
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = check_call(&calls[i], fn, 0);
-  if (res == FLEXCOLL_SUCCESS && k) {
+  const int in_group = fc_group_active();
+  if (res == FLEXCOLL_SUCCESS && in_group && k > fc_group_p2p_room(comm))
+    res = fc_error(comm, FLEXCOLL_INVALID_USAGE,
+                   "%s: this rank's %d sends and receives do not fit the group (room for %d more of this "
+                   "communicator in a row); call it outside a group, or end the group first",
+                   fn, k, fc_group_p2p_room(comm));
+  const int per = in_group ? k : rooted_batch_ops;
+  for (int at = 0; res == FLEXCOLL_SUCCESS && at < k; at += per) {
     FC_CHECK_GOTO(flexcoll_group_start(), res, out);
-    for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = submit(&calls[i], fn);
+    for (int i = at; i < at + per && i < k && res == FLEXCOLL_SUCCESS; i++) res = submit(&calls[i], fn);
     flexcoll_result_t end = flexcoll_group_end();
     if (res == FLEXCOLL_SUCCESS) res = end;
   }

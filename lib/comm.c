@@ -362,13 +362,14 @@ const char *flexcoll_get_last_error(flexcoll_comm_t comm) {
   return fc_thread_last_error();
 }
 
-#define FC_COMM_GETTER(fn, type, expr)                                                         \
+/* out names the output argument as the header does. */
+#define FC_COMM_GETTER(fn, type, out, expr)                                                     \
   flexcoll_result_t fn(flexcoll_comm_t comm, type *out) {                                      \
     FC_CHECK(fc_comm_check(comm, #fn));                                                        \
-    if (!out) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, #fn ": output pointer is NULL"); \
+    if (!out) return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, #fn ": " #out " is NULL");       \
     *out = (expr);                                                                             \
     return FLEXCOLL_SUCCESS;                                                                   \
   }
-FC_COMM_GETTER(flexcoll_comm_count, int, comm->nranks)
-FC_COMM_GETTER(flexcoll_comm_user_rank, int, comm->rank)
-FC_COMM_GETTER(flexcoll_comm_cu_device, int, comm->cuda_device)
+FC_COMM_GETTER(flexcoll_comm_count, int, count, comm->nranks)
+FC_COMM_GETTER(flexcoll_comm_user_rank, int, rank, comm->rank)
+FC_COMM_GETTER(flexcoll_comm_cu_device, int, device, comm->cuda_device)

@@ -32,19 +32,26 @@ static flexcoll_result_t enqueue(const fc_group_op_t *op) {
   return FLEXCOLL_SUCCESS;
 }
 
+/* The sends and receives of comm at the end of this thread's group, in a row. */
+static int p2p_run(flexcoll_comm_t comm) {
+  int run = 0;
+  for (size_t i = group_len; i-- > 0;) {
+    const fc_group_op_t *o = &group_ops[i];
+    if (o->is_init || o->call.comm != comm) continue;
+    if (!fc_call_is_p2p(o->call.kind)) break;
+    run++;
+  }
+  return run;
+}
+
+int fc_group_p2p_room(flexcoll_comm_t comm) { return FC_P2P_MAX_OPS - p2p_run(comm); }
+
 flexcoll_result_t fc_group_enqueue_call(const fc_call_t *call) {
   if (fc_call_is_p2p(call->kind)) {
     /* Neighbouring sends and receives of a communicator run as one batch (see run_comm_work);
      * a batch holds at most FC_P2P_MAX_OPS.  Cutting a longer run into several batches could
      * deadlock (sends in the first batch waiting for receives in the second), so refuse it. */
-    int run = 0;
-    for (size_t i = group_len; i-- > 0;) {
-      const fc_group_op_t *o = &group_ops[i];
-      if (o->is_init || o->call.comm != call->comm) continue;
-      if (!fc_call_is_p2p(o->call.kind)) break;
-      run++;
-    }
-    if (run >= FC_P2P_MAX_OPS)
+    if (fc_group_p2p_room(call->comm) <= 0)
       return fc_error(call->comm, FLEXCOLL_INVALID_USAGE,
                       "more than %d sends and receives of one communicator in a row inside a group; end the group "
                       "and start another", FC_P2P_MAX_OPS);

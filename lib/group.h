@@ -40,6 +40,12 @@ flexcoll_result_t fc_window_call_run(const fc_call_t *call);
 int fc_group_active(void);
 flexcoll_result_t fc_group_enqueue_call(const fc_call_t *call);
 flexcoll_result_t fc_group_enqueue_init(flexcoll_comm_t comm);
+/* How many more sends and receives of comm this thread's group takes in a row (a batch holds
+ * FC_P2P_MAX_OPS). */
+int fc_group_p2p_room(flexcoll_comm_t comm);
+/* Tests: the root of a gather or scatter outside a group queues at most ops (2..FC_P2P_MAX_OPS)
+ * of its sends and receives per group, to cover the cut that large communicators need (api.c). */
+void fc_rooted_set_batch_ops(int ops);
 /* Whether comm's initialisation is queued in this thread's group (so calls on it may be queued). */
 int fc_group_inits(flexcoll_comm_t comm);
 

@@ -416,6 +416,12 @@ START_TEST(test_init_rank_bad_config) {
   neg.timeout_ms = -5;
   EXPECT_ERR(flexcoll_comm_init_rank(&comm, 1, id, 0, &neg), FLEXCOLL_INVALID_ARGUMENT, NULL, "timeout_ms");
   ck_assert_ptr_null(comm);
+  flexcoll_config_t blk = FLEXCOLL_CONFIG_INITIALIZER;
+  blk.blocking = 2; /* neither blocking nor not */
+  EXPECT_ERR(flexcoll_comm_init_rank(&comm, 1, id, 0, &blk), FLEXCOLL_INVALID_ARGUMENT, NULL, "config.blocking");
+  blk.blocking = -5;
+  EXPECT_ERR(flexcoll_comm_init_rank(&comm, 1, id, 0, &blk), FLEXCOLL_INVALID_ARGUMENT, NULL, "config.blocking");
+  ck_assert_ptr_null(comm);
 
   /* The failures did not use the id up: a good config still works with it. */
   flexcoll_config_t good = host_config(5000);
@@ -577,7 +583,11 @@ START_TEST(test_init_all_bad_args) {
   EXPECT_ERR(flexcoll_comm_init_all(NULL, 2, NULL), FLEXCOLL_INVALID_ARGUMENT, NULL, "comms");
   EXPECT_ERR(flexcoll_comm_init_all(comms, 0, NULL), FLEXCOLL_INVALID_ARGUMENT, NULL, "ndev");
   EXPECT_ERR(flexcoll_comm_init_all(comms, -3, NULL), FLEXCOLL_INVALID_ARGUMENT, NULL, "ndev");
+  for (int i = 0; i < 4; i++) comms[i] = (flexcoll_comm_t)(uintptr_t)(0x10 + i);
   EXPECT_ERR(flexcoll_comm_init_all(comms, 2, devs), FLEXCOLL_INVALID_ARGUMENT, NULL, "devlist");
+  /* Refused, the entries it was asked for hold no handle (a cleanup loop may destroy them). */
+  ck_assert_ptr_null(comms[0]);
+  ck_assert_ptr_null(comms[1]);
   devs[0] = 1 << 20;
   EXPECT_ERR(flexcoll_comm_init_all(comms, 1, devs), FLEXCOLL_INVALID_ARGUMENT, NULL, "devlist");
 }
@@ -1062,9 +1072,9 @@ START_TEST(test_comm_getters) {
   EXPECT_ERR(flexcoll_comm_destroy(NULL), FLEXCOLL_INVALID_ARGUMENT, NULL, "comm");
 
   flexcoll_comm_t comm = make_comm1();
-  EXPECT_ERR(flexcoll_comm_count(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "NULL");
-  EXPECT_ERR(flexcoll_comm_user_rank(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "NULL");
-  EXPECT_ERR(flexcoll_comm_cu_device(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "NULL");
+  EXPECT_ERR(flexcoll_comm_count(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "count is NULL");
+  EXPECT_ERR(flexcoll_comm_user_rank(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "rank is NULL");
+  EXPECT_ERR(flexcoll_comm_cu_device(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "device is NULL");
   EXPECT_ERR(flexcoll_comm_get_async_error(comm, NULL), FLEXCOLL_INVALID_ARGUMENT, comm, "async_error");
   v = -5;
   EXPECT_OK(flexcoll_comm_count(comm, &v));

@@ -472,19 +472,19 @@ END_TEST
 static int bad_args_rank(hx_rank_t *r) {
   flexcoll_link_stats_t st[4];
   int n = -1;
-  struct {
-    flexcoll_result_t res;
+  /* Each bad call, then its own message (the last error is the latest call's). */
+  static const struct {
     const char *what, *needle;
-  } cases[] = {
-      {flexcoll_comm_get_link_stats(r->comm, st, 4, NULL), "nlinks NULL", "nlinks"},
-      {flexcoll_comm_get_link_stats(r->comm, st, -1, &n), "max_links -1", "max_links"},
-      {flexcoll_comm_get_link_stats(r->comm, NULL, 4, &n), "stats NULL", "stats"},
-      {flexcoll_comm_get_link_stats(NULL, st, 4, &n), "comm NULL", "comm"},
-  };
+  } cases[] = {{"nlinks NULL", "nlinks"}, {"max_links -1", "max_links"}, {"stats NULL", "stats"}, {"comm NULL", "comm"}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const flexcoll_result_t res = i == 0   ? flexcoll_comm_get_link_stats(r->comm, st, 4, NULL)
+                                  : i == 1 ? flexcoll_comm_get_link_stats(r->comm, st, -1, &n)
+                                  : i == 2 ? flexcoll_comm_get_link_stats(r->comm, NULL, 4, &n)
+                                           : flexcoll_comm_get_link_stats(NULL, st, 4, &n);
     const char *msg = flexcoll_get_last_error(i == 3 ? NULL : r->comm);
-    (void)msg;
-    if (cases[i].res != FLEXCOLL_INVALID_ARGUMENT) hx_fail(r, "get_link_stats with %s returned %d", cases[i].what, cases[i].res);
+    if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(msg, cases[i].needle))
+      hx_fail(r, "get_link_stats with %s returned %d (%s), expected INVALID_ARGUMENT naming %s", cases[i].what, res, msg,
+              cases[i].needle);
   }
   /* The default host links: shm (with peer-failure handling, UCX 1.13 and later) and tcp (the
    * ranks are host ranks: on a GPU machine the device lanes would follow them). */

@@ -5,12 +5,15 @@
  * bad input. */
 #define _GNU_SOURCE
 #include <check.h>
+#include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dtype.h"
 #include "flexcoll.h"
+#include "group.h"
 #include "harness.h"
 
 static const size_t counts[] = {0, 1, 7, 100003};
@@ -152,6 +155,65 @@ START_TEST(test_threads) {
 }
 END_TEST
 
+/* The root's calls cut into groups (a group's batch holds FC_P2P_MAX_OPS, which only
+ * communicators of 250 ranks or more exceed): here cut at 2, every root, in place and not. */
+static int rooted_batches_rank(hx_rank_t *r) {
+  fc_rooted_set_batch_ops(2);
+  uint64_t call = 0;
+  for (int root = 0; root < r->nranks; root++)
+    for (int g = 0; g < 2; g++)
+      for (int inplace = 0; inplace < 2; inplace++) {
+        rooted_once(r, g, FLEXCOLL_INT32, 1001, root, inplace, call++);
+        rooted_once(r, g, FLEXCOLL_FLOAT64, 3, root, inplace, call++);
+      }
+  return 0;
+}
+
+START_TEST(test_rooted_batches) {
+  hx_opts_t o = {.label = "gather/scatter in batches of 2"};
+  ck_assert_msg(hx_run_procs(5, &o, rooted_batches_rank, NULL), "see stderr");
+}
+END_TEST
+
+/* Inside the caller's group, the root's calls must fit what the group's batch has room for: a
+ * root whose group already holds FC_P2P_MAX_OPS - 2 sends and receives (to itself, matched) is
+ * refused a gather that needs 3, naming the room, and nothing of it is queued: the group still
+ * runs, and the communicator still works. */
+static int rooted_full_group_rank(hx_rank_t *r) {
+  enum { PAIRS = (FC_P2P_MAX_OPS - 2) / 2 };
+  static int32_t out[PAIRS], in[PAIRS], many[4];
+  int32_t mine = r->rank;
+  if (r->rank == 0) {
+    hx_ok(r, flexcoll_group_start(), NULL, "group_start");
+    for (int i = 0; i < PAIRS; i++) {
+      out[i] = i;
+      in[i] = -1;
+      hx_ok(r, flexcoll_send(&out[i], 1, FLEXCOLL_INT32, 0, r->comm, NULL), r->comm, "send to self");
+      hx_ok(r, flexcoll_recv(&in[i], 1, FLEXCOLL_INT32, 0, r->comm, NULL), r->comm, "recv from self");
+    }
+    const flexcoll_result_t res = flexcoll_gather(&mine, many, 1, FLEXCOLL_INT32, 0, r->comm, NULL);
+    if (res != FLEXCOLL_INVALID_USAGE || !strstr(flexcoll_get_last_error(r->comm), "room for 2"))
+      hx_fail(r, "a gather that does not fit the group: %d (%s)", res, flexcoll_get_last_error(r->comm));
+    hx_ok(r, flexcoll_group_end(), r->comm, "group_end");
+    for (int i = 0; i < PAIRS; i++)
+      if (in[i] != i) {
+        hx_fail(r, "message %d to itself: %d", i, in[i]);
+        break;
+      }
+  }
+  int32_t sum = 0;
+  if (hx_ok(r, flexcoll_allreduce(&mine, &sum, 1, FLEXCOLL_INT32, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce") &&
+      sum != 1)
+    hx_fail(r, "allreduce after the refused gather: %d", sum);
+  return 0;
+}
+
+START_TEST(test_rooted_full_group) {
+  hx_opts_t o = {.label = "gather refused by a full group"};
+  ck_assert_msg(hx_run_procs(2, &o, rooted_full_group_rank, NULL), "see stderr");
+}
+END_TEST
+
 /* Bad input: the documented codes and a last error naming the problem. */
 static int bad_input_rank(hx_rank_t *r) {
   char buf[64] = {0};
@@ -174,6 +236,27 @@ static int bad_input_rank(hx_rank_t *r) {
   res = flexcoll_gather(buf + 1, buf, 4, FLEXCOLL_INT8, r->rank, r->comm, NULL);
   if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "overlap"))
     hx_fail(r, "overlapping gather: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_send(buf, 1, FLEXCOLL_INT8, -1, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "peer"))
+    hx_fail(r, "send to peer -1: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_recv(buf, 1, FLEXCOLL_INT8, INT_MIN, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "peer"))
+    hx_fail(r, "recv from peer INT_MIN: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_scatter(buf, buf + 8, 1, FLEXCOLL_INT8, -1, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "root"))
+    hx_fail(r, "scatter from root -1: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_gather(buf, buf + 8, SIZE_MAX / 2, FLEXCOLL_INT32, 0, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "count"))
+    hx_fail(r, "gather of SIZE_MAX / 2 elements: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_alltoall(buf, buf + 32, 1, (flexcoll_datatype_t)-3, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "datatype"))
+    hx_fail(r, "alltoall of datatype -3: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_alltoall(NULL, buf, 1, FLEXCOLL_INT8, r->comm, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "sendbuf"))
+    hx_fail(r, "alltoall from NULL: %d (%s)", res, flexcoll_get_last_error(NULL));
+  res = flexcoll_send(buf, 1, FLEXCOLL_INT8, 0, NULL, NULL);
+  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "comm"))
+    hx_fail(r, "send on a NULL communicator: %d (%s)", res, flexcoll_get_last_error(NULL));
   res = flexcoll_send(buf, 1, (flexcoll_datatype_t)77, 0, r->comm, NULL);
   if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "datatype"))
     hx_fail(r, "send of datatype 77: %d (%s)", res, flexcoll_get_last_error(NULL));
@@ -200,6 +283,8 @@ int main(void) {
   tcase_add_test(tc, test_procs_shared_memory);
   tcase_add_test(tc, test_threads);
   tcase_add_test(tc, test_bad_input);
+  tcase_add_test(tc, test_rooted_batches);
+  tcase_add_test(tc, test_rooted_full_group);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

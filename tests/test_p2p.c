@@ -215,56 +215,48 @@ START_TEST(test_rooted_full_group) {
 END_TEST
 
 /* Bad input: the documented codes and a last error naming the problem. */
+static void refused(hx_rank_t *r, flexcoll_result_t res, flexcoll_result_t code, const char *needle, const char *what) {
+  const char *msg = flexcoll_get_last_error(NULL);
+  if (res != code || !strstr(msg, needle)) hx_fail(r, "%s: %d (%s), expected %d naming %s", what, res, msg, code, needle);
+}
+
 static int bad_input_rank(hx_rank_t *r) {
   char buf[64] = {0};
-  flexcoll_result_t res = flexcoll_send(buf, 1, FLEXCOLL_INT8, r->nranks, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "peer"))
-    hx_fail(r, "send to peer nranks: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_recv(NULL, 4, FLEXCOLL_INT8, 0, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "recvbuf"))
-    hx_fail(r, "recv into NULL: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_alltoall(buf, buf + 1, 1, FLEXCOLL_INT8, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "overlap"))
-    hx_fail(r, "overlapping alltoall: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_gather(buf, buf, 1, FLEXCOLL_INT8, r->nranks, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "root"))
-    hx_fail(r, "gather to root nranks: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_scatter(NULL, buf, 1, FLEXCOLL_INT8, r->rank, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "sendbuf"))
-    hx_fail(r, "scatter from NULL on the root: %d (%s)", res, flexcoll_get_last_error(NULL));
+  refused(r, flexcoll_send(buf, 1, FLEXCOLL_INT8, r->nranks, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "peer",
+          "send to peer nranks");
+  refused(r, flexcoll_recv(NULL, 4, FLEXCOLL_INT8, 0, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "recvbuf",
+          "recv into NULL");
+  refused(r, flexcoll_alltoall(buf, buf + 1, 1, FLEXCOLL_INT8, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "overlap",
+          "overlapping alltoall");
+  refused(r, flexcoll_gather(buf, buf, 1, FLEXCOLL_INT8, r->nranks, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "root",
+          "gather to root nranks");
+  refused(r, flexcoll_scatter(NULL, buf, 1, FLEXCOLL_INT8, r->rank, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT,
+          "sendbuf", "scatter from NULL on the root");
   /* The root's own block not at its place in recvbuf, yet overlapping it. */
-  res = flexcoll_gather(buf + 1, buf, 4, FLEXCOLL_INT8, r->rank, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "overlap"))
-    hx_fail(r, "overlapping gather: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_send(buf, 1, FLEXCOLL_INT8, -1, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "peer"))
-    hx_fail(r, "send to peer -1: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_recv(buf, 1, FLEXCOLL_INT8, INT_MIN, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "peer"))
-    hx_fail(r, "recv from peer INT_MIN: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_scatter(buf, buf + 8, 1, FLEXCOLL_INT8, -1, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "root"))
-    hx_fail(r, "scatter from root -1: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_gather(buf, buf + 8, SIZE_MAX / 2, FLEXCOLL_INT32, 0, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "count"))
-    hx_fail(r, "gather of SIZE_MAX / 2 elements: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_alltoall(buf, buf + 32, 1, (flexcoll_datatype_t)-3, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "datatype"))
-    hx_fail(r, "alltoall of datatype -3: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_alltoall(NULL, buf, 1, FLEXCOLL_INT8, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "sendbuf"))
-    hx_fail(r, "alltoall from NULL: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_send(buf, 1, FLEXCOLL_INT8, 0, NULL, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "comm"))
-    hx_fail(r, "send on a NULL communicator: %d (%s)", res, flexcoll_get_last_error(NULL));
-  res = flexcoll_send(buf, 1, (flexcoll_datatype_t)77, 0, r->comm, NULL);
-  if (res != FLEXCOLL_INVALID_ARGUMENT || !strstr(flexcoll_get_last_error(NULL), "datatype"))
-    hx_fail(r, "send of datatype 77: %d (%s)", res, flexcoll_get_last_error(NULL));
+  refused(r, flexcoll_gather(buf + 1, buf, 4, FLEXCOLL_INT8, r->rank, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT,
+          "overlap", "overlapping gather");
+  refused(r, flexcoll_send(buf, 1, FLEXCOLL_INT8, -1, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "peer",
+          "send to peer -1");
+  refused(r, flexcoll_recv(buf, 1, FLEXCOLL_INT8, INT_MIN, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "peer",
+          "recv from peer INT_MIN");
+  refused(r, flexcoll_scatter(buf, buf + 8, 1, FLEXCOLL_INT8, -1, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "root",
+          "scatter from root -1");
+  refused(r, flexcoll_gather(buf, buf + 8, SIZE_MAX / 2, FLEXCOLL_INT32, 0, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT,
+          "count", "gather of SIZE_MAX / 2 elements");
+  refused(r, flexcoll_alltoall(buf, buf + 32, 1, (flexcoll_datatype_t)-3, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT,
+          "datatype", "alltoall of datatype -3");
+  refused(r, flexcoll_alltoall(NULL, buf, 1, FLEXCOLL_INT8, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "sendbuf",
+          "alltoall from NULL");
+  refused(r, flexcoll_send(buf, 1, FLEXCOLL_INT8, 0, NULL, NULL), FLEXCOLL_INVALID_ARGUMENT, "comm",
+          "send on a NULL communicator");
+  refused(r, flexcoll_send(buf, 1, (flexcoll_datatype_t)77, 0, r->comm, NULL), FLEXCOLL_INVALID_ARGUMENT, "datatype",
+          "send of datatype 77");
   /* Sizes that disagree: rank 0 sends 8 bytes, rank 1 expects 16. */
   if (r->rank == 0) flexcoll_send(buf, 8, FLEXCOLL_UINT8, 1, r->comm, NULL);
   if (r->rank == 1) {
-    res = flexcoll_recv(buf, 16, FLEXCOLL_UINT8, 0, r->comm, NULL);
-    if (res != FLEXCOLL_INVALID_USAGE) hx_fail(r, "recv of 16 bytes from a send of 8: %d (%s)", res, flexcoll_get_last_error(r->comm));
+    const flexcoll_result_t res = flexcoll_recv(buf, 16, FLEXCOLL_UINT8, 0, r->comm, NULL);
+    if (res != FLEXCOLL_INVALID_USAGE)
+      hx_fail(r, "recv of 16 bytes from a send of 8: %d (%s)", res, flexcoll_get_last_error(r->comm));
   }
   return 0;
 }

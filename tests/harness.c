@@ -976,7 +976,8 @@ static long thread_switches(const char *prefix, int *threads) {
   return total;
 }
 
-long hx_idle_wakeups(const char *prefix, int *threads, long enough) {
+/* The quietest of up to eight seconds of the threads named prefix... (hx_threads_park). */
+static long idle_wakeups(const char *prefix, int *threads, long enough) {
   int n = 0;
   long quietest = -1;
   thread_switches(prefix, threads);
@@ -990,7 +991,8 @@ long hx_idle_wakeups(const char *prefix, int *threads, long enough) {
   return quietest;
 }
 
-int hx_allreduce_pair(flexcoll_comm_t comms[2]) {
+/* One float32 sum allreduce of 1000 elements by the two ranks (a group), checked. */
+static int allreduce_pair(flexcoll_comm_t comms[2]) {
   enum { N = 1000 };
   static float in[2][N], out[2][N];
   for (int r = 0; r < 2; r++)
@@ -1011,6 +1013,30 @@ int hx_allreduce_pair(flexcoll_comm_t comms[2]) {
         return 0;
       }
   return 1;
+}
+
+int hx_threads_park(const char *prefix, long most) {
+  setenv("CUDA_VISIBLE_DEVICES", "", 1); /* host ranks as threads, whatever GPUs the machine has */
+  flexcoll_comm_t comms[2] = {NULL, NULL};
+  if (flexcoll_comm_init_all(comms, 2, NULL) != FLEXCOLL_SUCCESS) {
+    fprintf(stderr, "[hx] init_all of two ranks: %s\n", flexcoll_get_last_error(NULL));
+    return 0;
+  }
+  int ok = allreduce_pair(comms), threads = 0; /* the link's first transfers start its threads */
+  const long woke = ok ? idle_wakeups(prefix, &threads, most) : -1;
+  if (ok) {
+    fprintf(stderr, "[hx] idle %s threads: %ld wake-ups in their quietest second (%d threads)\n", prefix, woke, threads);
+    if (woke < 0) fprintf(stderr, "[hx] cannot read the threads' context switches in /proc/self/task\n"), ok = 0;
+    if (threads != 2) fprintf(stderr, "[hx] %d %s threads for 2 ranks, not 2\n", threads, prefix), ok = 0;
+    if (woke > most) fprintf(stderr, "[hx] idle %s threads woke %ld times in 1 s, more than %ld\n", prefix, woke, most), ok = 0;
+  }
+  ok = allreduce_pair(comms) && ok; /* still a working link once parked */
+  for (int r = 0; r < 2; r++)
+    if (flexcoll_comm_destroy(comms[r]) != FLEXCOLL_SUCCESS) {
+      fprintf(stderr, "[hx] destroy of rank %d: %s\n", r, flexcoll_get_last_error(NULL));
+      ok = 0;
+    }
+  return ok;
 }
 
 int hx_count_entries(const char *dir, const char *prefix) {

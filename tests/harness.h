@@ -104,10 +104,6 @@ int hx_run_process(const hx_opts_t *opts, hx_proc_fn fn, void *arg);
  * for hx_proc_fn bodies that report through hx_fail and the checks. */
 void hx_rank_init(hx_rank_t *r, const hx_opts_t *opts, int rank, int nranks, void *arg);
 
-/* One float32 sum allreduce of 1000 elements by two ranks of this process (a group), checked;
- * 1 when right, else 0 with what went wrong on stderr. */
-int hx_allreduce_pair(flexcoll_comm_t comms[2]);
-
 /* Destroy n communicators of this process at once, one thread each: a healthy communicator's
  * destroy may wait for its peers (up to its timeout), so ranks that live in one process must not be
  * destroyed one after the other from one thread.  Returns 1 when every destroy succeeded. */
@@ -135,11 +131,14 @@ int hx_same_digests(const char *tag, const char *dir, int nranks, const char *a,
 /* Entries of a directory whose names start with prefix ("" for all), without "." and ".."; -1
  * when it cannot be read. */
 int hx_count_entries(const char *dir, const char *prefix);
-/* Wake-ups of this process's threads whose names start with prefix (flexcoll-tcp, flexcoll-rdma)
- * while idle: their voluntary context switches in the quietest of up to eight seconds (it stops
- * at the first second with at most `enough`: threads park after about a second, later on a
- * loaded machine); *threads says how many there were at the start.  -1 unreadable. */
-long hx_idle_wakeups(const char *prefix, int *threads, long enough);
+/* An idle link's progress threads park: two host ranks as threads of this process (GPUs hidden;
+ * the links as the environment says) run a checked allreduce, which starts the link's threads,
+ * named prefix... (flexcoll-tcp, flexcoll-rdma); then their wake-ups (voluntary context switches)
+ * in the quietest of up to eight idle seconds are printed and must be at most `most` (threads
+ * park after about a second, later on a loaded machine), with one thread per rank; a second
+ * allreduce checks the link still works, and both ranks are destroyed.  1 when all holds, else 0
+ * with what failed on stderr. */
+int hx_threads_park(const char *prefix, long most);
 /* Open file descriptors of this process (without the one that counts them); -1 unreadable. */
 int hx_open_fds(void);
 /* The names in dir starting with prefix, each allocated, *n of them (NULL and 0 when none or

@@ -47,11 +47,12 @@ typedef CUresult (*fc_write_value64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsig
  * second low) from a stalled pipeline (streams idle while the lane is active). */
 #define FC_HOP_TRACE_MAX 256u
 typedef struct {
-  struct {
-    double enqueued_us;
-    uint64_t target, bytes;
-    unsigned block;
-  } q[FC_HOP_TRACE_MAX];
+  double enqueued_us;
+  uint64_t target, bytes; /* the counter value that says it landed; its bytes */
+  unsigned block;
+} fc_hop_batch_t;
+typedef struct {
+  fc_hop_batch_t q[FC_HOP_TRACE_MAX];
   unsigned head, tail; /* pending batches: q[head % MAX] .. q[(tail - 1) % MAX] */
   double last_done_us, busy_us;
   uint64_t batches, bytes, lost; /* lost: batches not traced (the queue was full) */
@@ -92,11 +93,7 @@ static void trace_enqueued(fc_hop_trace_t *t, unsigned block, uint64_t target, u
     t->lost++;
     return;
   }
-  t->q[t->tail % FC_HOP_TRACE_MAX].enqueued_us = now;
-  t->q[t->tail % FC_HOP_TRACE_MAX].target = target;
-  t->q[t->tail % FC_HOP_TRACE_MAX].bytes = bytes;
-  t->q[t->tail % FC_HOP_TRACE_MAX].block = block;
-  t->tail++;
+  t->q[t->tail++ % FC_HOP_TRACE_MAX] = (fc_hop_batch_t){.enqueued_us = now, .target = target, .bytes = bytes, .block = block};
 }
 
 /* Retire the batches whose counters (counter[block]) have reached their targets, oldest first. */

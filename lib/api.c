@@ -241,11 +241,11 @@ static flexcoll_result_t check_not_failed(flexcoll_comm_t comm, const char *fn) 
                   flexcoll_get_error_string((flexcoll_result_t)err));
 }
 
-/* The graph rule (docs/ARCHITECTURE.md): a captured call must replay correctly.  The one-shot
- * and pipelined kernels keep their sequence state on the device and may be captured
- * (fc_gpu_graph_refusal says when); the other device paths bake host counters into
- * stream-memory operations, so they would replay with stale values and give wrong results
- * without an error, and a host-memory call runs at once and would not be in the graph at all.
+/* The graph rule (docs/ARCHITECTURE.md): a captured call must replay correctly.  The kernels
+ * keep their sequence state on the device and may be captured (fc_gpu_graph_refusal says when;
+ * captured, a call in a window takes them instead of direct mode, whose stream-memory operations
+ * hold host counters); host copies block on the host, and a host-memory call runs at once and
+ * would not be in the graph at all.
  * Those are refused before anything is enqueued (the capture stays valid and the communicator
  * usable). */
 static flexcoll_result_t refuse_capture(flexcoll_comm_t comm, const char *fn, const char *why) {
@@ -260,7 +260,7 @@ static flexcoll_result_t check_capture(flexcoll_comm_t comm, const fc_call_t *c,
   const char *fn = fc_coll_name(c->coll);
   if (capturing == 2) return refuse_capture(comm, fn, "another stream's capture forbids using this one meanwhile");
   if (mem != FC_MEM_DEVICE) return refuse_capture(comm, fn, "its buffers are in host memory, and such a call runs at once");
-  const char *why = fc_gpu_graph_refusal(comm, args, c->sendbuf, c->recvbuf, c->dtype, c->stream);
+  const char *why = fc_gpu_graph_refusal(comm, args, c->stream);
   return why ? refuse_capture(comm, fn, why) : FLEXCOLL_SUCCESS;
 }
 

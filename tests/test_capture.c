@@ -8,10 +8,12 @@
  * of a send and a receive, and gather: their own kernels; alltoall in place too, with its
  * temporary copy's allocation, copy and free in the graph) is replayed
  * hundreds to thousands of times on fresh inputs (written outside the graph, different per
- * replay and rank) and its results checked exactly, with eager calls in between.  With
+ * replay and rank) and its results checked exactly, with eager calls in between.  The replays'
+ * buffers are symmetric windows: eager calls there from 1 MB take direct mode (host counters in
+ * stream memory operations), so a captured one must take the kernels instead.  With
  * FLEXCOLL_RING_KERNEL=0 (set by the caller) the calls the ring kernels would take run the
  * algorithms' schedules, a point-to-point kernel per round, and are replayed alike.  Every other
- * path (host memory, direct mode, a collective in a group, a capture on another stream
+ * path (host memory, a collective in a group, a capture on another stream
  * while the communicator's previous kernel there still runs) would replay stale host counters,
  * need a dependency from outside the capture, or not be in the graph at all: it must be refused
  * with FLEXCOLL_INVALID_USAGE and a message that says why, before enqueuing anything, so the
@@ -41,8 +43,6 @@
 
 #define NRANKS 2
 #define COUNT 1000
-/* Above the one-shot limit of 2 ranks (8 MB): the ring kernels, or direct mode in a window. */
-#define BIG_COUNT (3u << 20)
 
 /* FLEXCOLL_RING_KERNEL=0: the algorithms' schedules run what the ring kernels would. */
 static int g_schedules = 0;
@@ -112,11 +112,9 @@ static void end_empty_capture(rank_t *r, cudaStream_t s, const char *what) {
   }
 }
 
-/* What the refusal tests use: small device buffers (dev, 2 * COUNT floats), host ones, big
- * ones outside and inside a window (BIG_COUNT floats each). */
+/* What the refusal tests use: small device buffers (dev, 2 * COUNT floats) and host ones. */
 typedef struct {
-  float *dev, *big, *big_win, *host;
-  flexcoll_window_t win;
+  float *dev, *host;
 } bufs_t;
 
 /* Capture on s in `mode` and try every call that must stay refused; the capture stays valid and
@@ -130,10 +128,6 @@ static void refused_calls(rank_t *r, flexcoll_comm_t comm, const bufs_t *b, cuda
   expect_refused(r, comm, flexcoll_send(b->host, COUNT, FLEXCOLL_FLOAT32, peer, comm, s), "send from host memory");
   expect_refused(r, comm, flexcoll_allreduce(b->host, b->host, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
                  "allreduce on host memory");
-  /* Without peer access, the ring kernels take calls in windows too (through host memory). */
-  if (b->win && !g_no_peer)
-    expect_refused(r, comm, flexcoll_allreduce(b->big_win, b->big_win, BIG_COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s),
-                   "allreduce in a window (direct mode)");
   if (g_no_peer) {
     expect_refused(r, comm, flexcoll_alltoall(b->dev, b->dev + COUNT, COUNT / NRANKS, FLEXCOLL_FLOAT32, comm, s),
                    "alltoall without peer access");
@@ -293,6 +287,7 @@ typedef struct {
   char *send, *recv;
   float *eager_in, *eager_out;
   char *host;               /* a row, or a result */
+  flexcoll_window_t win[2]; /* send and recv are in windows */
 } replay_bufs_t;
 #define ROW ((size_t)NRANKS * MAX_COUNT * 4)
 #define EAGER_MAX 30000
@@ -481,8 +476,6 @@ static int alloc_all(rank_t *r, flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *
   memset(b, 0, sizeof *b);
   memset(rb, 0, sizeof *rb);
   int ok = cudaMalloc((void **)&b->dev, 2 * COUNT * sizeof(float)) == cudaSuccess &&
-           cudaMalloc((void **)&b->big, BIG_COUNT * sizeof(float)) == cudaSuccess &&
-           cudaMalloc((void **)&b->big_win, BIG_COUNT * sizeof(float)) == cudaSuccess &&
            cudaMalloc((void **)&rb->table, VARIANTS * ROW) == cudaSuccess &&
            cudaMalloc((void **)&rb->send, ROW) == cudaSuccess && cudaMalloc((void **)&rb->recv, ROW) == cudaSuccess &&
            cudaMalloc((void **)&rb->eager_in, EAGER_MAX * sizeof(float)) == cudaSuccess &&
@@ -495,18 +488,22 @@ static int alloc_all(rank_t *r, flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *
   for (size_t i = 0; i < EAGER_MAX; i++) ((float *)rb->host)[i] = (float)value(r->rank, 0, i);
   cudaMemcpyAsync(rb->eager_in, rb->host, EAGER_MAX * sizeof(float), cudaMemcpyHostToDevice, s);
   cudaStreamSynchronize(s);
-  /* A window (collective) for the direct-mode refusal; without one that refusal is skipped. */
-  if (flexcoll_window_register(comm, b->big_win, BIG_COUNT * sizeof(float), &b->win) != FLEXCOLL_SUCCESS) {
-    fprintf(stderr, "[test_capture] rank %d: no window (%s): direct-mode refusal not tested\n", r->rank,
-            flexcoll_get_last_error(comm));
-    b->win = NULL;
-  }
+  /* The replays' buffers in windows (collective, the same order on every rank): eager, their
+   * calls from 1 MB would take direct mode, which keeps counters on the host; captured they must
+   * take the kernels instead, and replay right. */
+  for (int w = 0; w < 2; w++)
+    if (flexcoll_window_register(comm, w ? rb->recv : rb->send, ROW, &rb->win[w]) != FLEXCOLL_SUCCESS) {
+      EXPECT(r, 0, "flexcoll_window_register of the replays' %s buffer: %s", w ? "recv" : "send",
+             flexcoll_get_last_error(comm));
+      return 0;
+    }
   return 1;
 }
 
 static void free_all(flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *rb) {
-  if (b->win) flexcoll_window_deregister(comm, b->win);
-  cudaFree(b->dev), cudaFree(b->big), cudaFree(b->big_win);
+  for (int w = 0; w < 2; w++)
+    if (rb->win[w]) flexcoll_window_deregister(comm, rb->win[w]);
+  cudaFree(b->dev);
   cudaFree(rb->table), cudaFree(rb->send), cudaFree(rb->recv), cudaFree(rb->eager_in), cudaFree(rb->eager_out);
   free(b->host), free(rb->host);
 }

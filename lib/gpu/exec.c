@@ -14,7 +14,7 @@
  * round by round, each round's transfers one point-to-point kernel (run_schedule).  So every
  * wait on a peer is inside a kernel that bounds it, with its counters on the device: no host
  * round trip, no stream waiting on a peer in a hardware queue, and every path with peer access
- * but direct mode (direct.c) replays from a CUDA graph. */
+ * but direct mode (direct.c) replays from a CUDA graph; a captured call skips direct mode. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -302,26 +302,20 @@ static int takes_oneshot(const struct fc_gpu *g, const fc_algo_args_t *args, siz
          oneshot_bytes(args, largest_count(args)) * esize <= g->oneshot_slot && args->nranks <= FC_ONESHOT_MAX_RANKS;
 }
 
-/* Captured, a call must take the one-shot or the pipelined kernel (they keep their sequence
- * state on the device; the other paths bake host counters into stream-memory operations, or
- * block on the host), and follow the communicator's previous such kernel on the same stream
- * (kernel_order_before would otherwise wait on an event outside the capture).  Decided as
+/* Captured, a call must take a kernel that keeps its sequence state on the device (the host
+ * copies block on the host), and follow the communicator's previous such kernel on the same
+ * stream (kernel_order_before would otherwise wait on an event outside the capture).  Direct
+ * mode bakes host counters into stream-memory operations, so a captured call in a window takes
+ * the kernels instead (run_coll): windows are a speed-up, never a requirement.  Decided as
  * fc_gpu_run decides.  An in-place alltoall is decided as out of place: it runs from a
  * stream-ordered copy (alltoall_through_copy), whose allocation, copy and free capture as graph
  * nodes, and the path an alltoall takes does not depend on its sendbuf. */
-const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                                 const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream) {
+const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, flexcoll_stream_t stream) {
   const struct fc_gpu *g = comm->gpu;
-  const size_t esize = fc_dtype_size(dtype);
   if (through_host(g, args))
     return g->pcie.on ? "the GPUs have no peer access and the ring kernels do not run this call, so it runs through host copies"
                       : "the GPUs have no peer access, so the call runs through host copies";
   if (args->count == 0 || args->nranks == 1) return NULL;
-  if (!takes_oneshot(g, args, esize)) {
-    if (!ring_only(g, args) && fc_tuner_direct(args->coll, largest_count(args) * esize, args->nranks) &&
-        fc_gpu_direct_may_run(comm, args, sendbuf, recvbuf, dtype))
-      return "it would take direct mode (buffers in windows, or FLEXCOLL_DIRECT=2), which keeps its counters on the host";
-  }
   return other_stream_refusal(g, stream);
 }
 
@@ -629,7 +623,8 @@ static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args
      * error flag, and two CUDA calls fewer matter at a few microseconds per call. */
     goto out;
   } else {
-    if (!ring_only(g, args) && fc_tuner_direct(args->coll, largest * x.esize, args->nranks)) {
+    /* Not captured (fc_gpu_graph_refusal): every rank captures the same calls, so all skip it. */
+    if (!capturing && !ring_only(g, args) && fc_tuner_direct(args->coll, largest * x.esize, args->nranks)) {
       int done = 0;
       res = fc_gpu_direct_run(comm, args, sendbuf, recvbuf, dtype, op, user, &done);
       /* Once the peers count on the call, a failure leaves them waiting: the communicator is done. */

@@ -585,9 +585,8 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)op; (void)stream; (void)capturing;
   return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "device memory seen by a build without CUDA");
 }
-const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                                 const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream) {
-  (void)comm; (void)args; (void)sendbuf; (void)recvbuf; (void)dtype; (void)stream;
+const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, flexcoll_stream_t stream) {
+  (void)comm; (void)args; (void)stream;
   return "this build has no CUDA";
 }
 flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs,

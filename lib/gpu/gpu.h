@@ -59,11 +59,10 @@ void fc_gpu_note_kernel_error(struct flexcoll_comm *comm);
 flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf, void *recvbuf,
                              flexcoll_datatype_t dtype, flexcoll_op_t op, flexcoll_stream_t stream, int capturing);
 /* Why this collective on device memory cannot be captured into a CUDA graph on stream (a
- * phrase for a message), or NULL when it can: it takes the one-shot or the pipelined kernel,
- * which keep their sequence state on the device, right after the communicator's previous such
- * kernel on the same stream.  Enqueues nothing. */
-const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                                 const void *recvbuf, flexcoll_datatype_t dtype, flexcoll_stream_t stream);
+ * phrase for a message), or NULL when it can: captured, it takes a kernel that keeps its sequence
+ * state on the device, right after the communicator's previous such kernel on the same stream.
+ * Enqueues nothing. */
+const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, flexcoll_stream_t stream);
 
 /* Enqueue a batch of point-to-point sends and receives (counts in bytes) over device buffers
  * (capturing: as fc_gpu_run's, allowed by fc_gpu_p2p_graph_refusal). */

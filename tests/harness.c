@@ -976,7 +976,9 @@ static long thread_switches(const char *prefix, int *threads) {
   return total;
 }
 
-/* The quietest of up to eight seconds of the threads named prefix... (hx_threads_park). */
+/* The quietest of up to eight seconds of the threads named prefix... (hx_threads_park); it stops
+ * early at a second with at most `enough`, which must be well under the bound: a second half
+ * napping, half parked passes a loose bound while the threads have not parked for good. */
 static long idle_wakeups(const char *prefix, int *threads, long enough) {
   int n = 0;
   long quietest = -1;
@@ -1023,7 +1025,7 @@ int hx_threads_park(const char *prefix, long most) {
     return 0;
   }
   int ok = allreduce_pair(comms), threads = 0; /* the link's first transfers start its threads */
-  const long woke = ok ? idle_wakeups(prefix, &threads, most) : -1;
+  const long woke = ok ? idle_wakeups(prefix, &threads, most / 10) : -1;
   if (ok) {
     fprintf(stderr, "[hx] idle %s threads: %ld wake-ups in their quietest second (%d threads)\n", prefix, woke, threads);
     if (woke < 0) fprintf(stderr, "[hx] cannot read the threads' context switches in /proc/self/task\n"), ok = 0;

@@ -2,9 +2,12 @@
 #define _GNU_SOURCE
 #include "progress_thread.h"
 
+#include "log.h"
+
 #include <poll.h>
 #include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -15,6 +18,14 @@
 #define FC_PROGRESS_SLOW 1024u
 #define FC_PROGRESS_PARK (FC_PROGRESS_SLOW + 1000u)
 #define FC_PROGRESS_PARK_MS 200
+/* The link's own housekeeping moves something now and then (UCX's keepalive, every second with
+ * peer-failure handling): were every move to start the idle second again, a thread whose link
+ * keeps alive that often would never park, napping a thousand times a second.  So a move brings
+ * the yields back only in the first QUIET rounds of the slow naps (a call's tail: it just ended)
+ * or as the MOVING_AGAIN-th within QUIET rounds of each other (things flow again: a peer sends);
+ * a lone one later leaves the count toward parking where it was. */
+#define FC_PROGRESS_MOVING_AGAIN 4u
+#define FC_PROGRESS_QUIET 64u
 
 static void nap(long ns) { nanosleep(&(struct timespec){0, ns}, NULL); }
 
@@ -28,19 +39,23 @@ static void park(fc_progress_thread_t *t) {
     fd = t->arm_locked(t->arg);
     pthread_mutex_unlock(t->lock);
   }
+  t->parks++;
   if (fd < 0) {
+    t->arms_refused++;
     nap(1000000);
     return;
   }
   struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = t->stop_fd, .events = POLLIN}};
-  poll(p, 2, t->park_ms > 0 ? t->park_ms : FC_PROGRESS_PARK_MS);
+  const int ready = poll(p, 2, t->park_ms > 0 ? t->park_ms : FC_PROGRESS_PARK_MS);
+  if (ready == 0) t->slept_out++;
+  else if (ready > 0 && (p[0].revents & POLLIN)) t->woken++;
 }
 
 /* Yield while something moves, then sleep longer and longer (at most a millisecond); while the
  * entry points are in use, only sleep. */
 static void *progress_main(void *arg) {
   fc_progress_thread_t *t = arg;
-  unsigned idle = 0;
+  unsigned idle = 0, recent_moves = 0, quiet = 0;
   unsigned long seen = atomic_load_explicit(&t->uses, memory_order_relaxed);
   while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
     const unsigned long uses = atomic_load_explicit(&t->uses, memory_order_relaxed);
@@ -54,8 +69,14 @@ static void *progress_main(void *arg) {
       moved = t->progress_locked(t->arg);
       pthread_mutex_unlock(t->lock);
     }
-    if (moved) idle = 0;
-    else if (idle < FC_PROGRESS_PARK) idle++;
+    if (moved) {
+      quiet = 0;
+      if (idle < FC_PROGRESS_SLOW + FC_PROGRESS_QUIET || ++recent_moves >= FC_PROGRESS_MOVING_AGAIN)
+        idle = 0, recent_moves = 0;
+    } else {
+      if (++quiet >= FC_PROGRESS_QUIET) recent_moves = 0;
+      if (idle < FC_PROGRESS_PARK) idle++;
+    }
     if (idle < FC_PROGRESS_YIELD) sched_yield();
     else if (idle >= FC_PROGRESS_PARK && t->arm_locked) park(t);
     else nap(idle < FC_PROGRESS_SLOW ? 50000 : 1000000);
@@ -71,6 +92,8 @@ int fc_progress_thread_start(fc_progress_thread_t *t, const char *name, pthread_
   t->arg = arg;
   atomic_store(&t->stop, 0);
   atomic_store(&t->uses, 0);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->parks = t->arms_refused = t->woken = t->slept_out = 0;
   /* Without it the thread only sleeps: a parked one would make stop wait out its poll. */
   t->stop_fd = arm_locked ? eventfd(0, EFD_CLOEXEC) : -1;
   if (t->stop_fd < 0) t->arm_locked = NULL;
@@ -89,6 +112,9 @@ void fc_progress_thread_stop(fc_progress_thread_t *t) {
     (void)w;
   }
   pthread_join(t->tid, NULL);
+  if (t->arm_locked)
+    FC_INFO(FC_SUB_NET, "%s thread: parked %lu times: %lu woken by the link, %lu slept the whole bound, %lu arms refused",
+            t->name, t->parks, t->woken, t->slept_out, t->arms_refused);
   if (t->stop_fd >= 0) close(t->stop_fd);
   t->stop_fd = -1;
   t->on = 0;

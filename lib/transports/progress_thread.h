@@ -29,6 +29,10 @@ typedef struct {
   int stop_fd;                      /* an eventfd: wakes a parked thread to stop */
   int park_ms;                      /* longest sleep parked (0: FC_PROGRESS_PARK_MS; tests set more) */
   atomic_ulong uses;                /* entry points' calls so far */
+  char name[16];
+  /* What parking did (the thread's own; logged at stop): to tell a link that keeps its
+   * descriptor signalled, or cannot be armed, from one that sleeps. */
+  unsigned long parks, arms_refused, woken, slept_out;
 } fc_progress_thread_t;
 
 /* An entry point of the link's table ran (any thread). */
@@ -40,7 +44,7 @@ static inline void fc_progress_thread_used(fc_progress_thread_t *t) {
  * stays 0: progress in calls only).  arm_locked may be NULL: the thread never parks. */
 int fc_progress_thread_start(fc_progress_thread_t *t, const char *name, pthread_mutex_t *lock,
                              int (*progress_locked)(void *), int (*arm_locked)(void *), void *arg);
-/* Stop and join it (nothing when it does not run). */
+/* Stop and join it (nothing when it does not run); an INFO line (NET) says how it parked. */
 void fc_progress_thread_stop(fc_progress_thread_t *t);
 
 #endif

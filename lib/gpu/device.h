@@ -230,6 +230,9 @@ static inline fc_pair_flags_t *fc_pair_flags(struct fc_gpu *g, char *stage, int 
 
 /* Direct mode's streams: made where they are not yet (gpu.c), waited for where they are. */
 flexcoll_result_t fc_gpu_side_streams(struct flexcoll_comm *comm, struct fc_gpu *g);
+/* Make device current on this thread, its context too; returns what to hand fc_gpu_leave_device
+ * afterwards: the caller's device, or -1 when it was current already. */
+int fc_gpu_switch_device(int device);
 void fc_gpu_side_streams_sync(struct fc_gpu *g);
 
 /* Direct mode (direct.c): large allreduce, allgather, reduce_scatter and broadcast copied by

@@ -387,20 +387,15 @@ static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops,
   return res;
 }
 
-/* Make the communicator's device current for the enqueue; returns the caller's to restore. */
+/* Make the communicator's device current for the enqueue; returns the caller's to restore
+ * (fc_gpu_leave_device). */
 static int enter_device(struct fc_gpu *g) {
-  int prev = -1;
-  cudaGetDevice(&prev);
-  if (prev != g->device) cudaSetDevice(g->device);
+  const int prev = fc_gpu_switch_device(g->device);
   /* The kernel wrappers read launch errors with cudaGetLastError: a stale error left by an
    * earlier call (ours or the application's) must not fail a launch half-way through enqueuing
    * a collective, which would leave the peers waiting. */
   cudaGetLastError();
   return prev;
-}
-
-static void leave_device(struct fc_gpu *g, int prev) {
-  if (prev != g->device && prev >= 0) cudaSetDevice(prev);
 }
 
 _Static_assert(FC_P2P_KERNEL_OPS >= FC_P2P_MAX_OPS, "the point-to-point kernel takes every batch");
@@ -592,7 +587,7 @@ flexcoll_result_t fc_gpu_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *
     /* The peers' kernels wait for this one, and it bounds its own waits. */
     if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
   }
-  leave_device(g, prev);
+  fc_gpu_leave_device(prev);
   return res;
 }
 
@@ -719,7 +714,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   const flexcoll_result_t res = alltoall_needs_copy(g, args, sendbuf, recvbuf)
                                     ? alltoall_through_copy(comm, args, recvbuf, dtype, op, user, capturing)
                                     : run_coll(comm, args, sendbuf, recvbuf, dtype, op, user, capturing);
-  leave_device(g, prev);
+  fc_gpu_leave_device(prev);
   return res;
 }
 #endif

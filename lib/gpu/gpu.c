@@ -417,6 +417,15 @@ static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   return FLEXCOLL_SUCCESS;
 }
 
+int fc_gpu_switch_device(int device) {
+  int prev = -1;
+  cudaGetDevice(&prev);
+  /* Also when it is current already: that makes its context current in a thread that has none
+   * yet (a group's worker), for the driver calls that follow. */
+  cudaSetDevice(device);
+  return prev != device ? prev : -1;
+}
+
 int fc_gpu_enter_device(const struct flexcoll_comm *comm) {
   const int want = comm->init_config.cuda_device;
   int prev = -1;
@@ -443,12 +452,10 @@ flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   } else if (want < 0 || want >= count) {
     return fc_error(comm, FLEXCOLL_INVALID_ARGUMENT, "config.cuda_device %d: this process sees %d device(s)", want, count);
   }
-  int prev = -1;
-  CUDA_CHECK(comm, cudaGetDevice(&prev));
-  CUDA_CHECK(comm, cudaSetDevice(want));
-  flexcoll_result_t res = gpu_comm_setup(comm, want);
   /* The caller's current device is the caller's. */
-  if (prev != want) cudaSetDevice(prev);
+  const int prev = fc_gpu_switch_device(want);
+  const flexcoll_result_t res = gpu_comm_setup(comm, want);
+  fc_gpu_leave_device(prev);
   return res;
 }
 
@@ -473,9 +480,7 @@ void fc_gpu_side_streams_sync(struct fc_gpu *g) {
 void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
-  int prev = -1;
-  cudaGetDevice(&prev);
-  cudaSetDevice(g->device);
+  const int prev = fc_gpu_switch_device(g->device);
   if (!atomic_load(&comm->abort_flag)) fc_gpu_side_streams_sync(g);
   fc_peer_mem_release(g);
   /* No barrier with peers (destroy is local): every kernel ends only once its peers have
@@ -510,7 +515,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   free(g->peers);
   free(g);
   comm->gpu = NULL;
-  if (prev >= 0) cudaSetDevice(prev);
+  fc_gpu_leave_device(prev);
 }
 
 /* Release device work stuck on peers: kernels see the error flag; direct mode's stream waits see
@@ -518,10 +523,8 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
 void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
-  __atomic_store_n(g->error_host, 2, __ATOMIC_SEQ_CST);
-  int prev = -1;
-  cudaGetDevice(&prev);
-  cudaSetDevice(g->device);
+  __atomic_store_n(g->error_host, FC_DEV_ERROR_ABORT, __ATOMIC_SEQ_CST);
+  const int prev = fc_gpu_switch_device(g->device);
   for (int q = 0; q < comm->nranks; q++) {
     fc_pair_flags_t *f = (fc_pair_flags_t *)(g->stage + g->pair_flags_off) + q;
     g->write_value32(g->util_stream, (CUdeviceptr)&f->arrive, g->direct_seq + (1u << 30), 0);
@@ -530,7 +533,7 @@ void fc_gpu_comm_abort(struct flexcoll_comm *comm) {
   }
   cudaStreamSynchronize(g->util_stream);
   cudaGetLastError();
-  if (prev >= 0) cudaSetDevice(prev);
+  fc_gpu_leave_device(prev);
 }
 
 void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream) {
@@ -544,7 +547,15 @@ void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream) {
 
 void fc_gpu_note_kernel_error(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
-  if (g && __atomic_load_n(g->error_host, __ATOMIC_SEQ_CST) == 1) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+  if (!g) return;
+  const int found = __atomic_load_n(g->error_host, __ATOMIC_SEQ_CST);
+  if (found == FC_DEV_ERROR_TIMEOUT) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+  if (found == FC_DEV_ERROR_EXPERT_ID && atomic_load(&comm->async_error) == FLEXCOLL_SUCCESS) {
+    fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
+             "flexcoll_moe_dispatch: expert_ids held an id not below cfg.num_experts (ids below 0 mean no expert); "
+             "that k of its token went nowhere: abort the communicator");
+    fc_comm_set_async_error(comm, FLEXCOLL_INVALID_ARGUMENT);
+  }
 }
 
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {

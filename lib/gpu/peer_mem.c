@@ -246,24 +246,19 @@ static flexcoll_result_t window_deregister(struct flexcoll_comm *comm, struct fl
   return fc_bootstrap_barrier(comm->bootstrap);
 }
 
-/* IPC mappings and stream waits belong to the communicator's device: make it current, always
- * (cudaSetDevice also makes its context current in a thread that has none yet, such as a
- * group's worker thread, which the driver calls here need). */
+/* IPC mappings and stream waits belong to the communicator's device, and the driver calls here
+ * need its context current (fc_gpu_switch_device). */
 flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out) {
-  int prev = -1;
-  cudaGetDevice(&prev);
-  cudaSetDevice(comm->gpu->device);
-  flexcoll_result_t res = window_register(comm, buf, bytes, out);
-  if (prev != comm->gpu->device && prev >= 0) cudaSetDevice(prev);
+  const int prev = fc_gpu_switch_device(comm->gpu->device);
+  const flexcoll_result_t res = window_register(comm, buf, bytes, out);
+  fc_gpu_leave_device(prev);
   return res;
 }
 
 flexcoll_result_t fc_gpu_window_deregister(struct flexcoll_comm *comm, struct flexcoll_window *w) {
-  int prev = -1;
-  cudaGetDevice(&prev);
-  cudaSetDevice(comm->gpu->device);
-  flexcoll_result_t res = window_deregister(comm, w);
-  if (prev != comm->gpu->device && prev >= 0) cudaSetDevice(prev);
+  const int prev = fc_gpu_switch_device(comm->gpu->device);
+  const flexcoll_result_t res = window_deregister(comm, w);
+  fc_gpu_leave_device(prev);
   return res;
 }
 

@@ -24,7 +24,8 @@
  *    and output checked.
  * Then the failure cases with 2 ranks: rank 1 never calls dispatch → rank 0's async error is
  * FLEXCOLL_TIMEOUT within the timeout plus 10 s; with a long timeout, flexcoll_comm_abort
- * releases rank 0's waiting kernel within 10 s.  FC_MOE_QUICK=1 runs fewer cases; FC_MOE_GPUS=G
+ * releases rank 0's waiting kernel within 10 s; rank 0 dispatches an expert id not below
+ * num_experts → both dispatches end, rank 0's async error is FLEXCOLL_INVALID_ARGUMENT.  FC_MOE_QUICK=1 runs fewer cases; FC_MOE_GPUS=G
  * puts rank r on GPU r % G (default 1: all on GPU 0).  Every host buffer that a copy to or from
  * the device touches is pinned (pmalloc says why: pageable ones hung N=4).  Every phase is
  * bounded by a watchdog (alarm) that prints "HANG: <phase>".  Exit 77 (skip) on a CUDA build
@@ -852,11 +853,40 @@ static int run_nranks(int n) {
 
 /* ---- failures: a rank that never calls, and abort ---- */
 
+/* The two-rank cases: rank 1 never dispatches (rank 0 times out, or is aborted), or both do and
+ * rank 0 names an expert that does not exist. */
+typedef enum { PAIR_ABSENT, PAIR_ABORT, PAIR_BAD_ID } pair_case_t;
 typedef struct {
-  int rank, timeout_ms, use_abort;
+  int rank, timeout_ms;
+  pair_case_t what;
   flexcoll_unique_id_t id;
 } hang_t;
 static pthread_barrier_t g_hang_barrier;
+
+/* Both ranks dispatch 4 tokens; rank 0's token 1 names expert num_experts (2) for its second k.
+ * The dispatch must end on both (the id goes nowhere); rank 0's async error becomes
+ * FLEXCOLL_INVALID_ARGUMENT, its message naming expert_ids; rank 1's stays FLEXCOLL_SUCCESS. */
+static void dispatch_bad_id(const hang_t *h, flexcoll_comm_t comm, flexcoll_moe_t m, char *tok, int *ids, int T,
+                            cudaStream_t s) {
+  static const int bad = 2; /* cfg.num_experts */
+  if (h->rank == 0) cudaMemcpyAsync(ids + 1 * 2 + 1 /* token 1, k 1 */, &bad, sizeof bad, cudaMemcpyHostToDevice, s);
+  const double t0 = now_s();
+  if (flexcoll_moe_dispatch(m, tok, ids, T, NULL, NULL, NULL, s) != FLEXCOLL_SUCCESS)
+    FAIL(h->rank, "dispatch with a bad expert id: %s", flexcoll_get_last_error(comm));
+  while (cudaStreamQuery(s) == cudaErrorNotReady && now_s() - t0 < 10) usleep(10000);
+  if (cudaStreamQuery(s) == cudaErrorNotReady) FAIL(h->rank, "the dispatch with a bad expert id still runs after 10 s");
+  flexcoll_result_t async = FLEXCOLL_IN_PROGRESS;
+  flexcoll_comm_get_async_error(comm, &async);
+  const char *why = flexcoll_get_last_error(comm);
+  if (h->rank == 1 && async != FLEXCOLL_SUCCESS)
+    FAIL(1, "the peer of a bad expert id: async error %s, not FLEXCOLL_SUCCESS", flexcoll_get_error_string(async));
+  if (h->rank == 0 && (async != FLEXCOLL_INVALID_ARGUMENT || !why || !strstr(why, "expert_ids")))
+    FAIL(0, "expert id 2 of 2 experts: async error %s (\"%s\"), not FLEXCOLL_INVALID_ARGUMENT naming expert_ids",
+         flexcoll_get_error_string(async), why ? why : "");
+  else if (h->rank == 0)
+    fprintf(stderr, TAG " expert id not below num_experts: FLEXCOLL_INVALID_ARGUMENT (\"%s\"): PASS\n", why);
+  if (h->rank == 0) flexcoll_comm_abort(comm);
+}
 
 static void *hang_main(void *arg) {
   hang_t *h = arg;
@@ -887,11 +917,13 @@ static void *hang_main(void *arg) {
   if (comm && flexcoll_moe_create(comm, &cfg, &m) != FLEXCOLL_SUCCESS)
     FAIL(h->rank, "hang moe_create: %s", flexcoll_get_last_error(NULL));
   pthread_barrier_wait(&g_hang_barrier);
-  if (h->rank == 0 && m) {
+  if (h->what == PAIR_BAD_ID && m) {
+    dispatch_bad_id(h, comm, m, tok, ids, T, s);
+  } else if (h->rank == 0 && m) {
     const double t0 = now_s(), limit = h->timeout_ms / 1000.0 + 10;
     flexcoll_result_t res = flexcoll_moe_dispatch(m, tok, ids, T, NULL, NULL, NULL, s);
     if (res != FLEXCOLL_SUCCESS) FAIL(0, "hang dispatch: %s", flexcoll_get_last_error(NULL));
-    if (h->use_abort) {
+    if (h->what == PAIR_ABORT) {
       usleep(500000);
       flexcoll_comm_abort(comm);
       while (cudaStreamQuery(s) == cudaErrorNotReady && now_s() - t0 < 10) usleep(10000);
@@ -933,12 +965,12 @@ static void *hang_main(void *arg) {
   return NULL;
 }
 
-static int run_hang(int timeout_ms, int use_abort) {
-  snprintf(g_phase, sizeof g_phase, "%s", use_abort ? "abort releases" : "rank 1 never calls");
+static int run_pair(int timeout_ms, pair_case_t what) {
+  snprintf(g_phase, sizeof g_phase, "%s",
+           what == PAIR_ABORT ? "abort releases" : what == PAIR_BAD_ID ? "bad expert id" : "rank 1 never calls");
   alarm(PHASE_ALARM);
   const int before = g_failures;
-  hang_t h[2] = {{.rank = 0, .timeout_ms = timeout_ms, .use_abort = use_abort},
-                 {.rank = 1, .timeout_ms = timeout_ms, .use_abort = use_abort}};
+  hang_t h[2] = {{.rank = 0, .timeout_ms = timeout_ms, .what = what}, {.rank = 1, .timeout_ms = timeout_ms, .what = what}};
   if (flexcoll_get_unique_id(&h[0].id) != FLEXCOLL_SUCCESS) return 1;
   h[1].id = h[0].id;
   pthread_barrier_init(&g_hang_barrier, NULL, 2);
@@ -994,8 +1026,9 @@ int main(void) {
     }
     failed |= run_nranks(n);
   }
-  failed |= run_hang(2000, 0);
-  failed |= run_hang(600000, 1);
+  failed |= run_pair(2000, PAIR_ABSENT);
+  failed |= run_pair(600000, PAIR_ABORT);
+  failed |= run_pair(20000, PAIR_BAD_ID);
   alarm(0);
   fprintf(stderr, TAG " %s (%d failures%s)\n", failed ? "FAILED" : "passed", g_failures, g_quick ? ", quick" : "");
   return failed ? 1 : 0;

@@ -41,6 +41,12 @@ int fc_kernels_preload_oneshot(void);
  * fence; it then waits (bounded by timeout_ns of the global timer) for all its own flags [parity][q][b]
  * == seq and reduces in rank order 0..n-1 (so every rank gets bitwise the same result).
  * On timeout the kernel stores 1 into *error (host-mapped) and returns. */
+/* The communicator's host-mapped error word (every kernel's `error`): what a kernel found. */
+enum {
+  FC_DEV_ERROR_TIMEOUT = 1,   /* a wait on a peer ran past timeout_ns */
+  FC_DEV_ERROR_ABORT = 2,     /* written by the host: flexcoll_comm_abort */
+  FC_DEV_ERROR_EXPERT_ID = 3, /* a MoE dispatch met an expert id not below num_experts */
+};
 /* Blocks of the grid: one per 32 KiB of message, at least 1, at most FC_ONESHOT_BLOCKS (the
  * flags are sized for that many) or max_blocks.  Every rank computes the same grid from the same
  * size and cap. */

@@ -34,7 +34,8 @@
  * step 4 of its dispatch of the same epoch saw our release, i.e. after our stream reached this
  * dispatch, behind the previous combine and whatever read the previous rows.  Every wait is
  * bounded by timeout_ns and returns at an abort (fc_wait_expired); a timeout stores 1 into
- * the communicator's error word (flexcoll_comm_get_async_error turns it into FLEXCOLL_TIMEOUT). */
+ * the communicator's error word (flexcoll_comm_get_async_error turns it into FLEXCOLL_TIMEOUT),
+ * an expert id not below num_experts 3 (FLEXCOLL_INVALID_ARGUMENT). */
 #include "kernels/oneshot.cuh"
 #include "moe/moe.h"
 
@@ -84,10 +85,12 @@ __device__ __forceinline__ int esize_of(int dtype) {
   return dtype == FLEXCOLL_FLOAT32 ? 4 : dtype == FLEXCOLL_INT8 ? 1 : 2;
 }
 
-__device__ __forceinline__ void set_timeout(const fc_moe_kargs_t &a) {
-  if (a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+/* The error word keeps what was found first (and an abort). */
+__device__ __forceinline__ void set_error(const fc_moe_kargs_t &a, int what) {
+  if (a.error && *(volatile int *)a.error == 0) *(volatile int *)a.error = what;
   __threadfence_system();
 }
+__device__ __forceinline__ void set_timeout(const fc_moe_kargs_t &a) { set_error(a, FC_DEV_ERROR_TIMEOUT); }
 
 /* One bounded wait of one thread: until pred(load) holds. */
 template <class Pred>
@@ -240,6 +243,9 @@ __global__ void __launch_bounds__(MT) fc_moe_dispatch_kernel(const fc_moe_kargs_
     if ((int)lane < a.top_k) {
       const int id = ids[t * a.top_k + lane];
       if (id >= 0 && id < a.num_experts) d = id / a.experts_per_rank;
+      /* Sent nowhere, as an id below 0, so that the peers' dispatch completes; the host reports
+       * it (flexcoll_comm_get_async_error). */
+      else if (id >= a.num_experts) set_error(a, FC_DEV_ERROR_EXPERT_ID);
     }
     const unsigned same = __match_any_sync(0xffffffffu, d);
     const int leader = __ffs(same) - 1;

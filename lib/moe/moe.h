@@ -60,7 +60,7 @@ typedef struct {
   int *recv_meta;        /* [nranks][max_tokens] */
   int *route;            /* [max_tokens][top_k]: dest * max_tokens + row of the token's k-th expert, -1: none */
   uint64_t timeout_ns;
-  int *error;            /* the communicator's host-mapped error word (1: timeout, 2: abort) */
+  int *error;            /* the communicator's host-mapped error word (FC_DEV_ERROR_*) */
 } fc_moe_kargs_t;
 
 /* Dispatch T tokens (tokens: T rows of row_bytes, 16-byte aligned; ids: T x top_k). */

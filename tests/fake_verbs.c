@@ -41,11 +41,14 @@
  *
  * Completion channels (ibv_create_comp_channel, ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events):
  * a channel's descriptor is the read end of a FIFO beside its context's inbox
- * (/dev/shm/fcfv-PID-N.wake, one channel per context); whoever appends to an inbox whose context has
+ * (fcfv-PID-N.wake in the wire, one channel per context); whoever appends to an inbox whose context has
  * an armed CQ writes a byte into it, as a NIC raises a completion event.  This "NIC" moves only
  * when its process polls, so arming a CQ of a context that still has work of its own (arrivals not
  * taken, acknowledgements or writes not yet pushed) raises the event at once.  A CQ with events not
  * acknowledged cannot be destroyed (EBUSY: libibverbs would wait for them for ever).
+ *
+ * The wire is the directory FLEXCOLL_VERBS_FAKE_WIRE (default /dev/shm): ranks in "hosts" with
+ * a private /dev/shm each (tests/test_hosts.sh) share one elsewhere, as hosts share a network.
  *
  * Callers pass a whole struct ibv_port_attr to ibv_query_port (the rdma link does).  Inboxes of
  * processes that died without closing their device are unlinked at the next ibv_open_device. */
@@ -54,6 +57,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -167,7 +171,7 @@ typedef struct {
   uint32_t magic;
   atomic_int closed;
   atomic_int armed;    /* a CQ of the owner is armed: the next push writes a byte to wake_path */
-  char wake_path[96];  /* the owner's completion channel (a FIFO), or empty */
+  char wake_path[256];  /* the owner's completion channel (a FIFO), or empty */
   pid_t pid;
   uint64_t head, tail, cap;
   char data[];
@@ -243,11 +247,17 @@ static int box_pop(fv_box_t *b, fv_msg_t *m, char **payload) {
   return have;
 }
 
+static const char *wire_dir(void) {
+  const char *d = getenv("FLEXCOLL_VERBS_FAKE_WIRE");
+  return d && *d ? d : "/dev/shm";
+}
+
+/* The path of the inbox of the context whose GID is g: the wire's fcfv-PID-N. */
 static void box_name(char *buf, size_t n, const union ibv_gid *g) {
   uint32_t pid, serial;
   memcpy(&pid, g->raw + 8, 4);
   memcpy(&serial, g->raw + 12, 4);
-  snprintf(buf, n, "/fcfv-%u-%u", ntohl(pid), ntohl(serial));
+  snprintf(buf, n, "%s/fcfv-%u-%u", wire_dir(), ntohl(pid), ntohl(serial));
 }
 
 /* ---- objects ------------------------------------------------------------------------------------- */
@@ -323,7 +333,7 @@ typedef struct {
   struct ibv_comp_channel ch;
   fv_cq_t *cqs[FV_CHANNEL_CQS];
   int ncqs;
-  char path[96];
+  char path[256];
 } fv_channel_t;
 
 typedef struct fv_ack {
@@ -338,7 +348,7 @@ struct fv_ctx {
   struct verbs_context vctx;
   int devno;
   union ibv_gid gid;
-  char name[64];
+  char name[224]; /* the inbox: its path in the wire */
   fv_box_t *box;
   fv_qp_t *qps;
   fv_mr_t *mrs;
@@ -573,9 +583,9 @@ static fv_box_t *open_box(fv_ctx_t *c, const union ibv_gid *gid) {
     if (!memcmp(&c->boxes[i].gid, g, sizeof *g)) return c->boxes[i].box;
   if (!memcmp(&c->gid, g, sizeof *g)) return c->box;
   if (c->nboxes == FV_MAX_BOXES) return NULL;
-  char name[64];
+  char name[PATH_MAX];
   box_name(name, sizeof name, g);
-  int fd = shm_open(name, O_RDWR, 0);
+  int fd = open(name, O_RDWR | O_CLOEXEC);
   if (fd < 0) return NULL;
   void *p = mmap(NULL, sizeof(fv_box_t) + FV_BOX_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -922,16 +932,16 @@ FV_EXPORT const char *ibv_get_device_name(struct ibv_device *dev) { return dev->
 /* A process that died (SIGKILL, _exit without closing its device) cannot unlink its inboxes; a
  * kernel driver reclaims a dead process's resources, so the fake does it here for them. */
 static void reclaim_dead_inboxes(void) {
-  DIR *d = opendir("/dev/shm");
+  DIR *d = opendir(wire_dir());
   if (!d) return;
   for (struct dirent *e; (e = readdir(d));) {
     int pid = 0;
     unsigned serial = 0;
-    char name[300];
+    char name[PATH_MAX];
     if (sscanf(e->d_name, "fcfv-%d-%u", &pid, &serial) != 2 || pid <= 0) continue;
     if (kill(pid, 0) == 0 || errno != ESRCH) continue;
-    snprintf(name, sizeof name, "/%s", e->d_name);
-    shm_unlink(name);
+    snprintf(name, sizeof name, "%s/%s", wire_dir(), e->d_name);
+    unlink(name);
   }
   closedir(d);
 }
@@ -950,13 +960,13 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
   be = htonl(serial);
   memcpy(c->gid.raw + 12, &be, 4);
   box_name(c->name, sizeof c->name, &c->gid);
-  int fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  int fd = open(c->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return free(c), NULL;
   size_t size = sizeof(fv_box_t) + FV_BOX_BYTES;
   void *p = ftruncate(fd, (off_t)size) ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    shm_unlink(c->name);
+    unlink(c->name);
     free(c);
     return NULL;
   }
@@ -987,7 +997,7 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
   pthread_mutex_init(&c->vctx.context.mutex, NULL);
   if (c->vctx.context.async_fd < 0) {
     munmap(p, size);
-    shm_unlink(c->name);
+    unlink(c->name);
     free(c);
     return NULL;
   }
@@ -1010,7 +1020,7 @@ FV_EXPORT int ibv_close_device(struct ibv_context *ctx) {
   }
   for (int i = 0; i < c->nboxes; i++) munmap(c->boxes[i].box, sizeof(fv_box_t) + FV_BOX_BYTES);
   munmap(c->box, sizeof(fv_box_t) + FV_BOX_BYTES);
-  shm_unlink(c->name);
+  unlink(c->name);
   if (c->channel) unlink(c->channel->path); /* a channel left open: its FIFO goes with the device */
   atomic_fetch_sub(&fv_open_now[c->devno], 1);
   close(ctx->async_fd);
@@ -1228,7 +1238,7 @@ FV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c
   if (c->channel) return errno = EBUSY, NULL; /* one per context (the inbox has one FIFO) */
   fv_channel_t *h = calloc(1, sizeof *h);
   if (!h) return errno = ENOMEM, NULL;
-  snprintf(h->path, sizeof h->path, "/dev/shm%s.wake", c->name);
+  snprintf(h->path, sizeof h->path, "%s.wake", c->name);
   unlink(h->path);
   /* Read and write: the FIFO never reports end of file while no pusher holds it open. */
   if (mkfifo(h->path, 0600) || (h->ch.fd = open(h->path, O_RDWR | O_CLOEXEC)) < 0) {

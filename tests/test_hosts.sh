@@ -17,9 +17,9 @@
 #   uneven    3 hosts of 2, 2 and 1 ranks (blocks), the full matrix under FLEXCOLL_ALGO=ring: the
 #             two-dimensional allreduce of unequal hosts
 #   rdma      2 hosts over the fake verbs provider (FLEXCOLL_LINKS=shm,rdma,
-#             FLEXCOLL_VERBS_PROVIDER=fake): the fake's wire is POSIX shared memory (/dev/shm
-#             inboxes), which a private /dev/shm would cut, so these hosts keep the machine's
-#             /dev/shm (network, UTS and IPC namespaces still their own); rdma must carry the bytes
+#             FLEXCOLL_VERBS_PROVIDER=fake), each with its private /dev/shm like the others; the
+#             fake's wire (its inboxes) is a folder of the test's that all hosts see
+#             (FLEXCOLL_VERBS_FAKE_WIRE), as hosts share a network; rdma must carry the bytes
 #             between the hosts and shm within them
 #   shmonly   FLEXCOLL_LINKS=shm over 2 hosts: creation must fail on every rank, naming the ranks
 #             that no link joins
@@ -254,13 +254,16 @@ if want uneven; then
   run_matrix 1 tcp shm FLEXCOLL_ALGO=ring
 fi
 
-# ---- rdma: the fake provider between 2 hosts that share /dev/shm -------------------------------
+# ---- rdma: the fake provider between 2 hosts, its wire a folder they share -----------------------
 if want rdma; then
   CASE=rdma NH=2 NR=4 LAYOUT=round
   if [ ! -e "$FAKE" ]; then
     echo "SKIP: $CASE: $FAKE is not built (configured without infiniband/verbs.h)"
   else
-    run_matrix 0 rdma shm FLEXCOLL_LINKS=shm,rdma FLEXCOLL_VERBS_PROVIDER=fake
+    mkdir -p "$W/wire"
+    run_matrix 1 rdma shm FLEXCOLL_LINKS=shm,rdma FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_WIRE="$W/wire"
+    left=$(ls "$W/wire")
+    [ -z "$left" ] || fail "$CASE: the fake's wire still holds $left after the ranks ended"
   fi
 fi
 

@@ -21,6 +21,10 @@
 #             fake's wire (its inboxes) is a folder of the test's that all hosts see
 #             (FLEXCOLL_VERBS_FAKE_WIRE), as hosts share a network; rdma must carry the bytes
 #             between the hosts and shm within them
+#   device    2 hosts of 2 ranks (blocks), every rank's buffers on GPU 0 (GPU nodes here have
+#             one): device buffers between hosts (no peer access across them, so every call goes
+#             through host copies), flexcoll-perf -m device checking each collective at 8 B-4 MiB;
+#             skipped without a GPU or CUDA
 #   shmonly   FLEXCOLL_LINKS=shm over 2 hosts: creation must fail on every rank, naming the ranks
 #             that no link joins
 #   down      2 hosts running allreduces until one fails; host 2's veth goes down: every rank
@@ -137,6 +141,7 @@ host_of() {
 # Start NR ranks of test_coll --launcher MODE with the extra environment given; rank r's output
 # goes to $W/$CASE.r.out (stdout) and .err (stderr).
 RANKPIDS=""
+# Each rank runs `$TC --launcher MODE`, or RANK_CMD (a sh -c script: $0 is RANK_PROG) when set.
 start_ranks() { # start_ranks MODE VAR=VALUE...
   mode=$1; shift
   root_host=$(host_of 0)
@@ -148,7 +153,8 @@ start_ranks() { # start_ranks MODE VAR=VALUE...
     nsenter -t "$pid" -n -u -i -m --wd="$B" env FLEXCOLL_RANK=$r FLEXCOLL_NRANKS="$NR" \
       FLEXCOLL_ROOT="10.77.0.$root_host:29500" FLEXCOLL_SOCKET_IFNAME=eth0 FLEXCOLL_BOOTSTRAP_SECRET=fc-hosts \
       FLEXCOLL_CACHE_DIR="$W/cache" FLEXCOLL_DEBUG=INFO FC_TEST_SEED="$SEED" FLEXCOLL_VERBS_FAKE_LIB="$FAKE" \
-      UCX_MEM_EVENTS=no "$@" "$TC" --launcher "$mode" >"$W/$CASE.$r.out" 2>"$W/$CASE.$r.err" &
+      UCX_MEM_EVENTS=no "$@" sh -c "${RANK_CMD:-exec \"\$0\" --launcher \"\$1\"}" "${RANK_PROG:-$TC}" "$mode" \
+      >"$W/$CASE.$r.out" 2>"$W/$CASE.$r.err" &
     RANKPIDS="$RANKPIDS $!"
     PIDS="$PIDS $!"
     r=$((r + 1))
@@ -220,7 +226,7 @@ check_matrix() { # check_matrix CROSS
   [ $bad = 0 ] && echo "PASS: $CASE" || show
 }
 
-want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 uneven rdma shmonly down} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 uneven rdma device shmonly down} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # One matrix case: run_matrix PRIVATE_SHM INTER_LINK INTRA_LINK [VAR=VALUE...] (CASE, NH, NR and
 # LAYOUT set): NH hosts, the full matrix on every rank, then the links' checks.
@@ -264,6 +270,35 @@ if want rdma; then
     run_matrix 1 rdma shm FLEXCOLL_LINKS=shm,rdma FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_WIRE="$W/wire"
     left=$(ls "$W/wire")
     [ -z "$left" ] || fail "$CASE: the fake's wire still holds $left after the ranks ended"
+  fi
+fi
+
+# ---- device: device buffers between 2 hosts, every rank on GPU 0 ---------------------------------
+if want device; then
+  CASE=device NH=2 NR=4 LAYOUT=block
+  COLLS="allreduce allgather reduce_scatter broadcast reduce alltoall"
+  if ! grep -q 'define HAVE_CUDA 1' "$B/config.h" 2>/dev/null || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    echo "SKIP: $CASE: no GPU here, or flexcoll built without CUDA"
+  else
+    make_hosts 2 1
+    # One communicator per collective, each on a port of its own (no wait for the last one's).
+    RANK_PROG=$B/tools/flexcoll-perf
+    RANK_CMD='p=29500; for c in '"$COLLS"'; do p=$((p + 1));
+      FLEXCOLL_ROOT=${FLEXCOLL_ROOT%:*}:$p "$0" -m device --coll $c -b 8 -e 4M -f 32 -n 2 -w 1 -c 1 || exit 1; done'
+    start_ranks device FLEXCOLL_TIMEOUT_MS=60000
+    unset RANK_PROG RANK_CMD
+    wait_ranks 600
+    # Every rank checks its own results (exit 1 on a wrong value); rank 0 prints the table.
+    r=0
+    bad=0
+    for rc in $RCS; do
+      [ "$rc" = 0 ] || { fail "$CASE: rank $r exited $rc"; bad=1; }
+      r=$((r + 1))
+    done
+    ok=$(grep -c '^# Out of bounds values : 0 OK' "$W/$CASE.0.out")
+    [ "$ok" = 6 ] || { fail "$CASE: rank 0 reports $ok of 6 collectives right"; bad=1; }
+    [ $bad = 0 ] && echo "PASS: $CASE: $COLLS on device buffers between 2 hosts, every rank right" || show
+    drop_hosts
   fi
 fi
 

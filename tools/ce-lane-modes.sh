@@ -10,10 +10,11 @@
 #
 # Runs are repeated under each CPU set of CPUSETS (taskset lists, "-" for none), to see whether
 # the mode follows where the proxies run.  The staged copy yardstick (tools/staged_copy_bench.py)
-# runs first and last when python3 with torch is there.
+# runs first and last when python3 with torch is there (YARDSTICK=0: not at all).
 #
 # usage: tools/ce-lane-modes.sh [FLEXCOLL_BUILD]   (default: .; its tools/flexcoll-perf)
-# environment: RUNS (per CPU set, 6), CPUSETS ("-"), BYTES (256M), OUTDIR (a new temporary folder)
+# environment: RUNS (per CPU set, 6), CPUSETS ("-"), BYTES (256M), OUTDIR (a new temporary folder),
+# YARDSTICK (1); the rest passes through (CUDA_DEVICE_MAX_CONNECTIONS, FLEXCOLL_PCIE_AREA_BYTES, ...)
 # Exit status: 0 when every run gave a result, 1 otherwise, 77 without a GPU.
 set -u
 build=$(cd "${1:-.}" && pwd)
@@ -30,7 +31,7 @@ export NCCL_NVLS_ENABLE=0 FLEXCOLL_LINKS=pcie,shm,tcp FLEXCOLL_ONESHOT_MAX_BYTES
   FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED
 
 yardstick() {
-  command -v python3 >/dev/null 2>&1 && [ -f "$here/staged_copy_bench.py" ] &&
+  [ "${YARDSTICK:-1}" != 0 ] && command -v python3 >/dev/null 2>&1 && [ -f "$here/staged_copy_bench.py" ] &&
     timeout 60 python3 "$here/staged_copy_bench.py" 2>&1 | tail -1 | sed 's/^/staged copy yardstick: /'
 }
 

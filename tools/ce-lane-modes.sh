@@ -9,11 +9,13 @@
 # stalls between copies (the proxies, the kernel); lower rates mean slower copies.
 #
 # Runs are repeated under each CPU set of CPUSETS (taskset lists, "-" for none), to see whether
-# the mode follows where the proxies run.  The staged copy yardstick (tools/staged_copy_bench.py)
+# the mode follows where the proxies run, and under each setting of VARIANTS (VAR=VALUE words,
+# "-" for none: CUDA_DEVICE_MAX_CONNECTIONS=32 FLEXCOLL_PCIE_BLOCKS=2 ...), to see what moves it.  The staged copy yardstick (tools/staged_copy_bench.py)
 # runs first and last when python3 with torch is there (YARDSTICK=0: not at all).
 #
 # usage: tools/ce-lane-modes.sh [FLEXCOLL_BUILD]   (default: .; its tools/flexcoll-perf)
-# environment: RUNS (per CPU set, 6), CPUSETS ("-"), BYTES (256M), OUTDIR (a new temporary folder),
+# environment: RUNS (per CPU set and variant, 6), CPUSETS ("-"), VARIANTS ("-"), BYTES (256M),
+# OUTDIR (a new temporary folder),
 # YARDSTICK (1); the rest passes through (CUDA_DEVICE_MAX_CONNECTIONS, FLEXCOLL_PCIE_AREA_BYTES, ...)
 # Exit status: 0 when every run gave a result, 1 otherwise, 77 without a GPU.
 set -u
@@ -24,6 +26,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 nvidia-smi -L 2>/dev/null | grep -q '^GPU' || { echo "ce-lane-modes: no GPU here"; exit 77; }
 runs=${RUNS:-6}
 cpusets=${CPUSETS:--}
+variants=${VARIANTS:--}
 bytes=${BYTES:-256M}
 out=${OUTDIR:-$(mktemp -d "${TMPDIR:-/tmp}/ce-lane-modes.XXXXXX")}
 mkdir -p "$out"
@@ -37,13 +40,15 @@ yardstick() {
 
 yardstick
 failed=0 k=0
+for variant in $variants; do
 for set in $cpusets; do
   i=0
   while [ $i -lt "$runs" ]; do
     i=$((i + 1)) k=$((k + 1))
     log=$out/run$k.log
     if [ "$set" = - ]; then pin=""; else pin="taskset -c $set"; fi
-    timeout 120 $pin "$perf" --nranks 2 --coll allgather -b "$bytes" -e "$bytes" -n 5 -w 2 -c 1 >"$log" 2>&1
+    if [ "$variant" = - ]; then with=""; else with=$variant; fi
+    timeout 120 env $with $pin "$perf" --nranks 2 --coll allgather -b "$bytes" -e "$bytes" -n 5 -w 2 -c 1 >"$log" 2>&1
     rc=$?
     # The size's row: algbw out of place is its 7th field.
     bw=$(awk '$1 ~ /^[0-9]+$/ && $3 == "float32" {print $7; exit}' "$log")
@@ -51,8 +56,9 @@ for set in $cpusets; do
     # The trace lines: "rank R: pcie lane (copy engines), HOP: ... (X GB/s while busy), Y% of ..."
     hops=$(sed -n 's/.*rank \([0-9]*\): pcie lane (copy engines), \(device -> host\|host -> device\): .*(\([0-9.]*\) GB\/s while busy), \([0-9]*\)% of .*/r\1 \2 \3 GB\/s \4%/p' "$log" |
       sed 's/device -> host/d2h/; s/host -> device/h2d/' | tr '\n' ';')
-    echo "cpus $set run $i: algbw $bw GB/s | $hops"
+    echo "${with:+$with }cpus $set run $i: algbw $bw GB/s | $hops"
   done
+done
 done
 yardstick
 echo "ce-lane-modes: logs in $out"

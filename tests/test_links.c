@@ -424,6 +424,41 @@ START_TEST(test_progress_thread_parks) {
 }
 END_TEST
 
+/* A link whose housekeeping moves something every 300 ms (as UCX's keepalive, more often than
+ * the idle second before parking) and whose descriptor never speaks: the thread must still park
+ * (before session 19 each move restarted its idle second: it napped a thousand times a second). */
+static double keepalive_last;
+static int keepalive_progress(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&thread_calls, 1);
+  const double now = hx_now();
+  if (now - keepalive_last < 0.3) return 0;
+  keepalive_last = now;
+  return 1;
+}
+
+START_TEST(test_progress_thread_parks_with_keepalive) {
+  park_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ck_assert_int_ge(park_fd, 0);
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  fc_progress_thread_t t = {.park_ms = 200};
+  atomic_store(&thread_calls, 0);
+  atomic_store(&park_arms, 0);
+  keepalive_last = hx_now();
+  ck_assert_int_eq(fc_progress_thread_start(&t, "test", &lock, keepalive_progress, park_arm, NULL), 0);
+  usleep(3000000);
+  const int calls0 = atomic_load(&thread_calls);
+  usleep(1000000);
+  const int calls = atomic_load(&thread_calls) - calls0, arms = atomic_load(&park_arms);
+  fc_progress_thread_stop(&t);
+  close(park_fd);
+  fprintf(stderr, "[test_links] progress thread, a move every 300 ms: %d calls in its 4th second, %d arms in 4 s\n", calls,
+          arms);
+  ck_assert_msg(arms >= 4, "the thread armed the link %d times in 4 s: it did not park", arms);
+  ck_assert_msg(calls <= 100, "a thread whose link only keeps alive progressed it %d times in 1 s", calls);
+}
+END_TEST
+
 /* The tcp link's thread on real UCX: after a collective, with nothing to do, it parks on the
  * worker's descriptor.  Its wake-ups are the kernel's count of its voluntary context switches
  * (a thread that naps a millisecond at a time makes about a thousand a second).  Loop 0 with
@@ -552,6 +587,7 @@ int main(void) {
   tcase_add_test(tc, test_sender_away);
   tcase_add_test(tc, test_progress_thread_stands_back);
   tcase_add_test(tc, test_progress_thread_parks);
+  tcase_add_test(tc, test_progress_thread_parks_with_keepalive);
   tcase_add_loop_test(tc, test_tcp_thread_parks, 0, 2);
   suite_add_tcase(s, tc);
   tc = tcase_create("errors");

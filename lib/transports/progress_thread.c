@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "progress_thread.h"
 
+#include "clock.h"
 #include "log.h"
 
 #include <poll.h>
@@ -21,11 +22,13 @@
 /* The link's own housekeeping moves something now and then (UCX's keepalive, every second with
  * peer-failure handling): were every move to start the idle second again, a thread whose link
  * keeps alive that often would never park, napping a thousand times a second.  So a move brings
- * the yields back only in the first QUIET rounds of the slow naps (a call's tail: it just ended)
- * or as the MOVING_AGAIN-th within QUIET rounds of each other (things flow again: a peer sends);
- * a lone one later leaves the count toward parking where it was. */
+ * the yields back only in the first TAIL rounds of the slow naps (a call's tail: it just ended)
+ * or as the MOVING_AGAIN-th within FLOW_MS of the first (things flow again: a peer sends); a lone
+ * one later leaves the count toward parking where it was.  In time, not rounds: a parked round
+ * lasts up to the park bound. */
+#define FC_PROGRESS_TAIL 64u
 #define FC_PROGRESS_MOVING_AGAIN 4u
-#define FC_PROGRESS_QUIET 64u
+#define FC_PROGRESS_FLOW_MS 20.0
 
 static void nap(long ns) { nanosleep(&(struct timespec){0, ns}, NULL); }
 
@@ -55,7 +58,8 @@ static void park(fc_progress_thread_t *t) {
  * entry points are in use, only sleep. */
 static void *progress_main(void *arg) {
   fc_progress_thread_t *t = arg;
-  unsigned idle = 0, recent_moves = 0, quiet = 0;
+  unsigned idle = 0, recent_moves = 0;
+  double first_move_ms = 0; /* of the recent ones */
   unsigned long seen = atomic_load_explicit(&t->uses, memory_order_relaxed);
   while (!atomic_load_explicit(&t->stop, memory_order_acquire)) {
     const unsigned long uses = atomic_load_explicit(&t->uses, memory_order_relaxed);
@@ -69,13 +73,14 @@ static void *progress_main(void *arg) {
       moved = t->progress_locked(t->arg);
       pthread_mutex_unlock(t->lock);
     }
-    if (moved) {
-      quiet = 0;
-      if (idle < FC_PROGRESS_SLOW + FC_PROGRESS_QUIET || ++recent_moves >= FC_PROGRESS_MOVING_AGAIN)
-        idle = 0, recent_moves = 0;
-    } else {
-      if (++quiet >= FC_PROGRESS_QUIET) recent_moves = 0;
-      if (idle < FC_PROGRESS_PARK) idle++;
+    if (moved && idle >= FC_PROGRESS_SLOW + FC_PROGRESS_TAIL) {
+      const double now = fc_now_ms();
+      if (!recent_moves || now - first_move_ms > FC_PROGRESS_FLOW_MS) first_move_ms = now, recent_moves = 0;
+      if (++recent_moves >= FC_PROGRESS_MOVING_AGAIN) idle = 0, recent_moves = 0;
+    } else if (moved) {
+      idle = 0;
+    } else if (idle < FC_PROGRESS_PARK) {
+      idle++;
     }
     if (idle < FC_PROGRESS_YIELD) sched_yield();
     else if (idle >= FC_PROGRESS_PARK && t->arm_locked) park(t);

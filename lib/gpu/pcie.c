@@ -366,8 +366,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
    * enqueue, so the lane wants few blocks and large messages (docs/PERFORMANCE.md, session 15);
    * the kernel's own loads and stores want many blocks. */
   if (!strcmp(engine, "ce")) {
-    if (!getenv("FLEXCOLL_PCIE_BLOCKS")) blocks = 4;
-    if (!getenv("FLEXCOLL_PCIE_AREA_BYTES")) area = 32 << 20;
+    if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) blocks = 4;
+    if (!fc_param_str("FLEXCOLL_PCIE_AREA_BYTES", NULL)) area = 32 << 20;
   }
   p->ctr_bytes = FC_PCIE_CTR_BYTES; /* the same on every rank whatever its engine: ranks map each other's areas */
   p->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
@@ -425,7 +425,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     if (!all_ce) {
       fc_pcie_ce_stop(g);
       /* Every rank falls back alike (agreed above): the kernel's own default block count. */
-      if (!getenv("FLEXCOLL_PCIE_BLOCKS")) p->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks);
+      if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) p->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks);
       FC_INFO(FC_SUB_SCHED, "rank %d: pcie link: copy engines off, the ring kernel moves its bytes: %s", comm->rank,
               why[0] ? why : "another rank could not start its proxy");
     }

@@ -33,6 +33,9 @@
  *   fewer@R:M test rank R's process lists only the first M devices (FLEXCOLL_VERBS_FAKE_DEVICES)
  *   NAME@R:N post, drop, kill, delay, portdown or regfail in test rank R's process only
  *   regfail:N every Nth ibv_reg_mr of the process fails (ENOMEM), as when pinned memory runs out
+ *   oldkernel a kernel before 5.13: ibv_is_fork_initialized says IBV_FORK_DISABLED until
+ *            ibv_fork_init (else IBV_FORK_UNNEEDED); fake_verbs_fork_stats() counts the calls and
+ *            the registrations made before one
  *
  * The port's largest message is FV_MAX_MSG (a longer write fails with LOC_LEN_ERR), well under an
  * inbox, so that a rendezvous's long writes are cut as on a NIC and still fit the wire.
@@ -87,10 +90,10 @@
 
 static struct {
   long post_fail, drop, kill, delay_ms, portdown, regfail;
-  int nodev, noodp, pinned, bad;
+  int nodev, noodp, pinned, oldkernel, bad;
   int fewer; /* > 0: this process lists only its first `fewer` devices (fewer@R:M) */
 } fault;
-static atomic_long posts, completions, mrs_ever, mrs_now, plain_writes, regs_tried;
+static atomic_long posts, completions, mrs_ever, mrs_now, plain_writes, regs_tried, fork_inits, unsafe_regs;
 
 /* Registrations of this process: in all, and now; RDMA WRITEs without immediate it posted. */
 FV_EXPORT void fake_verbs_mr_stats(long *ever, long *now, long *plain) {
@@ -106,6 +109,13 @@ static int parse_devices(void);
 static int this_test_rank(int r) {
   const char *me = getenv("FC_TEST_RANK");
   return me && *me && atoi(me) == r;
+}
+
+/* Fork safety (oldkernel): ibv_fork_init calls, and registrations made on the "old kernel"
+ * before it, which a fork() would leave unsafe. */
+FV_EXPORT void fake_verbs_fork_stats(long *inits, long *unsafe) {
+  *inits = atomic_load(&fork_inits);
+  *unsafe = atomic_load(&unsafe_regs);
 }
 
 static void parse_faults(void) {
@@ -131,6 +141,7 @@ static void parse_faults(void) {
     }
     if (!strcmp(t, "noodp")) { fault.noodp = 1; continue; }
     if (!strcmp(t, "pinned")) { fault.pinned = 1; continue; }
+    if (!strcmp(t, "oldkernel")) { fault.oldkernel = 1; continue; }
     if (!colon || end == colon + 1 || *end || v <= 0) { fault.bad = 1; continue; }
     *colon = 0;
     char *at = strchr(t, '@'); /* NAME@R:N: in test rank R's process only */
@@ -155,7 +166,7 @@ static void parse_faults(void) {
             "node[:root port]\n",
             getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), getenv("FLEXCOLL_VERBS_FAKE_PLACES"), FV_MAX_DEVICES);
   }
-  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N (each also NAME@R:N), nodev, nodev@R, fewer@R:M, noodp, pinned\n", s);
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N (each also NAME@R:N), nodev, nodev@R, fewer@R:M, noodp, pinned, oldkernel\n", s);
 }
 
 static double now_ms(void) {
@@ -1194,6 +1205,18 @@ static void unpin_pages(fv_frame_t *f) {
   pthread_mutex_unlock(&frames_lock);
 }
 
+FV_EXPORT int ibv_fork_init(void) {
+  pthread_once(&fault_once, parse_faults);
+  atomic_fetch_add(&fork_inits, 1);
+  return 0;
+}
+
+FV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
+  pthread_once(&fault_once, parse_faults);
+  if (!fault.oldkernel) return IBV_FORK_UNNEEDED;
+  return atomic_load(&fork_inits) ? IBV_FORK_ENABLED : IBV_FORK_DISABLED;
+}
+
 FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
   /* Remote write needs local write, as in every provider. */
   if (!pd || (!addr && length) || ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)))
@@ -1215,6 +1238,7 @@ FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length
   m->next = c->mrs;
   c->mrs = m;
   atomic_fetch_add(&mrs_ever, 1);
+  if (fault.oldkernel && !atomic_load(&fork_inits)) atomic_fetch_add(&unsafe_regs, 1);
   atomic_fetch_add(&mrs_now, 1);
   return &m->mr;
 }

@@ -624,6 +624,47 @@ START_TEST(test_progress_thread) {
 }
 END_TEST
 
+/* Fork safety: on a kernel before 5.13 (the fake's oldkernel) the link calls ibv_fork_init once
+ * per process, before its first registration (none is made unsafe); on newer ones (the default:
+ * ibv_is_fork_initialized says IBV_FORK_UNNEEDED) never.  A 1 MiB message (rendezvous: the user
+ * buffers registered too) checks the link. */
+static int fork_rank(hx_rank_t *r) {
+  const long want_inits = atoi((const char *)r->arg);
+  const size_t bytes = (size_t)1 << 20;
+  unsigned char *buf = malloc(bytes);
+  if (!buf) return hx_fail(r, "out of memory");
+  for (size_t i = 0; i < bytes; i++) buf[i] = r->rank == 0 ? (unsigned char)(i * 5 + 1) : 0;
+  if (r->rank == 0) hx_ok(r, flexcoll_send(buf, bytes, FLEXCOLL_UINT8, 1, r->comm, NULL), r->comm, "send");
+  else hx_ok(r, flexcoll_recv(buf, bytes, FLEXCOLL_UINT8, 0, r->comm, NULL), r->comm, "recv");
+  for (size_t i = 0; r->rank == 1 && i < bytes; i++)
+    if (buf[i] != (unsigned char)(i * 5 + 1)) {
+      hx_fail(r, "byte %zu: %u", i, buf[i]);
+      break;
+    }
+  free(buf);
+  long inits = -1, unsafe = -1, ever, now, plain;
+  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
+  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+  void (*f)(long *, long *) = h ? (void (*)(long *, long *))dlsym(h, "fake_verbs_fork_stats") : NULL;
+  if (f) f(&inits, &unsafe);
+  if (h) dlclose(h);
+  fake_stats(&ever, &now, &plain);
+  fprintf(stderr, "[test_rdma] fork safety (%s): rank %d: %ld ibv_fork_init, %ld of %ld registrations before it\n",
+          getenv("FLEXCOLL_VERBS_FAKE_FAULT"), r->rank, inits, want_inits ? unsafe : 0, ever);
+  if (inits != want_inits) hx_fail(r, "%ld calls of ibv_fork_init, expected %ld", inits, want_inits);
+  if (unsafe != 0) hx_fail(r, "%ld registrations made before ibv_fork_init on an old kernel", unsafe);
+  if (ever < 1) hx_fail(r, "no registration at all: the check saw nothing");
+  return 0;
+}
+
+START_TEST(test_fork_safety) {
+  static const char *const faults[] = {"FLEXCOLL_VERBS_FAKE_FAULT=oldkernel", "FLEXCOLL_VERBS_FAKE_FAULT="};
+  const char *env[] = {provider_env(), "FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=rdma", faults[_i], NULL};
+  hx_opts_t o = {.label = faults[_i], .env = env, .deadline_s = 60};
+  ck_assert_msg(hx_run_procs(2, &o, fork_rank, (void *)(_i ? "0" : "1")), "%s: see stderr", faults[_i]);
+}
+END_TEST
+
 /* An idle link's progress thread parks (the CQ's completion channel and the device's async events
  * wake it): two ranks as threads, the wake-ups of their two threads in their quietest second (a
  * thread that naps a millisecond at a time makes about a thousand), and the link still works. */
@@ -1714,6 +1755,7 @@ int main(void) {
     tcase_add_loop_test(tc, test_rank_without_nic, 0, 2);
     tcase_add_test(tc, test_progress_thread);
     tcase_add_test(tc, test_thread_parks);
+    tcase_add_loop_test(tc, test_fork_safety, 0, 2);
     tcase_add_test(tc, test_sender_leaves);
     tcase_add_test(tc, test_info_rails);
     suite_add_tcase(s, tc);

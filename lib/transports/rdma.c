@@ -92,6 +92,22 @@ static const char *provider_path(char *why, size_t len) {
   return lib;
 }
 
+/* Registered memory and fork(): on kernels before 5.13 a child's copy-on-write of a registered
+ * page leaves the parent's NIC on the page the child got, so the parent's later messages are
+ * silently lost or stale (frameworks fork data-loader workers after creating communicators).
+ * libibverbs prevents it with ibv_fork_init (every registration then MADV_DONTFORK), which must
+ * come before the first registration: here, as the provider is loaded.  Newer kernels need
+ * nothing (IBV_FORK_UNNEEDED); a libibverbs too old to say is asked to, as UCX does. */
+static void fork_safety(const fc_verbs_t *v) {
+  if (!v->fork_init) return;
+  const enum ibv_fork_status st = v->is_fork_initialized ? v->is_fork_initialized() : IBV_FORK_DISABLED;
+  if (st != IBV_FORK_DISABLED) return;
+  const int e = v->fork_init();
+  if (e) FC_WARN("rdma: ibv_fork_init failed (%s): on this kernel a fork() after communicators are created may lose "
+                 "their rdma messages", strerror(e));
+  else FC_INFO(FC_SUB_NET, "rdma: fork safety on (ibv_fork_init: this kernel shares registered pages with a forked child)");
+}
+
 const fc_verbs_t *fc_verbs_load(char *why, size_t len) {
   const char *path = provider_path(why, len);
   if (!path) return NULL;
@@ -130,6 +146,8 @@ const fc_verbs_t *fc_verbs_load(char *why, size_t len) {
       {(void **)&v->create_comp_channel, "ibv_create_comp_channel", 1},
       {(void **)&v->destroy_comp_channel, "ibv_destroy_comp_channel", 1},
       {(void **)&v->get_cq_event, "ibv_get_cq_event", 1},       {(void **)&v->ack_cq_events, "ibv_ack_cq_events", 1},
+      {(void **)&v->fork_init, "ibv_fork_init", 1},
+      {(void **)&v->is_fork_initialized, "ibv_is_fork_initialized", 1},
   };
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
     *syms[i].slot = dlsym(h, syms[i].name);
@@ -144,6 +162,7 @@ const fc_verbs_t *fc_verbs_load(char *why, size_t len) {
   snprintf(verbs_paths[verbs_n], sizeof verbs_paths[0], "%s", path);
   v->path = verbs_paths[verbs_n];
   verbs_n++;
+  fork_safety(v);
   pthread_mutex_unlock(&verbs_lock);
   return v;
 }

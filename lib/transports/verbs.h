@@ -43,11 +43,15 @@ typedef struct {
   int (*destroy_comp_channel)(struct ibv_comp_channel *channel);
   int (*get_cq_event)(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context);
   void (*ack_cq_events)(struct ibv_cq *cq, unsigned int nevents);
+  /* Optional: fork safety of registered memory (fc_verbs_load calls them once per provider). */
+  int (*fork_init)(void);
+  enum ibv_fork_status (*is_fork_initialized)(void);
   const char *path; /* what was opened */
 } fc_verbs_t;
 
-/* The table of the provider this process's environment selects (loaded once per provider).
- * NULL with the reason in why when it cannot be loaded: no rdma link, which is not an error. */
+/* The table of the provider this process's environment selects (loaded once per provider, and
+ * made fork-safe then where the kernel needs it: rdma.c, fork_safety).  NULL with the reason in
+ * why when it cannot be loaded: no rdma link, which is not an error. */
 const fc_verbs_t *fc_verbs_load(char *why, size_t len);
 
 #endif

@@ -189,15 +189,20 @@ show() { # the tail of every rank's output, after a failure
   done
 }
 
-# Every rank passed; its link statistics keep shm (and, with FORBID, that link) within its host
-# and show bytes to every peer of another host on link CROSS.
-check_matrix() { # check_matrix CROSS
-  bad=0
+# Every rank exited 0; else bad=1, and which did not is said.
+check_exits() {
   r=0
   for rc in $RCS; do
     [ "$rc" = 0 ] || { fail "$CASE: rank $r exited $rc"; bad=1; }
     r=$((r + 1))
   done
+}
+
+# Every rank passed; its link statistics keep shm (and, with FORBID, that link) within its host
+# and show bytes to every peer of another host on link CROSS.
+check_matrix() { # check_matrix CROSS
+  bad=0
+  check_exits
   r=0
   while [ $r -lt "$NR" ]; do
     hr=$(host_of $r)
@@ -289,12 +294,8 @@ if want device; then
     unset RANK_PROG RANK_CMD
     wait_ranks 600
     # Every rank checks its own results (exit 1 on a wrong value); rank 0 prints the table.
-    r=0
     bad=0
-    for rc in $RCS; do
-      [ "$rc" = 0 ] || { fail "$CASE: rank $r exited $rc"; bad=1; }
-      r=$((r + 1))
-    done
+    check_exits
     ok=$(grep -c '^# Out of bounds values : 0 OK' "$W/$CASE.0.out")
     [ "$ok" = 6 ] || { fail "$CASE: rank 0 reports $ok of 6 collectives right"; bad=1; }
     [ $bad = 0 ] && echo "PASS: $CASE: $COLLS on device buffers between 2 hosts, every rank right" || show

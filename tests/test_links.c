@@ -382,17 +382,22 @@ static int park_arm(void *arg) {
   return park_fd;
 }
 
-START_TEST(test_progress_thread_parks) {
+/* The fake link's descriptor made afresh, its counts zeroed, and t started on it with progress. */
+static void start_on_fake_link(fc_progress_thread_t *t, pthread_mutex_t *lock, int (*progress)(void *)) {
   park_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   ck_assert_int_ge(park_fd, 0);
+  atomic_store(&thread_calls, 0);
+  atomic_store(&park_arms, 0);
+  atomic_store(&park_taken, 0);
+  ck_assert_int_eq(fc_progress_thread_start(t, "test", lock, progress, park_arm, NULL), 0);
+}
+
+START_TEST(test_progress_thread_parks) {
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   /* Parked sleeps of 5 s at most: woken by anything but the descriptor, the waits below would
    * take seconds, however loaded the machine. */
   fc_progress_thread_t t = {.park_ms = 5000};
-  atomic_store(&thread_calls, 0);
-  atomic_store(&park_arms, 0);
-  atomic_store(&park_taken, 0);
-  ck_assert_int_eq(fc_progress_thread_start(&t, "test", &lock, park_progress, park_arm, NULL), 0);
+  start_on_fake_link(&t, &lock, park_progress);
   for (const double w0 = hx_now(); atomic_load(&park_arms) < 2 && hx_now() - w0 < 10;) usleep(10000);
   ck_assert_msg(atomic_load(&park_arms) >= 2, "the thread did not park in 10 s of an idle link");
   const int calls0 = atomic_load(&thread_calls);
@@ -438,14 +443,10 @@ static int keepalive_progress(void *arg) {
 }
 
 START_TEST(test_progress_thread_parks_with_keepalive) {
-  park_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  ck_assert_int_ge(park_fd, 0);
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   fc_progress_thread_t t = {.park_ms = 200};
-  atomic_store(&thread_calls, 0);
-  atomic_store(&park_arms, 0);
   keepalive_last = hx_now();
-  ck_assert_int_eq(fc_progress_thread_start(&t, "test", &lock, keepalive_progress, park_arm, NULL), 0);
+  start_on_fake_link(&t, &lock, keepalive_progress);
   usleep(3000000);
   const int calls0 = atomic_load(&thread_calls);
   usleep(1000000);

@@ -225,7 +225,8 @@ typedef struct {
 #define FLEXCOLL_MOE_META_MASK(m) ((int)((unsigned)(m) >> 16))
 flexcoll_result_t flexcoll_moe_create(flexcoll_comm_t comm, const flexcoll_moe_config_t *cfg, flexcoll_moe_t *moe);   /* collective */
 flexcoll_result_t flexcoll_moe_destroy(flexcoll_moe_t moe);                                                          /* collective */
-/* Send each token (tokens[T][hidden]) to the ranks of its top_k experts (expert_ids[T][top_k], -1 = none),
+/* Send each token (tokens[T][hidden]) to the ranks of its top_k experts (expert_ids[T][top_k], below 0 = none;
+ * an id not below num_experts goes nowhere and makes the communicator's async error FLEXCOLL_INVALID_ARGUMENT),
  * once per destination rank. On return (stream-ordered) recv_tokens points at this rank's rank-major receive
  * buffer [nranks][max_tokens][hidden] in device memory, recv_counts[nranks] (device) says how many rows came from
  * each source, recv_meta[nranks][max_tokens] (device) gives for each row its source token index and top_k mask. */

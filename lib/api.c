@@ -462,12 +462,12 @@ static flexcoll_result_t rooted_exchange(int gather, const void *sendbuf, void *
   }
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   for (int i = 0; i < k && res == FLEXCOLL_SUCCESS; i++) res = check_call(&calls[i], fn, 0);
-  const int in_group = fc_group_active();
-  if (res == FLEXCOLL_SUCCESS && in_group && k > fc_group_p2p_room(comm))
+  const int in_group = fc_group_active(), room = in_group ? fc_group_p2p_room(comm) : 0;
+  if (res == FLEXCOLL_SUCCESS && in_group && k > room)
     res = fc_error(comm, FLEXCOLL_INVALID_USAGE,
                    "%s: this rank's %d sends and receives do not fit the group (room for %d more of this "
                    "communicator in a row); call it outside a group, or end the group first",
-                   fn, k, fc_group_p2p_room(comm));
+                   fn, k, room);
   const int per = in_group ? k : rooted_batch_ops;
   for (int at = 0; res == FLEXCOLL_SUCCESS && at < k; at += per) {
     FC_CHECK_GOTO(flexcoll_group_start(), res, out);

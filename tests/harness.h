@@ -136,9 +136,8 @@ int hx_count_entries(const char *dir, const char *prefix);
  * named prefix... (flexcoll-tcp, flexcoll-rdma); then their wake-ups (voluntary context switches)
  * in the quietest of up to eight idle seconds (fewer once a second stays under most / 10) are
  * printed and must be at most `most` (threads park after about a second, later on a loaded
- * machine), with one thread per rank; a second
- * allreduce checks the link still works, and both ranks are destroyed.  1 when all holds, else 0
- * with what failed on stderr. */
+ * machine), with one thread per rank; a second allreduce checks the link still works, and both
+ * ranks are destroyed.  1 when all holds, else 0 with what failed on stderr. */
 int hx_threads_park(const char *prefix, long most);
 /* Open file descriptors of this process (without the one that counts them); -1 unreadable. */
 int hx_open_fds(void);

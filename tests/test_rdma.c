@@ -237,13 +237,19 @@ END_TEST
 
 /* The fake's registrations in this process, in all and now, and its plain RDMA WRITEs
  * (tests/fake_verbs.c). */
-static void fake_stats(long *ever, long *now, long *plain) {
-  *ever = *now = *plain = -1;
+/* A function the fake exports, from the copy the rdma link loaded in this process (NULL when
+ * it is not loaded: the closed handle's library stays, the link holds it). */
+static void *fake_fn(const char *name) {
   const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
   void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  void (*f)(long *, long *, long *) = h ? (void (*)(long *, long *, long *))dlsym(h, "fake_verbs_mr_stats") : NULL;
-  if (f) f(ever, now, plain);
+  void *f = h ? dlsym(h, name) : NULL;
   if (h) dlclose(h);
+  return f;
+}
+static void fake_stats(long *ever, long *now, long *plain) {
+  *ever = *now = *plain = -1;
+  void (*f)(long *, long *, long *) = (void (*)(long *, long *, long *))fake_fn("fake_verbs_mr_stats");
+  if (f) f(ever, now, plain);
 }
 static void fake_mrs(long *ever, long *now) {
   long plain;
@@ -407,12 +413,8 @@ END_TEST
 
 /* Contexts of fake device dev this process has open (tests/fake_verbs.c). */
 static long fake_open(int dev) {
-  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
-  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  long (*f)(int) = h ? (long (*)(int))dlsym(h, "fake_verbs_device_open") : NULL;
-  long n = f ? f(dev) : -1;
-  if (h) dlclose(h);
-  return n;
+  long (*f)(int) = (long (*)(int))fake_fn("fake_verbs_device_open");
+  return f ? f(dev) : -1;
 }
 
 /* The matrix, then which fake devices this rank has open: arg "label,mask,split", bit k of mask
@@ -643,11 +645,8 @@ static int fork_rank(hx_rank_t *r) {
     }
   free(buf);
   long inits = -1, unsafe = -1, ever, now, plain;
-  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
-  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  void (*f)(long *, long *) = h ? (void (*)(long *, long *))dlsym(h, "fake_verbs_fork_stats") : NULL;
+  void (*f)(long *, long *) = (void (*)(long *, long *))fake_fn("fake_verbs_fork_stats");
   if (f) f(&inits, &unsafe);
-  if (h) dlclose(h);
   fake_stats(&ever, &now, &plain);
   fprintf(stderr, "[test_rdma] fork safety (%s): rank %d: %ld ibv_fork_init, %ld of %ld registrations before it\n",
           getenv("FLEXCOLL_VERBS_FAKE_FAULT"), r->rank, inits, want_inits ? unsafe : 0, ever);
@@ -762,12 +761,8 @@ END_TEST
 
 /* The source GID index the fake saw at this process's last RTR (tests/fake_verbs.c). */
 static int fake_last_sgid(void) {
-  const char *lib = getenv("FLEXCOLL_VERBS_FAKE_LIB");
-  void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
-  int (*f)(void) = h ? (int (*)(void))dlsym(h, "fake_verbs_last_sgid_index") : NULL;
-  int n = f ? f() : -2;
-  if (h) dlclose(h);
-  return n;
+  int (*f)(void) = (int (*)(void))fake_fn("fake_verbs_last_sgid_index");
+  return f ? f() : -2;
 }
 
 /* The matrix over rdma, then the GID entry the queue pairs were addressed from (arg: "label,N"). */

@@ -242,11 +242,6 @@ flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_ar
                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
                                     int *done);
 
-/* Whether fc_gpu_direct_run may take the call (*done = 1): its buffers are in windows, or an
- * exchange with the peers decides (FLEXCOLL_DIRECT=2).  Asks nothing of the peers. */
-int fc_gpu_direct_may_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                          const void *recvbuf, flexcoll_datatype_t dtype);
-
 /* The peers' memory (peer_mem.c). */
 /* Describe ptr for the peers; 0 when it cannot be shared with another process. */
 int fc_peer_mem_describe(struct fc_gpu *g, const void *ptr, fc_buf_desc_t *d);

@@ -368,16 +368,6 @@ static shared_bufs_t shared_bufs(const fc_algo_args_t *args, const void *sendbuf
   return b;
 }
 
-int fc_gpu_direct_may_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                          const void *recvbuf, flexcoll_datatype_t dtype) {
-  if (fc_tuner_direct_exchange()) return 1;
-  const shared_bufs_t b = shared_bufs(args, sendbuf, recvbuf, comm->nranks, fc_dtype_size(dtype));
-  const struct flexcoll_window *w;
-  size_t off;
-  return (!b.send || fc_peer_mem_window_of(comm->gpu, b.send, b.send_bytes, &w, &off)) &&
-         (!b.recv || fc_peer_mem_window_of(comm->gpu, b.recv, b.recv_bytes, &w, &off));
-}
-
 flexcoll_result_t fc_gpu_direct_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, cudaStream_t user,
                                     int *done) {

@@ -386,6 +386,61 @@ START_TEST(test_fit_recovers_the_model) {
 }
 END_TEST
 
+/* Calibration from two sizes: the fit where the large size is mostly transfer, a plain lower
+ * bound where both sizes took about the fixed cost (the case that turned the pcie link off on
+ * the node: no positive slope, or a slope of timer noise). */
+START_TEST(test_two_sizes_never_absurd) {
+  fc_link_model_t m = model(-1, -1, 4096, 2);
+  /* clean: the fit (alpha 20 us, 12000 B/us) */
+  ck_assert_int_eq(fc_cost_from_two(&m, 262144, 20 + 262144 / 12000.0, 4194304, 20 + 4194304 / 12000.0), FLEXCOLL_SUCCESS);
+  ck_assert_double_eq_tol(m.alpha_us, 20, 1e-6);
+  ck_assert_double_eq_tol(m.beta, 12000, 1e-6);
+  ck_assert(m.min_bytes == 4096 && m.port == 2);
+  /* the large size faster than the small one: no slope; the large one's rate, the smaller time */
+  ck_assert_int_eq(fc_cost_from_two(&m, 262144, 18.0, 4194304, 17.5), FLEXCOLL_SUCCESS);
+  ck_assert_double_eq_tol(m.alpha_us, 17.5, 1e-9);
+  ck_assert_double_eq_tol(m.beta, 4194304 / 17.5, 1e-6);
+  /* a slope of noise (0.1 us over 3.9 MB: 39 TB/s) is not believed either */
+  ck_assert_int_eq(fc_cost_from_two(&m, 262144, 17.5, 4194304, 17.6), FLEXCOLL_SUCCESS);
+  ck_assert_double_eq_tol(m.alpha_us, 17.5, 1e-9);
+  ck_assert_double_eq_tol(m.beta, 4194304 / 17.6, 1e-6);
+  /* just over half the large size's time is transfer: the fit stands */
+  ck_assert_int_eq(fc_cost_from_two(&m, 1, 10.0, 10001, 21.0), FLEXCOLL_SUCCESS);
+  ck_assert_double_eq_tol(m.beta, 10000 / 11.0, 1e-6);
+  /* refused, m untouched */
+  const fc_link_model_t before = m;
+  ck_assert_int_eq(fc_cost_from_two(&m, 4096, 5, 4096, 6), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_from_two(&m, 0, 5, 4096, 6), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_from_two(&m, 1024, 0, 4096, 6), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_from_two(&m, 1024, 5, 4096, NAN), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_from_two(&m, 1024, 5, INFINITY, 6), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert_int_eq(fc_cost_from_two(NULL, 1024, 5, 4096, 6), FLEXCOLL_INVALID_ARGUMENT);
+  ck_assert(same_models(&m, &before, 1));
+}
+END_TEST
+
+/* A part that took little more than alpha (a probe share) moves beta at most toward twice its
+ * plain rate: one such part cannot make a slow link look faster than anything else. */
+START_TEST(test_update_near_alpha_is_bounded) {
+  fc_link_model_t m = model(21.6, 342, 0, -1);
+  const double probe = 65536, us = 21.7; /* 0.1 us over alpha: 655 GB/s if believed */
+  fc_cost_update(&m, probe, us, 0.5);
+  ck_assert_double_eq_tol(m.beta, 0.5 * 342 + 0.5 * 2 * probe / us, 1e-6);
+  /* repeated, it still climbs (geometrically toward the bound), so a recovered link is found */
+  double prev = m.beta;
+  for (int k = 0; k < 8; k++) {
+    fc_cost_update(&m, probe, us, 0.5);
+    ck_assert_double_gt(m.beta, prev);
+    ck_assert_double_le(m.beta, 2 * probe / us);
+    prev = m.beta;
+  }
+  /* a part well above alpha counts whole, as before */
+  m = model(10, 45000, 0, -1);
+  fc_cost_update(&m, 64.0 * MiB, 10 + 64.0 * MiB / 30000, 1);
+  ck_assert_double_eq_tol(m.beta, 30000, 1e-6);
+}
+END_TEST
+
 START_TEST(test_update_follows_a_slow_link_and_its_recovery) {
   fc_link_model_t m[2] = {model(5, 360000, 0, -1), model(10, 45000, 0, -1)};
   const double bytes = 64.0 * MiB;
@@ -701,6 +756,8 @@ int main(void) {
   suite_add_tcase(s, tc);
   TCase *tm = tcase_create("model");
   tcase_add_test(tm, test_fit_recovers_the_model);
+  tcase_add_test(tm, test_two_sizes_never_absurd);
+  tcase_add_test(tm, test_update_near_alpha_is_bounded);
   tcase_add_test(tm, test_update_follows_a_slow_link_and_its_recovery);
   tcase_add_test(tm, test_cache_round_trip);
   tcase_add_test(tm, test_cache_refuses_bad_files);

@@ -206,7 +206,8 @@ static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, 
   return best;
 }
 
-/* Fit both lanes' models from two sizes (bytes pushed per rank against time); 0 on failure.
+/* Both lanes' models from two sizes (bytes pushed per rank against time, fc_cost_from_two); 0
+ * when a timing failed.
  * The buffer is the staging allocation's point-to-point area (idle during creation):
  * cudaMalloc and cudaFree may wait for the whole device, where other communicators' kernels
  * (TP and DP groups being created at the same time) may wait for this very thread. */
@@ -230,7 +231,7 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
       measured &= y[k] > 0;
     }
     m[lane] = (fc_link_model_t){.alpha_us = 0, .beta = 0, .min_bytes = lane ? FC_PCIE_MIN_SHARE : 0, .port = -1};
-    ok &= measured && fc_cost_fit(&m[lane], x, y, 2) == FLEXCOLL_SUCCESS;
+    ok &= measured && fc_cost_from_two(&m[lane], x[0], y[0], x[1], y[1]) == FLEXCOLL_SUCCESS;
   }
   cudaGetLastError();
   return ok;
@@ -256,8 +257,8 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
   FC_CHECK(everyone(comm, have, &all_have));
   int fresh = 0;
   if (!all_have) {
-    /* A fit can fail on noise (ranks time-slicing one GPU): the ranks agree on each attempt, so
-     * they measure again together. */
+    /* A timing can fail (a kernel launch refused): the ranks agree on each attempt, so they
+     * measure again together. */
     int all_fresh = 0;
     for (int attempt = 0; attempt < 3 && !all_fresh; attempt++) {
       fresh = calibrate(comm, g, p->model);

@@ -53,9 +53,36 @@ flexcoll_result_t fc_cost_fit(fc_link_model_t *m, const double *bytes, const dou
   return FLEXCOLL_SUCCESS;
 }
 
+flexcoll_result_t fc_cost_from_two(fc_link_model_t *m, double small_bytes, double small_us, double big_bytes,
+                                   double big_us) {
+  const double x[2] = {small_bytes, big_bytes}, y[2] = {small_us, big_us};
+  if (!m || !(small_bytes > 0 && big_bytes > small_bytes) || !(small_us > 0 && big_us > 0) || !isfinite(big_bytes) ||
+      !isfinite(small_us) || !isfinite(big_us))
+    return fc_error(NULL, FLEXCOLL_INVALID_ARGUMENT, "fc_cost_from_two: sizes %g < %g and times %g, %g us", small_bytes,
+                    big_bytes, small_us, big_us);
+  fc_link_model_t fit = *m;
+  const double plain = big_bytes / big_us;
+  /* The fit stands where the large size spent at least half its time moving bytes; below that its
+   * slope is timer noise (two ranks sharing one GPU moved 4 MiB over the nvlink lane in little
+   * more than the fixed cost, and fits came out at 60 TB/s or with no positive slope at all). */
+  if (fc_cost_fit(&fit, x, y, 2) == FLEXCOLL_SUCCESS && fit.beta <= 2 * plain) {
+    *m = fit;
+    return FLEXCOLL_SUCCESS;
+  }
+  m->alpha_us = small_us < big_us ? small_us : big_us;
+  m->beta = plain;
+  return FLEXCOLL_SUCCESS;
+}
+
 void fc_cost_update(fc_link_model_t *m, double bytes, double us, double w) {
   if (!m || !(w > 0 && w <= 1) || !(us > m->alpha_us) || !(bytes > 0) || !isfinite(bytes) || !isfinite(us)) return;
-  const double measured = bytes / (us - m->alpha_us);
+  /* A part that took little more than alpha (a probe share) says little about the bandwidth: its
+   * time over alpha is within the timer's noise.  Counting at least half its time as transfer
+   * time bounds what one such part can claim to twice its plain rate (a probe once took the pcie
+   * lane from 0.3 to 1245 GB/s in one update, and that rate times alpha, its useful minimum, then
+   * kept it off every chunk). */
+  const double transfer_us = us - m->alpha_us > us / 2 ? us - m->alpha_us : us / 2;
+  const double measured = bytes / transfer_us;
   const double beta = (1 - w) * m->beta + w * measured;
   /* A transfer just over alpha gives an enormous rate; keep the model finite rather than let one
    * outlier make the link look infinitely fast. */

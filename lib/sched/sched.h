@@ -64,9 +64,16 @@ double fc_cost_predict(const fc_link_model_t *m, double bytes);
 /* Least-squares fit of alpha and beta from n >= 2 samples (bytes[i], us[i]); alpha is clamped at 0
  * and beta must come out positive, else FLEXCOLL_INVALID_ARGUMENT and m untouched. */
 flexcoll_result_t fc_cost_fit(fc_link_model_t *m, const double *bytes, const double *us, int n);
+/* Stage 1 from two sizes (bytes, microseconds each): the fit through both where the large size
+ * spent at least half its time moving bytes (fit beta <= 2 * big_bytes / big_us), else alpha = the
+ * smaller time and beta = the large size's plain rate, a lower bound.  Never fails on positive
+ * finite samples with big_bytes > small_bytes (else FLEXCOLL_INVALID_ARGUMENT, m untouched);
+ * min_bytes and port are not its to change. */
+flexcoll_result_t fc_cost_from_two(fc_link_model_t *m, double small_bytes, double small_us, double big_bytes,
+                                   double big_us);
 /* Stage 2: fold one measured transfer (bytes in us) into m with weight w in (0, 1]: beta moves
- * toward bytes / (us - alpha) by w (alpha is kept; a measurement at or under alpha, a weight outside
- * (0, 1] or a number that is not finite is ignored). */
+ * toward bytes / max(us - alpha, us / 2) by w (alpha is kept; a measurement at or under alpha, a
+ * weight outside (0, 1] or a number that is not finite is ignored). */
 void fc_cost_update(fc_link_model_t *m, double bytes, double us, double w);
 
 /* The calibration cache: one text file per key (the topology: hosts, devices, links) under dir,

@@ -35,7 +35,7 @@ __device__ __forceinline__ bool fc_a2a_wait(const fc_oneshot_args_t &a, int kind
     int ok = 1;
     for (int q = 0; q < a.nranks && ok; q++)
       if (q != a.rank) ok = fc_poll(a, fc_pipe_flag(a, mine, kind, q), target, start, &last_abort_check);
-    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    if (!ok && a.error && *(volatile int *)a.error == 0) *(volatile int *)a.error = 1;
     __threadfence_system();
     ok_shared = ok;
   }

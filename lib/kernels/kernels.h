@@ -41,7 +41,9 @@ int fc_kernels_preload_oneshot(void);
  * fence; it then waits (bounded by timeout_ns of the global timer) for all its own flags [parity][q][b]
  * == seq and reduces in rank order 0..n-1 (so every rank gets bitwise the same result).
  * On timeout the kernel stores 1 into *error (host-mapped) and returns. */
-/* The communicator's host-mapped error word (every kernel's `error`): what a kernel found. */
+/* The communicator's host-mapped error word (every kernel's `error`): what a kernel found first.
+ * Kernels write only a zero word (a timeout that follows a bad expert id, the peers' kernels
+ * waiting on what went nowhere, leaves the cause to be reported); the host's abort overwrites. */
 enum {
   FC_DEV_ERROR_TIMEOUT = 1,   /* a wait on a peer ran past timeout_ns */
   FC_DEV_ERROR_ABORT = 2,     /* written by the host: flexcoll_comm_abort */

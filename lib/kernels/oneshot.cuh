@@ -235,7 +235,7 @@ __device__ __forceinline__ bool fc_wait(const fc_oneshot_args_t &a, int par, uin
     for (int q = 0; q < a.nranks && ok; q++)
       if (q != a.rank) ok = fc_poll(a, mine + fc_flag_idx(a, par, q, blockIdx.x), seq, start, &last_abort_check);
     /* A timeout says so; an abort (2) is left as it is. */
-    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    if (!ok && a.error && *(volatile int *)a.error == 0) *(volatile int *)a.error = 1;
     /* Acquire side: the block's slot reads (after the barrier below) come after the flags
      * were seen; on timeout it pushes the error word out to the host. */
     __threadfence_system();
@@ -359,7 +359,7 @@ __device__ __forceinline__ bool fc_ll_read(const fc_oneshot_args_t &a, const uin
 }
 
 __device__ __forceinline__ void fc_ll_timed_out(const fc_oneshot_args_t &a) {
-  if (a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+  if (a.error && *(volatile int *)a.error == 0) *(volatile int *)a.error = 1;
   __threadfence_system();
 }
 

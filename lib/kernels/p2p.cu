@@ -63,7 +63,7 @@ __device__ __forceinline__ bool fc_p2p_wait(const fc_p2p_args_t &a, const uint64
     const long long start = fc_now_ns();
     long long last_abort_check = start;
     const int ok = fc_poll(a, flag, target, start, &last_abort_check);
-    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    if (!ok && a.error && *(volatile int *)a.error == 0) *(volatile int *)a.error = 1;
     __threadfence_system();
     ok_shared = ok;
   }

@@ -67,7 +67,7 @@ __device__ __forceinline__ bool fc_pipe_wait(const fc_oneshot_args_t &a, const f
         break;
       }
     if (ok) ok = fc_poll(a, flag, target, start, &last_abort_check);
-    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    if (!ok && a.error && *(volatile int *)a.error == 0) *(volatile int *)a.error = 1;
     __threadfence_system();
     ok_shared[t.bar] = ok;
   }

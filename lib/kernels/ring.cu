@@ -208,7 +208,7 @@ __device__ __forceinline__ bool fc_ring_wait(const fc_ring_args_t &a, const fc_r
     if (ready_target) ok = fc_poll(a, l.ready, ready_target, start, &last_abort_check);
     if (ok && ready_target && a.clk && !fc_ring_first_shared) fc_ring_first_shared = fc_globaltimer();
     if (ok && ack_target) ok = fc_poll(a, l.ack, ack_target, start, &last_abort_check);
-    if (!ok && a.error && *(volatile int *)a.error != 2) *(volatile int *)a.error = 1;
+    if (!ok && a.error && *(volatile int *)a.error == 0) *(volatile int *)a.error = 1;
     __threadfence_system();
     ok_shared = ok;
   }

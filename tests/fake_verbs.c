@@ -36,6 +36,14 @@
  *   oldkernel a kernel before 5.13: ibv_is_fork_initialized says IBV_FORK_DISABLED until
  *            ibv_fork_init (else IBV_FORK_UNNEEDED); fake_verbs_fork_stats() counts the calls and
  *            the registrations made before one
+ *   nodmabuf ibv_reg_dmabuf_mr fails (EOPNOTSUPP), as a NIC driver without dma-buf support
+ *   peermem  ibv_reg_mr takes device memory (nvidia-peermem loaded); without it, EFAULT
+ *
+ * GPU memory (GPUDirect RDMA): ibv_reg_dmabuf_mr takes a dma-buf descriptor (checked to be one)
+ * and iova = the device address, as callers pass it; the "NIC" then reads and writes that MR
+ * through the CUDA driver (libcuda, loaded at the first registration that needs it), with the
+ * pointer's own context.  fake_verbs_dev_stats() counts registrations through dma-buf and by
+ * address (peermem).
  *
  * The port's largest message is FV_MAX_MSG (a longer write fails with LOC_LEN_ERR), well under an
  * inbox, so that a rendezvous's long writes are cut as on a NIC and still fit the wire.
@@ -58,6 +66,7 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -90,10 +99,11 @@
 
 static struct {
   long post_fail, drop, kill, delay_ms, portdown, regfail;
-  int nodev, noodp, pinned, oldkernel, bad;
+  int nodev, noodp, pinned, oldkernel, nodmabuf, peermem, bad;
   int fewer; /* > 0: this process lists only its first `fewer` devices (fewer@R:M) */
 } fault;
 static atomic_long posts, completions, mrs_ever, mrs_now, plain_writes, regs_tried, fork_inits, unsafe_regs;
+static atomic_long dmabuf_regs, peermem_regs;
 
 /* Registrations of this process: in all, and now; RDMA WRITEs without immediate it posted. */
 FV_EXPORT void fake_verbs_mr_stats(long *ever, long *now, long *plain) {
@@ -102,6 +112,63 @@ FV_EXPORT void fake_verbs_mr_stats(long *ever, long *now, long *plain) {
   *plain = atomic_load(&plain_writes);
 }
 static pthread_once_t fault_once = PTHREAD_ONCE_INIT;
+
+/* Device memory registered in this process: through dma-buf, and by address (peermem). */
+FV_EXPORT void fake_verbs_dev_stats(long *dmabuf, long *peermem) {
+  *dmabuf = atomic_load(&dmabuf_regs);
+  *peermem = atomic_load(&peermem_regs);
+}
+
+/* ---- GPU memory through the CUDA driver (dlopen: the fake builds and runs without CUDA) ------- */
+
+typedef int (*cu_attr_fn)(void *data, int attribute, unsigned long long ptr);
+typedef int (*cu_copy_fn)(unsigned long long dst, unsigned long long src, size_t bytes);
+typedef int (*cu_ctx_fn)(void *ctx);
+typedef int (*cu_pop_fn)(void **ctx);
+static struct {
+  cu_attr_fn attr;
+  cu_copy_fn copy;
+  cu_ctx_fn push;
+  cu_pop_fn pop;
+} cu;
+static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
+/* CUDA's values (cuda.h), which this file does not include. */
+#define FV_CU_POINTER_ATTRIBUTE_CONTEXT 1
+#define FV_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define FV_CU_MEMORYTYPE_DEVICE 2
+
+/* Asked again until the process has loaded CUDA: before that no pointer is device memory. */
+static void cu_load(void) {
+  pthread_mutex_lock(&cu_lock);
+  void *h = cu.attr ? NULL : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (h) {
+    cu.copy = (cu_copy_fn)dlsym(h, "cuMemcpy");
+    cu.push = (cu_ctx_fn)dlsym(h, "cuCtxPushCurrent_v2");
+    cu.pop = (cu_pop_fn)dlsym(h, "cuCtxPopCurrent_v2");
+    cu.attr = (cu_attr_fn)dlsym(h, "cuPointerGetAttribute");
+    if (!cu.attr || !cu.copy || !cu.push || !cu.pop) memset(&cu, 0, sizeof cu);
+  }
+  pthread_mutex_unlock(&cu_lock);
+}
+
+/* Whether addr is GPU memory (its context in *ctx). */
+static int is_gpu(const void *addr, void **ctx) {
+  if (!cu.attr) cu_load();
+  unsigned type = 0;
+  if (!cu.attr || cu.attr(&type, FV_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (unsigned long long)(uintptr_t)addr) != 0 ||
+      type != FV_CU_MEMORYTYPE_DEVICE)
+    return 0;
+  return cu.attr(ctx, FV_CU_POINTER_ATTRIBUTE_CONTEXT, (unsigned long long)(uintptr_t)addr) == 0;
+}
+
+/* The "NIC's" DMA into or out of GPU memory: a copy in the memory's own context.  0 on success. */
+static int gpu_copy(void *ctx, void *dst, const void *src, size_t n) {
+  void *old = NULL;
+  if (cu.push(ctx)) return -1;
+  const int rc = cu.copy((unsigned long long)(uintptr_t)dst, (unsigned long long)(uintptr_t)src, n);
+  cu.pop(&old);
+  return rc ? -1 : 0;
+}
 
 static int parse_devices(void);
 
@@ -142,6 +209,8 @@ static void parse_faults(void) {
     if (!strcmp(t, "noodp")) { fault.noodp = 1; continue; }
     if (!strcmp(t, "pinned")) { fault.pinned = 1; continue; }
     if (!strcmp(t, "oldkernel")) { fault.oldkernel = 1; continue; }
+    if (!strcmp(t, "nodmabuf")) { fault.nodmabuf = 1; continue; }
+    if (!strcmp(t, "peermem")) { fault.peermem = 1; continue; }
     if (!colon || end == colon + 1 || *end || v <= 0) { fault.bad = 1; continue; }
     *colon = 0;
     char *at = strchr(t, '@'); /* NAME@R:N: in test rank R's process only */
@@ -320,6 +389,7 @@ typedef struct fv_mr {
   struct ibv_mr mr;
   int access;
   fv_frame_t *frame; /* pinned model: the pages it holds (NULL: it follows the address space) */
+  void *gpu_ctx;     /* GPU memory (dma-buf or peermem): the CUDA context it belongs to; NULL: host */
   char *view;        /* the frame's bytes at mr.addr */
   struct fv_mr *next;
 } fv_mr_t;
@@ -675,7 +745,11 @@ static void respond(fv_qp_t *q) {
     }
     q->rnr_since = 0;
     if (st == IBV_WC_SUCCESS) {
-      if (m->len) memcpy(mr_at(target, m->raddr), i->data, m->len);
+      if (m->len && target->gpu_ctx) {
+        if (gpu_copy(target->gpu_ctx, (void *)(uintptr_t)m->raddr, i->data, m->len)) st = IBV_WC_REM_ACCESS_ERR;
+      } else if (m->len) memcpy(mr_at(target, m->raddr), i->data, m->len);
+    }
+    if (st == IBV_WC_SUCCESS) {
       if (m->has_imm) {
         uint64_t id = q->rq[q->rq_head];
         q->rq_head = (q->rq_head + 1) % q->max_recv;
@@ -743,7 +817,20 @@ static void push_sends(fv_qp_t *q) {
     m.has_imm = (uint32_t)w->has_imm;
     m.len = w->len;
     m.rnr_retry = (uint32_t)q->rnr_retry;
-    if (box_push(q->rbox, &m, src ? mr_at(src, w->laddr) : NULL)) return;
+    if (src && src->gpu_ctx) {
+      /* GPU memory: read through the driver into a bounce buffer, then onto the wire. */
+      char *bounce = malloc(w->len);
+      const int bad = !bounce || gpu_copy(src->gpu_ctx, bounce, (const void *)(uintptr_t)w->laddr, w->len);
+      const int full = bad ? 0 : box_push(q->rbox, &m, bounce);
+      free(bounce);
+      if (bad) {
+        qp_to_err(q, k == 0 ? IBV_WC_LOC_PROT_ERR : IBV_WC_WR_FLUSH_ERR);
+        return;
+      }
+      if (full) return;
+    } else if (box_push(q->rbox, &m, src ? mr_at(src, w->laddr) : NULL)) {
+      return;
+    }
     w->pushed = 1;
   }
   /* Writes in flight to a target that is gone never get an answer: retries exhausted. */
@@ -1217,6 +1304,44 @@ FV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
   return atomic_load(&fork_inits) ? IBV_FORK_ENABLED : IBV_FORK_DISABLED;
 }
 
+/* A GPU memory region (gpu_ctx: its CUDA context). */
+static struct ibv_mr *new_mr(fv_ctx_t *c, struct ibv_pd *pd, void *addr, size_t length, int access, void *gpu_ctx) {
+  fv_mr_t *m = calloc(1, sizeof *m);
+  if (!m) return errno = ENOMEM, NULL;
+  m->gpu_ctx = gpu_ctx;
+  m->mr.context = pd->context;
+  m->mr.pd = pd;
+  m->mr.addr = addr;
+  m->mr.length = length;
+  m->mr.lkey = c->next_key++;
+  m->mr.rkey = c->next_key++ ^ 0x5a5a0000u;
+  m->access = access | IBV_ACCESS_LOCAL_WRITE;
+  m->next = c->mrs;
+  c->mrs = m;
+  atomic_fetch_add(&mrs_ever, 1);
+  atomic_fetch_add(&mrs_now, 1);
+  return &m->mr;
+}
+
+/* GPUDirect RDMA through dma-buf: fd must be a dma-buf (as the kernel checks), iova the device
+ * address of offset (callers pass the address, as NCCL does), inside GPU memory. */
+FV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                           int access) {
+  pthread_once(&fault_once, parse_faults);
+  if (!pd || !length || ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)))
+    return errno = EINVAL, NULL;
+  if (fault.nodmabuf) return errno = EOPNOTSUPP, NULL;
+  char link[64], target[256] = "";
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  if (n <= 0 || !strstr(target, "dmabuf")) return errno = EINVAL, NULL;
+  void *gpu_ctx = NULL, *addr = (void *)(uintptr_t)iova;
+  if (!is_gpu(addr, &gpu_ctx) || !is_gpu((char *)addr + length - 1, &gpu_ctx)) return errno = EFAULT, NULL;
+  (void)offset;
+  atomic_fetch_add(&dmabuf_regs, 1);
+  return new_mr(ctx_of(pd->context), pd, addr, length, access, gpu_ctx);
+}
+
 FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
   /* Remote write needs local write, as in every provider. */
   if (!pd || (!addr && length) || ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)))
@@ -1225,6 +1350,13 @@ FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length
   if ((access & IBV_ACCESS_ON_DEMAND) && fault.noodp) return errno = EOPNOTSUPP, NULL;
   if (fault.regfail && (atomic_fetch_add(&regs_tried, 1) + 1) % fault.regfail == 0) return errno = ENOMEM, NULL;
   fv_ctx_t *c = ctx_of(pd->context);
+  void *gpu_ctx = NULL;
+  if (length && is_gpu(addr, &gpu_ctx)) {
+    /* Device memory by address: only nvidia-peermem makes a NIC's driver take it. */
+    if (!fault.peermem) return errno = EFAULT, NULL;
+    atomic_fetch_add(&peermem_regs, 1);
+    return new_mr(c, pd, addr, length, access, gpu_ctx);
+  }
   fv_mr_t *m = calloc(1, sizeof *m);
   if (!m) return NULL;
   if (fault.pinned && !(access & IBV_ACCESS_ON_DEMAND)) m->view = pin_pages(addr, length, &m->frame);

@@ -362,10 +362,28 @@ out:
   return res;
 }
 
-/* Peers without peer access: send and receive through host copies (blocking). */
+/* Whether every transfer of a batch may hand its device buffer to the host links: each peer is
+ * another rank that every link toward it takes device memory (rdma: registered with the NIC,
+ * GPUDirect RDMA; lib/transports).  A send to this rank itself stays with host copies. */
+static int links_take_device(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops) {
+  for (int i = 0; i < nops; i++)
+    if (ops[i].count && (ops[i].peer == comm->rank || !fc_links_device_memory(comm->links, comm->rank, ops[i].peer)))
+      return 0;
+  return 1;
+}
+
+/* Peers without peer access: send and receive through host copies (blocking), or straight from
+ * and into the device buffers where the links take them. */
 static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
                                           cudaStream_t stream) {
   struct flexcoll_comm *comm = x->comm;
+  if (links_take_device(comm, ops, nops)) {
+    /* The buffers hold what the stream wrote before this call once it is drained; what the
+     * links write has landed when the batch returns, before anything later on the stream. */
+    if (cudaStreamSynchronize(stream) != cudaSuccess)
+      return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed: %s", cudaGetErrorString(cudaGetLastError()));
+    return fc_host_run_p2p(comm, ops, nops, bufs);
+  }
   void **host = calloc((size_t)nops, sizeof *host);
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   if (!host) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");

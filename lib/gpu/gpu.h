@@ -4,6 +4,7 @@
 #ifndef FC_GPU_H
 #define FC_GPU_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "flexcoll.h"
@@ -24,6 +25,15 @@ fc_mem_t fc_mem_type(const void *ptr, int *device);
 uint64_t fc_host_pages_epoch(void);
 int fc_host_pages_known(const void *ptr);
 void fc_host_pages_note(const void *ptr, uint64_t epoch);
+/* Device memory for links that move it themselves (dev_mem.c: the rdma link's GPUDirect path).
+ * fc_mem_copy: bytes from src to dst, either in host or device memory, done when it returns; on
+ * a non-blocking stream of the device involved, so it waits for nothing else on that device
+ * (other ranks' kernels spinning there for this very rank).  0, or -1 with the reason in why.
+ * fc_gpu_dmabuf: a dma-buf file descriptor (the caller closes it) of the allocation around device
+ * pointer ptr, whole pages, and ptr's offset in it, for ibv_reg_dmabuf_mr; -1 with the reason
+ * where the driver cannot export it (no dma-buf support, memory it cannot export). */
+int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len);
+int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char *why, size_t len);
 /* Number of CUDA devices usable here (0 without CUDA or without a GPU). */
 int fc_gpu_count(void);
 /* The calling thread's current CUDA device; FLEXCOLL_CONFIG_UNDEF without a GPU. */

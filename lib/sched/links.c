@@ -163,6 +163,16 @@ int fc_links_joins(const fc_links_t *l, int i, int p, int q) {
   return (!l->link[i].ops->same_host || l->host[p] == l->host[q]) && (!on || (on[p] && on[q]));
 }
 
+int fc_links_device_memory(const fc_links_t *l, int p, int q) {
+  int any = 0;
+  for (int i = 0; i < l->n; i++) {
+    if (l->link[i].off || !fc_links_joins(l, i, p, q)) continue;
+    if (!l->link[i].ops->device_memory) return 0;
+    any = 1;
+  }
+  return any;
+}
+
 /* "0 3 5" (the ranks of host h, ascending), cut short with "..." where buf is too small. */
 static void host_ranks(const fc_links_t *l, int nranks, int h, char *buf, size_t len) {
   size_t used = 0;

@@ -205,6 +205,9 @@ flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, si
 /* Whether link i of l joins ranks p and q (from the hosts and the link's same_host: the same
  * answer on every rank). */
 int fc_links_joins(const fc_links_t *l, int i, int p, int q);
+/* Whether every link joining ranks p and q takes device buffers itself (fc_link_ops_t.
+ * device_memory), and one does: a transfer between them may then be handed device memory. */
+int fc_links_device_memory(const fc_links_t *l, int p, int q);
 /* A part of `bytes` to (is_send) or from peer completed on link i us microseconds after it was
  * posted: sends count in the statistics, receives (deliveries) feed stage 2. */
 void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us, int is_send);

@@ -67,6 +67,7 @@
 #include "bootstrap.h"
 #include "comm.h"
 #include "error.h"
+#include "gpu/gpu.h"
 #include "log.h"
 #include "param.h"
 #include "transports.h"
@@ -148,6 +149,7 @@ const fc_verbs_t *fc_verbs_load(char *why, size_t len) {
       {(void **)&v->get_cq_event, "ibv_get_cq_event", 1},       {(void **)&v->ack_cq_events, "ibv_ack_cq_events", 1},
       {(void **)&v->fork_init, "ibv_fork_init", 1},
       {(void **)&v->is_fork_initialized, "ibv_is_fork_initialized", 1},
+      {(void **)&v->reg_dmabuf_mr, "ibv_reg_dmabuf_mr", 1},
   };
   for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
     *syms[i].slot = dlsym(h, syms[i].name);
@@ -229,6 +231,7 @@ struct rdma_req {
   size_t zposted;
   struct ibv_mr *mr;
   fc_rc_ent_t *rent; /* mr's entry in the registration cache */
+  int dev;           /* buf is device memory: copied with fc_mem_copy, registered for its message alone */
   rdma_req_t *znext; /* in the peer's zs (sends) or zq (receives) */
   char why[160];
 };
@@ -300,6 +303,7 @@ typedef struct {
   int rail, nrails;    /* which of this rank's devices this link is, of how many (rdma_dev.h) */
   unsigned char alone[FC_RDMA_MAX_RAILS]; /* rail k's PCIe root port is none of rails 0..k-1's */
   int odp;             /* the device's registrations can follow the page tables (on-demand paging) */
+  unsigned dev_reg_logged; /* how device buffers were registered (bit 1 dma-buf, 2 by address, 3 not), said once */
   uint64_t max_msg;   /* the port's largest message: the longest single write */
   /* The progress thread (FLEXCOLL_RDMA_PROGRESS_THREAD): it polls completions and async events
    * between calls too, so a peer's eager fragments are taken into the unexpected queue and their
@@ -443,9 +447,60 @@ static rdma_req_t *zlist_find(rdma_req_t *head, uint64_t id, uint64_t mask) {
   return NULL;
 }
 
+/* Device memory registered with the NIC for one message (GPUDirect RDMA): through a dma-buf of
+ * its allocation where the provider and the driver offer it, else ibv_reg_mr on the device
+ * address (which only nvidia-peermem makes work).  Never cached: a device buffer freed and
+ * allocated again at the same address is other memory, and nothing tells the link.  NULL where
+ * neither works: the message then goes by copy (fc_mem_copy through the slots).  The first
+ * outcome of each kind is logged once per link. */
+static struct ibv_mr *reg_device(rdma_t *r, void *buf, size_t bytes, int access) {
+  char why[160] = "", why2[160] = "";
+  int fd = -1;
+  uint64_t off = 0;
+  struct ibv_mr *mr = NULL;
+  if (!r->v->reg_dmabuf_mr) snprintf(why, sizeof why, "the verbs library has no ibv_reg_dmabuf_mr");
+  else if (fc_gpu_dmabuf(buf, bytes, &fd, &off, why, sizeof why) == 0) {
+    mr = r->v->reg_dmabuf_mr(r->pd, off, bytes, (uint64_t)(uintptr_t)buf, fd, access);
+    if (!mr) snprintf(why, sizeof why, "ibv_reg_dmabuf_mr failed: %s", strerror(errno ? errno : EINVAL));
+    close(fd); /* the registration holds the pages itself */
+  }
+  int how = 1;
+  if (!mr) {
+    how = 2;
+    mr = r->v->reg_mr(r->pd, buf, bytes, access);
+    if (!mr) how = 3, snprintf(why2, sizeof why2, "ibv_reg_mr of device memory failed too: %s (no nvidia-peermem?)",
+                               strerror(errno ? errno : EINVAL));
+  }
+  if (!(r->dev_reg_logged & (1u << how))) {
+    r->dev_reg_logged |= 1u << how;
+    if (how == 1) FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers registered through dma-buf (GPUDirect RDMA)", r->rank);
+    else if (how == 2)
+      FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers registered by address (nvidia-peermem): %s", r->rank, why);
+    else FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers cannot be registered (%s; %s): they go by copy", r->rank, why, why2);
+  }
+  return mr;
+}
+
+/* n bytes where either side may be device memory (dev: one is); 0, or -1 with the reason. */
+static int any_copy(int dev, void *dst, const void *src, size_t n, char *why, size_t len) {
+  if (dev) return fc_mem_copy(dst, src, n, why, len);
+  memcpy(dst, src, n);
+  return 0;
+}
+
+/* Bytes into or out of a user buffer that may be device memory (dev) while messages move; a copy
+ * that fails breaks the peer, whose requests then fail with the reason. */
+static int user_copy(rdma_t *r, int p, int dev, void *dst, const void *src, size_t n) {
+  char why[160];
+  if (any_copy(dev, dst, src, n, why, sizeof why) == 0) return 0;
+  peer_break(r, p, "%s", why);
+  return -1;
+}
+
 /* q's buffer registered for its message, through the registration cache (rdma_rcache.h: kept
  * between messages where that is safe, see rcache_open; else for this message alone). */
 static struct ibv_mr *zreg(rdma_t *r, rdma_req_t *q, size_t bytes, int access) {
+  if (q->dev) return q->mr = reg_device(r, q->buf, bytes, access);
   q->mr = fc_rcache_get(r->rcache, q->buf, bytes, access, &q->rent);
   if (!q->mr)
     FC_INFO(FC_SUB_NET, "rank %d: rdma: ibv_reg_mr of a %zu-byte user buffer failed (%s): that message goes by copy",
@@ -456,6 +511,7 @@ static struct ibv_mr *zreg(rdma_t *r, rdma_req_t *q, size_t bytes, int access) {
 /* invalidate: the message did not end as planned (a receive given up or cancelled), so a peer
  * may still write into the buffer: its registration goes now, not back into the cache. */
 static void zdereg(rdma_t *r, rdma_req_t *q, int invalidate) {
+  if (q->dev && q->mr) r->v->dereg_mr(q->mr);
   if (q->rent) fc_rcache_put(r->rcache, q->rent, invalidate);
   q->rent = NULL;
   q->mr = NULL;
@@ -651,7 +707,7 @@ static void pump(rdma_t *r, int p) {
                     .kind = (uint32_t)q->zkind, .id = q->zid};
     char *s = send_slot(r, p, k);
     memcpy(s, &h, sizeof h);
-    if (len) memcpy(s + sizeof h, q->buf + q->posted, len);
+    if (len && user_copy(r, p, q->dev, s + sizeof h, q->buf + q->posted, len)) return;
     if (post_write(r, p, 0, k, slot, sizeof h + len)) return;
     e->slot_busy[slot] = 1;
     e->sent++;
@@ -814,7 +870,7 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
   rdma_req_t *q = e->cur_req;
   if (q && h.offset < q->bytes && h.len) {
     size_t n = q->bytes - h.offset < h.len ? q->bytes - h.offset : h.len;
-    memcpy(q->buf + h.offset, data, n);
+    if (user_copy(r, p, q->dev, q->buf + h.offset, data, n)) return;
   }
   unexp_t *u = e->cur_unexp;
   if (u && h.len) memcpy(u->data + h.offset, data, h.len);
@@ -827,7 +883,8 @@ static void land(rdma_t *r, int p, uint32_t byte_len) {
   e->cur_req = NULL;
   if (u && u->req) {
     rdma_req_t *w = u->req;
-    if (u->total && w->bytes) memcpy(w->buf, u->data, u->total < w->bytes ? u->total : w->bytes);
+    if (u->total && w->bytes && user_copy(r, p, w->dev, w->buf, u->data, u->total < w->bytes ? u->total : w->bytes))
+      return;
     w->from = NULL;
     finish_recv(w, u->total);
     unexp_remove(e, u);
@@ -1405,11 +1462,16 @@ static flexcoll_result_t peer_ok(struct flexcoll_comm *comm, rdma_t *r, int peer
  * receive, or kept as an unexpected message; the send is done either way. */
 static flexcoll_result_t send_self(struct flexcoll_comm *comm, rdma_t *r, rdma_req_t *q) {
   peer_t *e = &r->peers[r->rank];
+  char why[160];
   q->state = REQ_DONE;
   for (rdma_req_t *w = e->rq_head; w; w = w->next)
     if (w->tag == q->tag) {
       list_remove(&e->rq_head, &e->rq_tail, w);
-      if (q->bytes && w->bytes) memcpy(w->buf, q->buf, q->bytes < w->bytes ? q->bytes : w->bytes);
+      if (q->bytes && w->bytes &&
+          any_copy(q->dev || w->dev, w->buf, q->buf, q->bytes < w->bytes ? q->bytes : w->bytes, why, sizeof why)) {
+        req_fail(w, why);
+        return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "rdma: a message to self: %s", why);
+      }
       finish_recv(w, q->bytes);
       return FLEXCOLL_SUCCESS;
     }
@@ -1421,7 +1483,13 @@ static flexcoll_result_t send_self(struct flexcoll_comm *comm, rdma_t *r, rdma_r
     snprintf(q->why, sizeof q->why, "out of memory for a message to self");
     return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: out of memory for a message of %zu bytes to self", q->bytes);
   }
-  if (q->bytes) memcpy(data, q->buf, q->bytes);
+  if (q->bytes && any_copy(q->dev, data, q->buf, q->bytes, why, sizeof why)) {
+    free(data);
+    free(u);
+    q->state = REQ_FAILED;
+    snprintf(q->why, sizeof q->why, "%s", why);
+    return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "rdma: a message to self: %s", why);
+  }
   u->tag = q->tag;
   u->total = u->got = q->bytes;
   u->data = data;
@@ -1429,6 +1497,13 @@ static flexcoll_result_t send_self(struct flexcoll_comm *comm, rdma_t *r, rdma_r
   else e->uq_head = u;
   e->uq_tail = u;
   return FLEXCOLL_SUCCESS;
+}
+
+/* Whether a user buffer is device memory (asked of CUDA once per buffer and call, or remembered
+ * host pages: fc_mem_type). */
+static int is_device(const void *buf, size_t bytes) {
+  int device;
+  return bytes && fc_mem_type(buf, &device) == FC_MEM_DEVICE;
 }
 
 static flexcoll_result_t rdma_isend_locked(struct flexcoll_comm *comm, fc_link_t *link, int peer, const void *buf, size_t bytes,
@@ -1441,6 +1516,7 @@ static flexcoll_result_t rdma_isend_locked(struct flexcoll_comm *comm, fc_link_t
   q->tag = tag;
   q->buf = (char *)buf;
   q->bytes = bytes;
+  q->dev = is_device(buf, bytes);
   *req = q;
   if (peer == r->rank) {
     flexcoll_result_t res = send_self(comm, r, q);
@@ -1491,6 +1567,7 @@ static flexcoll_result_t rdma_irecv_locked(struct flexcoll_comm *comm, fc_link_t
   q->tag = tag;
   q->buf = buf;
   q->bytes = bytes;
+  q->dev = is_device(buf, bytes);
   *req = q;
   for (unexp_t *u = e->uq_head; u; u = u->next) {
     if (u->tag != tag || u->req) continue;
@@ -1499,7 +1576,12 @@ static flexcoll_result_t rdma_irecv_locked(struct flexcoll_comm *comm, fc_link_t
       unexp_remove(e, u);
       pump(r, peer);
     } else if (u->got == u->total && u != e->cur_unexp) {
-      if (u->total && bytes) memcpy(buf, u->data, u->total < bytes ? u->total : bytes);
+      char why[160];
+      if (u->total && bytes && any_copy(q->dev, buf, u->data, u->total < bytes ? u->total : bytes, why, sizeof why)) {
+        *req = NULL;
+        free(q);
+        return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "rdma: a receive from rank %d: %s", peer, why);
+      }
       finish_recv(q, u->total);
       unexp_remove(e, u);
     } else {
@@ -1594,7 +1676,7 @@ static int rdma_rails(fc_link_t *link, unsigned char *alone, int max) {
 /* Between hosts as within one (a NIC reaches any port of the fabric). */
 const fc_link_ops_t fc_link_rdma = {"rdma",      rdma_open,   rdma_close, rdma_isend, rdma_irecv, rdma_progress,
                                     rdma_test,   rdma_cancel, 0,          0,          rdma_rails,
-                                    1};
+                                    1,           HAVE_CUDA};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1612,6 +1694,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 0};
 
 #endif

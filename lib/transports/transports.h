@@ -64,6 +64,10 @@ typedef struct {
    * whose side failed as unreached (reach[q] = 0), and lib/sched/links.c keeps the link for the
    * pairs whose ranks both have it wherever two ranks or more do.  Zero: every rank or none. */
   int pairwise;
+  /* Nonzero: isend and irecv take device buffers (the link moves them itself: rdma registers them
+   * with the NIC where it can, else copies them); zero: host memory only, and callers stage
+   * device buffers through host copies (lib/gpu/exec.c). */
+  int device_memory;
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */

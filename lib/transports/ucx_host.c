@@ -568,6 +568,7 @@ static flexcoll_result_t tcp_open(struct flexcoll_comm *comm, fc_link_t *link, i
 
 /* Idle progress may be rare: open finishes the wire-up (finish_wireup), and UCX's own traffic
  * after it (keepalives) waits in the transport until the next progress. */
-/* Shared memory joins the ranks of one host (host name: lib/sched/links.c), TCP any two. */
-const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 1, NULL, 0};
-const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 0, NULL, 0};
+/* Shared memory joins the ranks of one host (host name: lib/sched/links.c), TCP any two.  Host
+ * memory only: Debian's UCX has no CUDA module, so device buffers are staged by the caller. */
+const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 1, NULL, 0, 0};
+const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 0, NULL, 0, 0};

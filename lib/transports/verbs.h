@@ -46,6 +46,8 @@ typedef struct {
   /* Optional: fork safety of registered memory (fc_verbs_load calls them once per provider). */
   int (*fork_init)(void);
   enum ibv_fork_status (*is_fork_initialized)(void);
+  /* Optional (rdma-core 34 and later): device memory through a dma-buf (GPUDirect RDMA). */
+  struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access);
   const char *path; /* what was opened */
 } fc_verbs_t;
 

@@ -1,0 +1,136 @@
+/* dev_mem.c — device memory for the links that move it themselves (gpu.h): the rdma link reads
+ * and writes user device buffers through the NIC (GPUDirect RDMA) where it can register them,
+ * and copies them where it cannot.
+ *
+ * Copies run on one non-blocking stream per device, made at the first copy and kept for the
+ * process: cudaMemcpy would run on the legacy default stream, which waits for every blocking
+ * stream's work on the device, and another rank's kernel sharing the GPU may be spinning there
+ * until this very copy lands.
+ *
+ * A registration goes through dma-buf, as NVIDIA's open kernel modules and rdma-core (34+)
+ * offer it: the allocation around the buffer is exported as a dma-buf file descriptor
+ * (cuMemGetHandleForAddressRange) and the NIC's driver maps those pages itself; the older
+ * nvidia-peermem module, which lets ibv_reg_mr take a device address, is the rdma link's
+ * fallback. */
+#define _GNU_SOURCE
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu/gpu.h"
+
+#if HAVE_CUDA
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "gpu/device.h"
+
+#define MAX_DEVICES 64
+
+static pthread_mutex_t copy_lock[MAX_DEVICES];
+static cudaStream_t copy_stream[MAX_DEVICES];
+static pthread_once_t copy_once = PTHREAD_ONCE_INIT;
+
+static void copy_init(void) {
+  for (int d = 0; d < MAX_DEVICES; d++) pthread_mutex_init(&copy_lock[d], NULL);
+}
+
+int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len) {
+  if (!bytes || dst == src) return 0;
+  int ddev = -1, sdev = -1;
+  const fc_mem_t dt = fc_mem_type(dst, &ddev), st = fc_mem_type(src, &sdev);
+  if (dt == FC_MEM_HOST && st == FC_MEM_HOST) {
+    memcpy(dst, src, bytes);
+    return 0;
+  }
+  const int dev = dt == FC_MEM_DEVICE ? ddev : sdev;
+  if (dev < 0 || dev >= MAX_DEVICES) {
+    snprintf(why, len, "device %d of a copy is out of range", dev);
+    return -1;
+  }
+  pthread_once(&copy_once, copy_init);
+  const int prev = fc_gpu_switch_device(dev);
+  pthread_mutex_lock(&copy_lock[dev]);
+  cudaError_t e = cudaSuccess;
+  if (!copy_stream[dev]) e = cudaStreamCreateWithFlags(&copy_stream[dev], cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream[dev]);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(copy_stream[dev]);
+  pthread_mutex_unlock(&copy_lock[dev]);
+  if (e != cudaSuccess) {
+    snprintf(why, len, "copying %zu bytes %s device memory: %s", bytes, dt == FC_MEM_DEVICE ? "into" : "out of",
+             cudaGetErrorString(e));
+    cudaGetLastError();
+  }
+  fc_gpu_leave_device(prev);
+  return e == cudaSuccess ? 0 : -1;
+}
+
+typedef CUresult (*get_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+typedef CUresult (*get_handle_fn)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+static get_range_fn get_range;
+static get_handle_fn get_handle;
+static pthread_once_t dmabuf_once = PTHREAD_ONCE_INIT;
+
+static void dmabuf_init(void) {
+  enum cudaDriverEntryPointQueryResult q;
+  void *r = NULL, *h = NULL;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &r, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    get_range = (get_range_fn)r;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &h, 12000, cudaEnableDefault, &q) ==
+          cudaSuccess &&
+      q == cudaDriverEntryPointSuccess)
+    get_handle = (get_handle_fn)h;
+  cudaGetLastError();
+}
+
+int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char *why, size_t len) {
+  int dev = -1;
+  if (fc_mem_type(ptr, &dev) != FC_MEM_DEVICE) {
+    snprintf(why, len, "not device memory");
+    return -1;
+  }
+  pthread_once(&dmabuf_once, dmabuf_init);
+  if (!get_range || !get_handle) {
+    snprintf(why, len, "the CUDA driver cannot export memory as a dma-buf (no cuMemGetHandleForAddressRange)");
+    return -1;
+  }
+  /* The whole allocation, in whole pages (the export's unit; cudaMalloc's physical granularity
+   * is larger, so the rounding stays inside memory the allocation holds). */
+  const int prev = fc_gpu_switch_device(dev);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = get_range(&base, &size, (CUdeviceptr)(uintptr_t)ptr);
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t span = (size + page - 1) / page * page;
+  int out = -1;
+  if (r == CUDA_SUCCESS && (uintptr_t)ptr + bytes > base + size) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS && base % page) r = CUDA_ERROR_INVALID_VALUE;
+  if (r == CUDA_SUCCESS) r = get_handle(&out, base, span, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  fc_gpu_leave_device(prev);
+  if (r != CUDA_SUCCESS || out < 0) {
+    if (r == CUDA_ERROR_NOT_SUPPORTED)
+      snprintf(why, len, "GPU %d cannot export memory as a dma-buf (that needs NVIDIA's open kernel modules)", dev);
+    else snprintf(why, len, "exporting %zu bytes of GPU %d as a dma-buf failed (CUDA error %d)", span, dev, (int)r);
+    return -1;
+  }
+  *fd = out;
+  *offset = (uint64_t)((uintptr_t)ptr - base);
+  return 0;
+}
+#else
+int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len) {
+  (void)why, (void)len;
+  if (bytes && dst != src) memcpy(dst, src, bytes);
+  return 0;
+}
+int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char *why, size_t len) {
+  (void)ptr, (void)bytes, (void)fd, (void)offset;
+  snprintf(why, len, "flexcoll was built without CUDA");
+  return -1;
+}
+#endif

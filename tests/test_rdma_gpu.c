@@ -1,0 +1,231 @@
+/* test_rdma_gpu.c — device buffers over the rdma link (GPUDirect RDMA), against the fake provider.
+ *
+ * Two ranks, threads of one process, each a device communicator on GPU 0 whose only link is rdma
+ * (FLEXCOLL_LINKS=rdma: no peer access, so the device paths hand send/recv batches to the host
+ * links).  Every transfer goes straight from and into the device buffers: at and above the
+ * zero-copy threshold the link registers them with the "NIC" (through a dma-buf of the
+ * allocation, else by address where nvidia-peermem would allow it) and writes from one into the
+ * other; below it, and where neither registration works, it copies them through its slots.  The
+ * fake reads and writes GPU memory through the CUDA driver, as a NIC's DMA would.
+ *
+ * Each mode runs in a child process of its own (the fake reads its faults once per process):
+ *   dmabuf    the default: registrations through dma-buf where this GPU can export one
+ *   peermem   the fake's NIC driver without dma-buf, nvidia-peermem loaded: by address
+ *   copy      neither: every byte through the slots (fc_mem_copy)
+ *   eager     zero copy off (FLEXCOLL_RDMA_ZCOPY_BYTES=0): the slots at every size
+ * In each, both ranks send to each other at once (a group) messages of sizes around the
+ * threshold and the slot size, odd and large (several writes of the port's largest message),
+ * from buffers at odd offsets into their allocations; every received byte is checked; the fake's
+ * counts show which registration carried them; nothing stays registered after destroy.
+ *
+ * Exit 77 (automake's skip) without a GPU. */
+#define _GNU_SOURCE
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "flexcoll.h"
+#include "gpu/gpu.h"
+#include "gpu_serial.h"
+
+#define NRANKS 2
+#define OFFSET 3 /* bytes into each allocation: buffers need not start on a page */
+
+static const size_t sizes[] = {1, 7, 4099, 65536, 196609, 262144, 1048593, 9437189};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+#define LARGEST 9437189
+
+typedef struct {
+  int rank;
+  flexcoll_unique_id_t id;
+  int failures;
+} rank_t;
+
+#define EXPECT(r, cond, ...)                                    \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      fprintf(stderr, "[test_rdma_gpu] rank %d: ", (r)->rank);  \
+      fprintf(stderr, __VA_ARGS__);                             \
+      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);        \
+      (r)->failures++;                                          \
+    }                                                           \
+  } while (0)
+
+/* Byte i of what rank `from` sends in round k. */
+static unsigned char pattern(int from, size_t k, size_t i) {
+  return (unsigned char)(i * 131u + k * 29u + (unsigned)from * 71u + (i >> 9));
+}
+
+static void *rank_main(void *arg) {
+  rank_t *r = arg;
+  cudaSetDevice(0);
+  flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
+  config.cuda_device = 0;
+  config.timeout_ms = 20000;
+  flexcoll_comm_t comm = NULL;
+  if (flexcoll_comm_init_rank(&comm, NRANKS, r->id, r->rank, &config) != FLEXCOLL_SUCCESS) {
+    EXPECT(r, 0, "comm_init_rank: %s", flexcoll_get_last_error(NULL));
+    return NULL;
+  }
+  const int peer = 1 - r->rank;
+  cudaStream_t s;
+  unsigned char *send = NULL, *recv = NULL, *host = malloc(LARGEST);
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc((void **)&send, LARGEST + OFFSET) != cudaSuccess ||
+      cudaMalloc((void **)&recv, LARGEST + OFFSET) != cudaSuccess || !host) {
+    EXPECT(r, 0, "allocating: %s", cudaGetErrorString(cudaGetLastError()));
+    flexcoll_comm_destroy(comm);
+    return NULL;
+  }
+  for (size_t k = 0; k < NSIZES && !r->failures; k++) {
+    const size_t n = sizes[k];
+    for (size_t i = 0; i < n; i++) host[i] = pattern(r->rank, k, i);
+    cudaMemcpy(send + OFFSET, host, n, cudaMemcpyHostToDevice);
+    cudaMemset(recv, 0xee, LARGEST + OFFSET);
+    cudaDeviceSynchronize();
+    flexcoll_result_t a = flexcoll_group_start(), b = FLEXCOLL_SUCCESS, c = FLEXCOLL_SUCCESS, d;
+    if (a == FLEXCOLL_SUCCESS) {
+      b = flexcoll_send(send + OFFSET, n, FLEXCOLL_UINT8, peer, comm, s);
+      c = flexcoll_recv(recv + OFFSET, n, FLEXCOLL_UINT8, peer, comm, s);
+    }
+    d = flexcoll_group_end();
+    EXPECT(r, a == FLEXCOLL_SUCCESS && b == FLEXCOLL_SUCCESS && c == FLEXCOLL_SUCCESS && d == FLEXCOLL_SUCCESS,
+           "%zu bytes: send/recv: %s", n, flexcoll_get_last_error(comm));
+    EXPECT(r, cudaStreamSynchronize(s) == cudaSuccess, "%zu bytes: stream: %s", n,
+           cudaGetErrorString(cudaGetLastError()));
+    memset(host, 0, LARGEST);
+    cudaMemcpy(host, recv, OFFSET, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < OFFSET; i++) EXPECT(r, host[i] == 0xee, "%zu bytes: a byte before the buffer was written", n);
+    cudaMemcpy(host, recv + OFFSET, n, cudaMemcpyDeviceToHost);
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+      if (host[i] != pattern(peer, k, i) && !wrong++) first = i;
+    EXPECT(r, wrong == 0, "%zu bytes: %zu wrong, the first at %zu (%02x, not %02x)", n, wrong, first, host[first],
+           pattern(peer, k, first));
+    unsigned char after = 0;
+    if (n < LARGEST) {
+      cudaMemcpy(&after, recv + OFFSET + n, 1, cudaMemcpyDeviceToHost);
+      EXPECT(r, after == 0xee, "%zu bytes: the byte after the buffer was written", n);
+    }
+  }
+  if (r->failures) flexcoll_comm_abort(comm);
+  flexcoll_comm_destroy(comm);
+  cudaFree(send);
+  cudaFree(recv);
+  cudaStreamDestroy(s);
+  free(host);
+  return NULL;
+}
+
+static void *fake_fn(const char *name) {
+  void *h = dlopen(getenv("FLEXCOLL_VERBS_FAKE_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  void *f = h ? dlsym(h, name) : NULL;
+  if (h) dlclose(h);
+  return f;
+}
+
+/* Whether this GPU exports device memory as a dma-buf (the library's own probe). */
+static int gpu_has_dmabuf(void) {
+  void *p = NULL;
+  int fd = -1, ok = 0;
+  uint64_t off = 0;
+  char why[160];
+  if (cudaMalloc(&p, 1 << 20) != cudaSuccess) return 0;
+  if (fc_gpu_dmabuf((char *)p + 100, 4096, &fd, &off, why, sizeof why) == 0) {
+    ok = off == 100;
+    close(fd);
+  } else {
+    printf("[test_rdma_gpu] no dma-buf here: %s\n", why);
+  }
+  cudaFree(p);
+  return ok;
+}
+
+/* One mode, in this (child) process: the ranks, then the fake's counts. */
+static int run_mode(const char *mode) {
+  if (!strcmp(mode, "peermem")) setenv("FLEXCOLL_VERBS_FAKE_FAULT", "nodmabuf,peermem", 1);
+  if (!strcmp(mode, "copy")) setenv("FLEXCOLL_VERBS_FAKE_FAULT", "nodmabuf", 1);
+  if (!strcmp(mode, "eager")) setenv("FLEXCOLL_RDMA_ZCOPY_BYTES", "0", 1);
+  cudaSetDevice(0);
+  const int dmabuf_here = gpu_has_dmabuf();
+  flexcoll_unique_id_t id;
+  if (flexcoll_get_unique_id(&id) != FLEXCOLL_SUCCESS) {
+    fprintf(stderr, "[test_rdma_gpu] %s: get_unique_id: %s\n", mode, flexcoll_get_last_error(NULL));
+    return 1;
+  }
+  rank_t ranks[NRANKS];
+  pthread_t threads[NRANKS];
+  memset(ranks, 0, sizeof ranks);
+  for (int i = 0; i < NRANKS; i++) {
+    ranks[i].rank = i;
+    ranks[i].id = id;
+    pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
+  }
+  int failures = 0;
+  for (int i = 0; i < NRANKS; i++) {
+    pthread_join(threads[i], NULL);
+    failures += ranks[i].failures;
+  }
+  long dmabuf = -1, peermem = -1, ever = -1, now = -1, plain = -1;
+  void (*dev)(long *, long *) = (void (*)(long *, long *))fake_fn("fake_verbs_dev_stats");
+  void (*mrs)(long *, long *, long *) = (void (*)(long *, long *, long *))fake_fn("fake_verbs_mr_stats");
+  if (dev) dev(&dmabuf, &peermem);
+  if (mrs) mrs(&ever, &now, &plain);
+  printf("[test_rdma_gpu] %s: device registrations: %ld through dma-buf, %ld by address; %ld registered after "
+         "destroy\n", mode, dmabuf, peermem, now);
+  if (!dev || !mrs) {
+    fprintf(stderr, "[test_rdma_gpu] %s: the fake provider was not loaded\n", mode);
+    return 1;
+  }
+  /* Two ranks, each a rendezvous send and receive for each size at or above the threshold. */
+  const long zc_msgs = 2 * 2 * 3;
+  int bad = 0;
+  if (!strcmp(mode, "dmabuf"))
+    bad = dmabuf_here ? dmabuf < zc_msgs || peermem != 0 : dmabuf != 0 || peermem != 0;
+  else if (!strcmp(mode, "peermem")) bad = dmabuf != 0 || peermem < zc_msgs;
+  else bad = dmabuf != 0 || peermem != 0;
+  if (bad) fprintf(stderr, "[test_rdma_gpu] %s: not the registrations this mode must make (dma-buf here: %s)\n", mode,
+                   dmabuf_here ? "yes" : "no");
+  if (now != 0) fprintf(stderr, "[test_rdma_gpu] %s: %ld registrations left after destroy\n", mode, now);
+  return failures || bad || now != 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 2) return run_mode(argv[1]);
+  int ndev = 0;
+  /* Asked in a child: this process forks the modes and must not hold CUDA itself. */
+  pid_t probe = fork();
+  if (probe == 0) _exit(cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > 0 ? 0 : 77);
+  int st = 0;
+  waitpid(probe, &st, 0);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    printf("test_rdma_gpu: SKIP: no GPU\n");
+    return 77;
+  }
+  fc_test_gpu_serialize("[test_rdma_gpu]");
+  setenv("FLEXCOLL_LINKS", "rdma", 1);
+  setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+  setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 1);
+  unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
+  unsetenv("FLEXCOLL_RDMA_ZCOPY_BYTES");
+  static const char *const modes[] = {"dmabuf", "peermem", "copy", "eager"};
+  int failures = 0;
+  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execl("/proc/self/exe", argv[0], modes[m], (char *)NULL);
+      _exit(127);
+    }
+    waitpid(pid, &st, 0);
+    const int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    printf("[test_rdma_gpu] mode %s: %s\n", modes[m], ok ? "PASS" : "FAIL");
+    failures += !ok;
+  }
+  printf("test_rdma_gpu: %s\n", failures ? "FAIL" : "PASS");
+  return failures ? 1 : 0;
+}

@@ -16,7 +16,8 @@
  * In each, both ranks send to each other at once (a group) messages of sizes around the
  * threshold and the slot size, odd and large (several writes of the port's largest message),
  * from buffers at odd offsets into their allocations; every received byte is checked; the fake's
- * counts show which registration carried them; nothing stays registered after destroy.
+ * counts show which registration carried them; nothing stays registered after destroy.  An
+ * allreduce on the same communicator (through host copies, as before) checks the rest still works.
  *
  * Exit 77 (automake's skip) without a GPU. */
 #define _GNU_SOURCE
@@ -113,6 +114,22 @@ static void *rank_main(void *arg) {
       EXPECT(r, after == 0xee, "%zu bytes: the byte after the buffer was written", n);
     }
   }
+  /* A collective on the same communicator still runs through host copies (its reduction is
+   * the host's): every element (rank 0 + 1) + (rank 1 + 1) = 3. */
+  const size_t count = 262147;
+  float *vals = malloc(count * sizeof *vals);
+  for (size_t i = 0; vals && i < count; i++) vals[i] = (float)(r->rank + 1);
+  if (vals && !r->failures) {
+    cudaMemcpy(send, vals, count * sizeof *vals, cudaMemcpyHostToDevice);
+    EXPECT(r, flexcoll_allreduce(send, recv, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s) == FLEXCOLL_SUCCESS,
+           "allreduce: %s", flexcoll_get_last_error(comm));
+    cudaStreamSynchronize(s);
+    cudaMemcpy(vals, recv, count * sizeof *vals, cudaMemcpyDeviceToHost);
+    size_t wrong = 0;
+    for (size_t i = 0; i < count; i++) wrong += vals[i] != 3.0f;
+    EXPECT(r, wrong == 0, "allreduce: %zu of %zu elements are not 3", wrong, count);
+  }
+  free(vals);
   if (r->failures) flexcoll_comm_abort(comm);
   flexcoll_comm_destroy(comm);
   cudaFree(send);

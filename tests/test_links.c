@@ -222,6 +222,36 @@ START_TEST(test_stage2_simulated) {
 }
 END_TEST
 
+/* Which pairs may hand device buffers to their links (lib/gpu/exec.c asks before a send/recv
+ * batch): only where every link joining the two takes device memory, and one does. */
+START_TEST(test_device_memory_pairs) {
+  static const fc_link_ops_t shm = {.name = "shm", .same_host = 1}, tcp = {.name = "tcp"},
+                             gdr = {.name = "rdma", .device_memory = 1, .pairwise = 1};
+  int host[4] = {0, 0, 1, 1};
+  fc_links_t l = {.nhosts = 2, .host = host, .n = 2};
+  /* shm within a host, rdma everywhere: across hosts only rdma joins a pair */
+  l.link[0].ops = &shm;
+  l.link[1].ops = &gdr;
+  ck_assert(!fc_links_device_memory(&l, 0, 1)); /* shm joins them too, and stages */
+  ck_assert(fc_links_device_memory(&l, 0, 2));
+  ck_assert(fc_links_device_memory(&l, 3, 1));
+  /* tcp beside rdma across hosts: a part of each transfer would go over tcp */
+  l.link[0].ops = &tcp;
+  ck_assert(!fc_links_device_memory(&l, 0, 2));
+  /* rdma alone, but rank 3 lacks it (a host without a NIC: the link is off there) */
+  unsigned char on[4] = {1, 1, 1, 0};
+  l.n = 1;
+  l.link[0].ops = &gdr;
+  l.link[0].on = on;
+  ck_assert(fc_links_device_memory(&l, 0, 2));
+  ck_assert(!fc_links_device_memory(&l, 0, 3)); /* no link joins them at all */
+  /* host links only */
+  l.link[0].ops = &tcp;
+  l.link[0].on = NULL;
+  ck_assert(!fc_links_device_memory(&l, 0, 2));
+}
+END_TEST
+
 /* An exchange right after a collective: a rank that has finished its part of a large allreduce
  * over TCP may still hold its last bytes to a peer in UCX's queue, which only its own progress
  * empties; if it then waits in a bootstrap exchange (comm_split here; stage 2's every few large
@@ -582,6 +612,7 @@ int main(void) {
   tc = tcase_create("adaptive");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_stage2_simulated);
+  tcase_add_test(tc, test_device_memory_pairs);
   tcase_add_test(tc, test_adaptive);
   tcase_add_test(tc, test_calibration_cache);
   tcase_add_test(tc, test_exchange_after_collective);

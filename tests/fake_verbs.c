@@ -1304,8 +1304,8 @@ FV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
   return atomic_load(&fork_inits) ? IBV_FORK_ENABLED : IBV_FORK_DISABLED;
 }
 
-/* A GPU memory region (gpu_ctx: its CUDA context). */
-static struct ibv_mr *new_mr(fv_ctx_t *c, struct ibv_pd *pd, void *addr, size_t length, int access, void *gpu_ctx) {
+/* A memory region of c (gpu_ctx: GPU memory's CUDA context; NULL: host memory). */
+static fv_mr_t *new_mr(fv_ctx_t *c, struct ibv_pd *pd, void *addr, size_t length, int access, void *gpu_ctx) {
   fv_mr_t *m = calloc(1, sizeof *m);
   if (!m) return errno = ENOMEM, NULL;
   m->gpu_ctx = gpu_ctx;
@@ -1320,7 +1320,7 @@ static struct ibv_mr *new_mr(fv_ctx_t *c, struct ibv_pd *pd, void *addr, size_t 
   c->mrs = m;
   atomic_fetch_add(&mrs_ever, 1);
   atomic_fetch_add(&mrs_now, 1);
-  return &m->mr;
+  return m;
 }
 
 /* GPUDirect RDMA through dma-buf: fd must be a dma-buf (as the kernel checks), iova the device
@@ -1338,8 +1338,9 @@ FV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, s
   void *gpu_ctx = NULL, *addr = (void *)(uintptr_t)iova;
   if (!is_gpu(addr, &gpu_ctx) || !is_gpu((char *)addr + length - 1, &gpu_ctx)) return errno = EFAULT, NULL;
   (void)offset;
-  atomic_fetch_add(&dmabuf_regs, 1);
-  return new_mr(ctx_of(pd->context), pd, addr, length, access, gpu_ctx);
+  fv_mr_t *m = new_mr(ctx_of(pd->context), pd, addr, length, access, gpu_ctx);
+  if (m) atomic_fetch_add(&dmabuf_regs, 1);
+  return m ? &m->mr : NULL;
 }
 
 FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
@@ -1354,24 +1355,14 @@ FV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length
   if (length && is_gpu(addr, &gpu_ctx)) {
     /* Device memory by address: only nvidia-peermem makes a NIC's driver take it. */
     if (!fault.peermem) return errno = EFAULT, NULL;
-    atomic_fetch_add(&peermem_regs, 1);
-    return new_mr(c, pd, addr, length, access, gpu_ctx);
+    fv_mr_t *m = new_mr(c, pd, addr, length, access, gpu_ctx);
+    if (m) atomic_fetch_add(&peermem_regs, 1);
+    return m ? &m->mr : NULL;
   }
-  fv_mr_t *m = calloc(1, sizeof *m);
+  fv_mr_t *m = new_mr(c, pd, addr, length, access, NULL);
   if (!m) return NULL;
   if (fault.pinned && !(access & IBV_ACCESS_ON_DEMAND)) m->view = pin_pages(addr, length, &m->frame);
-  m->mr.context = pd->context;
-  m->mr.pd = pd;
-  m->mr.addr = addr;
-  m->mr.length = length;
-  m->mr.lkey = c->next_key++;
-  m->mr.rkey = c->next_key++ ^ 0x5a5a0000u;
-  m->access = access | IBV_ACCESS_LOCAL_WRITE;
-  m->next = c->mrs;
-  c->mrs = m;
-  atomic_fetch_add(&mrs_ever, 1);
   if (fault.oldkernel && !atomic_load(&fork_inits)) atomic_fetch_add(&unsafe_regs, 1);
-  atomic_fetch_add(&mrs_now, 1);
   return &m->mr;
 }
 

@@ -584,7 +584,7 @@ static flexcoll_result_t p2p_self_copies(fc_dexec_t *x, const fc_p2p_op_t *ops, 
 
 const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream_t stream) {
   const struct fc_gpu *g = comm->gpu;
-  if (!g->p2p) return "the GPUs have no peer access, so the batch runs through host copies";
+  if (!g->p2p) return "the GPUs have no peer access, so the batch runs on the host links, blocking";
   if (comm->nranks == 1) return NULL;
   return other_stream_refusal(g, stream);
 }

@@ -19,6 +19,7 @@
  * instead, for machines with a NIC, and exits 77 where there is no device
  * (tests/test_rdma_real.sh). */
 #define _GNU_SOURCE
+#include "config.h"
 #include <check.h>
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -844,7 +845,7 @@ START_TEST(test_info_rails) {
            me, far, me, g_dir, FC_INFO_BIN);
   FILE *p = popen(cmd, "r");
   ck_assert(p != NULL);
-  char want[6][160];
+  char want[7][160];
   snprintf(want[0], sizeof want[0], "fakeverbs0: PCI 0000:10:00.0 (root port 0000:%02x:01.0), NUMA node %d (this process's)",
            me, me);
   snprintf(want[1], sizeof want[1], "fakeverbs1: PCI 0000:11:00.0 (root port 0000:%02x:02.0), NUMA node %d,", far, far);
@@ -853,16 +854,19 @@ START_TEST(test_info_rails) {
   snprintf(want[3], sizeof want[3], "port 1: active, RoCE, MTU 4096, 100 Gb/s (rail 0 of a rank on this NUMA node here)");
   snprintf(want[4], sizeof want[4], "port 1: active, RoCE, MTU 4096, 100 Gb/s (rail 1 of a rank on this NUMA node here)");
   snprintf(want[5], sizeof want[5], "RDMA devices (");
-  int seen[6] = {0}, dev = -1, rails_of[3] = {-1, -1, -1};
+  /* Whether device buffers would reach the NIC: with the GPUs hidden, "no GPU here" (or "not in
+   * this build" without CUDA). */
+  snprintf(want[6], sizeof want[6], "GPUDirect RDMA: %s", HAVE_CUDA ? "no GPU here" : "not in this build");
+  int seen[7] = {0}, dev = -1, rails_of[3] = {-1, -1, -1};
   while (fgets(line, sizeof line, p)) {
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
       if (strstr(line, want[i])) seen[i] = 1;
     if (strstr(line, "  fakeverbs")) dev = atoi(strstr(line, "fakeverbs") + 9);
     if (dev >= 0 && dev < 3 && strstr(line, "(rail 0 ")) rails_of[dev] = 0;
     if (dev >= 0 && dev < 3 && strstr(line, "(rail 1 ")) rails_of[dev] = 1;
   }
   pclose(p);
-  for (int i = 0; i < 6; i++) ck_assert_msg(seen[i], "flexcoll-info did not print \"%s\"", want[i]);
+  for (int i = 0; i < 7; i++) ck_assert_msg(seen[i], "flexcoll-info did not print \"%s\"", want[i]);
   ck_assert_msg(rails_of[0] == 0 && rails_of[1] == -1 && rails_of[2] == 1, "rails of the devices: %d %d %d", rails_of[0],
                 rails_of[1], rails_of[2]);
 }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/gpu.h"
 #include "param.h"
 #include "transports.h"
 
@@ -338,6 +339,53 @@ int fc_rdma_rails(const fc_verbs_t *v, struct ibv_device **list, int n, int gpu,
 
 /* ---- flexcoll-info ------------------------------------------------------------------------------ */
 
+/* Whether the rdma link of a rank on GPU `gpu` could hand its device buffers to NIC `dev`
+ * (GPUDirect RDMA), tried as the link tries (rdma.c, reg_device): a dma-buf of device memory
+ * registered on the device, else the device address itself (nvidia-peermem). */
+static void report_gpudirect(FILE *out, const fc_verbs_t *v, struct ibv_device *dev, int gpu) {
+#if HAVE_CUDA
+  if (gpu < 0) {
+    fprintf(out, "GPUDirect RDMA: no GPU here\n");
+    return;
+  }
+  char why[200] = "", why2[200] = "";
+  const char *how = NULL;
+  void *buf = NULL;
+  struct ibv_context *ctx = v->open_device(dev);
+  struct ibv_pd *pd = ctx ? v->alloc_pd(ctx) : NULL;
+  const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+  if (!pd) snprintf(why, sizeof why, "cannot open %s: %s", v->get_device_name(dev), strerror(errno ? errno : ENODEV));
+  else if (cudaSetDevice(gpu) != cudaSuccess || cudaMalloc(&buf, 2 << 20) != cudaSuccess) {
+    snprintf(why, sizeof why, "cannot allocate on GPU %d: %s", gpu, cudaGetErrorString(cudaGetLastError()));
+    buf = NULL;
+  } else {
+    int fd = -1;
+    uint64_t off = 0;
+    struct ibv_mr *mr = NULL;
+    if (!v->reg_dmabuf_mr) snprintf(why, sizeof why, "%s has no ibv_reg_dmabuf_mr", v->path);
+    else if (fc_gpu_dmabuf(buf, 2 << 20, &fd, &off, why, sizeof why) == 0) {
+      mr = v->reg_dmabuf_mr(pd, off, 2 << 20, (uint64_t)(uintptr_t)buf, fd, access);
+      if (!mr) snprintf(why, sizeof why, "ibv_reg_dmabuf_mr: %s", strerror(errno ? errno : EINVAL));
+      close(fd);
+    }
+    if (mr) how = "through a dma-buf of the buffer's allocation";
+    else if ((mr = v->reg_mr(pd, buf, 2 << 20, access)) != NULL) how = "by address (nvidia-peermem)";
+    else snprintf(why2, sizeof why2, "by address: %s", strerror(errno ? errno : EINVAL));
+    if (mr) v->dereg_mr(mr);
+  }
+  if (how) fprintf(out, "GPUDirect RDMA: GPU %d's buffers register on %s %s\n", gpu, v->get_device_name(dev), how);
+  else fprintf(out, "GPUDirect RDMA: no (%s%s%s): device buffers are copied through host memory\n", why,
+               why2[0] ? "; " : "", why2);
+  if (buf) cudaFree(buf);
+  cudaGetLastError();
+  if (pd) v->dealloc_pd(pd);
+  if (ctx) v->close_device(ctx);
+#else
+  (void)v, (void)dev, (void)gpu;
+  fprintf(out, "GPUDirect RDMA: not in this build (flexcoll was built without CUDA)\n");
+#endif
+}
+
 void fc_rdma_report(FILE *out) {
   char why[300] = "";
   const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
@@ -435,6 +483,7 @@ void fc_rdma_report(FILE *out) {
     v->close_device(ctx);
   }
   if (!nr) fprintf(out, "  no rail for a rank here: %s\n", rwhy);
+  report_gpudirect(out, v, list[nr ? rails[0].dev : 0], gpu);
   v->free_device_list(list);
 }
 

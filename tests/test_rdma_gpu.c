@@ -19,6 +19,10 @@
  * counts show which registration carried them; nothing stays registered after destroy.  An
  * allreduce on the same communicator (through host copies, as before) checks the rest still works.
  *
+ * FC_TEST_RDMA_REAL=1 (tests/test_rdma_real.sh) runs the same transfers with the real provider,
+ * libibverbs, for machines with a NIC: modes `real` (whichever registration the NIC takes) and
+ * `real-eager`, every byte checked, no registration counts (the fake's); 77 without a device.
+ *
  * Exit 77 (automake's skip) without a GPU. */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -33,6 +37,7 @@
 #include "flexcoll.h"
 #include "gpu/gpu.h"
 #include "gpu_serial.h"
+#include "transports/verbs.h"
 
 #define NRANKS 2
 #define OFFSET 3 /* bytes into each allocation: buffers need not start on a page */
@@ -167,7 +172,7 @@ static int gpu_has_dmabuf(void) {
 static int run_mode(const char *mode) {
   if (!strcmp(mode, "peermem")) setenv("FLEXCOLL_VERBS_FAKE_FAULT", "nodmabuf,peermem", 1);
   if (!strcmp(mode, "copy")) setenv("FLEXCOLL_VERBS_FAKE_FAULT", "nodmabuf", 1);
-  if (!strcmp(mode, "eager")) setenv("FLEXCOLL_RDMA_ZCOPY_BYTES", "0", 1);
+  if (!strcmp(mode, "eager") || !strcmp(mode, "real-eager")) setenv("FLEXCOLL_RDMA_ZCOPY_BYTES", "0", 1);
   cudaSetDevice(0);
   const int dmabuf_here = gpu_has_dmabuf();
   flexcoll_unique_id_t id;
@@ -188,6 +193,7 @@ static int run_mode(const char *mode) {
     pthread_join(threads[i], NULL);
     failures += ranks[i].failures;
   }
+  if (!strncmp(mode, "real", 4)) return failures != 0; /* the fake's counts do not apply */
   long dmabuf = -1, peermem = -1, ever = -1, now = -1, plain = -1;
   void (*dev)(long *, long *) = (void (*)(long *, long *))fake_fn("fake_verbs_dev_stats");
   void (*mrs)(long *, long *, long *) = (void (*)(long *, long *, long *))fake_fn("fake_verbs_mr_stats");
@@ -212,8 +218,20 @@ static int run_mode(const char *mode) {
   return failures || bad || now != 0;
 }
 
+/* Whether the real provider lists a device (the library's own loader, as the link loads it). */
+static int real_devices(void) {
+  char why[300] = "";
+  const fc_verbs_t *v = fc_verbs_load(why, sizeof why);
+  int n = 0;
+  struct ibv_device **list = v ? v->get_device_list(&n) : NULL;
+  if (list) v->free_device_list(list);
+  if (!list || n == 0) printf("[test_rdma_gpu] no RDMA device (%s)\n", v ? "the device list is empty" : why);
+  return list && n > 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 2) return run_mode(argv[1]);
+  const int real = getenv("FC_TEST_RDMA_REAL") && *getenv("FC_TEST_RDMA_REAL") == '1';
   int ndev = 0;
   /* Asked in a child: this process forks the modes and must not hold CUDA itself. */
   pid_t probe = fork();
@@ -224,15 +242,22 @@ int main(int argc, char **argv) {
     printf("test_rdma_gpu: SKIP: no GPU\n");
     return 77;
   }
+  if (real) {
+    unsetenv("FLEXCOLL_VERBS_PROVIDER");
+    if (!real_devices()) return 77;
+  } else {
+    setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+    setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 1);
+  }
   fc_test_gpu_serialize("[test_rdma_gpu]");
   setenv("FLEXCOLL_LINKS", "rdma", 1);
-  setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
-  setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 1);
   unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
   unsetenv("FLEXCOLL_RDMA_ZCOPY_BYTES");
-  static const char *const modes[] = {"dmabuf", "peermem", "copy", "eager"};
+  static const char *const fake_modes[] = {"dmabuf", "peermem", "copy", "eager", NULL};
+  static const char *const real_modes[] = {"real", "real-eager", NULL};
+  const char *const *modes = real ? real_modes : fake_modes;
   int failures = 0;
-  for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+  for (size_t m = 0; modes[m]; m++) {
     pid_t pid = fork();
     if (pid == 0) {
       execl("/proc/self/exe", argv[0], modes[m], (char *)NULL);

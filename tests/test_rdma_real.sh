@@ -1,5 +1,15 @@
 #!/bin/sh
 # The rdma link's collective and bitwise cases (tests/test_rdma.c) with the real provider,
-# libibverbs, instead of the fake: for machines with an RDMA NIC.  Exits 77 (skip) where
-# libibverbs has no device.
-FC_TEST_RDMA_REAL=1 exec ./tests/test_rdma
+# libibverbs, instead of the fake: for machines with an RDMA NIC; and, in builds with CUDA, device
+# buffers over it (tests/test_rdma_gpu.c: GPUDirect RDMA where the NIC takes them).  Exits 77
+# (skip) where libibverbs has no device (and, for the second, where there is no GPU).
+FC_TEST_RDMA_REAL=1 ./tests/test_rdma
+host=$?
+[ -x ./tests/test_rdma_gpu ] || exit $host
+FC_TEST_RDMA_REAL=1 ./tests/test_rdma_gpu
+dev=$?
+for rc in $host $dev; do
+  [ "$rc" = 0 ] || [ "$rc" = 77 ] || exit "$rc"
+done
+[ "$host" = 77 ] && [ "$dev" = 77 ] && exit 77
+exit 0

@@ -63,8 +63,9 @@ flexcoll_result_t fc_cost_from_two(fc_link_model_t *m, double small_bytes, doubl
   fc_link_model_t fit = *m;
   const double plain = big_bytes / big_us;
   /* The fit stands where the large size spent at least half its time moving bytes; below that its
-   * slope is timer noise (two ranks sharing one GPU moved 4 MiB over the nvlink lane in little
-   * more than the fixed cost, and fits came out at 60 TB/s or with no positive slope at all). */
+   * slope is timer noise (two ranks sharing one GPU move the nvlink lane's large size in little
+   * more than the fixed cost: fits with no positive slope, or absurd ones, docs/PERFORMANCE.md,
+   * session 20). */
   if (fc_cost_fit(&fit, x, y, 2) == FLEXCOLL_SUCCESS && fit.beta <= 2 * plain) {
     *m = fit;
     return FLEXCOLL_SUCCESS;
@@ -78,9 +79,9 @@ void fc_cost_update(fc_link_model_t *m, double bytes, double us, double w) {
   if (!m || !(w > 0 && w <= 1) || !(us > m->alpha_us) || !(bytes > 0) || !isfinite(bytes) || !isfinite(us)) return;
   /* A part that took little more than alpha (a probe share) says little about the bandwidth: its
    * time over alpha is within the timer's noise.  Counting at least half its time as transfer
-   * time bounds what one such part can claim to twice its plain rate (a probe once took the pcie
-   * lane from 0.3 to 1245 GB/s in one update, and that rate times alpha, its useful minimum, then
-   * kept it off every chunk). */
+   * time bounds what one such part can claim to twice its plain rate (unbounded, one probe made
+   * the pcie lane look faster than NVLink, and that rate times alpha, its useful minimum, then
+   * kept it off every chunk: docs/PERFORMANCE.md, session 20). */
   const double transfer_us = us - m->alpha_us > us / 2 ? us - m->alpha_us : us / 2;
   const double measured = bytes / transfer_us;
   const double beta = (1 - w) * m->beta + w * measured;

@@ -39,6 +39,8 @@
 #include <string.h>
 
 #include "flexcoll.h"
+#define TEST_TAG "[test_capture]"
+#include "gpu_ranks.h"
 #include "gpu_serial.h"
 
 #define NRANKS 2
@@ -51,20 +53,8 @@ static int g_no_peer = 0;
 #define NO_PEER_REPLAY_DIV 10
 
 typedef struct {
-  int rank;
-  flexcoll_unique_id_t id;
-  int failures;
+  FC_TEST_RANK_MEMBERS;
 } rank_t;
-
-#define EXPECT(r, cond, ...)                                   \
-  do {                                                         \
-    if (!(cond)) {                                             \
-      fprintf(stderr, "[test_capture] rank %d: ", (r)->rank);  \
-      fprintf(stderr, __VA_ARGS__);                            \
-      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);       \
-      (r)->failures++;                                         \
-    }                                                          \
-  } while (0)
 
 /* One AllReduce outside any capture, checked: the communicator still works. */
 static void allreduce_checked(rank_t *r, flexcoll_comm_t comm, float *dev, cudaStream_t s, int round) {
@@ -581,16 +571,8 @@ int main(void) {
       fprintf(stderr, "[test_capture] get_unique_id: %s\n", flexcoll_get_last_error(NULL));
       return 1;
     }
-    rank_t ranks[NRANKS];
-    pthread_t threads[NRANKS];
-    for (int i = 0; i < NRANKS; i++) {
-      ranks[i] = (rank_t){.rank = i, .id = id};
-      pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
-    }
-    for (int i = 0; i < NRANKS; i++) {
-      pthread_join(threads[i], NULL);
-      failures += ranks[i].failures;
-    }
+    rank_t ranks[NRANKS] = {0};
+    failures += fc_test_run_ranks(ranks, sizeof ranks[0], NRANKS, id, rank_main);
   }
   fprintf(stderr, "[test_capture] %s (%d ranks on device 0)\n", failures ? "FAILED" : "passed", NRANKS);
   return failures ? 1 : 0;

@@ -23,6 +23,8 @@
 
 #include "flexcoll.h"
 #include "gpu/gpu.h"
+#define TEST_TAG "[test_lanes]"
+#include "gpu_ranks.h"
 #include "gpu_serial.h"
 
 #define NRANKS 2
@@ -32,24 +34,12 @@ static const int phase_calls[NPHASES] = {64, 48, 80};
 static const double phase_throttle[NPHASES] = {1, 30, 1};
 
 typedef struct {
-  int rank;
-  flexcoll_unique_id_t id;
-  int failures;
+  FC_TEST_RANK_MEMBERS;
   int have[NPHASES];
   double beta[NPHASES][2];
   size_t pc[NPHASES];
   double share[NPHASES], busy[NPHASES][2];
 } rank_t;
-
-#define EXPECT(r, cond, ...)                                 \
-  do {                                                       \
-    if (!(cond)) {                                           \
-      fprintf(stderr, "[test_lanes] rank %d: ", (r)->rank);  \
-      fprintf(stderr, __VA_ARGS__);                          \
-      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);     \
-      (r)->failures++;                                       \
-    }                                                        \
-  } while (0)
 
 /* The pcie entry's share and both lanes' busy time from the link statistics. */
 static void lane_stats(rank_t *r, flexcoll_comm_t comm, int phase) {
@@ -177,18 +167,8 @@ int main(void) {
     return 1;
   }
   rank_t ranks[NRANKS];
-  pthread_t threads[NRANKS];
   memset(ranks, 0, sizeof ranks);
-  for (int i = 0; i < NRANKS; i++) {
-    ranks[i].rank = i;
-    ranks[i].id = id;
-    pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
-  }
-  int failures = 0;
-  for (int i = 0; i < NRANKS; i++) {
-    pthread_join(threads[i], NULL);
-    failures += ranks[i].failures;
-  }
+  int failures = fc_test_run_ranks(ranks, sizeof ranks[0], NRANKS, id, rank_main);
   /* Every rank holds the same models and splits alike, phase by phase. */
   for (int p = 0; p < NPHASES && !failures; p++)
     if (memcmp(ranks[0].beta[p], ranks[1].beta[p], sizeof ranks[0].beta[p]) || ranks[0].pc[p] != ranks[1].pc[p]) {

@@ -36,6 +36,8 @@
 
 #include "flexcoll.h"
 #include "gpu/gpu.h"
+#define TEST_TAG "[test_rdma_gpu]"
+#include "gpu_ranks.h"
 #include "gpu_serial.h"
 #include "transports/verbs.h"
 
@@ -47,20 +49,8 @@ static const size_t sizes[] = {1, 7, 4099, 65536, 196609, 262144, 1048593, 94371
 #define LARGEST 9437189
 
 typedef struct {
-  int rank;
-  flexcoll_unique_id_t id;
-  int failures;
+  FC_TEST_RANK_MEMBERS;
 } rank_t;
-
-#define EXPECT(r, cond, ...)                                    \
-  do {                                                          \
-    if (!(cond)) {                                              \
-      fprintf(stderr, "[test_rdma_gpu] rank %d: ", (r)->rank);  \
-      fprintf(stderr, __VA_ARGS__);                             \
-      fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);        \
-      (r)->failures++;                                          \
-    }                                                           \
-  } while (0)
 
 /* Byte i of what rank `from` sends in round k. */
 static unsigned char pattern(int from, size_t k, size_t i) {
@@ -181,18 +171,8 @@ static int run_mode(const char *mode) {
     return 1;
   }
   rank_t ranks[NRANKS];
-  pthread_t threads[NRANKS];
   memset(ranks, 0, sizeof ranks);
-  for (int i = 0; i < NRANKS; i++) {
-    ranks[i].rank = i;
-    ranks[i].id = id;
-    pthread_create(&threads[i], NULL, rank_main, &ranks[i]);
-  }
-  int failures = 0;
-  for (int i = 0; i < NRANKS; i++) {
-    pthread_join(threads[i], NULL);
-    failures += ranks[i].failures;
-  }
+  const int failures = fc_test_run_ranks(ranks, sizeof ranks[0], NRANKS, id, rank_main);
   if (!strncmp(mode, "real", 4)) return failures != 0; /* the fake's counts do not apply */
   long dmabuf = -1, peermem = -1, ever = -1, now = -1, plain = -1;
   void (*dev)(long *, long *) = (void (*)(long *, long *))fake_fn("fake_verbs_dev_stats");

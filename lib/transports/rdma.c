@@ -303,7 +303,7 @@ typedef struct {
   int rail, nrails;    /* which of this rank's devices this link is, of how many (rdma_dev.h) */
   unsigned char alone[FC_RDMA_MAX_RAILS]; /* rail k's PCIe root port is none of rails 0..k-1's */
   int odp;             /* the device's registrations can follow the page tables (on-demand paging) */
-  unsigned dev_reg_logged; /* how device buffers were registered (bit 1 dma-buf, 2 by address, 3 not), said once */
+  unsigned dev_reg_logged; /* bit FC_RDMA_REG_*: how device buffers were registered, said once */
   uint64_t max_msg;   /* the port's largest message: the longest single write */
   /* The progress thread (FLEXCOLL_RDMA_PROGRESS_THREAD): it polls completions and async events
    * between calls too, so a peer's eager fragments are taken into the unexpected queue and their
@@ -447,36 +447,22 @@ static rdma_req_t *zlist_find(rdma_req_t *head, uint64_t id, uint64_t mask) {
   return NULL;
 }
 
-/* Device memory registered with the NIC for one message (GPUDirect RDMA): through a dma-buf of
- * its allocation where the provider and the driver offer it, else ibv_reg_mr on the device
- * address (which only nvidia-peermem makes work).  Never cached: a device buffer freed and
+/* Device memory registered with the NIC for one message (GPUDirect RDMA, fc_rdma_reg_device:
+ * a dma-buf, else the device address).  Never cached: a device buffer freed and
  * allocated again at the same address is other memory, and nothing tells the link.  NULL where
  * neither works: the message then goes by copy (fc_mem_copy through the slots).  The first
  * outcome of each kind is logged once per link. */
 static struct ibv_mr *reg_device(rdma_t *r, void *buf, size_t bytes, int access) {
-  char why[160] = "", why2[160] = "";
-  int fd = -1;
-  uint64_t off = 0;
-  struct ibv_mr *mr = NULL;
-  if (!r->v->reg_dmabuf_mr) snprintf(why, sizeof why, "the verbs library has no ibv_reg_dmabuf_mr");
-  else if (fc_gpu_dmabuf(buf, bytes, &fd, &off, why, sizeof why) == 0) {
-    mr = r->v->reg_dmabuf_mr(r->pd, off, bytes, (uint64_t)(uintptr_t)buf, fd, access);
-    if (!mr) snprintf(why, sizeof why, "ibv_reg_dmabuf_mr failed: %s", strerror(errno ? errno : EINVAL));
-    close(fd); /* the registration holds the pages itself */
-  }
-  int how = 1;
-  if (!mr) {
-    how = 2;
-    mr = r->v->reg_mr(r->pd, buf, bytes, access);
-    if (!mr) how = 3, snprintf(why2, sizeof why2, "ibv_reg_mr of device memory failed too: %s (no nvidia-peermem?)",
-                               strerror(errno ? errno : EINVAL));
-  }
+  char why[400];
+  int how;
+  struct ibv_mr *mr = fc_rdma_reg_device(r->v, r->pd, buf, bytes, access, &how, why, sizeof why);
   if (!(r->dev_reg_logged & (1u << how))) {
     r->dev_reg_logged |= 1u << how;
-    if (how == 1) FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers registered through dma-buf (GPUDirect RDMA)", r->rank);
-    else if (how == 2)
+    if (how == FC_RDMA_REG_DMABUF)
+      FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers registered through dma-buf (GPUDirect RDMA)", r->rank);
+    else if (how == FC_RDMA_REG_ADDRESS)
       FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers registered by address (nvidia-peermem): %s", r->rank, why);
-    else FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers cannot be registered (%s; %s): they go by copy", r->rank, why, why2);
+    else FC_INFO(FC_SUB_NET, "rank %d: rdma: device buffers cannot be registered (%s): they go by copy", r->rank, why);
   }
   return mr;
 }

@@ -16,6 +16,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu/gpu.h"
 #include "param.h"
@@ -339,6 +340,32 @@ int fc_rdma_rails(const fc_verbs_t *v, struct ibv_device **list, int n, int gpu,
 
 /* ---- flexcoll-info ------------------------------------------------------------------------------ */
 
+struct ibv_mr *fc_rdma_reg_device(const fc_verbs_t *v, struct ibv_pd *pd, void *buf, size_t bytes, int access, int *how,
+                                  char *why, size_t len) {
+  int fd = -1;
+  uint64_t off = 0;
+  struct ibv_mr *mr = NULL;
+  why[0] = 0;
+  if (!v->reg_dmabuf_mr) snprintf(why, len, "%s has no ibv_reg_dmabuf_mr", v->path);
+  else if (fc_gpu_dmabuf(buf, bytes, &fd, &off, why, len) == 0) {
+    mr = v->reg_dmabuf_mr(pd, off, bytes, (uint64_t)(uintptr_t)buf, fd, access);
+    if (!mr) snprintf(why, len, "ibv_reg_dmabuf_mr failed: %s", strerror(errno ? errno : EINVAL));
+    close(fd); /* the registration holds the pages itself */
+  }
+  if (mr) {
+    *how = FC_RDMA_REG_DMABUF;
+    return mr;
+  }
+  mr = v->reg_mr(pd, buf, bytes, access);
+  *how = mr ? FC_RDMA_REG_ADDRESS : FC_RDMA_REG_NONE;
+  if (!mr) {
+    const size_t used = strlen(why);
+    snprintf(why + used, len - used, "; ibv_reg_mr of device memory: %s (no nvidia-peermem?)",
+             strerror(errno ? errno : EINVAL));
+  }
+  return mr;
+}
+
 /* Whether the rdma link of a rank on GPU `gpu` could hand its device buffers to NIC `dev`
  * (GPUDirect RDMA), tried as the link tries (rdma.c, reg_device): a dma-buf of device memory
  * registered on the device, else the device address itself (nvidia-peermem). */
@@ -348,8 +375,8 @@ static void report_gpudirect(FILE *out, const fc_verbs_t *v, struct ibv_device *
     fprintf(out, "GPUDirect RDMA: no GPU here\n");
     return;
   }
-  char why[200] = "", why2[200] = "";
-  const char *how = NULL;
+  char why[400] = "";
+  int how = FC_RDMA_REG_NONE;
   void *buf = NULL;
   struct ibv_context *ctx = v->open_device(dev);
   struct ibv_pd *pd = ctx ? v->alloc_pd(ctx) : NULL;
@@ -359,23 +386,13 @@ static void report_gpudirect(FILE *out, const fc_verbs_t *v, struct ibv_device *
     snprintf(why, sizeof why, "cannot allocate on GPU %d: %s", gpu, cudaGetErrorString(cudaGetLastError()));
     buf = NULL;
   } else {
-    int fd = -1;
-    uint64_t off = 0;
-    struct ibv_mr *mr = NULL;
-    if (!v->reg_dmabuf_mr) snprintf(why, sizeof why, "%s has no ibv_reg_dmabuf_mr", v->path);
-    else if (fc_gpu_dmabuf(buf, 2 << 20, &fd, &off, why, sizeof why) == 0) {
-      mr = v->reg_dmabuf_mr(pd, off, 2 << 20, (uint64_t)(uintptr_t)buf, fd, access);
-      if (!mr) snprintf(why, sizeof why, "ibv_reg_dmabuf_mr: %s", strerror(errno ? errno : EINVAL));
-      close(fd);
-    }
-    if (mr) how = "through a dma-buf of the buffer's allocation";
-    else if ((mr = v->reg_mr(pd, buf, 2 << 20, access)) != NULL) how = "by address (nvidia-peermem)";
-    else snprintf(why2, sizeof why2, "by address: %s", strerror(errno ? errno : EINVAL));
+    struct ibv_mr *mr = fc_rdma_reg_device(v, pd, buf, 2 << 20, access, &how, why, sizeof why);
     if (mr) v->dereg_mr(mr);
   }
-  if (how) fprintf(out, "GPUDirect RDMA: GPU %d's buffers register on %s %s\n", gpu, v->get_device_name(dev), how);
-  else fprintf(out, "GPUDirect RDMA: no (%s%s%s): device buffers are copied through host memory\n", why,
-               why2[0] ? "; " : "", why2);
+  if (how != FC_RDMA_REG_NONE)
+    fprintf(out, "GPUDirect RDMA: GPU %d's buffers register on %s %s\n", gpu, v->get_device_name(dev),
+            how == FC_RDMA_REG_DMABUF ? "through a dma-buf of the buffer's allocation" : "by address (nvidia-peermem)");
+  else fprintf(out, "GPUDirect RDMA: no (%s): device buffers are copied through host memory\n", why);
   if (buf) cudaFree(buf);
   cudaGetLastError();
   if (pd) v->dealloc_pd(pd);

@@ -58,5 +58,12 @@ void fc_rdma_gid_text(const union ibv_gid *gid, char *out, size_t len);
 const char *fc_rdma_gid_type_name(int type);
 const char *fc_rdma_mtu_name(enum ibv_mtu m);
 double fc_rdma_port_gbps(const struct ibv_port_attr *a);
+/* Device memory registered on pd (GPUDirect RDMA): through a dma-buf of its allocation where the
+ * provider (ibv_reg_dmabuf_mr) and the driver offer it, else by its device address (ibv_reg_mr,
+ * which only nvidia-peermem makes work).  *how says which (FC_RDMA_REG_*); NULL where neither
+ * works, with both reasons in why (where it is by address, why holds the dma-buf's). */
+enum { FC_RDMA_REG_DMABUF = 1, FC_RDMA_REG_ADDRESS = 2, FC_RDMA_REG_NONE = 3 };
+struct ibv_mr *fc_rdma_reg_device(const fc_verbs_t *v, struct ibv_pd *pd, void *buf, size_t bytes, int access, int *how,
+                                  char *why, size_t len);
 
 #endif

@@ -235,7 +235,7 @@ static void parse_faults(void) {
             "node[:root port]\n",
             getenv("FLEXCOLL_VERBS_FAKE_DEVICES"), getenv("FLEXCOLL_VERBS_FAKE_PLACES"), FV_MAX_DEVICES);
   }
-  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N (each also NAME@R:N), nodev, nodev@R, fewer@R:M, noodp, pinned, oldkernel\n", s);
+  if (fault.bad) fprintf(stderr, "fake verbs: FLEXCOLL_VERBS_FAKE_FAULT=%s: not post:N, drop:N, kill:N, delay:MS, portdown:N, regfail:N (each also NAME@R:N), nodev, nodev@R, fewer@R:M, noodp, pinned, oldkernel, nodmabuf, peermem\n", s);
 }
 
 static double now_ms(void) {

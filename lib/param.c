@@ -103,8 +103,9 @@ static const fc_param_def_t table[] = {
      "rdma link: messages from this size are written straight into the receive buffer (rendezvous; 0: never)", 0, 0, BIG,
      NULL},
     {"FLEXCOLL_RDMA_RCACHE_BYTES", FC_PK_INT, "1073741824",
-     "rdma link: most bytes of user buffers kept registered between rendezvous messages (0: register per message)", 0, 0,
-     BIG, NULL},
+     "rdma link: most bytes of user buffers kept registered between rendezvous messages, host and device apart "
+     "(0: register per message)",
+     0, 0, BIG, NULL},
     {"FLEXCOLL_RDMA_RCACHE_PINNED", FC_PK_INT, "0",
      "rdma link: keep pinned registrations too (1: buffers given to flexcoll are never unmapped while it runs)", 0, 0, 1,
      NULL},

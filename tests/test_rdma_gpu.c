@@ -13,11 +13,17 @@
  *   peermem   the fake's NIC driver without dma-buf, nvidia-peermem loaded: by address
  *   copy      neither: every byte through the slots (fc_mem_copy)
  *   eager     zero copy off (FLEXCOLL_RDMA_ZCOPY_BYTES=0): the slots at every size
+ *   nocache   dma-buf with the registration cache off (FLEXCOLL_RDMA_RCACHE_BYTES=0): a
+ *             registration per message and side
  * In each, both ranks send to each other at once (a group) messages of sizes around the
  * threshold and the slot size, odd and large (several writes of the port's largest message),
  * from buffers at odd offsets into their allocations; every received byte is checked; the fake's
- * counts show which registration carried them; nothing stays registered after destroy.  An
- * allreduce on the same communicator (through host copies, as before) checks the rest still works.
+ * counts show which registration carried them; nothing stays registered after destroy.  Then
+ * each rank frees its send buffer, allocates another (often at the same address) and sends
+ * from it: the device registration cache, which registers each allocation once, must register
+ * the new one (its buffer id differs) and drop the freed one's, so that the fake's live
+ * registrations are as many as before.  An allreduce on the same communicator (through host
+ * copies, as before) checks the rest still works.
  *
  * FC_TEST_RDMA_REAL=1 (tests/test_rdma_real.sh) runs the same transfers with the real provider,
  * libibverbs, for machines with a NIC: modes `real` (whichever registration the NIC takes) and
@@ -28,6 +34,7 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +64,68 @@ static unsigned char pattern(int from, size_t k, size_t i) {
   return (unsigned char)(i * 131u + k * 29u + (unsigned)from * 71u + (i >> 9));
 }
 
+static void *fake_fn(const char *name) {
+  void *h = dlopen(getenv("FLEXCOLL_VERBS_FAKE_LIB"), RTLD_NOW | RTLD_NOLOAD);
+  void *f = h ? dlsym(h, name) : NULL;
+  if (h) dlclose(h);
+  return f;
+}
+
+/* Registrations live in this process (the fake's count), -1 with the real provider. */
+static long live_registrations(void) {
+  void (*mrs)(long *, long *, long *) = (void (*)(long *, long *, long *))fake_fn("fake_verbs_mr_stats");
+  long ever = 0, now = -1, plain = 0;
+  if (mrs) mrs(&ever, &now, &plain);
+  return now;
+}
+
+/* Both ranks here, within 60 s (a rank that failed early still comes: no wait for ever). */
+static atomic_int arrived;
+static int meet(int round) {
+  atomic_fetch_add(&arrived, 1);
+  for (int i = 0; i < 60000 && atomic_load(&arrived) < NRANKS * round; i++) usleep(1000);
+  return atomic_load(&arrived) >= NRANKS * round;
+}
+#define MEETINGS 4
+static void skip_meetings(void) {
+  atomic_fetch_add(&arrived, MEETINGS);
+}
+
+/* n bytes of round k from send + OFFSET to the peer's recv + OFFSET and back, at once (a group);
+ * every byte received checked, and the bytes around it untouched. */
+static void exchange(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, unsigned char *send, unsigned char *recv,
+                     unsigned char *host, size_t k, size_t n) {
+  const int peer = 1 - r->rank;
+  for (size_t i = 0; i < n; i++) host[i] = pattern(r->rank, k, i);
+  cudaMemcpy(send + OFFSET, host, n, cudaMemcpyHostToDevice);
+  cudaMemset(recv, 0xee, LARGEST + OFFSET);
+  cudaDeviceSynchronize();
+  flexcoll_result_t a = flexcoll_group_start(), b = FLEXCOLL_SUCCESS, c = FLEXCOLL_SUCCESS, d;
+  if (a == FLEXCOLL_SUCCESS) {
+    b = flexcoll_send(send + OFFSET, n, FLEXCOLL_UINT8, peer, comm, s);
+    c = flexcoll_recv(recv + OFFSET, n, FLEXCOLL_UINT8, peer, comm, s);
+  }
+  d = flexcoll_group_end();
+  EXPECT(r, a == FLEXCOLL_SUCCESS && b == FLEXCOLL_SUCCESS && c == FLEXCOLL_SUCCESS && d == FLEXCOLL_SUCCESS,
+         "%zu bytes: send/recv: %s", n, flexcoll_get_last_error(comm));
+  EXPECT(r, cudaStreamSynchronize(s) == cudaSuccess, "%zu bytes: stream: %s", n,
+         cudaGetErrorString(cudaGetLastError()));
+  memset(host, 0, LARGEST);
+  cudaMemcpy(host, recv, OFFSET, cudaMemcpyDeviceToHost);
+  for (int i = 0; i < OFFSET; i++) EXPECT(r, host[i] == 0xee, "%zu bytes: a byte before the buffer was written", n);
+  cudaMemcpy(host, recv + OFFSET, n, cudaMemcpyDeviceToHost);
+  size_t wrong = 0, first = 0;
+  for (size_t i = 0; i < n; i++)
+    if (host[i] != pattern(peer, k, i) && !wrong++) first = i;
+  EXPECT(r, wrong == 0, "%zu bytes: %zu wrong, the first at %zu (%02x, not %02x)", n, wrong, first, host[first],
+         pattern(peer, k, first));
+  unsigned char after = 0;
+  if (n < LARGEST) {
+    cudaMemcpy(&after, recv + OFFSET + n, 1, cudaMemcpyDeviceToHost);
+    EXPECT(r, after == 0xee, "%zu bytes: the byte after the buffer was written", n);
+  }
+}
+
 static void *rank_main(void *arg) {
   rank_t *r = arg;
   cudaSetDevice(0);
@@ -66,9 +135,9 @@ static void *rank_main(void *arg) {
   flexcoll_comm_t comm = NULL;
   if (flexcoll_comm_init_rank(&comm, NRANKS, r->id, r->rank, &config) != FLEXCOLL_SUCCESS) {
     EXPECT(r, 0, "comm_init_rank: %s", flexcoll_get_last_error(NULL));
+    skip_meetings();
     return NULL;
   }
-  const int peer = 1 - r->rank;
   cudaStream_t s;
   unsigned char *send = NULL, *recv = NULL, *host = malloc(LARGEST);
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
@@ -76,45 +145,37 @@ static void *rank_main(void *arg) {
       cudaMalloc((void **)&recv, LARGEST + OFFSET) != cudaSuccess || !host) {
     EXPECT(r, 0, "allocating: %s", cudaGetErrorString(cudaGetLastError()));
     flexcoll_comm_destroy(comm);
+    skip_meetings();
     return NULL;
   }
-  for (size_t k = 0; k < NSIZES && !r->failures; k++) {
-    const size_t n = sizes[k];
-    for (size_t i = 0; i < n; i++) host[i] = pattern(r->rank, k, i);
-    cudaMemcpy(send + OFFSET, host, n, cudaMemcpyHostToDevice);
-    cudaMemset(recv, 0xee, LARGEST + OFFSET);
-    cudaDeviceSynchronize();
-    flexcoll_result_t a = flexcoll_group_start(), b = FLEXCOLL_SUCCESS, c = FLEXCOLL_SUCCESS, d;
-    if (a == FLEXCOLL_SUCCESS) {
-      b = flexcoll_send(send + OFFSET, n, FLEXCOLL_UINT8, peer, comm, s);
-      c = flexcoll_recv(recv + OFFSET, n, FLEXCOLL_UINT8, peer, comm, s);
-    }
-    d = flexcoll_group_end();
-    EXPECT(r, a == FLEXCOLL_SUCCESS && b == FLEXCOLL_SUCCESS && c == FLEXCOLL_SUCCESS && d == FLEXCOLL_SUCCESS,
-           "%zu bytes: send/recv: %s", n, flexcoll_get_last_error(comm));
-    EXPECT(r, cudaStreamSynchronize(s) == cudaSuccess, "%zu bytes: stream: %s", n,
-           cudaGetErrorString(cudaGetLastError()));
-    memset(host, 0, LARGEST);
-    cudaMemcpy(host, recv, OFFSET, cudaMemcpyDeviceToHost);
-    for (int i = 0; i < OFFSET; i++) EXPECT(r, host[i] == 0xee, "%zu bytes: a byte before the buffer was written", n);
-    cudaMemcpy(host, recv + OFFSET, n, cudaMemcpyDeviceToHost);
-    size_t wrong = 0, first = 0;
-    for (size_t i = 0; i < n; i++)
-      if (host[i] != pattern(peer, k, i) && !wrong++) first = i;
-    EXPECT(r, wrong == 0, "%zu bytes: %zu wrong, the first at %zu (%02x, not %02x)", n, wrong, first, host[first],
-           pattern(peer, k, first));
-    unsigned char after = 0;
-    if (n < LARGEST) {
-      cudaMemcpy(&after, recv + OFFSET + n, 1, cudaMemcpyDeviceToHost);
-      EXPECT(r, after == 0xee, "%zu bytes: the byte after the buffer was written", n);
-    }
+  for (size_t k = 0; k < NSIZES && !r->failures; k++) exchange(r, comm, s, send, recv, host, k, sizes[k]);
+  /* A new send buffer in place of the old: the freed allocation's registration must go, the new
+   * one's come (the fake counts live registrations; both ranks' cached ones are in it). */
+  const long before = meet(1) ? live_registrations() : -1;
+  meet(2);
+  const uintptr_t old = (uintptr_t)send;
+  cudaFree(send);
+  send = NULL;
+  if (cudaMalloc((void **)&send, LARGEST + OFFSET) != cudaSuccess) {
+    EXPECT(r, 0, "allocating again: %s", cudaGetErrorString(cudaGetLastError()));
+    send = NULL;
+  } else {
+    if (r->rank == 0)
+      printf("[test_rdma_gpu] the new send buffer is %s\n",
+             (uintptr_t)send == old ? "at the freed one's address" : "elsewhere");
+    exchange(r, comm, s, send, recv, host, NSIZES, 1048593);
   }
+  meet(3);
+  const long after = live_registrations();
+  EXPECT(r, before < 0 || after == before, "live registrations %ld before the send buffer was allocated anew, %ld after",
+         before, after);
+  meet(MEETINGS);
   /* A collective on the same communicator still runs through host copies (its reduction is
    * the host's): every element (rank 0 + 1) + (rank 1 + 1) = 3. */
   const size_t count = 262147;
   float *vals = malloc(count * sizeof *vals);
   for (size_t i = 0; vals && i < count; i++) vals[i] = (float)(r->rank + 1);
-  if (vals && !r->failures) {
+  if (vals && send && !r->failures) {
     cudaMemcpy(send, vals, count * sizeof *vals, cudaMemcpyHostToDevice);
     EXPECT(r, flexcoll_allreduce(send, recv, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s) == FLEXCOLL_SUCCESS,
            "allreduce: %s", flexcoll_get_last_error(comm));
@@ -132,13 +193,6 @@ static void *rank_main(void *arg) {
   cudaStreamDestroy(s);
   free(host);
   return NULL;
-}
-
-static void *fake_fn(const char *name) {
-  void *h = dlopen(getenv("FLEXCOLL_VERBS_FAKE_LIB"), RTLD_NOW | RTLD_NOLOAD);
-  void *f = h ? dlsym(h, name) : NULL;
-  if (h) dlclose(h);
-  return f;
 }
 
 /* Whether this GPU exports device memory as a dma-buf (the library's own probe). */
@@ -163,6 +217,7 @@ static int run_mode(const char *mode) {
   if (!strcmp(mode, "peermem")) setenv("FLEXCOLL_VERBS_FAKE_FAULT", "nodmabuf,peermem", 1);
   if (!strcmp(mode, "copy")) setenv("FLEXCOLL_VERBS_FAKE_FAULT", "nodmabuf", 1);
   if (!strcmp(mode, "eager") || !strcmp(mode, "real-eager")) setenv("FLEXCOLL_RDMA_ZCOPY_BYTES", "0", 1);
+  if (!strcmp(mode, "nocache")) setenv("FLEXCOLL_RDMA_RCACHE_BYTES", "0", 1);
   cudaSetDevice(0);
   const int dmabuf_here = gpu_has_dmabuf();
   flexcoll_unique_id_t id;
@@ -185,12 +240,16 @@ static int run_mode(const char *mode) {
     fprintf(stderr, "[test_rdma_gpu] %s: the fake provider was not loaded\n", mode);
     return 1;
   }
-  /* Two ranks, each a rendezvous send and receive for each size at or above the threshold. */
-  const long zc_msgs = 2 * 2 * 3;
+  /* Without the cache: two ranks, each a rendezvous send and receive for each size at or above
+   * the threshold and the message from the new buffer.  With it: each rank's three allocations
+   * (send, receive, the new send buffer) once each. */
+  const long zc_msgs = 2 * 2 * 4, allocations = 2 * 3;
   int bad = 0;
   if (!strcmp(mode, "dmabuf"))
+    bad = dmabuf_here ? dmabuf != allocations || peermem != 0 : dmabuf != 0 || peermem != 0;
+  else if (!strcmp(mode, "nocache"))
     bad = dmabuf_here ? dmabuf < zc_msgs || peermem != 0 : dmabuf != 0 || peermem != 0;
-  else if (!strcmp(mode, "peermem")) bad = dmabuf != 0 || peermem < zc_msgs;
+  else if (!strcmp(mode, "peermem")) bad = dmabuf != 0 || peermem != allocations;
   else bad = dmabuf != 0 || peermem != 0;
   if (bad) fprintf(stderr, "[test_rdma_gpu] %s: not the registrations this mode must make (dma-buf here: %s)\n", mode,
                    dmabuf_here ? "yes" : "no");
@@ -233,7 +292,7 @@ int main(int argc, char **argv) {
   setenv("FLEXCOLL_LINKS", "rdma", 1);
   unsetenv("FLEXCOLL_VERBS_FAKE_FAULT");
   unsetenv("FLEXCOLL_RDMA_ZCOPY_BYTES");
-  static const char *const fake_modes[] = {"dmabuf", "peermem", "copy", "eager", NULL};
+  static const char *const fake_modes[] = {"dmabuf", "nocache", "peermem", "copy", "eager", NULL};
   static const char *const real_modes[] = {"real", "real-eager", NULL};
   const char *const *modes = real ? real_modes : fake_modes;
   int failures = 0;

@@ -71,21 +71,45 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
 
 typedef CUresult (*get_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 typedef CUresult (*get_handle_fn)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+typedef CUresult (*get_attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
 static get_range_fn get_range;
 static get_handle_fn get_handle;
-static pthread_once_t dmabuf_once = PTHREAD_ONCE_INIT;
+static get_attr_fn get_attr;
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 
-static void dmabuf_init(void) {
+/* The driver's functions through the runtime (the library links cudart, not libcuda). */
+static void *driver_fn(const char *name) {
   enum cudaDriverEntryPointQueryResult q;
-  void *r = NULL, *h = NULL;
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &r, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-      q == cudaDriverEntryPointSuccess)
-    get_range = (get_range_fn)r;
-  if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &h, 12000, cudaEnableDefault, &q) ==
-          cudaSuccess &&
-      q == cudaDriverEntryPointSuccess)
-    get_handle = (get_handle_fn)h;
+  void *f = NULL;
+  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    f = NULL;
   cudaGetLastError();
+  return f;
+}
+
+static void driver_init(void) {
+  get_range = (get_range_fn)driver_fn("cuMemGetAddressRange");
+  get_handle = (get_handle_fn)driver_fn("cuMemGetHandleForAddressRange");
+  get_attr = (get_attr_fn)driver_fn("cuPointerGetAttribute");
+}
+
+int fc_gpu_alloc_of(const void *ptr, fc_gpu_alloc_t *a) {
+  pthread_once(&driver_once, driver_init);
+  if (!get_attr) return -1;
+  /* Pointer attributes need no current context: a pointer names its own. */
+  const CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  unsigned long long id = 0;
+  if (get_attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) != CUDA_SUCCESS ||
+      get_attr(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
+      get_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS)
+    return -1;
+  a->base = (uintptr_t)base;
+  a->size = size;
+  a->id = id;
+  return 0;
 }
 
 int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char *why, size_t len) {
@@ -94,7 +118,7 @@ int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char
     snprintf(why, len, "not device memory");
     return -1;
   }
-  pthread_once(&dmabuf_once, dmabuf_init);
+  pthread_once(&driver_once, driver_init);
   if (!get_range || !get_handle) {
     snprintf(why, len, "the CUDA driver cannot export memory as a dma-buf (no cuMemGetHandleForAddressRange)");
     return -1;
@@ -123,6 +147,10 @@ int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char
   return 0;
 }
 #else
+int fc_gpu_alloc_of(const void *ptr, fc_gpu_alloc_t *a) {
+  (void)ptr, (void)a;
+  return -1;
+}
 int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len) {
   (void)why, (void)len;
   if (bytes && dst != src) memcpy(dst, src, bytes);

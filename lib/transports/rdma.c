@@ -300,6 +300,7 @@ typedef struct {
   unsigned progress_calls;
   size_t zcopy_bytes; /* FLEXCOLL_RDMA_ZCOPY_BYTES: sends from this size take the rendezvous */
   fc_rcache_t *rcache; /* user buffers' registrations (kept, or per message: rdma_rcache.h) */
+  fc_rcache_t *dcache; /* user device buffers' (kept by their allocation's buffer id) */
   int rail, nrails;    /* which of this rank's devices this link is, of how many (rdma_dev.h) */
   unsigned char alone[FC_RDMA_MAX_RAILS]; /* rail k's PCIe root port is none of rails 0..k-1's */
   int odp;             /* the device's registrations can follow the page tables (on-demand paging) */
@@ -447,15 +448,15 @@ static rdma_req_t *zlist_find(rdma_req_t *head, uint64_t id, uint64_t mask) {
   return NULL;
 }
 
-/* Device memory registered with the NIC for one message (GPUDirect RDMA, fc_rdma_reg_device:
- * a dma-buf, else the device address).  Never cached: a device buffer freed and
- * allocated again at the same address is other memory, and nothing tells the link.  NULL where
- * neither works: the message then goes by copy (fc_mem_copy through the slots).  The first
- * outcome of each kind is logged once per link. */
-static struct ibv_mr *reg_device(rdma_t *r, void *buf, size_t bytes, int access) {
-  char why[400];
-  int how;
-  struct ibv_mr *mr = fc_rdma_reg_device(r->v, r->pd, buf, bytes, access, &how, why, sizeof why);
+/* q's device buffer registered with the NIC (GPUDirect RDMA, fc_rdma_reg_device: a dma-buf,
+ * else the device address), through the device registration cache (kept by the allocation's
+ * buffer id, so a buffer freed and allocated again at the same address is registered anew).
+ * NULL where neither works: the message then goes by copy (fc_mem_copy through the slots).  The
+ * first outcome of each kind is logged once per link. */
+static struct ibv_mr *reg_device(rdma_t *r, rdma_req_t *q, size_t bytes, int access) {
+  char why[400] = "";
+  int how = FC_RDMA_REG_NONE;
+  struct ibv_mr *mr = fc_rcache_get_device(r->dcache, q->buf, bytes, access, &q->rent, &how, why, sizeof why);
   if (!(r->dev_reg_logged & (1u << how))) {
     r->dev_reg_logged |= 1u << how;
     if (how == FC_RDMA_REG_DMABUF)
@@ -486,7 +487,7 @@ static int user_copy(rdma_t *r, int p, int dev, void *dst, const void *src, size
 /* q's buffer registered for its message, through the registration cache (rdma_rcache.h: kept
  * between messages where that is safe, see rcache_open; else for this message alone). */
 static struct ibv_mr *zreg(rdma_t *r, rdma_req_t *q, size_t bytes, int access) {
-  if (q->dev) return q->mr = reg_device(r, q->buf, bytes, access);
+  if (q->dev) return q->mr = reg_device(r, q, bytes, access);
   q->mr = fc_rcache_get(r->rcache, q->buf, bytes, access, &q->rent);
   if (!q->mr)
     FC_INFO(FC_SUB_NET, "rank %d: rdma: ibv_reg_mr of a %zu-byte user buffer failed (%s): that message goes by copy",
@@ -497,8 +498,7 @@ static struct ibv_mr *zreg(rdma_t *r, rdma_req_t *q, size_t bytes, int access) {
 /* invalidate: the message did not end as planned (a receive given up or cancelled), so a peer
  * may still write into the buffer: its registration goes now, not back into the cache. */
 static void zdereg(rdma_t *r, rdma_req_t *q, int invalidate) {
-  if (q->dev && q->mr) r->v->dereg_mr(q->mr);
-  if (q->rent) fc_rcache_put(r->rcache, q->rent, invalidate);
+  if (q->rent) fc_rcache_put(q->dev ? r->dcache : r->rcache, q->rent, invalidate);
   q->rent = NULL;
   q->mr = NULL;
 }
@@ -1106,12 +1106,16 @@ static int rcache_open(rdma_t *r, char *why, size_t len) {
   /* On-demand paging only where registrations are kept: one made for a single message would make
    * the NIC fault every page in anew, where pinning does it once at registration. */
   r->rcache = fc_rcache_new(r->v, r->pd, keep, r->odp && keep ? IBV_ACCESS_ON_DEMAND : 0);
-  if (!r->rcache) return snprintf(why, len, "out of memory"), -1;
-  FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache %s%zu bytes (%s)", r->rank, keep ? "up to " : "off, ", keep,
+  /* Device buffers are kept whatever the device pins: their entries know their allocation. */
+  r->dcache = fc_rcache_new_device(r->v, r->pd, bound);
+  if (!r->rcache || !r->dcache) return snprintf(why, len, "out of memory"), -1;
+  FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache %s%zu bytes (%s); device buffers' up to %zu bytes", r->rank,
+          keep ? "up to " : "off, ", keep,
           !bound    ? "FLEXCOLL_RDMA_RCACHE_BYTES=0"
           : r->odp  ? "on-demand paging"
           : pinned ? "pinned: FLEXCOLL_RDMA_RCACHE_PINNED=1"
-                   : "the device pins registrations and FLEXCOLL_RDMA_RCACHE_PINNED is 0");
+                   : "the device pins registrations and FLEXCOLL_RDMA_RCACHE_PINNED is 0",
+          bound);
   return 0;
 }
 
@@ -1320,7 +1324,16 @@ static void rdma_free(rdma_t *r) {
     FC_INFO(FC_SUB_NET, "rank %d: rdma registration cache: %llu hits, %llu misses, %llu evictions", r->rank, st.hits,
             st.misses, st.evictions);
   }
+  if (r->dcache) {
+    fc_rcache_stats_t st;
+    fc_rcache_stats(r->dcache, &st);
+    if (st.hits || st.misses)
+      FC_INFO(FC_SUB_NET,
+              "rank %d: rdma device registration cache: %llu hits, %llu misses, %llu evictions, %llu of freed memory",
+              r->rank, st.hits, st.misses, st.evictions, st.stale);
+  }
   fc_rcache_free(r->rcache);
+  fc_rcache_free(r->dcache);
   if (r->ring_mr) r->v->dereg_mr(r->ring_mr);
   if (r->send_mr) r->v->dereg_mr(r->send_mr);
   if (r->cq && r->channel) drain_cq_events(r);

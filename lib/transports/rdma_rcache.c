@@ -4,15 +4,21 @@
  * entry that covers the request, so the list is kept short (FC_RCACHE_MAX_ENTRIES) as well as
  * bounded in bytes.  Collectives reuse a handful of buffers, so a hit is found in the first few
  * entries.  Entries outside the list (registered for one message, or invalidated while held) are
- * deregistered when their last holder puts them back. */
+ * deregistered when their last holder puts them back.
+ *
+ * A device cache (fc_rcache_new_device) keys its entries by the CUDA allocation's buffer id as
+ * well as the range, and registers through fc_rdma_reg_device (dma-buf, else by address). */
 #define _GNU_SOURCE
 #include "config.h"
 
 #if HAVE_VERBS_H
 #include "rdma_rcache.h"
+#include "rdma_dev.h"
+#include "gpu/gpu.h"
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -25,6 +31,8 @@ struct fc_rc_ent {
   int access;       /* as asked (without the cache's extra flags) */
   int refs;
   int cached;       /* in the list */
+  unsigned long long id; /* a device cache's: the allocation's buffer id (0: none known) */
+  int how;               /* a device cache's: FC_RDMA_REG_DMABUF or FC_RDMA_REG_ADDRESS */
   struct ibv_mr *mr;
   fc_rc_ent_t *prev, *next;
 };
@@ -34,9 +42,10 @@ struct fc_rcache {
   struct ibv_pd *pd;
   size_t max_bytes, bytes, entries;
   int extra_access;
+  int device; /* entries are device memory, keyed by buffer id too */
   uintptr_t page;
   fc_rc_ent_t *head, *tail;
-  unsigned long long hits, misses, evictions;
+  unsigned long long hits, misses, evictions, stale;
 };
 
 fc_rcache_t *fc_rcache_new(const fc_verbs_t *v, struct ibv_pd *pd, size_t max_bytes, int extra_access) {
@@ -129,6 +138,76 @@ struct ibv_mr *fc_rcache_get(fc_rcache_t *c, void *buf, size_t len, int access, 
   return e->mr;
 }
 
+fc_rcache_t *fc_rcache_new_device(const fc_verbs_t *v, struct ibv_pd *pd, size_t max_bytes) {
+  fc_rcache_t *c = fc_rcache_new(v, pd, max_bytes, 0);
+  if (c) c->device = 1;
+  return c;
+}
+
+/* Entries nobody holds whose allocation is gone (freed: its buffer id no longer answers at that
+ * address).  A registration of device memory may keep the memory itself from going back to the
+ * driver, so they go as soon as a miss (which costs a registration anyway) notices. */
+static void sweep_freed(fc_rcache_t *c) {
+  for (fc_rc_ent_t *e = c->head, *next; e; e = next) {
+    next = e->next;
+    fc_gpu_alloc_t a;
+    if (e->refs || (fc_gpu_alloc_of((const void *)e->lo, &a) == 0 && a.id == e->id)) continue;
+    drop(c, e);
+    c->stale++;
+  }
+}
+
+struct ibv_mr *fc_rcache_get_device(fc_rcache_t *c, void *buf, size_t len, int access, fc_rc_ent_t **ent, int *how,
+                                    char *why, size_t wlen) {
+  *ent = NULL;
+  uintptr_t lo = (uintptr_t)buf, hi = lo + len;
+  fc_gpu_alloc_t a;
+  const int known = fc_gpu_alloc_of(buf, &a) == 0 && a.id != 0;
+  if (known)
+    for (fc_rc_ent_t *e = c->head; e; e = e->next)
+      if (e->id == a.id && e->lo <= lo && hi <= e->hi && (e->access & access) == access) {
+        c->hits++;
+        unlink_ent(c, e);
+        push_front(c, e);
+        e->refs++;
+        *ent = e;
+        *how = e->how;
+        return e->mr;
+      }
+  c->misses++;
+  if (known) {
+    sweep_freed(c);
+    /* The whole allocation where it is small against the bound: other buffers carved from it
+     * (a framework's caching allocator hands out pieces of one allocation) then hit too. */
+    if (a.size <= c->max_bytes / 4) lo = a.base, hi = a.base + a.size;
+  }
+  fc_rc_ent_t *e = calloc(1, sizeof *e);
+  if (!e) {
+    snprintf(why, wlen, "out of memory");
+    *how = FC_RDMA_REG_NONE;
+    return errno = ENOMEM, NULL;
+  }
+  e->mr = fc_rdma_reg_device(c->v, c->pd, (void *)lo, hi - lo, access, how, why, wlen);
+  if (!e->mr) {
+    free(e);
+    return NULL;
+  }
+  e->lo = lo;
+  e->hi = hi;
+  e->access = access;
+  e->refs = 1;
+  e->how = *how;
+  e->id = known ? a.id : 0;
+  /* Without a buffer id nothing could tell a reallocation: that registration is for this
+   * message alone. */
+  if (known && hi - lo <= c->max_bytes) {
+    push_front(c, e);
+    evict(c);
+  }
+  *ent = e;
+  return e->mr;
+}
+
 void fc_rcache_put(fc_rcache_t *c, fc_rc_ent_t *e, int invalidate) {
   if (!e) return;
   if (invalidate) unlink_ent(c, e);
@@ -141,6 +220,7 @@ void fc_rcache_stats(const fc_rcache_t *c, fc_rcache_stats_t *s) {
   s->hits = c->hits;
   s->misses = c->misses;
   s->evictions = c->evictions;
+  s->stale = c->stale;
   s->bytes = c->bytes;
   s->entries = c->entries;
 }

@@ -10,7 +10,13 @@
  * Whether caching is safe is the caller's decision (rdma.c): a cached pinned registration
  * outlives a buffer the user unmaps and maps again at the same address (it still points at the
  * old pages), so rdma.c caches only registrations that follow the page tables (on-demand paging),
- * or pinned ones where the user promised not to unmap (FLEXCOLL_RDMA_RCACHE_PINNED). */
+ * or pinned ones where the user promised not to unmap (FLEXCOLL_RDMA_RCACHE_PINNED).
+ *
+ * Device buffers (GPUDirect RDMA) have a cache of their own, always safe: its entries carry the
+ * CUDA allocation's buffer id, which no later allocation gets, so memory freed and allocated
+ * again at the same address misses; entries of freed allocations are deregistered at the next
+ * miss.  A registration covers the whole allocation where that is at most a quarter of the
+ * bound (other buffers carved from it then hit), else the request. */
 #ifndef FC_RDMA_RCACHE_H
 #define FC_RDMA_RCACHE_H
 
@@ -23,6 +29,7 @@ typedef struct fc_rc_ent fc_rc_ent_t;
 
 typedef struct {
   unsigned long long hits, misses, evictions;
+  unsigned long long stale; /* device entries dropped because their allocation was freed */
   size_t bytes;   /* registered in cached entries now */
   size_t entries; /* cached entries now */
 } fc_rcache_stats_t;
@@ -33,6 +40,13 @@ fc_rcache_t *fc_rcache_new(const fc_verbs_t *v, struct ibv_pd *pd, size_t max_by
 /* A registration covering [buf, buf + len) (len > 0) with at least `access`, held until
  * fc_rcache_put(*ent).  NULL (errno set) when ibv_reg_mr fails. */
 struct ibv_mr *fc_rcache_get(fc_rcache_t *c, void *buf, size_t len, int access, fc_rc_ent_t **ent);
+/* A device cache over pd (the same bound; 0: every registration for its message alone). */
+fc_rcache_t *fc_rcache_new_device(const fc_verbs_t *v, struct ibv_pd *pd, size_t max_bytes);
+/* A registration of device memory covering [buf, buf + len) with at least `access`, through
+ * fc_rdma_reg_device (*how: which way, FC_RDMA_REG_*), held until fc_rcache_put(*ent).  NULL, with
+ * the reason in why, where the memory cannot be registered. */
+struct ibv_mr *fc_rcache_get_device(fc_rcache_t *c, void *buf, size_t len, int access, fc_rc_ent_t **ent, int *how,
+                                    char *why, size_t wlen);
 /* Give back what get handed out.  invalidate: never hand this registration out again, and
  * deregister it as soon as nobody holds it (a receive given up: a peer still writing into it must
  * fail, not write into memory its owner took back). */

@@ -263,8 +263,17 @@ static int g_quick;
  * before the next (lockstep): what stays under test is that one call completes with one queue,
  * which the staged schedule's two side streams could not. */
 static int g_lockstep;
-/* Streams a rank rotates its calls over. */
+/* Streams a rank rotates its calls over (and makes: a stream made and left idle still takes a
+ * hardware queue in CUDA's rotation).  The ranks' streams must each have a queue of their own
+ * (see Q32): with 32 queues, each rank's library stream beside its own, 8 ranks of 3 streams
+ * came to share queues now and then (the forced tree's first 8-rank call hung in 1 of 2 full runs
+ * on the node, session 21), so more ranks get fewer streams: at most 32 / N - 2 each. */
 static int g_nstreams = NSTREAMS;
+static int streams_per_rank(int nranks) {
+  if (g_lockstep) return 1;
+  const int fit = 32 / nranks - 2;
+  return fit < 1 ? 1 : fit < NSTREAMS ? fit : NSTREAMS;
+}
 static int g_nindex; /* which entry of FC_ONEGPU_RANKS runs: each starts the pair cycle elsewhere */
 
 static const int quick_dts[] = {FLEXCOLL_FLOAT32, FLEXCOLL_INT32, FLEXCOLL_BFLOAT16};
@@ -549,7 +558,7 @@ static void issue_call(rank_t *r, pend_t *p, size_t *top) {
 }
 
 static void finish_batch(rank_t *r, pend_t *batch, int nb) {
-  for (int k = 0; k < NSTREAMS; k++) {
+  for (int k = 0; k < g_nstreams; k++) {
     cudaError_t ce = cudaStreamSynchronize(r->s[k]);
     if (ce != cudaSuccess) FAIL(r, "stream %d: %s", k, cudaGetErrorString(ce));
   }
@@ -633,7 +642,7 @@ static void tpdp(rank_t *r) {
         cudaMemcpyAsync(r->host + top + bytes, out, bytes, cudaMemcpyDeviceToHost, s);
         top += 2 * bytes;
       }
-    for (int k = 0; k < NSTREAMS; k++) cudaStreamSynchronize(r->s[k]);
+    for (int k = 0; k < g_nstreams; k++) cudaStreamSynchronize(r->s[k]);
     for (int round = 0; round < TPDP_ROUNDS; round++)
       for (int g = 0; g < 2; g++) {
         const size_t n = tpdp_count(round);
@@ -696,7 +705,7 @@ static void check_link_stats(rank_t *r) {
 static void *rank_main(void *arg) {
   rank_t *r = arg;
   cudaSetDevice(0);
-  for (int k = 0; k < NSTREAMS; k++) cudaStreamCreateWithFlags(&r->s[k], cudaStreamNonBlocking);
+  for (int k = 0; k < g_nstreams; k++) cudaStreamCreateWithFlags(&r->s[k], cudaStreamNonBlocking);
   /* Everything is allocated before the first collective: cudaMalloc and cudaFree may wait for
    * the whole device, whose kernels wait for ranks that would be stuck here. */
   r->cap = g_cap;
@@ -746,7 +755,7 @@ static void *rank_main(void *arg) {
   }
 
   phase_begin(r, "destroy");
-  for (int k = 0; k < NSTREAMS; k++) cudaStreamSynchronize(r->s[k]);
+  for (int k = 0; k < g_nstreams; k++) cudaStreamSynchronize(r->s[k]);
   flexcoll_comm_t all[3] = {r->comm, r->tp, r->dp};
   for (int k = 0; k < 3; k++)
     if (all[k] && (res = flexcoll_comm_destroy(all[k])) != FLEXCOLL_SUCCESS)
@@ -754,7 +763,7 @@ static void *rank_main(void *arg) {
   pthread_barrier_wait(&g_barrier); /* no rank's kernel left when the memory goes */
   cudaFree(r->dev);
   cudaFreeHost(r->host);
-  for (int k = 0; k < NSTREAMS; k++) cudaStreamDestroy(r->s[k]);
+  for (int k = 0; k < g_nstreams; k++) cudaStreamDestroy(r->s[k]);
   free(cases);
   phase_end(r);
   return NULL;
@@ -762,6 +771,7 @@ static void *rank_main(void *arg) {
 
 static int run_nranks(int nranks) {
   g_nranks = nranks;
+  g_nstreams = streams_per_rank(nranks);
   memset(g_ranks, 0, sizeof g_ranks);
   flexcoll_result_t res = flexcoll_get_unique_id(&g_id);
   for (int g = 0; g < 2 && nranks == 4 && res == FLEXCOLL_SUCCESS; g++) {
@@ -972,7 +982,6 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
     if (e->vars[k][0]) setenv(e->vars[k][0], e->vars[k][1], 1);
   g_env = e->key;
   g_lockstep = e->one_queue;
-  g_nstreams = g_lockstep ? 1 : NSTREAMS;
   signal(SIGALRM, on_alarm);
   int failed = 0;
   for (int i = 0; i < nranks_list; i++) {

@@ -86,7 +86,7 @@ static int meet(int round) {
   for (int i = 0; i < 60000 && atomic_load(&arrived) < NRANKS * round; i++) usleep(1000);
   return atomic_load(&arrived) >= NRANKS * round;
 }
-#define MEETINGS 4
+#define MEETINGS 7
 static void skip_meetings(void) {
   atomic_fetch_add(&arrived, MEETINGS);
 }
@@ -123,6 +123,53 @@ static void exchange(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, unsigned c
   if (n < LARGEST) {
     cudaMemcpy(&after, recv + OFFSET + n, 1, cudaMemcpyDeviceToHost);
     EXPECT(r, after == 0xee, "%zu bytes: the byte after the buffer was written", n);
+  }
+}
+
+/* Element i of rank `from`'s input in collective k. */
+static int value(int from, int k, size_t i) { return (int)((unsigned)from * 1000003u + (unsigned)k * 7919u + (unsigned)i * 7u); }
+
+static long g_host_regs; /* the fake's registrations of host memory during the collectives (rank 0 counts) */
+
+/* Collectives that only move data (allgather, broadcast, alltoall), in and out of place, int32
+ * counts below and above the zero-copy threshold: with links that take device memory they go
+ * straight between the device buffers (no host staging), every element checked. */
+static void data_collectives(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, unsigned char *dsend,
+                             unsigned char *drecv, unsigned char *hbuf) {
+  static const size_t counts[] = {1, 1001, 300007};
+  int *in = (int *)hbuf, *out = (int *)(hbuf + LARGEST / 2);
+  int *send = (int *)dsend, *recv = (int *)drecv;
+  int k = 0;
+  for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+    const size_t c = counts[ci];
+    for (int coll = 0; coll < 3; coll++)
+      for (int inplace = 0; inplace < 2 && !r->failures; inplace++, k++) {
+        /* allgather: c in, 2c out; broadcast from rank k % 2: c; alltoall: 2c in and out. */
+        const size_t nin = coll == 2 ? 2 * c : c, nout = coll == 0 || coll == 2 ? 2 * c : c;
+        const int root = k % 2;
+        for (size_t i = 0; i < nin; i++) in[i] = value(r->rank, k, i);
+        int *sbuf = inplace ? (coll == 0 ? recv + (size_t)r->rank * c : recv) : send;
+        cudaMemset(recv, 0xff, nout * sizeof(int));
+        cudaMemcpy(sbuf, in, nin * sizeof(int), cudaMemcpyHostToDevice);
+        flexcoll_result_t res =
+            coll == 0   ? flexcoll_allgather(sbuf, recv, c, FLEXCOLL_INT32, comm, s)
+            : coll == 1 ? flexcoll_broadcast(sbuf, recv, c, FLEXCOLL_INT32, root, comm, s)
+                        : flexcoll_alltoall(sbuf, recv, c, FLEXCOLL_INT32, comm, s);
+        static const char *const names[] = {"allgather", "broadcast", "alltoall"};
+        EXPECT(r, res == FLEXCOLL_SUCCESS, "%s of %zu%s: %s", names[coll], c, inplace ? " in place" : "",
+               flexcoll_get_last_error(comm));
+        cudaStreamSynchronize(s);
+        cudaMemcpy(out, recv, nout * sizeof(int), cudaMemcpyDeviceToHost);
+        size_t wrong = 0, first = 0;
+        for (size_t i = 0; i < nout; i++) {
+          const int want = coll == 0 ? value((int)(i / c), k, i % c)
+                           : coll == 1 ? value(root, k, i)
+                                       : value((int)(i / c), k, (size_t)r->rank * c + i % c);
+          if (out[i] != want && !wrong++) first = i;
+        }
+        EXPECT(r, wrong == 0, "%s of %zu%s: %zu of %zu wrong, the first at %zu", names[coll], c,
+               inplace ? " in place" : "", wrong, nout, first);
+      }
   }
 }
 
@@ -169,6 +216,18 @@ static void *rank_main(void *arg) {
   const long after = live_registrations();
   EXPECT(r, before < 0 || after == before, "live registrations %ld before the send buffer was allocated anew, %ld after",
          before, after);
+  /* Host registrations the fake made meanwhile: none where the collectives went straight. */
+  void (*mrs)(long *, long *, long *) = (void (*)(long *, long *, long *))fake_fn("fake_verbs_mr_stats");
+  void (*dev)(long *, long *) = (void (*)(long *, long *))fake_fn("fake_verbs_dev_stats");
+  long ever0 = 0, ever1 = 0, now = 0, plain = 0, db0 = 0, pm0 = 0, db1 = 0, pm1 = 0;
+  if (meet(4) && r->rank == 0 && mrs && dev) mrs(&ever0, &now, &plain), dev(&db0, &pm0);
+  meet(5);
+  if (send) data_collectives(r, comm, s, send, recv, host);
+  meet(6);
+  if (r->rank == 0 && mrs && dev) {
+    mrs(&ever1, &now, &plain), dev(&db1, &pm1);
+    g_host_regs = (ever1 - ever0) - ((db1 - db0) + (pm1 - pm0));
+  }
   meet(MEETINGS);
   /* A collective on the same communicator still runs through host copies (its reduction is
    * the host's): every element (rank 0 + 1) + (rank 1 + 1) = 3. */
@@ -251,6 +310,13 @@ static int run_mode(const char *mode) {
     bad = dmabuf_here ? dmabuf < zc_msgs || peermem != 0 : dmabuf != 0 || peermem != 0;
   else if (!strcmp(mode, "peermem")) bad = dmabuf != 0 || peermem != allocations;
   else bad = dmabuf != 0 || peermem != 0;
+  /* The data-only collectives' sizes above the threshold register their buffers wherever zero
+   * copy is on; through host staging those would be host buffers. */
+  printf("[test_rdma_gpu] %s: %ld host registrations during allgather, broadcast and alltoall\n", mode, g_host_regs);
+  if (g_host_regs != 0) {
+    fprintf(stderr, "[test_rdma_gpu] %s: the data-only collectives were staged through host memory\n", mode);
+    bad = 1;
+  }
   if (bad) fprintf(stderr, "[test_rdma_gpu] %s: not the registrations this mode must make (dma-buf here: %s)\n", mode,
                    dmabuf_here ? "yes" : "no");
   if (now != 0) fprintf(stderr, "[test_rdma_gpu] %s: %ld registrations left after destroy\n", mode, now);

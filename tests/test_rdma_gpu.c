@@ -130,6 +130,7 @@ static void exchange(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, unsigned c
 static int value(int from, int k, size_t i) { return (int)((unsigned)from * 1000003u + (unsigned)k * 7919u + (unsigned)i * 7u); }
 
 static long g_host_regs; /* the fake's registrations of host memory during the collectives (rank 0 counts) */
+static long g_dmabuf_before = -1, g_peermem_before = -1; /* device registrations before them */
 
 /* Collectives that only move data (allgather, broadcast, alltoall), in and out of place, int32
  * counts below and above the zero-copy threshold: with links that take device memory they go
@@ -220,7 +221,10 @@ static void *rank_main(void *arg) {
   void (*mrs)(long *, long *, long *) = (void (*)(long *, long *, long *))fake_fn("fake_verbs_mr_stats");
   void (*dev)(long *, long *) = (void (*)(long *, long *))fake_fn("fake_verbs_dev_stats");
   long ever0 = 0, ever1 = 0, now = 0, plain = 0, db0 = 0, pm0 = 0, db1 = 0, pm1 = 0;
-  if (meet(4) && r->rank == 0 && mrs && dev) mrs(&ever0, &now, &plain), dev(&db0, &pm0);
+  if (meet(4) && r->rank == 0 && mrs && dev) {
+    mrs(&ever0, &now, &plain), dev(&db0, &pm0);
+    g_dmabuf_before = db0, g_peermem_before = pm0;
+  }
   meet(5);
   if (send) data_collectives(r, comm, s, send, recv, host);
   meet(6);
@@ -299,16 +303,18 @@ static int run_mode(const char *mode) {
     fprintf(stderr, "[test_rdma_gpu] %s: the fake provider was not loaded\n", mode);
     return 1;
   }
-  /* Without the cache: two ranks, each a rendezvous send and receive for each size at or above
-   * the threshold and the message from the new buffer.  With it: each rank's three allocations
-   * (send, receive, the new send buffer) once each. */
+  /* Before the collectives, without the cache: two ranks, each a rendezvous send and receive
+   * for each size at or above the threshold and the message from the new buffer.  With it: each
+   * rank's three allocations (send, receive, the new send buffer) once each. */
   const long zc_msgs = 2 * 2 * 4, allocations = 2 * 3;
+  const long db = g_dmabuf_before, pm = g_peermem_before;
+  printf("[test_rdma_gpu] %s: before the collectives %ld through dma-buf, %ld by address\n", mode, db, pm);
   int bad = 0;
   if (!strcmp(mode, "dmabuf"))
-    bad = dmabuf_here ? dmabuf != allocations || peermem != 0 : dmabuf != 0 || peermem != 0;
+    bad = dmabuf_here ? db != allocations || pm != 0 : db != 0 || pm != 0;
   else if (!strcmp(mode, "nocache"))
-    bad = dmabuf_here ? dmabuf < zc_msgs || peermem != 0 : dmabuf != 0 || peermem != 0;
-  else if (!strcmp(mode, "peermem")) bad = dmabuf != 0 || peermem != allocations;
+    bad = dmabuf_here ? db < zc_msgs || pm != 0 : db != 0 || pm != 0;
+  else if (!strcmp(mode, "peermem")) bad = db != 0 || pm != allocations;
   else bad = dmabuf != 0 || peermem != 0;
   /* The data-only collectives' sizes above the threshold register their buffers wherever zero
    * copy is on; through host staging those would be host buffers. */
@@ -335,6 +341,7 @@ static int real_devices(void) {
 }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* what a mode printed survives its crash */
   if (argc == 2) return run_mode(argv[1]);
   const int real = getenv("FC_TEST_RDMA_REAL") && *getenv("FC_TEST_RDMA_REAL") == '1';
   int ndev = 0;
@@ -370,6 +377,7 @@ int main(int argc, char **argv) {
     }
     waitpid(pid, &st, 0);
     const int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (WIFSIGNALED(st)) printf("[test_rdma_gpu] mode %s: killed by signal %d\n", modes[m], WTERMSIG(st));
     printf("[test_rdma_gpu] mode %s: %s\n", modes[m], ok ? "PASS" : "FAIL");
     failures += !ok;
   }

@@ -102,13 +102,18 @@ int fc_gpu_alloc_of(const void *ptr, fc_gpu_alloc_t *a) {
   CUdeviceptr base = 0;
   size_t size = 0;
   unsigned long long id = 0;
+  int legacy = 0;
   if (get_attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) != CUDA_SUCCESS ||
       get_attr(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
       get_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS)
     return -1;
+  /* Memory from a pool (cudaMallocAsync) or mapped by the virtual memory API is not
+   * cudaMalloc's: neither answers as legacy IPC capable. */
+  if (get_attr(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) != CUDA_SUCCESS) legacy = 0;
   a->base = (uintptr_t)base;
   a->size = size;
   a->id = id;
+  a->plain = legacy != 0;
   return 0;
 }
 

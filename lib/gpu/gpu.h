@@ -33,14 +33,17 @@ void fc_host_pages_note(const void *ptr, uint64_t epoch);
  * pointer ptr, whole pages, and ptr's offset in it, for ibv_reg_dmabuf_mr; -1 with the reason
  * where the driver cannot export it (no dma-buf support, memory it cannot export). */
 int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len);
-/* The CUDA allocation around device pointer ptr: its first address, its size, and its buffer id
+/* The CUDA allocation around device pointer ptr: its first address, its size, its buffer id
  * (CU_POINTER_ATTRIBUTE_BUFFER_ID: never given to another allocation while the process lives,
- * so memory freed and allocated again at the same address has a new one).  0, or -1 where ptr
- * is no live CUDA allocation (freed, host memory, no CUDA). */
+ * so memory freed and allocated again at the same address has a new one), and whether it is a
+ * plain cudaMalloc allocation (not from a memory pool, whose pieces and physical pages the pool
+ * hands around itself, nor mapped by the virtual memory API, which can map other memory at the
+ * same address).  0, or -1 where ptr is no live CUDA allocation (freed, host memory, no CUDA). */
 typedef struct {
   uintptr_t base;
   size_t size;
   unsigned long long id;
+  int plain;
 } fc_gpu_alloc_t;
 int fc_gpu_alloc_of(const void *ptr, fc_gpu_alloc_t *a);
 int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char *why, size_t len);

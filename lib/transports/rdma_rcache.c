@@ -162,7 +162,7 @@ struct ibv_mr *fc_rcache_get_device(fc_rcache_t *c, void *buf, size_t len, int a
   *ent = NULL;
   uintptr_t lo = (uintptr_t)buf, hi = lo + len;
   fc_gpu_alloc_t a;
-  const int known = fc_gpu_alloc_of(buf, &a) == 0 && a.id != 0;
+  const int known = fc_gpu_alloc_of(buf, &a) == 0 && a.id != 0 && a.plain;
   if (known)
     for (fc_rc_ent_t *e = c->head; e; e = e->next)
       if (e->id == a.id && e->lo <= lo && hi <= e->hi && (e->access & access) == access) {
@@ -198,8 +198,8 @@ struct ibv_mr *fc_rcache_get_device(fc_rcache_t *c, void *buf, size_t len, int a
   e->refs = 1;
   e->how = *how;
   e->id = known ? a.id : 0;
-  /* Without a buffer id nothing could tell a reallocation: that registration is for this
-   * message alone. */
+  /* Without a buffer id of a plain allocation nothing could tell a reallocation: that
+   * registration is for this message alone. */
   if (known && hi - lo <= c->max_bytes) {
     push_front(c, e);
     evict(c);

@@ -161,9 +161,14 @@ static int is_gpu(const void *addr, void **ctx) {
   return cu.attr(ctx, FV_CU_POINTER_ATTRIBUTE_CONTEXT, (unsigned long long)(uintptr_t)addr) == 0;
 }
 
-/* The "NIC's" DMA into or out of GPU memory: a copy in the memory's own context.  0 on success. */
-static int gpu_copy(void *ctx, void *dst, const void *src, size_t n) {
-  void *old = NULL;
+/* The "NIC's" DMA into or out of GPU memory (gpu: the side that is, dst or src): a copy in the
+ * memory's own context.  0 on success.  Memory freed since its registration fails the access
+ * (-1): the driver would take an address it no longer knows for host memory and copy through
+ * it, where a NIC's access to a registration whose memory went away faults instead. */
+static int gpu_copy(void *ctx, void *dst, const void *src, size_t n, const void *gpu) {
+  void *old = NULL, *now = NULL;
+  if (!n) return 0;
+  if (!is_gpu(gpu, &now) || !is_gpu((const char *)gpu + n - 1, &now)) return -1;
   if (cu.push(ctx)) return -1;
   const int rc = cu.copy((unsigned long long)(uintptr_t)dst, (unsigned long long)(uintptr_t)src, n);
   cu.pop(&old);
@@ -746,7 +751,8 @@ static void respond(fv_qp_t *q) {
     q->rnr_since = 0;
     if (st == IBV_WC_SUCCESS) {
       if (m->len && target->gpu_ctx) {
-        if (gpu_copy(target->gpu_ctx, (void *)(uintptr_t)m->raddr, i->data, m->len)) st = IBV_WC_REM_ACCESS_ERR;
+        void *dst = (void *)(uintptr_t)m->raddr;
+        if (gpu_copy(target->gpu_ctx, dst, i->data, m->len, dst)) st = IBV_WC_REM_ACCESS_ERR;
       } else if (m->len) memcpy(mr_at(target, m->raddr), i->data, m->len);
     }
     if (st == IBV_WC_SUCCESS) {
@@ -820,7 +826,8 @@ static void push_sends(fv_qp_t *q) {
     if (src && src->gpu_ctx) {
       /* GPU memory: read through the driver into a bounce buffer, then onto the wire. */
       char *bounce = malloc(w->len);
-      const int bad = !bounce || gpu_copy(src->gpu_ctx, bounce, (const void *)(uintptr_t)w->laddr, w->len);
+      const void *from = (const void *)(uintptr_t)w->laddr;
+      const int bad = !bounce || gpu_copy(src->gpu_ctx, bounce, from, w->len, from);
       const int full = bad ? 0 : box_push(q->rbox, &m, bounce);
       free(bounce);
       if (bad) {

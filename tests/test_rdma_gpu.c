@@ -33,6 +33,8 @@
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -276,9 +278,26 @@ static int real_devices(void) {
   return list && n > 0;
 }
 
+/* A mode that crashes prints where (addresses for addr2line -f -e tests/.libs/... or the
+ * library), then dies of the same signal, which the parent reports. */
+static void on_crash(int sig) {
+  void *frames[64];
+  const int n = backtrace(frames, 64);
+  static const char msg[] = "[test_rdma_gpu] crashed; backtrace:\n";
+  if (write(2, msg, sizeof msg - 1) < 0) _exit(128 + sig);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* what a mode printed survives its crash */
-  if (argc == 2) return run_mode(argv[1]);
+  if (argc == 2) {
+    signal(SIGSEGV, on_crash);
+    signal(SIGBUS, on_crash);
+    signal(SIGABRT, on_crash);
+    return run_mode(argv[1]);
+  }
   const int real = getenv("FC_TEST_RDMA_REAL") && *getenv("FC_TEST_RDMA_REAL") == '1';
   int ndev = 0;
   /* Asked in a child: this process forks the modes and must not hold CUDA itself. */

@@ -101,19 +101,22 @@ static void evict(fc_rcache_t *c) {
   }
 }
 
+/* Entry e found for a request: the most recent now, held by the caller. */
+static struct ibv_mr *hit(fc_rcache_t *c, fc_rc_ent_t *e, fc_rc_ent_t **ent) {
+  c->hits++;
+  unlink_ent(c, e);
+  push_front(c, e);
+  e->refs++;
+  *ent = e;
+  return e->mr;
+}
+
 struct ibv_mr *fc_rcache_get(fc_rcache_t *c, void *buf, size_t len, int access, fc_rc_ent_t **ent) {
   *ent = NULL;
   const uintptr_t lo = (uintptr_t)buf & ~(c->page - 1);
   const uintptr_t hi = ((uintptr_t)buf + len + c->page - 1) & ~(c->page - 1);
   for (fc_rc_ent_t *e = c->head; e; e = e->next)
-    if (e->lo <= lo && hi <= e->hi && (e->access & access) == access) {
-      c->hits++;
-      unlink_ent(c, e);
-      push_front(c, e);
-      e->refs++;
-      *ent = e;
-      return e->mr;
-    }
+    if (e->lo <= lo && hi <= e->hi && (e->access & access) == access) return hit(c, e, ent);
   c->misses++;
   fc_rc_ent_t *e = calloc(1, sizeof *e);
   if (!e) return errno = ENOMEM, NULL;
@@ -166,13 +169,8 @@ struct ibv_mr *fc_rcache_get_device(fc_rcache_t *c, void *buf, size_t len, int a
   if (known)
     for (fc_rc_ent_t *e = c->head; e; e = e->next)
       if (e->id == a.id && e->lo <= lo && hi <= e->hi && (e->access & access) == access) {
-        c->hits++;
-        unlink_ent(c, e);
-        push_front(c, e);
-        e->refs++;
-        *ent = e;
         *how = e->how;
-        return e->mr;
+        return hit(c, e, ent);
       }
   c->misses++;
   if (known) {

@@ -11,7 +11,8 @@
  *     served from the old entry, which the next miss deregisters (not while a message holds it);
  *   - pool and virtual-memory allocations (not plain cudaMalloc), unknown memory and a bound of
  *     0: a registration per message, deregistered when given back;
- *   - an allocation larger than a quarter of the bound: the request's range only;
+ *   - an allocation larger than a quarter of the bound, or a request running past its
+ *     allocation's end: the request's range only;
  *   - access: a receive's registration serves a send, not the other way round;
  *   - the bound: least recently used entries nobody holds deregistered beyond it;
  *   - a failed registration: NULL with the reason, nothing kept;
@@ -252,6 +253,21 @@ START_TEST(test_large_allocation_by_request) {
 }
 END_TEST
 
+START_TEST(test_request_beyond_its_allocation) {
+  reset();
+  fc_rcache_t *c = fc_rcache_new_device(&verbs, NULL, 64 * MiB);
+  pretend_alloc(GPU_BASE, 4 * MiB, 1);
+  fc_rc_ent_t *e;
+  /* A buffer that runs past its allocation's end: the whole allocation would not cover it, so
+   * the registration is the request's own (the export, not the cache, then refuses what it must). */
+  ck_assert_ptr_nonnull(get(c, GPU_BASE + 3 * MiB, 2 * MiB, 0, &e));
+  ck_assert_msg(last_lo == GPU_BASE + 3 * MiB && last_len == 2 * MiB, "registered %#lx + %zu, not the request",
+                (unsigned long)last_lo, last_len);
+  fc_rcache_put(c, e, 0);
+  fc_rcache_free(c);
+}
+END_TEST
+
 START_TEST(test_access) {
   reset();
   fc_rcache_t *c = fc_rcache_new_device(&verbs, NULL, 64 * MiB);
@@ -364,6 +380,7 @@ int main(void) {
   tcase_add_test(tc, test_freed_entry_held_by_a_message_stays);
   tcase_add_test(tc, test_per_message_where_nothing_tells_a_reallocation);
   tcase_add_test(tc, test_large_allocation_by_request);
+  tcase_add_test(tc, test_request_beyond_its_allocation);
   tcase_add_test(tc, test_access);
   tcase_add_test(tc, test_bound_evicts_least_recently_used);
   tcase_add_test(tc, test_failed_registration);

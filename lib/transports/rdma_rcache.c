@@ -42,7 +42,6 @@ struct fc_rcache {
   struct ibv_pd *pd;
   size_t max_bytes, bytes, entries;
   int extra_access;
-  int device; /* entries are device memory, keyed by buffer id too */
   uintptr_t page;
   fc_rc_ent_t *head, *tail;
   unsigned long long hits, misses, evictions, stale;
@@ -142,9 +141,7 @@ struct ibv_mr *fc_rcache_get(fc_rcache_t *c, void *buf, size_t len, int access, 
 }
 
 fc_rcache_t *fc_rcache_new_device(const fc_verbs_t *v, struct ibv_pd *pd, size_t max_bytes) {
-  fc_rcache_t *c = fc_rcache_new(v, pd, max_bytes, 0);
-  if (c) c->device = 1;
-  return c;
+  return fc_rcache_new(v, pd, max_bytes, 0);
 }
 
 /* Entries nobody holds whose allocation is gone (freed: its buffer id no longer answers at that
@@ -177,7 +174,7 @@ struct ibv_mr *fc_rcache_get_device(fc_rcache_t *c, void *buf, size_t len, int a
     sweep_freed(c);
     /* The whole allocation where it is small against the bound: other buffers carved from it
      * (a framework's caching allocator hands out pieces of one allocation) then hit too. */
-    if (a.size <= c->max_bytes / 4) lo = a.base, hi = a.base + a.size;
+    if (a.size <= c->max_bytes / 4 && a.base <= lo && hi <= a.base + a.size) lo = a.base, hi = a.base + a.size;
   }
   fc_rc_ent_t *e = calloc(1, sizeof *e);
   if (!e) {

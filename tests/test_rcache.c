@@ -128,6 +128,13 @@ static struct ibv_mr *get(fc_rcache_t *c, uintptr_t buf, size_t len, int access,
   return mr;
 }
 
+/* A message's registration: taken and given back. */
+static void use(fc_rcache_t *c, uintptr_t buf, size_t len, int access) {
+  fc_rc_ent_t *e;
+  ck_assert_ptr_nonnull(get(c, buf, len, access, &e));
+  fc_rcache_put(c, e, 0);
+}
+
 static fc_rcache_stats_t stats(fc_rcache_t *c) {
   fc_rcache_stats_t s;
   fc_rcache_stats(c, &s);
@@ -140,7 +147,7 @@ START_TEST(test_one_registration_per_allocation) {
   reset();
   fc_rcache_t *c = fc_rcache_new_device(&verbs, NULL, 64 * MiB);
   pretend_alloc(GPU_BASE, 8 * MiB + 3, 1);
-  fc_rc_ent_t *e1, *e2, *e3;
+  fc_rc_ent_t *e1, *e2;
   ck_assert_ptr_nonnull(get(c, GPU_BASE + 3, 1 * MiB, RECV, &e1));
   ck_assert_int_eq(regs, 1);
   ck_assert_msg(last_lo == GPU_BASE && last_len == 8 * MiB + 3, "registered %#lx + %zu, not the whole allocation",
@@ -149,8 +156,7 @@ START_TEST(test_one_registration_per_allocation) {
   ck_assert_ptr_nonnull(get(c, GPU_BASE + 5 * MiB, 3 * MiB + 3, RECV, &e2));
   fc_rcache_put(c, e1, 0);
   fc_rcache_put(c, e2, 0);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + 100, 17, 0, &e3));
-  fc_rcache_put(c, e3, 0);
+  use(c, GPU_BASE + 100, 17, 0);
   ck_assert_int_eq(regs, 1);
   ck_assert_int_eq(deregs, 0);
   ck_assert_uint_eq(stats(c).hits, 2);
@@ -165,8 +171,7 @@ START_TEST(test_reallocated_at_the_same_address) {
   fc_rcache_t *c = fc_rcache_new_device(&verbs, NULL, 64 * MiB);
   int a = pretend_alloc(GPU_BASE, 4 * MiB, 1);
   fc_rc_ent_t *e;
-  ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, 0, &e));
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE, MiB, 0);
   pretend_free(a);
   pretend_alloc(GPU_BASE, 4 * MiB, 1); /* the same address, other memory */
   ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, 0, &e));
@@ -194,8 +199,7 @@ START_TEST(test_freed_entry_held_by_a_message_stays) {
   fc_rcache_put(c, other, 0);
   /* The next miss sweeps it. */
   pretend_alloc(GPU_BASE + 128 * MiB, 4 * MiB, 1);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + 128 * MiB, MiB, 0, &other));
-  fc_rcache_put(c, other, 0);
+  use(c, GPU_BASE + 128 * MiB, MiB, 0);
   ck_assert_int_eq(deregs, 1);
   fc_rcache_free(c);
   ck_assert_int_eq(deregs, 3);
@@ -213,8 +217,7 @@ START_TEST(test_per_message_where_nothing_tells_a_reallocation) {
     fc_rcache_put(c, e, 0);
   }
   /* Memory CUDA does not know (the stand-in has no allocation there). */
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + 512 * MiB, MiB, 0, &e));
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE + 512 * MiB, MiB, 0);
   ck_assert_int_eq(regs, 4);
   ck_assert_int_eq(deregs, 4);
   ck_assert_uint_eq(stats(c).entries, 0);
@@ -242,11 +245,9 @@ START_TEST(test_large_allocation_by_request) {
   ck_assert_ptr_nonnull(get(c, GPU_BASE + MiB, 2 * MiB, 0, &e));
   ck_assert_msg(last_lo == GPU_BASE + MiB && last_len == 2 * MiB, "not the request's range");
   fc_rcache_put(c, e, 0);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + MiB + 5, MiB, 0, &e)); /* inside it: a hit */
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE + MiB + 5, MiB, 0); /* inside it: a hit */
   ck_assert_int_eq(regs, 1);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + 8 * MiB, MiB, 0, &e)); /* elsewhere: its own */
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE + 8 * MiB, MiB, 0); /* elsewhere: its own */
   ck_assert_int_eq(regs, 2);
   ck_assert_uint_eq(stats(c).entries, 2);
   fc_rcache_free(c);
@@ -274,13 +275,10 @@ START_TEST(test_access) {
   pretend_alloc(GPU_BASE, 4 * MiB, 1);
   pretend_alloc(GPU_BASE + 64 * MiB, 4 * MiB, 1);
   fc_rc_ent_t *e;
-  ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, RECV, &e)); /* a receive's */
-  fc_rcache_put(c, e, 0);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, 0, &e)); /* serves a send */
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE, MiB, RECV); /* a receive's */
+  use(c, GPU_BASE, MiB, 0); /* serves a send */
   ck_assert_int_eq(regs, 1);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + 64 * MiB, MiB, 0, &e)); /* a send's */
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE + 64 * MiB, MiB, 0); /* a send's */
   ck_assert_ptr_nonnull(get(c, GPU_BASE + 64 * MiB, MiB, RECV, &e)); /* does not serve a receive */
   ck_assert_int_eq(last_access, RECV);
   fc_rcache_put(c, e, 0);
@@ -292,24 +290,16 @@ END_TEST
 START_TEST(test_bound_evicts_least_recently_used) {
   reset();
   fc_rcache_t *c = fc_rcache_new_device(&verbs, NULL, 16 * MiB); /* whole allocations up to 4 MiB */
-  fc_rc_ent_t *e;
   for (int i = 0; i < 5; i++) pretend_alloc(GPU_BASE + (uintptr_t)i * 64 * MiB, 4 * MiB, 1);
-  for (int i = 0; i < 4; i++) {
-    ck_assert_ptr_nonnull(get(c, GPU_BASE + (uintptr_t)i * 64 * MiB, MiB, 0, &e));
-    fc_rcache_put(c, e, 0);
-  }
-  ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, 0, &e)); /* allocation 0 used again: most recent */
-  fc_rcache_put(c, e, 0);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + 4 * 64 * MiB, MiB, 0, &e)); /* a fifth: 20 MiB > 16 */
-  fc_rcache_put(c, e, 0);
+  for (int i = 0; i < 4; i++) use(c, GPU_BASE + (uintptr_t)i * 64 * MiB, MiB, 0);
+  use(c, GPU_BASE, MiB, 0); /* allocation 0 used again: most recent */
+  use(c, GPU_BASE + 4 * 64 * MiB, MiB, 0); /* a fifth: 20 MiB > 16 */
   ck_assert_int_eq(deregs, 1);
   ck_assert_uint_eq(stats(c).evictions, 1);
   ck_assert_uint_eq(stats(c).bytes, 16 * MiB);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, 0, &e)); /* kept */
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE, MiB, 0); /* kept */
   ck_assert_int_eq(regs, 5);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE + 64 * MiB, MiB, 0, &e)); /* allocation 1 was the one to go */
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE + 64 * MiB, MiB, 0); /* allocation 1 was the one to go */
   ck_assert_int_eq(regs, 6);
   fc_rcache_free(c);
   ck_assert_int_eq(regs, deregs);
@@ -329,8 +319,7 @@ START_TEST(test_failed_registration) {
   ck_assert_int_eq(how, FC_RDMA_REG_NONE);
   ck_assert_msg(strstr(why, "pretend export failed"), "the reason is lost: \"%s\"", why);
   ck_assert_uint_eq(stats(c).entries, 0);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, 0, &e)); /* the next one tries again */
-  fc_rcache_put(c, e, 0);
+  use(c, GPU_BASE, MiB, 0); /* the next one tries again */
   ck_assert_int_eq(regs, 1);
   fc_rcache_free(c);
   ck_assert_int_eq(deregs, 1);
@@ -348,8 +337,7 @@ START_TEST(test_invalidated_entry_goes_when_given_back) {
   ck_assert_int_eq(deregs, 0); /* b still holds it */
   fc_rcache_put(c, b, 0);
   ck_assert_int_eq(deregs, 1);
-  ck_assert_ptr_nonnull(get(c, GPU_BASE, MiB, RECV, &a));
-  fc_rcache_put(c, a, 0);
+  use(c, GPU_BASE, MiB, RECV);
   ck_assert_int_eq(regs, 2);
   fc_rcache_free(c);
 }

@@ -231,7 +231,7 @@ struct rdma_req {
   size_t zposted;
   struct ibv_mr *mr;
   fc_rc_ent_t *rent; /* mr's entry in the registration cache */
-  int dev;           /* buf is device memory: copied with fc_mem_copy, registered for its message alone */
+  int dev;           /* buf is device memory: copied with fc_mem_copy, registered through dcache */
   rdma_req_t *znext; /* in the peer's zs (sends) or zq (receives) */
   char why[160];
 };

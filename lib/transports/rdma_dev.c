@@ -338,7 +338,7 @@ int fc_rdma_rails(const fc_verbs_t *v, struct ibv_device **list, int n, int gpu,
   return k;
 }
 
-/* ---- flexcoll-info ------------------------------------------------------------------------------ */
+/* ---- device memory (GPUDirect RDMA) ---------------------------------------------------------- */
 
 struct ibv_mr *fc_rdma_reg_device(const fc_verbs_t *v, struct ibv_pd *pd, void *buf, size_t bytes, int access, int *how,
                                   char *why, size_t len) {
@@ -365,6 +365,8 @@ struct ibv_mr *fc_rdma_reg_device(const fc_verbs_t *v, struct ibv_pd *pd, void *
   }
   return mr;
 }
+
+/* ---- flexcoll-info ------------------------------------------------------------------------------ */
 
 /* Whether the rdma link of a rank on GPU `gpu` could hand its device buffers to NIC `dev`
  * (GPUDirect RDMA), tried as the link tries (rdma.c, reg_device): a dma-buf of device memory

@@ -100,41 +100,50 @@ static void evict(fc_rcache_t *c) {
   }
 }
 
-/* Entry e found for a request: the most recent now, held by the caller. */
-static struct ibv_mr *hit(fc_rcache_t *c, fc_rc_ent_t *e, fc_rc_ent_t **ent) {
-  c->hits++;
-  unlink_ent(c, e);
-  push_front(c, e);
-  e->refs++;
-  *ent = e;
-  return e->mr;
+/* A cached entry of buffer id `id` (0: host memory) covering [lo, hi) with at least `access`,
+ * made the most recent and held by the caller; NULL (a miss counted) where there is none. */
+static fc_rc_ent_t *find(fc_rcache_t *c, unsigned long long id, uintptr_t lo, uintptr_t hi, int access) {
+  for (fc_rc_ent_t *e = c->head; e; e = e->next)
+    if (e->id == id && e->lo <= lo && hi <= e->hi && (e->access & access) == access) {
+      c->hits++;
+      unlink_ent(c, e);
+      push_front(c, e);
+      e->refs++;
+      return e;
+    }
+  c->misses++;
+  return NULL;
+}
+
+/* A new registration mr of [lo, hi), held by the caller; kept in the list where `cacheable` and
+ * within the bound, else deregistered when given back.  NULL where out of memory (mr then goes). */
+static fc_rc_ent_t *adopt(fc_rcache_t *c, struct ibv_mr *mr, uintptr_t lo, uintptr_t hi, int access,
+                          unsigned long long id, int cacheable) {
+  fc_rc_ent_t *e = calloc(1, sizeof *e);
+  if (!e) {
+    c->v->dereg_mr(mr);
+    return errno = ENOMEM, NULL;
+  }
+  *e = (fc_rc_ent_t){.lo = lo, .hi = hi, .access = access, .refs = 1, .id = id, .mr = mr};
+  if (cacheable && hi - lo <= c->max_bytes) {
+    push_front(c, e);
+    evict(c);
+  }
+  return e;
 }
 
 struct ibv_mr *fc_rcache_get(fc_rcache_t *c, void *buf, size_t len, int access, fc_rc_ent_t **ent) {
   *ent = NULL;
   const uintptr_t lo = (uintptr_t)buf & ~(c->page - 1);
   const uintptr_t hi = ((uintptr_t)buf + len + c->page - 1) & ~(c->page - 1);
-  for (fc_rc_ent_t *e = c->head; e; e = e->next)
-    if (e->lo <= lo && hi <= e->hi && (e->access & access) == access) return hit(c, e, ent);
-  c->misses++;
-  fc_rc_ent_t *e = calloc(1, sizeof *e);
-  if (!e) return errno = ENOMEM, NULL;
-  /* Whole pages: the kernel pins (or maps) whole pages anyway, and a neighbouring buffer in the
-   * same pages then hits. */
-  errno = 0;
-  e->mr = c->v->reg_mr(c->pd, (void *)lo, hi - lo, access | c->extra_access);
-  if (!e->mr) {
-    int err = errno ? errno : ENOMEM;
-    free(e);
-    return errno = err, NULL;
-  }
-  e->lo = lo;
-  e->hi = hi;
-  e->access = access;
-  e->refs = 1;
-  if (hi - lo <= c->max_bytes) {
-    push_front(c, e);
-    evict(c);
+  fc_rc_ent_t *e = find(c, 0, lo, hi, access);
+  if (!e) {
+    /* Whole pages: the kernel pins (or maps) whole pages anyway, and a neighbouring buffer in the
+     * same pages then hits. */
+    errno = 0;
+    struct ibv_mr *mr = c->v->reg_mr(c->pd, (void *)lo, hi - lo, access | c->extra_access);
+    if (!mr) return errno = errno ? errno : ENOMEM, NULL;
+    if (!(e = adopt(c, mr, lo, hi, access, 0, 1))) return NULL;
   }
   *ent = e;
   return e->mr;
@@ -163,42 +172,30 @@ struct ibv_mr *fc_rcache_get_device(fc_rcache_t *c, void *buf, size_t len, int a
   uintptr_t lo = (uintptr_t)buf, hi = lo + len;
   fc_gpu_alloc_t a;
   const int known = fc_gpu_alloc_of(buf, &a) == 0 && a.id != 0 && a.plain;
-  if (known)
-    for (fc_rc_ent_t *e = c->head; e; e = e->next)
-      if (e->id == a.id && e->lo <= lo && hi <= e->hi && (e->access & access) == access) {
-        *how = e->how;
-        return hit(c, e, ent);
-      }
-  c->misses++;
-  if (known) {
+  fc_rc_ent_t *e = known ? find(c, a.id, lo, hi, access) : NULL;
+  if (e) {
+    *how = e->how;
+    *ent = e;
+    return e->mr;
+  }
+  if (!known) {
+    c->misses++;
+  } else {
     sweep_freed(c);
     /* The whole allocation where it is small against the bound: other buffers carved from it
      * (a framework's caching allocator hands out pieces of one allocation) then hit too. */
     if (a.size <= c->max_bytes / 4 && a.base <= lo && hi <= a.base + a.size) lo = a.base, hi = a.base + a.size;
   }
-  fc_rc_ent_t *e = calloc(1, sizeof *e);
-  if (!e) {
-    snprintf(why, wlen, "out of memory");
-    *how = FC_RDMA_REG_NONE;
-    return errno = ENOMEM, NULL;
-  }
-  e->mr = fc_rdma_reg_device(c->v, c->pd, (void *)lo, hi - lo, access, how, why, wlen);
-  if (!e->mr) {
-    free(e);
-    return NULL;
-  }
-  e->lo = lo;
-  e->hi = hi;
-  e->access = access;
-  e->refs = 1;
-  e->how = *how;
-  e->id = known ? a.id : 0;
+  struct ibv_mr *mr = fc_rdma_reg_device(c->v, c->pd, (void *)lo, hi - lo, access, how, why, wlen);
+  if (!mr) return NULL;
   /* Without a buffer id of a plain allocation nothing could tell a reallocation: that
    * registration is for this message alone. */
-  if (known && hi - lo <= c->max_bytes) {
-    push_front(c, e);
-    evict(c);
+  if (!(e = adopt(c, mr, lo, hi, access, known ? a.id : 0, known))) {
+    snprintf(why, wlen, "out of memory");
+    *how = FC_RDMA_REG_NONE;
+    return NULL;
   }
+  e->how = *how;
   *ent = e;
   return e->mr;
 }

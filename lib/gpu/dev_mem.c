@@ -71,10 +71,10 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
 
 typedef CUresult (*get_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
 typedef CUresult (*get_handle_fn)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
-typedef CUresult (*get_attr_fn)(void *, CUpointer_attribute, CUdeviceptr);
+typedef CUresult (*get_attrs_fn)(unsigned, CUpointer_attribute *, void **, CUdeviceptr);
 static get_range_fn get_range;
 static get_handle_fn get_handle;
-static get_attr_fn get_attr;
+static get_attrs_fn get_attrs;
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 
 /* The driver's functions through the runtime (the library links cudart, not libcuda). */
@@ -91,25 +91,25 @@ static void *driver_fn(const char *name) {
 static void driver_init(void) {
   get_range = (get_range_fn)driver_fn("cuMemGetAddressRange");
   get_handle = (get_handle_fn)driver_fn("cuMemGetHandleForAddressRange");
-  get_attr = (get_attr_fn)driver_fn("cuPointerGetAttribute");
+  get_attrs = (get_attrs_fn)driver_fn("cuPointerGetAttributes");
 }
 
 int fc_gpu_alloc_of(const void *ptr, fc_gpu_alloc_t *a) {
   pthread_once(&driver_once, driver_init);
-  if (!get_attr) return -1;
-  /* Pointer attributes need no current context: a pointer names its own. */
-  const CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr;
+  if (!get_attrs) return -1;
+  /* One driver call (the rdma link asks at every rendezvous message).  Pointer attributes need
+   * no current context: a pointer names its own.  Memory from a pool (cudaMallocAsync) or mapped
+   * by the virtual memory API is not cudaMalloc's: neither answers as legacy IPC capable. */
   CUdeviceptr base = 0;
   size_t size = 0;
   unsigned long long id = 0;
   int legacy = 0;
-  if (get_attr(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p) != CUDA_SUCCESS ||
-      get_attr(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p) != CUDA_SUCCESS ||
-      get_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p) != CUDA_SUCCESS)
-    return -1;
-  /* Memory from a pool (cudaMallocAsync) or mapped by the virtual memory API is not
-   * cudaMalloc's: neither answers as legacy IPC capable. */
-  if (get_attr(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p) != CUDA_SUCCESS) legacy = 0;
+  CUpointer_attribute which[] = {CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE};
+  void *values[] = {&id, &base, &size, &legacy};
+  /* Unlike cuPointerGetAttribute, a pointer CUDA does not know is no error here: its values
+   * stay zero, and no allocation has id or size zero. */
+  if (get_attrs(4, which, values, (CUdeviceptr)(uintptr_t)ptr) != CUDA_SUCCESS || !id || !size) return -1;
   a->base = (uintptr_t)base;
   a->size = size;
   a->id = id;

@@ -42,8 +42,8 @@
  * GPU memory (GPUDirect RDMA): ibv_reg_dmabuf_mr takes a dma-buf descriptor (checked to be one)
  * and iova = the device address, as callers pass it; the "NIC" then reads and writes that MR
  * through the CUDA driver (libcuda, loaded at the first registration that needs it), with the
- * pointer's own context.  fake_verbs_dev_stats() counts registrations through dma-buf and by
- * address (peermem).
+ * pointer's own context (its device's primary context for memory of no context, a pool's).
+ * fake_verbs_dev_stats() counts registrations through dma-buf and by address (peermem).
  *
  * The port's largest message is FV_MAX_MSG (a longer write fails with LOC_LEN_ERR), well under an
  * inbox, so that a rendezvous's long writes are cut as on a NIC and still fit the wire.
@@ -125,16 +125,21 @@ typedef int (*cu_attr_fn)(void *data, int attribute, unsigned long long ptr);
 typedef int (*cu_copy_fn)(unsigned long long dst, unsigned long long src, size_t bytes);
 typedef int (*cu_ctx_fn)(void *ctx);
 typedef int (*cu_pop_fn)(void **ctx);
+typedef int (*cu_primary_fn)(void **ctx, int dev);
+typedef int (*cu_device_fn)(int *dev, int ordinal);
 static struct {
   cu_attr_fn attr;
   cu_copy_fn copy;
   cu_ctx_fn push;
   cu_pop_fn pop;
+  cu_primary_fn primary;
+  cu_device_fn device;
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 /* CUDA's values (cuda.h), which this file does not include. */
 #define FV_CU_POINTER_ATTRIBUTE_CONTEXT 1
 #define FV_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define FV_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define FV_CU_MEMORYTYPE_DEVICE 2
 
 /* Asked again until the process has loaded CUDA: before that no pointer is device memory. */
@@ -145,20 +150,29 @@ static void cu_load(void) {
     cu.copy = (cu_copy_fn)dlsym(h, "cuMemcpy");
     cu.push = (cu_ctx_fn)dlsym(h, "cuCtxPushCurrent_v2");
     cu.pop = (cu_pop_fn)dlsym(h, "cuCtxPopCurrent_v2");
+    cu.primary = (cu_primary_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
+    cu.device = (cu_device_fn)dlsym(h, "cuDeviceGet");
     cu.attr = (cu_attr_fn)dlsym(h, "cuPointerGetAttribute");
-    if (!cu.attr || !cu.copy || !cu.push || !cu.pop) memset(&cu, 0, sizeof cu);
+    if (!cu.attr || !cu.copy || !cu.push || !cu.pop || !cu.primary || !cu.device) memset(&cu, 0, sizeof cu);
   }
   pthread_mutex_unlock(&cu_lock);
 }
 
-/* Whether addr is GPU memory (its context in *ctx). */
+/* Whether addr is GPU memory (a context to copy it in, never NULL, in *ctx).  Memory that
+ * belongs to no context (a pool's, cudaMallocAsync; the virtual memory API's) has a NULL context
+ * attribute: its device's primary context copies it (a NIC reaches it all the same). */
 static int is_gpu(const void *addr, void **ctx) {
   if (!cu.attr) cu_load();
   unsigned type = 0;
-  if (!cu.attr || cu.attr(&type, FV_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (unsigned long long)(uintptr_t)addr) != 0 ||
-      type != FV_CU_MEMORYTYPE_DEVICE)
+  const unsigned long long p = (unsigned long long)(uintptr_t)addr;
+  if (!cu.attr || cu.attr(&type, FV_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != 0 || type != FV_CU_MEMORYTYPE_DEVICE)
     return 0;
-  return cu.attr(ctx, FV_CU_POINTER_ATTRIBUTE_CONTEXT, (unsigned long long)(uintptr_t)addr) == 0;
+  *ctx = NULL;
+  if (cu.attr(ctx, FV_CU_POINTER_ATTRIBUTE_CONTEXT, p) == 0 && *ctx) return 1;
+  int ordinal = -1, dev = -1;
+  /* The retained context is kept for the process, as the CUDA runtime keeps its own. */
+  return cu.attr(&ordinal, FV_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p) == 0 && cu.device(&dev, ordinal) == 0 &&
+         cu.primary(ctx, dev) == 0 && *ctx;
 }
 
 /* The "NIC's" DMA into or out of GPU memory (gpu: the side that is, dst or src): a copy in the
@@ -394,7 +408,7 @@ typedef struct fv_mr {
   struct ibv_mr mr;
   int access;
   fv_frame_t *frame; /* pinned model: the pages it holds (NULL: it follows the address space) */
-  void *gpu_ctx;     /* GPU memory (dma-buf or peermem): the CUDA context it belongs to; NULL: host */
+  void *gpu_ctx;     /* GPU memory (dma-buf or peermem): a CUDA context to copy it in (is_gpu); NULL: host */
   char *view;        /* the frame's bytes at mr.addr */
   struct fv_mr *next;
 } fv_mr_t;

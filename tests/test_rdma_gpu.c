@@ -22,8 +22,12 @@
  * each rank frees its send buffer, allocates another (often at the same address) and sends
  * from it: the device registration cache, which registers each allocation once, must register
  * the new one (its buffer id differs) and drop the freed one's, so that the fake's live
- * registrations are as many as before.  An allreduce on the same communicator (through host
- * copies, as before) checks the rest still works.
+ * registrations are as many as before.  Then the collectives that only move data (allgather,
+ * broadcast, alltoall) in and out of place, below and above the threshold, every element
+ * checked: they go straight between the device buffers too, so the fake registers no host
+ * memory meanwhile (the in-place alltoall's copy is pool memory, which has no context of its
+ * own).  An allreduce on the same communicator (through host copies: its reduction is the
+ * host's) checks the rest still works.
  *
  * FC_TEST_RDMA_REAL=1 (tests/test_rdma_real.sh) runs the same transfers with the real provider,
  * libibverbs, for machines with a NIC: modes `real` (whichever registration the NIC takes) and
@@ -88,7 +92,7 @@ static int meet(int round) {
   for (int i = 0; i < 60000 && atomic_load(&arrived) < NRANKS * round; i++) usleep(1000);
   return atomic_load(&arrived) >= NRANKS * round;
 }
-#define MEETINGS 5
+#define MEETINGS 7
 static void skip_meetings(void) {
   atomic_fetch_add(&arrived, MEETINGS);
 }
@@ -128,7 +132,55 @@ static void exchange(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, unsigned c
   }
 }
 
-static long g_dmabuf_before = -1, g_peermem_before = -1; /* device registrations before the allreduce */
+/* Element i of rank `from`'s input in collective k. */
+static int value(int from, int k, size_t i) { return (int)((unsigned)from * 1000003u + (unsigned)k * 7919u + (unsigned)i * 7u); }
+
+static long g_host_regs; /* the fake's registrations of host memory during the collectives (rank 0 counts) */
+static long g_dmabuf_before = -1, g_peermem_before = -1; /* device registrations before them */
+
+/* Collectives that only move data (allgather, broadcast, alltoall), in and out of place, int32
+ * counts below and above the zero-copy threshold: with links that take device memory they go
+ * straight between the device buffers (no host staging), every element checked. */
+static void data_collectives(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, unsigned char *dsend,
+                             unsigned char *drecv, unsigned char *hbuf) {
+  static const size_t counts[] = {1, 1001, 300007};
+  int *in = (int *)hbuf, *out = (int *)(hbuf + LARGEST / 2);
+  int *send = (int *)dsend, *recv = (int *)drecv;
+  int k = 0;
+  for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+    const size_t c = counts[ci];
+    for (int coll = 0; coll < 3; coll++)
+      for (int inplace = 0; inplace < 2 && !r->failures; inplace++, k++) {
+        /* allgather: c in, 2c out; broadcast from rank k % 2: c; alltoall: 2c in and out. */
+        const size_t nin = coll == 2 ? 2 * c : c, nout = coll == 0 || coll == 2 ? 2 * c : c;
+        const int root = k % 2;
+        for (size_t i = 0; i < nin; i++) in[i] = value(r->rank, k, i);
+        int *sbuf = inplace ? (coll == 0 ? recv + (size_t)r->rank * c : recv) : send;
+        cudaMemset(recv, 0xff, nout * sizeof(int));
+        cudaMemcpy(sbuf, in, nin * sizeof(int), cudaMemcpyHostToDevice);
+        /* The legacy stream's memset and copy are not ordered before work on s (non-blocking). */
+        cudaDeviceSynchronize();
+        flexcoll_result_t res =
+            coll == 0   ? flexcoll_allgather(sbuf, recv, c, FLEXCOLL_INT32, comm, s)
+            : coll == 1 ? flexcoll_broadcast(sbuf, recv, c, FLEXCOLL_INT32, root, comm, s)
+                        : flexcoll_alltoall(sbuf, recv, c, FLEXCOLL_INT32, comm, s);
+        static const char *const names[] = {"allgather", "broadcast", "alltoall"};
+        EXPECT(r, res == FLEXCOLL_SUCCESS, "%s of %zu%s: %s", names[coll], c, inplace ? " in place" : "",
+               flexcoll_get_last_error(comm));
+        cudaStreamSynchronize(s);
+        cudaMemcpy(out, recv, nout * sizeof(int), cudaMemcpyDeviceToHost);
+        size_t wrong = 0, first = 0;
+        for (size_t i = 0; i < nout; i++) {
+          const int want = coll == 0 ? value((int)(i / c), k, i % c)
+                           : coll == 1 ? value(root, k, i)
+                                       : value((int)(i / c), k, (size_t)r->rank * c + i % c);
+          if (out[i] != want && !wrong++) first = i;
+        }
+        EXPECT(r, wrong == 0, "%s of %zu%s: %zu of %zu wrong, the first at %zu", names[coll], c,
+               inplace ? " in place" : "", wrong, nout, first);
+      }
+  }
+}
 
 static void *rank_main(void *arg) {
   rank_t *r = arg;
@@ -173,9 +225,21 @@ static void *rank_main(void *arg) {
   const long after = live_registrations();
   EXPECT(r, before < 0 || after == before, "live registrations %ld before the send buffer was allocated anew, %ld after",
          before, after);
-  /* The device registrations so far (the allreduce below runs through host copies). */
+  /* Host registrations the fake made meanwhile: none where the collectives went straight. */
+  void (*mrs)(long *, long *, long *) = (void (*)(long *, long *, long *))fake_fn("fake_verbs_mr_stats");
   void (*dev)(long *, long *) = (void (*)(long *, long *))fake_fn("fake_verbs_dev_stats");
-  if (meet(4) && r->rank == 0 && dev) dev(&g_dmabuf_before, &g_peermem_before);
+  long ever0 = 0, ever1 = 0, now = 0, plain = 0, db0 = 0, pm0 = 0, db1 = 0, pm1 = 0;
+  if (meet(4) && r->rank == 0 && mrs && dev) {
+    mrs(&ever0, &now, &plain), dev(&db0, &pm0);
+    g_dmabuf_before = db0, g_peermem_before = pm0;
+  }
+  meet(5);
+  if (send) data_collectives(r, comm, s, send, recv, host);
+  meet(6);
+  if (r->rank == 0 && mrs && dev) {
+    mrs(&ever1, &now, &plain), dev(&db1, &pm1);
+    g_host_regs = (ever1 - ever0) - ((db1 - db0) + (pm1 - pm0));
+  }
   meet(MEETINGS);
   /* A collective on the same communicator still runs through host copies (its reduction is
    * the host's): every element (rank 0 + 1) + (rank 1 + 1) = 3. */
@@ -260,12 +324,12 @@ static int run_mode(const char *mode) {
     fprintf(stderr, "[test_rdma_gpu] %s: the fake provider was not loaded\n", mode);
     return 1;
   }
-  /* Before the allreduce, without the cache: two ranks, each a rendezvous send and receive
+  /* Before the collectives, without the cache: two ranks, each a rendezvous send and receive
    * for each size at or above the threshold and the message from the new buffer.  With it: each
    * rank's three allocations (send, receive, the new send buffer) once each. */
   const long zc_msgs = 2 * 2 * 4, allocations = 2 * 3;
   const long db = g_dmabuf_before, pm = g_peermem_before;
-  printf("[test_rdma_gpu] %s: before the allreduce %ld through dma-buf, %ld by address\n", mode, db, pm);
+  printf("[test_rdma_gpu] %s: before the collectives %ld through dma-buf, %ld by address\n", mode, db, pm);
   int bad = 0;
   if (!strcmp(mode, "dmabuf") || !strcmp(mode, "nocache")) {
     const int per_message = !strcmp(mode, "nocache") || !cached;
@@ -274,6 +338,13 @@ static int run_mode(const char *mode) {
     bad = db != 0 || (cached ? pm != allocations : pm < zc_msgs);
   } else {
     bad = dmabuf != 0 || peermem != 0;
+  }
+  /* The data-only collectives' sizes above the threshold register their buffers wherever zero
+   * copy is on; through host staging those would be host buffers. */
+  printf("[test_rdma_gpu] %s: %ld host registrations during allgather, broadcast and alltoall\n", mode, g_host_regs);
+  if (g_host_regs != 0) {
+    fprintf(stderr, "[test_rdma_gpu] %s: the data-only collectives were staged through host memory\n", mode);
+    bad = 1;
   }
   if (bad) fprintf(stderr, "[test_rdma_gpu] %s: not the registrations this mode must make (dma-buf here: %s)\n", mode,
                    dmabuf_here ? "yes" : "no");
@@ -292,13 +363,17 @@ static int real_devices(void) {
   return list && n > 0;
 }
 
-/* A mode that crashes prints where (addresses for addr2line -f -e tests/.libs/... or the
- * library), then dies of the same signal, which the parent reports. */
-static void on_crash(int sig) {
+/* A mode that crashes prints the faulting address and where (addresses for addr2line -f -e
+ * tests/.libs/... or the test itself, which links the library), then dies of the same signal,
+ * which the parent reports. */
+static void on_crash(int sig, siginfo_t *info, void *ctx) {
+  (void)ctx;
   void *frames[64];
   const int n = backtrace(frames, 64);
-  static const char msg[] = "[test_rdma_gpu] crashed; backtrace:\n";
-  if (write(2, msg, sizeof msg - 1) < 0) _exit(128 + sig);
+  char msg[96];
+  const int len = snprintf(msg, sizeof msg, "[test_rdma_gpu] crashed (signal %d at address %p); backtrace:\n", sig,
+                           info ? info->si_addr : NULL);
+  if (len <= 0 || write(2, msg, (size_t)len) < 0) _exit(128 + sig);
   backtrace_symbols_fd(frames, n, 2);
   signal(sig, SIG_DFL);
   raise(sig);
@@ -307,9 +382,13 @@ static void on_crash(int sig) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* what a mode printed survives its crash */
   if (argc == 2) {
-    signal(SIGSEGV, on_crash);
-    signal(SIGBUS, on_crash);
-    signal(SIGABRT, on_crash);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_crash;
+    sa.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &sa, NULL);
+    sigaction(SIGBUS, &sa, NULL);
+    sigaction(SIGABRT, &sa, NULL);
     return run_mode(argv[1]);
   }
   const int real = getenv("FC_TEST_RDMA_REAL") && *getenv("FC_TEST_RDMA_REAL") == '1';

@@ -372,6 +372,17 @@ static int links_take_device(struct flexcoll_comm *comm, const fc_p2p_op_t *ops,
   return 1;
 }
 
+/* Whether a collective without peer access may hand its device buffers to the host links as
+ * they are: its schedule only moves data (no host reduction to feed), and every link toward
+ * every peer takes device memory (as links_take_device for a batch).  Every rank decides alike:
+ * the collective, and the links, which are the same on every rank. */
+static int coll_takes_device(struct flexcoll_comm *comm, const fc_algo_args_t *args) {
+  if (args->coll != FC_COLL_ALLGATHER && args->coll != FC_COLL_BROADCAST && args->coll != FC_COLL_ALLTOALL) return 0;
+  for (int p = 0; p < comm->nranks; p++)
+    if (p != comm->rank && !fc_links_device_memory(comm->links, comm->rank, p)) return 0;
+  return 1;
+}
+
 /* Peers without peer access: send and receive through host copies (blocking), or straight from
  * and into the device buffers where the links take them. */
 static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops, int nops, void *const *bufs,
@@ -618,7 +629,15 @@ static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   const size_t largest = largest_count(args);
   if (through_host(g, args)) {
-    res = run_through_host(&x, args, sendbuf, recvbuf, user);
+    if (!coll_takes_device(comm, args)) {
+      res = run_through_host(&x, args, sendbuf, recvbuf, user);
+    } else if (cudaStreamSynchronize(user) != cudaSuccess) {
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed: %s", cudaGetErrorString(cudaGetLastError()));
+    } else {
+      /* The buffers hold what the stream wrote before the call; what the links write has landed
+       * when it returns, before anything later on the stream. */
+      res = fc_host_run_device(comm, args, sendbuf, recvbuf, dtype);
+    }
   } else if (args->count == 0) {
     /* nothing moves */
   } else if (args->nranks == 1) {
@@ -673,11 +692,13 @@ out:
 
 /* Whether the call is an in-place alltoall that run_coll cannot take as it is: every path with
  * peer access (the alltoall and point-to-point kernels, direct mode) writes a block into a
- * peer's buffer that the peer may not have sent yet (without peer access, run_through_host
- * stages both buffers in separate host copies; one rank has nothing to move). */
-static int alltoall_needs_copy(const struct fc_gpu *g, const fc_algo_args_t *args, const void *sendbuf,
+ * peer's buffer that the peer may not have sent yet, and so would the links that take device
+ * memory (without either, run_through_host stages both buffers in separate host copies; one rank
+ * has nothing to move). */
+static int alltoall_needs_copy(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                const void *recvbuf) {
-  return args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && args->count && args->nranks > 1 && g->p2p;
+  return args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && args->count && args->nranks > 1 &&
+         (comm->gpu->p2p || coll_takes_device(comm, args));
 }
 
 /* In-place alltoall: NCCL allows it (sendbuf == recvbuf) and nccl-tests runs it, but the
@@ -729,7 +750,7 @@ flexcoll_result_t fc_gpu_run(struct flexcoll_comm *comm, const fc_algo_args_t *a
   struct fc_gpu *g = comm->gpu;
   cudaStream_t user = (cudaStream_t)stream;
   int prev = enter_device(g);
-  const flexcoll_result_t res = alltoall_needs_copy(g, args, sendbuf, recvbuf)
+  const flexcoll_result_t res = alltoall_needs_copy(comm, args, sendbuf, recvbuf)
                                     ? alltoall_through_copy(comm, args, recvbuf, dtype, op, user, capturing)
                                     : run_coll(comm, args, sendbuf, recvbuf, dtype, op, user, capturing);
   fc_gpu_leave_device(prev);

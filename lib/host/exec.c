@@ -21,6 +21,7 @@
 #include "error.h"
 #include "host.h"
 #include "host/shm.h"
+#include "gpu/gpu.h"
 #include "param.h"
 #include "sched/sched.h"
 #include "transports/transports.h"
@@ -57,6 +58,7 @@ typedef struct {
   char *bufs[3];     /* send, recv, scratch, indexed by fc_buf_t */
   void *const *ext;  /* FC_BUF_EXT + i: buffers of a point-to-point batch */
   int p2p;           /* messages are numbered per pair across calls, not per collective */
+  int device;        /* send and recv are device memory (fc_host_run_device): copies by fc_mem_copy */
   size_t esize;
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
@@ -337,6 +339,19 @@ static flexcoll_result_t prepare(fc_exec_t *x, const fc_schedule_t *s) {
   return FLEXCOLL_SUCCESS;
 }
 
+/* A copy step where either side may be device memory (fc_host_run_device).  Overlapping ranges
+ * go through host memory: a device copy between them is undefined. */
+static flexcoll_result_t device_copy(fc_exec_t *x, char *dst, const char *src, size_t bytes) {
+  char why[200];
+  const int overlap = dst < src + bytes && src < dst + bytes;
+  char *bounce = overlap ? malloc(bytes) : NULL;
+  if (overlap && !bounce) return fc_error(x->comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for a %zu-byte copy", bytes);
+  const int bad = overlap ? fc_mem_copy(bounce, src, bytes, why, sizeof why) || fc_mem_copy(dst, bounce, bytes, why, sizeof why)
+                          : fc_mem_copy(dst, src, bytes, why, sizeof why);
+  free(bounce);
+  return bad ? fc_error(x->comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s", why) : FLEXCOLL_SUCCESS;
+}
+
 static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) {
   size_t tmp_off = 0;
   x->nslices = 0;
@@ -345,7 +360,13 @@ static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) 
     const fc_step_t *st = &s->steps[i];
     if (st->kind == FC_STEP_COPY) {
       char *dst = ref(x, st->buf, st->off), *src = ref(x, st->src_buf, st->src_off);
-      if (dst != src && st->count) memmove(dst, src, st->count * x->esize);
+      if (dst == src || !st->count) continue;
+      if (!x->device) {
+        memmove(dst, src, st->count * x->esize);
+        continue;
+      }
+      flexcoll_result_t res = device_copy(x, dst, src, st->count * x->esize);
+      if (res != FLEXCOLL_SUCCESS) { cancel_slices(x); return res; }
       continue;
     }
     if (st->kind == FC_STEP_REDUCE) {
@@ -384,8 +405,15 @@ static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
   return res;
 }
 
-flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                              void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+/* Whether schedule s only moves data (no step reduces): what fc_host_run_device can run. */
+static int moves_only(const fc_schedule_t *s) {
+  for (int i = 0; i < s->nsteps; i++)
+    if (s->steps[i].kind == FC_STEP_REDUCE || s->steps[i].kind == FC_STEP_RECV_REDUCE) return 0;
+  return 1;
+}
+
+static flexcoll_result_t host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                  void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op, int device) {
   /* The sequence number is taken even if the call fails here: every rank that makes the call
    * moves on, so a rank whose peers did not fail alike never matches their stale messages. */
   uint32_t seq = comm->coll_seq++;
@@ -395,16 +423,18 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
   /* Ranks of one host: straight through the communicator's segment where the tuner says it is
    * faster (every rank decides alike: the same shared settings and sizes). */
   fc_shm_windows_t win;
-  const int windowed = fc_host_windows_find(comm, args->coll, sendbuf, bytes, recvbuf, recv_bytes, &win);
+  const int windowed = !device && fc_host_windows_find(comm, args->coll, sendbuf, bytes, recvbuf, recv_bytes, &win);
   const size_t larger = bytes > recv_bytes ? bytes : recv_bytes;
-  fc_shm_mode_t shm = comm->shm ? fc_tuner_shm(args->coll, larger, comm->nranks, fc_shm_crowded(comm), windowed)
-                                : FC_SHM_OFF;
+  fc_shm_mode_t shm = comm->shm && !device
+                          ? fc_tuner_shm(args->coll, larger, comm->nranks, fc_shm_crowded(comm), windowed)
+                          : FC_SHM_OFF;
   if (shm != FC_SHM_OFF && args->count)
     return fc_shm_run(comm, shm, args, sendbuf, recvbuf, dtype, op, larger, shm == FC_SHM_WINDOW ? &win : NULL);
   /* In-place alltoall (NCCL allows it, and nccl-tests runs it): a round receives into blocks that
-   * a later round still sends from, so the input is sent from a copy. */
+   * a later round still sends from, so the input is sent from a copy (on device buffers the
+   * caller made one already: lib/gpu, alltoall_through_copy). */
   char *copy = NULL;
-  if (args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && recv_bytes && comm->nranks > 1) {
+  if (args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && recv_bytes && comm->nranks > 1 && !device) {
     copy = malloc(recv_bytes);
     if (!copy)
       return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "flexcoll_alltoall: out of memory for the copy of the in-place "
@@ -426,13 +456,29 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
     free(copy);
     return fc_error(comm, res, "cannot build the schedule of this collective (%s)", flexcoll_get_error_string(res));
   }
-  fc_exec_t x = {.comm = comm, .esize = esize, .dtype = dtype, .op = op, .seq = seq};
+  /* Every rank builds the same kind of schedule for the call, so all refuse alike. */
+  if (device && (!moves_only(&comm->schedule) || (args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf))) {
+    free(copy);
+    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "%s on device buffers through the links: %s", fc_coll_name(args->coll),
+                    sendbuf == recvbuf ? "in place" : "its schedule reduces");
+  }
+  fc_exec_t x = {.comm = comm, .esize = esize, .dtype = dtype, .op = op, .seq = seq, .device = device};
   x.bufs[FC_BUF_SEND] = (char *)sendbuf;
   x.bufs[FC_BUF_RECV] = recvbuf;
   res = execute(&x, &comm->schedule);
   free(copy);
   FC_CHECK(res);
   return fc_links_after_collective(comm, larger);
+}
+
+flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                              void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+  return host_run(comm, args, sendbuf, recvbuf, dtype, op, 0);
+}
+
+flexcoll_result_t fc_host_run_device(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
+                                     void *recvbuf, flexcoll_datatype_t dtype) {
+  return host_run(comm, args, sendbuf, recvbuf, dtype, FLEXCOLL_SUM, 1);
 }
 
 flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs) {

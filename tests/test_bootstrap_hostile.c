@@ -41,6 +41,23 @@ static int free_port(void) {
   return ntohs(a.sin_port);
 }
 
+/* A root listening at host:port for nranks (port free when asked; *hp gets "host:port"): tried
+ * again on another port where the first was taken meanwhile (another test's connection may take
+ * a free port as its own between free_port and the root's bind: seen once under CI's parallel
+ * sanitizer run).  Returns the port. */
+static int start_root_at(const char *host, int nranks, char *hp, size_t hp_len, flexcoll_unique_id_t *id,
+                         fc_bootstrap_root_t **root) {
+  for (int attempt = 0;; attempt++) {
+    const int port = free_port();
+    snprintf(hp, hp_len, "%s:%d", host, port);
+    ck_assert_int_eq(fc_bootstrap_id_from_address(id, hp, nranks, NULL), FLEXCOLL_SUCCESS);
+    *root = NULL;
+    const fc_result_t res = fc_bootstrap_start_root(id, hp, root);
+    if (res == FLEXCOLL_SUCCESS) return port;
+    ck_assert_msg(attempt < 4, "%s: the root did not start on 5 free ports: %s", hp, fc_thread_last_error());
+  }
+}
+
 /* ---- ranks as threads ------------------------------------------------------------------------ */
 
 typedef struct rank_s {
@@ -205,11 +222,9 @@ END_TEST
 
 START_TEST(test_restart_same_port) {
   char hp[64];
-  snprintf(hp, sizeof hp, "127.0.0.1:%d", free_port());
   flexcoll_unique_id_t id;
   fc_bootstrap_root_t *root = NULL;
-  ck_assert_int_eq(fc_bootstrap_id_from_address(&id, hp, 2, NULL), FLEXCOLL_SUCCESS);
-  ck_assert_int_eq(fc_bootstrap_start_root(&id, hp, &root), FLEXCOLL_SUCCESS);
+  start_root_at("127.0.0.1", 2, hp, sizeof hp, &id, &root);
   /* Rank 1 never comes: rank 0 times out, and its process releases the root. */
   fc_bootstrap_t *bs = NULL;
   ck_assert_int_eq(fc_bootstrap_init(&bs, &id, 0, 2, 1000, NULL), FLEXCOLL_TIMEOUT);
@@ -252,13 +267,10 @@ static int try_connect(const char *ip, int port) {
 START_TEST(test_root_bound_to_given_address) {
   static const char *const hosts[] = {"127.0.0.1", "localhost"};
   for (int i = 0; i < 2; i++) {
-    int port = free_port();
     char hp[64];
-    snprintf(hp, sizeof hp, "%s:%d", hosts[i], port);
     flexcoll_unique_id_t id;
     fc_bootstrap_root_t *root = NULL;
-    ck_assert_int_eq(fc_bootstrap_id_from_address(&id, hp, 1, NULL), FLEXCOLL_SUCCESS);
-    ck_assert_int_eq(fc_bootstrap_start_root(&id, hp, &root), FLEXCOLL_SUCCESS);
+    const int port = start_root_at(hosts[i], 1, hp, sizeof hp, &id, &root);
     /* All of 127/8 is this host on Linux: on the wildcard, 127.0.0.2 would be accepted too.
      * (Refused, or unreachable where loopback is 127.0.0.1 alone: either way not accepted.) */
     ck_assert_msg(try_connect("127.0.0.2", port) != 0, "%s: the root listens beyond 127.0.0.1", hp);
@@ -271,14 +283,11 @@ START_TEST(test_root_bound_to_given_address) {
   /* An address this host does not have (as behind a NAT: TEST-NET-3): FLEXCOLL_SOCKET_IFNAME's
    * address when set, else every address (then 127.0.0.2 is accepted, where it is routed). */
   for (int ifname = 1; ifname >= 0; ifname--) {
-    int port = free_port();
     char hp[64];
-    snprintf(hp, sizeof hp, "203.0.113.7:%d", port);
     flexcoll_unique_id_t id;
     fc_bootstrap_root_t *root = NULL;
     if (ifname) setenv("FLEXCOLL_SOCKET_IFNAME", "=lo", 1);
-    ck_assert_int_eq(fc_bootstrap_id_from_address(&id, hp, 1, NULL), FLEXCOLL_SUCCESS);
-    ck_assert_int_eq(fc_bootstrap_start_root(&id, hp, &root), FLEXCOLL_SUCCESS);
+    const int port = start_root_at("203.0.113.7", 1, hp, sizeof hp, &id, &root);
     unsetenv("FLEXCOLL_SOCKET_IFNAME");
     ck_assert_int_eq(try_connect("127.0.0.1", port), 0);
     int e = try_connect("127.0.0.2", port);

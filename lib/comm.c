@@ -271,6 +271,8 @@ static void comm_free(flexcoll_comm_t c, int force) {
   if (c->init_thread_started) pthread_join(c->init_thread, NULL); /* it has left the communicator */
   fc_gpu_comm_fini(c);
   fc_links_close(c, force);
+  fc_mem_free_device(c->dev_scratch);
+  fc_mem_free_device(c->dev_landing);
   fc_host_windows_release(c);
   fc_shm_close(c);
   fc_bootstrap_stop_root(c->root);

@@ -60,6 +60,10 @@ struct flexcoll_comm {
   size_t scratch_bytes;
   void *landing;        /* where received slices wait to be reduced, grown on demand */
   size_t landing_bytes;
+  void *dev_scratch;    /* the same two in device memory, for schedules run on device buffers */
+  size_t dev_scratch_bytes; /* (fc_host_run_device); freed after the links that registered them */
+  void *dev_landing;
+  size_t dev_landing_bytes;
 
   /* Deferred initialisation (inside a group). */
   flexcoll_unique_id_t init_id;

@@ -122,7 +122,9 @@ FV_EXPORT void fake_verbs_dev_stats(long *dmabuf, long *peermem) {
 /* ---- GPU memory through the CUDA driver (dlopen: the fake builds and runs without CUDA) ------- */
 
 typedef int (*cu_attr_fn)(void *data, int attribute, unsigned long long ptr);
-typedef int (*cu_copy_fn)(unsigned long long dst, unsigned long long src, size_t bytes);
+typedef int (*cu_copy_fn)(unsigned long long dst, unsigned long long src, size_t bytes, void *stream);
+typedef int (*cu_stream_new_fn)(void **stream, unsigned flags);
+typedef int (*cu_stream_sync_fn)(void *stream);
 typedef int (*cu_ctx_fn)(void *ctx);
 typedef int (*cu_pop_fn)(void **ctx);
 typedef int (*cu_primary_fn)(void **ctx, int dev);
@@ -130,6 +132,8 @@ typedef int (*cu_device_fn)(int *dev, int ordinal);
 static struct {
   cu_attr_fn attr;
   cu_copy_fn copy;
+  cu_stream_new_fn stream_new;
+  cu_stream_sync_fn stream_sync;
   cu_ctx_fn push;
   cu_pop_fn pop;
   cu_primary_fn primary;
@@ -141,19 +145,24 @@ static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 #define FV_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define FV_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define FV_CU_MEMORYTYPE_DEVICE 2
+#define FV_CU_STREAM_NON_BLOCKING 1
 
 /* Asked again until the process has loaded CUDA: before that no pointer is device memory. */
 static void cu_load(void) {
   pthread_mutex_lock(&cu_lock);
   void *h = cu.attr ? NULL : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (h) {
-    cu.copy = (cu_copy_fn)dlsym(h, "cuMemcpy");
+    cu.copy = (cu_copy_fn)dlsym(h, "cuMemcpyAsync");
+    cu.stream_new = (cu_stream_new_fn)dlsym(h, "cuStreamCreate");
+    cu.stream_sync = (cu_stream_sync_fn)dlsym(h, "cuStreamSynchronize");
     cu.push = (cu_ctx_fn)dlsym(h, "cuCtxPushCurrent_v2");
     cu.pop = (cu_pop_fn)dlsym(h, "cuCtxPopCurrent_v2");
     cu.primary = (cu_primary_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
     cu.device = (cu_device_fn)dlsym(h, "cuDeviceGet");
     cu.attr = (cu_attr_fn)dlsym(h, "cuPointerGetAttribute");
-    if (!cu.attr || !cu.copy || !cu.push || !cu.pop || !cu.primary || !cu.device) memset(&cu, 0, sizeof cu);
+    if (!cu.attr || !cu.copy || !cu.push || !cu.pop || !cu.primary || !cu.device || !cu.stream_new ||
+        !cu.stream_sync)
+      memset(&cu, 0, sizeof cu);
   }
   pthread_mutex_unlock(&cu_lock);
 }
@@ -175,16 +184,36 @@ static int is_gpu(const void *addr, void **ctx) {
          cu.primary(ctx, dev) == 0 && *ctx;
 }
 
+/* A non-blocking stream of ctx (current) for the "NIC's" copies, made once per context. */
+static void *copy_stream(void *ctx) {
+  static struct {
+    void *ctx, *stream;
+  } made[16];
+  void *st = NULL;
+  pthread_mutex_lock(&cu_lock);
+  int i = 0;
+  while (i < 16 && made[i].ctx && made[i].ctx != ctx) i++;
+  if (i < 16 && made[i].ctx == ctx) st = made[i].stream;
+  else if (i < 16 && cu.stream_new(&st, FV_CU_STREAM_NON_BLOCKING) == 0) made[i].ctx = ctx, made[i].stream = st;
+  pthread_mutex_unlock(&cu_lock);
+  return st;
+}
+
 /* The "NIC's" DMA into or out of GPU memory (gpu: the side that is, dst or src): a copy in the
- * memory's own context.  0 on success.  Memory freed since its registration fails the access
- * (-1): the driver would take an address it no longer knows for host memory and copy through
- * it, where a NIC's access to a registration whose memory went away faults instead. */
+ * memory's own context, landed when this returns, as a NIC's completion says the data is in
+ * memory (cuMemcpy returns before a copy from pageable memory reaches the device, and a kernel
+ * on another non-blocking stream could then read the old bytes).  0 on success.  Memory freed
+ * since its registration fails the access (-1): the driver would take an address it no longer
+ * knows for host memory and copy through it, where a NIC's access to a registration whose
+ * memory went away faults instead. */
 static int gpu_copy(void *ctx, void *dst, const void *src, size_t n, const void *gpu) {
   void *old = NULL, *now = NULL;
   if (!n) return 0;
   if (!is_gpu(gpu, &now) || !is_gpu((const char *)gpu + n - 1, &now)) return -1;
   if (cu.push(ctx)) return -1;
-  const int rc = cu.copy((unsigned long long)(uintptr_t)dst, (unsigned long long)(uintptr_t)src, n);
+  void *st = copy_stream(ctx);
+  const int rc = !st || cu.copy((unsigned long long)(uintptr_t)dst, (unsigned long long)(uintptr_t)src, n, st) ||
+                 cu.stream_sync(st);
   cu.pop(&old);
   return rc ? -1 : 0;
 }

@@ -22,12 +22,11 @@
  * each rank frees its send buffer, allocates another (often at the same address) and sends
  * from it: the device registration cache, which registers each allocation once, must register
  * the new one (its buffer id differs) and drop the freed one's, so that the fake's live
- * registrations are as many as before.  Then the collectives that only move data (allgather,
- * broadcast, alltoall) in and out of place, below and above the threshold, every element
- * checked: they go straight between the device buffers too, so the fake registers no host
- * memory meanwhile (the in-place alltoall's copy is pool memory, which has no context of its
- * own).  An allreduce on the same communicator (through host copies: its reduction is the
- * host's) checks the rest still works.
+ * registrations are as many as before.  Then every collective (allgather, broadcast, alltoall,
+ * allreduce, reduce_scatter, reduce) in and out of place, below and above the threshold, every
+ * element checked: they go straight between the device buffers too, their reductions on the
+ * device, so the fake registers no host memory meanwhile (the in-place alltoall's copy is pool
+ * memory, which has no context of its own); last a float average (the division on the device).
  *
  * FC_TEST_RDMA_REAL=1 (tests/test_rdma_real.sh) runs the same transfers with the real provider,
  * libibverbs, for machines with a NIC: modes `real` (whichever registration the NIC takes) and
@@ -138,9 +137,18 @@ static int value(int from, int k, size_t i) { return (int)((unsigned)from * 1000
 static long g_host_regs; /* the fake's registrations of host memory during the collectives (rank 0 counts) */
 static long g_dmabuf_before = -1, g_peermem_before = -1; /* device registrations before them */
 
-/* Collectives that only move data (allgather, broadcast, alltoall), in and out of place, int32
- * counts below and above the zero-copy threshold: with links that take device memory they go
- * straight between the device buffers (no host staging), every element checked. */
+/* Rank `from`'s input and what each collective must give, in unsigned arithmetic (the kernels'
+ * int32 sums wrap as two's complement does). */
+static int sum_of(int k, size_t i) { return (int)((unsigned)value(0, k, i) + (unsigned)value(1, k, i)); }
+static int max_of(int k, size_t i) { return value(0, k, i) > value(1, k, i) ? value(0, k, i) : value(1, k, i); }
+
+enum { ALLGATHER, BROADCAST, ALLTOALL, ALLREDUCE, REDUCE_SCATTER, REDUCE, NCOLLS };
+static const char *const coll_names[NCOLLS] = {"allgather", "broadcast", "alltoall", "allreduce", "reduce_scatter",
+                                               "reduce"};
+
+/* Every collective, in and out of place, int32 counts below and above the zero-copy threshold:
+ * with links that take device memory they go straight between the device buffers (no host
+ * staging; the reductions on the device), every element checked. */
 static void data_collectives(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, unsigned char *dsend,
                              unsigned char *drecv, unsigned char *hbuf) {
   static const size_t counts[] = {1, 1001, 300007};
@@ -149,34 +157,50 @@ static void data_collectives(rank_t *r, flexcoll_comm_t comm, cudaStream_t s, un
   int k = 0;
   for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
     const size_t c = counts[ci];
-    for (int coll = 0; coll < 3; coll++)
+    for (int coll = 0; coll < NCOLLS; coll++)
       for (int inplace = 0; inplace < 2 && !r->failures; inplace++, k++) {
-        /* allgather: c in, 2c out; broadcast from rank k % 2: c; alltoall: 2c in and out. */
-        const size_t nin = coll == 2 ? 2 * c : c, nout = coll == 0 || coll == 2 ? 2 * c : c;
+        /* allgather: c in, 2c out; alltoall: 2c in and out; reduce_scatter: 2c in, c out; the
+         * rest c.  Broadcast and reduce at root k % 2 (reduce: the max, the others sum). */
+        const size_t nin = coll == ALLTOALL || coll == REDUCE_SCATTER ? 2 * c : c;
+        const size_t nout = coll == ALLGATHER || coll == ALLTOALL ? 2 * c : c;
         const int root = k % 2;
         for (size_t i = 0; i < nin; i++) in[i] = value(r->rank, k, i);
-        int *sbuf = inplace ? (coll == 0 ? recv + (size_t)r->rank * c : recv) : send;
-        cudaMemset(recv, 0xff, nout * sizeof(int));
+        int *sbuf = inplace && coll == ALLGATHER ? recv + (size_t)r->rank * c : inplace ? recv : send;
+        int *rbuf = inplace && coll == REDUCE_SCATTER ? recv + (size_t)r->rank * c : recv;
+        cudaMemset(recv, 0xff, (nin > nout ? nin : nout) * sizeof(int));
         cudaMemcpy(sbuf, in, nin * sizeof(int), cudaMemcpyHostToDevice);
         /* The legacy stream's memset and copy are not ordered before work on s (non-blocking). */
         cudaDeviceSynchronize();
-        flexcoll_result_t res =
-            coll == 0   ? flexcoll_allgather(sbuf, recv, c, FLEXCOLL_INT32, comm, s)
-            : coll == 1 ? flexcoll_broadcast(sbuf, recv, c, FLEXCOLL_INT32, root, comm, s)
-                        : flexcoll_alltoall(sbuf, recv, c, FLEXCOLL_INT32, comm, s);
-        static const char *const names[] = {"allgather", "broadcast", "alltoall"};
-        EXPECT(r, res == FLEXCOLL_SUCCESS, "%s of %zu%s: %s", names[coll], c, inplace ? " in place" : "",
+        flexcoll_result_t res;
+        switch (coll) {
+        case ALLGATHER: res = flexcoll_allgather(sbuf, rbuf, c, FLEXCOLL_INT32, comm, s); break;
+        case BROADCAST: res = flexcoll_broadcast(sbuf, rbuf, c, FLEXCOLL_INT32, root, comm, s); break;
+        case ALLTOALL: res = flexcoll_alltoall(sbuf, rbuf, c, FLEXCOLL_INT32, comm, s); break;
+        case ALLREDUCE: res = flexcoll_allreduce(sbuf, rbuf, c, FLEXCOLL_INT32, FLEXCOLL_SUM, comm, s); break;
+        case REDUCE_SCATTER:
+          res = flexcoll_reduce_scatter(sbuf, rbuf, c, FLEXCOLL_INT32, FLEXCOLL_SUM, comm, s);
+          break;
+        default: res = flexcoll_reduce(sbuf, rbuf, c, FLEXCOLL_INT32, FLEXCOLL_MAX, root, comm, s); break;
+        }
+        EXPECT(r, res == FLEXCOLL_SUCCESS, "%s of %zu%s: %s", coll_names[coll], c, inplace ? " in place" : "",
                flexcoll_get_last_error(comm));
         cudaStreamSynchronize(s);
-        cudaMemcpy(out, recv, nout * sizeof(int), cudaMemcpyDeviceToHost);
+        if (coll == REDUCE && r->rank != root) continue; /* only the root's output is defined */
+        cudaMemcpy(out, rbuf, nout * sizeof(int), cudaMemcpyDeviceToHost);
         size_t wrong = 0, first = 0;
         for (size_t i = 0; i < nout; i++) {
-          const int want = coll == 0 ? value((int)(i / c), k, i % c)
-                           : coll == 1 ? value(root, k, i)
-                                       : value((int)(i / c), k, (size_t)r->rank * c + i % c);
+          int want;
+          switch (coll) {
+          case ALLGATHER: want = value((int)(i / c), k, i % c); break;
+          case BROADCAST: want = value(root, k, i); break;
+          case ALLTOALL: want = value((int)(i / c), k, (size_t)r->rank * c + i % c); break;
+          case ALLREDUCE: want = sum_of(k, i); break;
+          case REDUCE_SCATTER: want = sum_of(k, (size_t)r->rank * c + i); break;
+          default: want = max_of(k, i); break;
+          }
           if (out[i] != want && !wrong++) first = i;
         }
-        EXPECT(r, wrong == 0, "%s of %zu%s: %zu of %zu wrong, the first at %zu", names[coll], c,
+        EXPECT(r, wrong == 0, "%s of %zu%s: %zu of %zu wrong, the first at %zu", coll_names[coll], c,
                inplace ? " in place" : "", wrong, nout, first);
       }
   }
@@ -241,21 +265,21 @@ static void *rank_main(void *arg) {
     g_host_regs = (ever1 - ever0) - ((db1 - db0) + (pm1 - pm0));
   }
   meet(MEETINGS);
-  /* A collective on the same communicator still runs through host copies (its reduction is
-   * the host's): every element (rank 0 + 1) + (rank 1 + 1) = 3. */
+  /* A float average, the division on the device too: every element ((rank 0 + 1) + (rank 1 +
+   * 1)) / 2 = 1.5. */
   const size_t count = 262147;
   float *vals = malloc(count * sizeof *vals);
   for (size_t i = 0; vals && i < count; i++) vals[i] = (float)(r->rank + 1);
   if (vals && send && !r->failures) {
     cudaMemcpy(send, vals, count * sizeof *vals, cudaMemcpyHostToDevice);
     cudaDeviceSynchronize(); /* the legacy stream's copy is not ordered before work on s */
-    EXPECT(r, flexcoll_allreduce(send, recv, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s) == FLEXCOLL_SUCCESS,
+    EXPECT(r, flexcoll_allreduce(send, recv, count, FLEXCOLL_FLOAT32, FLEXCOLL_AVG, comm, s) == FLEXCOLL_SUCCESS,
            "allreduce: %s", flexcoll_get_last_error(comm));
     cudaStreamSynchronize(s);
     cudaMemcpy(vals, recv, count * sizeof *vals, cudaMemcpyDeviceToHost);
     size_t wrong = 0;
-    for (size_t i = 0; i < count; i++) wrong += vals[i] != 3.0f;
-    EXPECT(r, wrong == 0, "allreduce: %zu of %zu elements are not 3", wrong, count);
+    for (size_t i = 0; i < count; i++) wrong += vals[i] != 1.5f;
+    EXPECT(r, wrong == 0, "allreduce (average): %zu of %zu elements are not 1.5", wrong, count);
   }
   free(vals);
   if (r->failures) flexcoll_comm_abort(comm);
@@ -339,11 +363,11 @@ static int run_mode(const char *mode) {
   } else {
     bad = dmabuf != 0 || peermem != 0;
   }
-  /* The data-only collectives' sizes above the threshold register their buffers wherever zero
-   * copy is on; through host staging those would be host buffers. */
-  printf("[test_rdma_gpu] %s: %ld host registrations during allgather, broadcast and alltoall\n", mode, g_host_regs);
+  /* The collectives' sizes above the threshold register their buffers wherever zero copy is
+   * on; through host staging those would be host buffers. */
+  printf("[test_rdma_gpu] %s: %ld host registrations during the collectives\n", mode, g_host_regs);
   if (g_host_regs != 0) {
-    fprintf(stderr, "[test_rdma_gpu] %s: the data-only collectives were staged through host memory\n", mode);
+    fprintf(stderr, "[test_rdma_gpu] %s: the collectives were staged through host memory\n", mode);
     bad = 1;
   }
   if (bad) fprintf(stderr, "[test_rdma_gpu] %s: not the registrations this mode must make (dma-buf here: %s)\n", mode,

@@ -1,9 +1,10 @@
 /* dev_mem.c — device memory for the links that move it themselves (gpu.h): the rdma link reads
  * and writes user device buffers through the NIC (GPUDirect RDMA) where it can register them,
- * and copies them where it cannot.
+ * and copies them where it cannot; the host executor, running a schedule on device buffers,
+ * reduces and copies them here.
  *
- * Copies run on one non-blocking stream per device, made at the first copy and kept for the
- * process: cudaMemcpy would run on the legacy default stream, which waits for every blocking
+ * Copies and reductions run on one non-blocking stream per device, made at the first use and
+ * kept for the process: cudaMemcpy would run on the legacy default stream, which waits for every blocking
  * stream's work on the device, and another rank's kernel sharing the GPU may be spinning there
  * until this very copy lands.
  *
@@ -28,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu/device.h"
+#include "kernels/kernels.h"
 
 #define MAX_DEVICES 64
 
@@ -39,6 +41,44 @@ static void copy_init(void) {
   for (int d = 0; d < MAX_DEVICES; d++) pthread_mutex_init(&copy_lock[d], NULL);
 }
 
+/* The copy stream of dev (the device of memory the caller asked fc_mem_type about), locked and
+ * current: dev, or -1 with the reason (then nothing is held). */
+static int stream_enter(int dev, const char *what, int *prev, char *why, size_t len) {
+  if (dev < 0 || dev >= MAX_DEVICES) {
+    snprintf(why, len, "%s: no device memory (device %d)", what, dev);
+    return -1;
+  }
+  pthread_once(&copy_once, copy_init);
+  *prev = fc_gpu_switch_device(dev);
+  pthread_mutex_lock(&copy_lock[dev]);
+  if (!copy_stream[dev] && cudaStreamCreateWithFlags(&copy_stream[dev], cudaStreamNonBlocking) != cudaSuccess) {
+    copy_stream[dev] = NULL;
+    pthread_mutex_unlock(&copy_lock[dev]);
+    fc_gpu_leave_device(*prev);
+    snprintf(why, len, "%s: cannot create a stream on device %d: %s", what, dev, cudaGetErrorString(cudaGetLastError()));
+    return -1;
+  }
+  return dev;
+}
+
+/* The device of device memory at ptr, or -1. */
+static int device_of(const void *ptr) {
+  int dev = -1;
+  return fc_mem_type(ptr, &dev) == FC_MEM_DEVICE ? dev : -1;
+}
+
+/* Wait for what was enqueued (e: the enqueue's own error), then let the stream go. */
+static int stream_leave(int dev, int prev, cudaError_t e, const char *what, char *why, size_t len) {
+  if (e == cudaSuccess) e = cudaStreamSynchronize(copy_stream[dev]);
+  pthread_mutex_unlock(&copy_lock[dev]);
+  if (e != cudaSuccess) {
+    snprintf(why, len, "%s: %s", what, cudaGetErrorString(e));
+    cudaGetLastError();
+  }
+  fc_gpu_leave_device(prev);
+  return e == cudaSuccess ? 0 : -1;
+}
+
 int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len) {
   if (!bytes || dst == src) return 0;
   int ddev = -1, sdev = -1;
@@ -47,26 +87,53 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
     memcpy(dst, src, bytes);
     return 0;
   }
-  const int dev = dt == FC_MEM_DEVICE ? ddev : sdev;
-  if (dev < 0 || dev >= MAX_DEVICES) {
-    snprintf(why, len, "device %d of a copy is out of range", dev);
-    return -1;
-  }
-  pthread_once(&copy_once, copy_init);
-  const int prev = fc_gpu_switch_device(dev);
-  pthread_mutex_lock(&copy_lock[dev]);
-  cudaError_t e = cudaSuccess;
-  if (!copy_stream[dev]) e = cudaStreamCreateWithFlags(&copy_stream[dev], cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream[dev]);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(copy_stream[dev]);
-  pthread_mutex_unlock(&copy_lock[dev]);
+  char what[64];
+  snprintf(what, sizeof what, "copying %zu bytes %s device memory", bytes, dt == FC_MEM_DEVICE ? "into" : "out of");
+  int prev;
+  const int dev = stream_enter(dt == FC_MEM_DEVICE ? ddev : sdev, what, &prev, why, len);
+  if (dev < 0) return -1;
+  return stream_leave(dev, prev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream[dev]), what, why, len);
+}
+
+int fc_mem_reduce(void *dst, const void *a, const void *b, size_t count, flexcoll_datatype_t dtype, flexcoll_op_t op,
+                  char *why, size_t len) {
+  if (!count) return 0;
+  const char *what = "reducing on the device";
+  int prev;
+  const int dev = stream_enter(device_of(dst), what, &prev, why, len);
+  if (dev < 0) return -1;
+  const cudaError_t e = (cudaError_t)fc_kernel_reduce(dst, a, b, count, dtype, op, copy_stream[dev]);
+  return stream_leave(dev, prev, e, what, why, len);
+}
+
+int fc_mem_divide(void *buf, size_t count, flexcoll_datatype_t dtype, int n, char *why, size_t len) {
+  if (!count) return 0;
+  const char *what = "dividing on the device";
+  int prev;
+  const int dev = stream_enter(device_of(buf), what, &prev, why, len);
+  if (dev < 0) return -1;
+  return stream_leave(dev, prev, (cudaError_t)fc_kernel_divide(buf, count, dtype, n, copy_stream[dev]), what, why, len);
+}
+
+void *fc_mem_alloc_device(int device, size_t bytes, char *why, size_t len) {
+  void *p = NULL;
+  const int prev = fc_gpu_switch_device(device);
+  const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
   if (e != cudaSuccess) {
-    snprintf(why, len, "copying %zu bytes %s device memory: %s", bytes, dt == FC_MEM_DEVICE ? "into" : "out of",
-             cudaGetErrorString(e));
+    snprintf(why, len, "cudaMalloc of %zu bytes on device %d: %s", bytes, device, cudaGetErrorString(e));
     cudaGetLastError();
+    p = NULL;
   }
   fc_gpu_leave_device(prev);
-  return e == cudaSuccess ? 0 : -1;
+  return p;
+}
+
+void fc_mem_free_device(void *p) {
+  const int dev = p ? device_of(p) : -1;
+  if (dev < 0) return;
+  const int prev = fc_gpu_switch_device(dev);
+  if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+  fc_gpu_leave_device(prev);
 }
 
 typedef CUresult (*get_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
@@ -166,4 +233,21 @@ int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char
   snprintf(why, len, "flexcoll was built without CUDA");
   return -1;
 }
+int fc_mem_reduce(void *dst, const void *a, const void *b, size_t count, flexcoll_datatype_t dtype, flexcoll_op_t op,
+                  char *why, size_t len) {
+  (void)dst, (void)a, (void)b, (void)count, (void)dtype, (void)op;
+  snprintf(why, len, "flexcoll was built without CUDA");
+  return -1;
+}
+int fc_mem_divide(void *buf, size_t count, flexcoll_datatype_t dtype, int n, char *why, size_t len) {
+  (void)buf, (void)count, (void)dtype, (void)n;
+  snprintf(why, len, "flexcoll was built without CUDA");
+  return -1;
+}
+void *fc_mem_alloc_device(int device, size_t bytes, char *why, size_t len) {
+  (void)device, (void)bytes;
+  snprintf(why, len, "flexcoll was built without CUDA");
+  return NULL;
+}
+void fc_mem_free_device(void *p) { (void)p; }
 #endif

@@ -33,6 +33,18 @@ void fc_host_pages_note(const void *ptr, uint64_t epoch);
  * pointer ptr, whole pages, and ptr's offset in it, for ibv_reg_dmabuf_mr; -1 with the reason
  * where the driver cannot export it (no dma-buf support, memory it cannot export). */
 int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len);
+/* For a host schedule run on device buffers (lib/host, fc_host_run_device), on the same stream
+ * as fc_mem_copy and done when they return; 0, or -1 with the reason in why.
+ * fc_mem_reduce: dst[i] = a[i] op b[i] over count elements of device memory (AVG as SUM), dst may
+ * alias a or b; fc_mem_divide: buf[i] /= n.  Both with flexcoll's kernels (lib/kernels), whose
+ * rounding is lib/host/reduce.c's.  fc_mem_alloc_device: bytes of plain device memory
+ * (cudaMalloc: a NIC can register it through a dma-buf) on device, or NULL with the reason;
+ * fc_mem_free_device frees it (NULL: nothing). */
+int fc_mem_reduce(void *dst, const void *a, const void *b, size_t count, flexcoll_datatype_t dtype, flexcoll_op_t op,
+                  char *why, size_t len);
+int fc_mem_divide(void *buf, size_t count, flexcoll_datatype_t dtype, int n, char *why, size_t len);
+void *fc_mem_alloc_device(int device, size_t bytes, char *why, size_t len);
+void fc_mem_free_device(void *p);
 /* The CUDA allocation around device pointer ptr: its first address, its size, its buffer id
  * (CU_POINTER_ATTRIBUTE_BUFFER_ID: never given to another allocation while the process lives,
  * so memory freed and allocated again at the same address has a new one), and whether it is a

@@ -58,7 +58,7 @@ typedef struct {
   char *bufs[3];     /* send, recv, scratch, indexed by fc_buf_t */
   void *const *ext;  /* FC_BUF_EXT + i: buffers of a point-to-point batch */
   int p2p;           /* messages are numbered per pair across calls, not per collective */
-  int device;        /* send and recv are device memory (fc_host_run_device): copies by fc_mem_copy */
+  int device;        /* every buffer is device memory (fc_host_run_device): copies and reductions there */
   size_t esize;
   flexcoll_datatype_t dtype;
   flexcoll_op_t op;
@@ -139,7 +139,7 @@ static flexcoll_result_t post_part(fc_exec_t *x, const fc_step_t *st, int link, 
       FC_CHECK(l->ops->irecv(x->comm, l, peer, base, bytes, tag, &s->req));
     } else {
       s->step = st;
-      s->tmp = (char *)x->comm->landing + *tmp_off;
+      s->tmp = (char *)(x->device ? x->comm->dev_landing : x->comm->landing) + *tmp_off;
       *tmp_off += bytes;
       FC_CHECK(l->ops->irecv(x->comm, l, peer, s->tmp, bytes, tag, &s->req));
     }
@@ -189,15 +189,26 @@ static flexcoll_result_t post_step(fc_exec_t *x, const fc_step_t *st, size_t *tm
   return FLEXCOLL_SUCCESS;
 }
 
-static void finish_slice(fc_exec_t *x, fc_slice_t *s) {
+/* dst = a op b (count elements): on the host, or on the device for device buffers. */
+static flexcoll_result_t reduce(fc_exec_t *x, void *dst, const void *a, const void *b, size_t count) {
+  if (!x->device) {
+    fc_host_reduce(dst, a, b, count, x->dtype, x->op);
+    return FLEXCOLL_SUCCESS;
+  }
+  char why[200];
+  if (fc_mem_reduce(dst, a, b, count, x->dtype, x->op, why, sizeof why))
+    return fc_error(x->comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s", why);
+  return FLEXCOLL_SUCCESS;
+}
+
+static flexcoll_result_t finish_slice(fc_exec_t *x, fc_slice_t *s) {
   s->pending = 0;
   fc_part_t *p = &x->parts[s->part];
   if (--p->left == 0)
     fc_links_record(x->comm->links, x->comm->nranks, p->link, p->peer, p->bytes, fc_now_us() - p->t_post, p->is_send);
-  if (!s->step) return;
+  if (!s->step) return FLEXCOLL_SUCCESS;
   const fc_step_t *st = s->step;
-  fc_host_reduce(ref(x, st->buf, st->off + s->first), ref(x, st->src_buf, st->src_off + s->first), s->tmp,
-                 s->count, x->dtype, x->op);
+  return reduce(x, ref(x, st->buf, st->off + s->first), ref(x, st->src_buf, st->src_off + s->first), s->tmp, s->count);
 }
 
 flexcoll_result_t fc_host_check_stuck(struct flexcoll_comm *c, uint32_t seq, double last_progress, double *next_peer_check) {
@@ -258,7 +269,11 @@ static flexcoll_result_t wait_slices(fc_exec_t *x) {
       int done;
       fc_link_t *l = &links->link[s->link];
       FC_CHECK(l->ops->test(x->comm, l, &s->req, s->is_recv ? s->count * x->esize : SIZE_MAX, &done));
-      if (done) { finish_slice(x, s); left--; completed = 1; }
+      if (done) {
+        FC_CHECK(finish_slice(x, s));
+        left--;
+        completed = 1;
+      }
       else busy |= 1u << s->link;
     }
     if (polled || completed) idle = 0;
@@ -290,6 +305,21 @@ static flexcoll_result_t grow(struct flexcoll_comm *comm, void **p, size_t *have
   if (!*p)
     return fc_error(comm, FLEXCOLL_SYSTEM_ERROR,
                     "out of memory for %zu bytes of host %s; nothing was sent and the communicator stays usable", need, what);
+  *have = need;
+  return FLEXCOLL_SUCCESS;
+}
+
+/* The same in device memory (fc_host_run_device), on the communicator's device. */
+static flexcoll_result_t grow_device(struct flexcoll_comm *comm, void **p, size_t *have, size_t need, const char *what) {
+  if (need <= *have) return FLEXCOLL_SUCCESS;
+  fc_mem_free_device(*p);
+  *have = 0;
+  char why[200];
+  *p = fc_mem_alloc_device(comm->cuda_device, need, why, sizeof why);
+  if (!*p)
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR,
+                    "out of device memory for %zu bytes of %s (%s); nothing was sent and the communicator stays usable",
+                    need, what, why);
   *have = need;
   return FLEXCOLL_SUCCESS;
 }
@@ -329,8 +359,13 @@ static flexcoll_result_t prepare(fc_exec_t *x, const fc_schedule_t *s) {
     if (n > slices) slices = n;
     if (np > parts) parts = np;
   }
-  FC_CHECK(grow(c, &c->scratch, &c->scratch_bytes, s->scratch_count * x->esize, "scratch"));
-  FC_CHECK(grow(c, &c->landing, &c->landing_bytes, landing, "landing space for received data"));
+  if (x->device) {
+    FC_CHECK(grow_device(c, &c->dev_scratch, &c->dev_scratch_bytes, s->scratch_count * x->esize, "scratch"));
+    FC_CHECK(grow_device(c, &c->dev_landing, &c->dev_landing_bytes, landing, "landing space for received data"));
+  } else {
+    FC_CHECK(grow(c, &c->scratch, &c->scratch_bytes, s->scratch_count * x->esize, "scratch"));
+    FC_CHECK(grow(c, &c->landing, &c->landing_bytes, landing, "landing space for received data"));
+  }
   FC_CHECK(reserve_slices(x, slices));
   FC_CHECK(reserve_parts(x, parts));
   x->send_msgs = calloc((size_t)c->nranks * 2, sizeof(int));
@@ -371,7 +406,8 @@ static flexcoll_result_t run_round(fc_exec_t *x, const fc_schedule_t *s, int r) 
     }
     if (st->kind == FC_STEP_REDUCE) {
       char *dst = ref(x, st->buf, st->off);
-      fc_host_reduce(dst, dst, ref(x, st->src_buf, st->src_off), st->count, x->dtype, x->op);
+      flexcoll_result_t res = reduce(x, dst, dst, ref(x, st->src_buf, st->src_off), st->count);
+      if (res != FLEXCOLL_SUCCESS) { cancel_slices(x); return res; }
       continue;
     }
     flexcoll_result_t res = post_step(x, st, &tmp_off);
@@ -392,24 +428,22 @@ static flexcoll_result_t execute(fc_exec_t *x, const fc_schedule_t *s) {
     free(x->parts);
     return res;
   }
-  x->bufs[FC_BUF_SCRATCH] = comm->scratch;
+  x->bufs[FC_BUF_SCRATCH] = x->device ? comm->dev_scratch : comm->scratch;
   for (int r = 0; r < s->nrounds && res == FLEXCOLL_SUCCESS; r++) res = run_round(x, s, r);
   /* A collective that failed half-way leaves this rank's message numbering, and its peers, out
    * of step: the communicator is unusable (get_async_error says so; later calls are refused). */
   if (res != FLEXCOLL_SUCCESS) fc_comm_set_async_error(comm, res);
-  if (res == FLEXCOLL_SUCCESS && x->op == FLEXCOLL_AVG && s->result_count)
-    fc_host_divide(ref(x, s->result_buf, s->result_off), s->result_count, x->dtype, comm->nranks);
+  if (res == FLEXCOLL_SUCCESS && x->op == FLEXCOLL_AVG && s->result_count) {
+    void *result = ref(x, s->result_buf, s->result_off);
+    char why[200];
+    if (!x->device) fc_host_divide(result, s->result_count, x->dtype, comm->nranks);
+    else if (fc_mem_divide(result, s->result_count, x->dtype, comm->nranks, why, sizeof why))
+      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "%s", why);
+  }
   free(x->send_msgs);
   free(x->slices);
   free(x->parts);
   return res;
-}
-
-/* Whether schedule s only moves data (no step reduces): what fc_host_run_device can run. */
-static int moves_only(const fc_schedule_t *s) {
-  for (int i = 0; i < s->nsteps; i++)
-    if (s->steps[i].kind == FC_STEP_REDUCE || s->steps[i].kind == FC_STEP_RECV_REDUCE) return 0;
-  return 1;
 }
 
 static flexcoll_result_t host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
@@ -456,11 +490,11 @@ static flexcoll_result_t host_run(struct flexcoll_comm *comm, const fc_algo_args
     free(copy);
     return fc_error(comm, res, "cannot build the schedule of this collective (%s)", flexcoll_get_error_string(res));
   }
-  /* Every rank builds the same kind of schedule for the call, so all refuse alike. */
-  if (device && (!moves_only(&comm->schedule) || (args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf))) {
+  /* lib/gpu copies an in-place alltoall's input first (alltoall_through_copy); every rank makes
+   * the same call, so all refuse alike. */
+  if (device && args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && recv_bytes && comm->nranks > 1) {
     free(copy);
-    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "%s on device buffers through the links: %s", fc_coll_name(args->coll),
-                    sendbuf == recvbuf ? "in place" : "its schedule reduces");
+    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "alltoall on device buffers through the links: in place");
   }
   fc_exec_t x = {.comm = comm, .esize = esize, .dtype = dtype, .op = op, .seq = seq, .device = device};
   x.bufs[FC_BUF_SEND] = (char *)sendbuf;
@@ -477,8 +511,8 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
 }
 
 flexcoll_result_t fc_host_run_device(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                                     void *recvbuf, flexcoll_datatype_t dtype) {
-  return host_run(comm, args, sendbuf, recvbuf, dtype, FLEXCOLL_SUM, 1);
+                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op) {
+  return host_run(comm, args, sendbuf, recvbuf, dtype, op, 1);
 }
 
 flexcoll_result_t fc_host_run_p2p(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops, void *const *bufs) {

@@ -21,14 +21,13 @@ struct flexcoll_comm;
 flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                               void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op);
 
-/* The same for a collective whose schedule only moves data (allgather, broadcast, alltoall) on
- * device buffers, where every link toward every peer takes device memory
+/* The same on device buffers, where every link toward every peer takes device memory
  * (fc_links_device_memory): sends and receives straight from and into the device buffers, copy
- * steps by fc_mem_copy, never the shared-memory paths; an in-place alltoall comes out of place
- * (lib/gpu copies its input first).  A
- * schedule that reduces is refused (FLEXCOLL_INTERNAL_ERROR: the caller decides by collective). */
+ * steps and reductions on the device (fc_mem_copy, fc_mem_reduce; scratch and landing space in
+ * device memory), never the shared-memory paths.  An in-place alltoall is refused
+ * (FLEXCOLL_INTERNAL_ERROR): lib/gpu runs it out of place from a copy of its input. */
 flexcoll_result_t fc_host_run_device(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
-                                     void *recvbuf, flexcoll_datatype_t dtype);
+                                     void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op);
 
 /* Why a host wait must stop, or FLEXCOLL_SUCCESS: abort, an asynchronous error, a ring
  * neighbour lost (looked at when now passes *next_peer_check, then 50 ms later), or no progress

@@ -465,10 +465,14 @@ static flexcoll_result_t host_run(struct flexcoll_comm *comm, const fc_algo_args
   if (shm != FC_SHM_OFF && args->count)
     return fc_shm_run(comm, shm, args, sendbuf, recvbuf, dtype, op, larger, shm == FC_SHM_WINDOW ? &win : NULL);
   /* In-place alltoall (NCCL allows it, and nccl-tests runs it): a round receives into blocks that
-   * a later round still sends from, so the input is sent from a copy (on device buffers the
-   * caller made one already: lib/gpu, alltoall_through_copy). */
+   * a later round still sends from, so the input is sent from a copy.  On device buffers lib/gpu
+   * makes that copy first (alltoall_through_copy); every rank makes the same call, so all refuse
+   * one that comes here alike. */
   char *copy = NULL;
-  if (args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && recv_bytes && comm->nranks > 1 && !device) {
+  const int in_place_alltoall = args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && recv_bytes && comm->nranks > 1;
+  if (in_place_alltoall && device)
+    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "alltoall on device buffers through the links: in place");
+  if (in_place_alltoall) {
     copy = malloc(recv_bytes);
     if (!copy)
       return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "flexcoll_alltoall: out of memory for the copy of the in-place "
@@ -489,12 +493,6 @@ static flexcoll_result_t host_run(struct flexcoll_comm *comm, const fc_algo_args
   if (res != FLEXCOLL_SUCCESS) {
     free(copy);
     return fc_error(comm, res, "cannot build the schedule of this collective (%s)", flexcoll_get_error_string(res));
-  }
-  /* lib/gpu copies an in-place alltoall's input first (alltoall_through_copy); every rank makes
-   * the same call, so all refuse alike. */
-  if (device && args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && recv_bytes && comm->nranks > 1) {
-    free(copy);
-    return fc_error(comm, FLEXCOLL_INTERNAL_ERROR, "alltoall on device buffers through the links: in place");
   }
   fc_exec_t x = {.comm = comm, .esize = esize, .dtype = dtype, .op = op, .seq = seq, .device = device};
   x.bufs[FC_BUF_SEND] = (char *)sendbuf;

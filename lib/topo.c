@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "param.h"
 
 #if HAVE_CUDA
 #include <cuda_runtime.h>
@@ -140,8 +141,16 @@ uint64_t fc_hash_bytes(uint64_t h, const void *data, size_t len) {
   return h;
 }
 
+void fc_topo_host_name(char *buf, size_t len) {
+  if (len == 0) return;
+  memset(buf, 0, len);
+  const char *id = fc_param_str("FLEXCOLL_HOSTID", NULL);
+  if (id) snprintf(buf, len, "%s", id);
+  else gethostname(buf, len - 1);
+}
+
 uint64_t fc_topo_host_hash(void) {
-  char name[256] = {0};
-  gethostname(name, sizeof name - 1);
+  char name[256];
+  fc_topo_host_name(name, sizeof name);
   return fc_hash_bytes(FC_HASH_INIT, name, strlen(name));
 }

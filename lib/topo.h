@@ -36,6 +36,11 @@ typedef struct {
  * the same bytes. */
 #define FC_HASH_INIT 1469598103934665603ull
 uint64_t fc_hash_bytes(uint64_t h, const void *data, size_t len);
+/* This rank's host name, as every part of the library compares hosts: FLEXCOLL_HOSTID where it
+ * is set (as NCCL_HOSTID: containers that share a machine under other names, or ranks of one
+ * machine to be taken as several hosts, as the tests do), else gethostname.  Cut to len - 1
+ * bytes, always terminated. */
+void fc_topo_host_name(char *buf, size_t len);
 /* This host, as a hash of its name: ranks with the same hash share a host. */
 uint64_t fc_topo_host_hash(void);
 

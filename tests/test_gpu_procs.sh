@@ -6,9 +6,14 @@
 # factors of 8 (the LL, one-shot, ring and alltoall kernels), out of place and in place, every
 # result checked by flexcoll-perf (-c 1), once with the default links and once without peer
 # access (FLEXCOLL_LINKS=pcie,shm,tcp: the ring kernels through host memory, the rest through
-# host copies).  The ranks share the GPUs present (device = local rank modulo the GPUs), so the
-# test runs on a one-GPU node; through CUDA IPC and shared host memory between processes, which
-# threads of one process never use.  Exit 77 (automake's skip) where there is no GPU.
+# host copies); then 3 and 4 ranks as if on two hosts (FLEXCOLL_HOSTID host-(rank mod 2): no peer
+# access, shared memory or CUDA IPC between the "hosts", tcp between them, the schedules host by
+# host), which with a CUDA-enabled UCX runs every collective on the device buffers through the
+# UCX links (shm's cuda_ipc within a host, tcp's cuda_copy between: the log says which link takes
+# device buffers), else through host copies.  The ranks share the GPUs present (device = local
+# rank modulo the GPUs), so the test runs on a one-GPU node; through CUDA IPC and shared host
+# memory between processes, which threads of one process never use.  Exit 77 (automake's skip)
+# where there is no GPU.
 set -u
 perf=${PERF:-./tools/flexcoll-perf}
 [ -x "$perf" ] || { echo "test_gpu_procs: no $perf"; exit 99; }
@@ -31,8 +36,10 @@ run() {
   port=$((port + 1))
   pids="" r=0
   while [ $r -lt "$n" ]; do
-    FLEXCOLL_LINKS=$links FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=$n FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r \
-      timeout 120 "$perf" "$@" -n 2 -w 1 -c 1 >"$tmp/out.$r" 2>&1 &
+    hostid=""
+    [ "$hosts" -gt 0 ] && hostid=host-$((r % hosts))
+    FLEXCOLL_HOSTID=$hostid FLEXCOLL_LINKS=$links FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=$n FLEXCOLL_RANK=$r \
+      FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" "$@" -n 2 -w 1 -c 1 >"$tmp/out.$r" 2>&1 &
     pids="$pids $!"
     r=$((r + 1))
   done
@@ -47,7 +54,7 @@ run() {
     pass=$((pass + 1))
   else
     fail=$((fail + 1))
-    echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}, $*: exit codes$codes (124: timeout)"
+    echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}${hostid:+, $hosts hosts}, $*: exit codes$codes (124: timeout)"
     r=0
     while [ $r -lt "$n" ]; do
       # Every size's row (a wrong count may sit in any) and any error, not only the end.
@@ -57,9 +64,11 @@ run() {
   fi
 }
 
-for links in "" pcie,shm,tcp; do
+for setup in ":0" "pcie,shm,tcp:0" ":2"; do
+  links=${setup%:*} hosts=${setup#*:}
   ns="2 3 4"
   [ -n "$links" ] && ns="2 3"
+  [ "$hosts" -gt 0 ] && ns="3 4"
   for n in $ns; do
     for coll in allreduce allgather reduce_scatter broadcast reduce alltoall; do
       for dt_op in "float32 sum" "bfloat16 max" "int32 sum"; do
@@ -71,5 +80,14 @@ for links in "" pcie,shm,tcp; do
     done
   done
 done
+# Which links took the device buffers between the "hosts" (INFO, subsystem NET).
+port=$((port + 1)) pids=""
+for r in 0 1; do
+  FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=NET FLEXCOLL_HOSTID=host-$r FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=2 \
+    FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" -b 1M -e 1M -n 1 -w 0 -c 1 >"$tmp/log.$r" 2>&1 &
+  pids="$pids $!"
+done
+for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run over two hosts"; }; done
+grep -h "link .* takes" "$tmp/log.0" | sed 's/^/test_gpu_procs: /'
 echo "test_gpu_procs: $pass runs passed, $fail failed"
 [ $fail = 0 ]

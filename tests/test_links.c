@@ -223,30 +223,39 @@ START_TEST(test_stage2_simulated) {
 END_TEST
 
 /* Which pairs may hand device buffers to their links (lib/gpu/exec.c asks before a send/recv
- * batch): only where every link joining the two takes device memory, and one does. */
+ * batch): only where every link joining the two takes device memory (fc_link.device_memory, set
+ * by open), and one does. */
 START_TEST(test_device_memory_pairs) {
   static const fc_link_ops_t shm = {.name = "shm", .same_host = 1}, tcp = {.name = "tcp"},
-                             gdr = {.name = "rdma", .device_memory = 1, .pairwise = 1};
+                             gdr = {.name = "rdma", .pairwise = 1};
   int host[4] = {0, 0, 1, 1};
   fc_links_t l = {.nhosts = 2, .host = host, .n = 2};
   /* shm within a host, rdma everywhere: across hosts only rdma joins a pair */
   l.link[0].ops = &shm;
   l.link[1].ops = &gdr;
+  l.link[1].device_memory = 1;
   ck_assert(!fc_links_device_memory(&l, 0, 1)); /* shm joins them too, and stages */
   ck_assert(fc_links_device_memory(&l, 0, 2));
   ck_assert(fc_links_device_memory(&l, 3, 1));
+  /* shm taking device buffers too (UCX with CUDA): every pair hands them over */
+  l.link[0].device_memory = 1;
+  ck_assert(fc_links_device_memory(&l, 0, 1));
+  ck_assert(fc_links_device_memory(&l, 0, 2));
   /* tcp beside rdma across hosts: a part of each transfer would go over tcp */
   l.link[0].ops = &tcp;
+  l.link[0].device_memory = 0;
   ck_assert(!fc_links_device_memory(&l, 0, 2));
   /* rdma alone, but rank 3 lacks it (a host without a NIC: the link is off there) */
   unsigned char on[4] = {1, 1, 1, 0};
   l.n = 1;
   l.link[0].ops = &gdr;
+  l.link[0].device_memory = 1;
   l.link[0].on = on;
   ck_assert(fc_links_device_memory(&l, 0, 2));
   ck_assert(!fc_links_device_memory(&l, 0, 3)); /* no link joins them at all */
   /* host links only */
   l.link[0].ops = &tcp;
+  l.link[0].device_memory = 0;
   l.link[0].on = NULL;
   ck_assert(!fc_links_device_memory(&l, 0, 2));
 }

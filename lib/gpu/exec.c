@@ -364,7 +364,8 @@ out:
 
 /* Whether every transfer of a batch may hand its device buffer to the host links: each peer is
  * another rank that every link toward it takes device memory (rdma: registered with the NIC,
- * GPUDirect RDMA; lib/transports).  A send to this rank itself stays with host copies. */
+ * GPUDirect RDMA; shm and tcp through UCX's CUDA transports; lib/transports).  A send to this
+ * rank itself stays with host copies. */
 static int links_take_device(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops) {
   for (int i = 0; i < nops; i++)
     if (ops[i].count && (ops[i].peer == comm->rank || !fc_links_device_memory(comm->links, comm->rank, ops[i].peer)))

@@ -125,7 +125,7 @@ static flexcoll_result_t find_hosts(struct flexcoll_comm *comm, fc_links_t *l) {
   }
   l->order = l->host + n;
   l->pos = l->order + n;
-  gethostname(names[comm->rank], FC_HOST_NAME_LEN - 1);
+  fc_topo_host_name(names[comm->rank], FC_HOST_NAME_LEN);
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, names, FC_HOST_NAME_LEN);
   if (res != FLEXCOLL_SUCCESS) {
     free(names);
@@ -167,7 +167,7 @@ int fc_links_device_memory(const fc_links_t *l, int p, int q) {
   int any = 0;
   for (int i = 0; i < l->n; i++) {
     if (l->link[i].off || !fc_links_joins(l, i, p, q)) continue;
-    if (!l->link[i].ops->device_memory) return 0;
+    if (!l->link[i].device_memory) return 0;
     any = 1;
   }
   return any;

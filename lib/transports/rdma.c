@@ -1358,6 +1358,9 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   rdma_t *r = calloc(1, sizeof *r);
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;
+  /* Device buffers are registered with the NIC (dma-buf, else by address) or copied through the
+   * slots on the GPU, wherever flexcoll has CUDA. */
+  link->device_memory = HAVE_CUDA;
   r->wake_fd = -1;
   r->lock_made = pthread_mutex_init(&r->lock, NULL) == 0;
   if (!r->lock_made) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: pthread_mutex_init failed");
@@ -1675,7 +1678,7 @@ static int rdma_rails(fc_link_t *link, unsigned char *alone, int max) {
 /* Between hosts as within one (a NIC reaches any port of the fabric). */
 const fc_link_ops_t fc_link_rdma = {"rdma",      rdma_open,   rdma_close, rdma_isend, rdma_irecv, rdma_progress,
                                     rdma_test,   rdma_cancel, 0,          0,          rdma_rails,
-                                    1,           HAVE_CUDA};
+                                    1};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1693,6 +1696,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0};
 
 #endif

@@ -7,6 +7,7 @@
  * can run over several at once.  Host memory has three: two through UCX, each its own UCP
  * context and worker restricted to one kind of transport, `shm` (shared memory) and `tcp`; and
  * `rdma` (RC queue pairs through libibverbs, loaded at run time; absent without a device).  The
+ * three take device buffers too where they can (fc_link.device_memory).  The
  * device links (nvlink, pcie) take the same table as the engine moves onto it
  * (docs/ARCHITECTURE.md, "The FlexLink engine").
  *
@@ -64,10 +65,6 @@ typedef struct {
    * whose side failed as unreached (reach[q] = 0), and lib/sched/links.c keeps the link for the
    * pairs whose ranks both have it wherever two ranks or more do.  Zero: every rank or none. */
   int pairwise;
-  /* Nonzero: isend and irecv take device buffers (the link moves them itself: rdma registers them
-   * with the NIC where it can, else copies them); zero: host memory only, and callers stage
-   * device buffers through host copies (lib/gpu/exec.c). */
-  int device_memory;
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */
@@ -93,6 +90,11 @@ struct fc_link {
   int off;
   int rail;      /* which of the transport's devices (0: its first; set before open) */
   int own_port;  /* a rail whose port no earlier rail shares, on every rank: its own port in the model */
+  /* Set by open, the same on every rank: nonzero where isend and irecv take device buffers (the
+   * link moves them itself: rdma registers them with the NIC where it can, else copies them;
+   * shm and tcp where UCX has its CUDA transports, cuda_ipc and cuda_copy, on every rank); zero:
+   * host memory only, and callers stage device buffers through host copies (lib/gpu/exec.c). */
+  int device_memory;
 };
 
 /* The transports this build knows, in the order FLEXCOLL_LINKS lists them by default. */

@@ -8,14 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 #include "bootstrap.h"
 #include "clock.h"
 #include "comm.h"
 #include "error.h"
+#include "gpu/gpu.h"
 #include "param.h"
 #include "progress_thread.h"
+#include "topo.h"
 #include "transports.h"
 
 FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
@@ -23,6 +27,7 @@ FC_PARAM_INT(ucx_peer_failure, "UCX_PEER_FAILURE", 1)
 int fc_ucx_peer_failure(void) { return fc_param_ucx_peer_failure() != 0; }
 
 FC_PARAM_INT(tcp_progress_thread, "TCP_PROGRESS_THREAD", 1)
+FC_PARAM_INT(ucx_cuda, "UCX_CUDA", 1)
 
 /* The tcp link's progress thread (FLEXCOLL_TCP_PROGRESS_THREAD, progress_thread.h): UCX completes
  * a short send once the message is in its own buffer and keeps there what the socket did not
@@ -37,6 +42,7 @@ typedef struct {
   int nranks;
   pthread_mutex_t lock;
   fc_progress_thread_t progress;
+  int cuda;        /* the context supports CUDA memory (UCX's CUDA transports joined its list) */
   int want_thread; /* tcp with FLEXCOLL_TCP_PROGRESS_THREAD: started by the first send or receive */
   int efd;         /* the worker's wakeup descriptor (tcp), -1 without one: the thread never parks */
 } fc_ucx_t;
@@ -72,12 +78,44 @@ static void start_thread_once(const struct flexcoll_comm *comm, fc_ucx_t *u) {
   if (e) FC_INFO(FC_SUB_NET, "rank %d: tcp progress thread not started (%s): progress in calls only", comm->rank, strerror(e));
 }
 
-/* Each link's UCX transports: they replace UCX_TLS for the link's context (FLEXCOLL_LINKS chooses links). */
+/* Each link's UCX transports: they replace UCX_TLS for the link's context (FLEXCOLL_LINKS chooses
+ * links).  On a communicator with a GPU, where this UCX has its CUDA modules, the CUDA transports
+ * join them: cuda_copy (device memory to and from host memory, on copy engines: UCX pipelines a
+ * device buffer through host staging over any transport) and, within a host, cuda_ipc (copies
+ * between two GPUs' memory over NVLink or PCIe through CUDA IPC), so that the link takes device
+ * buffers as they are. */
 typedef struct {
   const char *name;
   const char *tls;
+  int ipc; /* cuda_ipc too (shared memory: the ranks of one host) */
 } ucx_link_kind_t;
-static const ucx_link_kind_t kind_shm = {"shm", "sm,self"}, kind_tcp = {"tcp", "tcp,self"};
+static const ucx_link_kind_t kind_shm = {"shm", "sm,self", 1}, kind_tcp = {"tcp", "tcp,self", 0};
+
+/* Which CUDA components this UCX has (asked of UCT, once: naming an absent transport in UCX_TLS
+ * makes UCX print a warning, and Debian's UCX has none). */
+static int ucx_cuda_copy, ucx_cuda_ipc;
+static pthread_once_t ucx_cuda_once = PTHREAD_ONCE_INIT;
+static void find_ucx_cuda(void) {
+  uct_component_h *components = NULL;
+  unsigned n = 0;
+  if (uct_query_components(&components, &n) != UCS_OK) return;
+  for (unsigned i = 0; i < n; i++) {
+    uct_component_attr_t attr = {.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME};
+    if (uct_component_query(components[i], &attr) != UCS_OK) continue;
+    if (!strcmp(attr.name, "cuda_cpy") || !strcmp(attr.name, "cuda_copy")) ucx_cuda_copy = 1;
+    if (!strcmp(attr.name, "cuda_ipc")) ucx_cuda_ipc = 1;
+  }
+  uct_release_component_list(components);
+}
+
+/* The CUDA transports the link's context adds to kind->tls ("" for none): on a communicator with
+ * a GPU (comm.c resolves the device before the links open), those this UCX has. */
+static const char *cuda_tls(const struct flexcoll_comm *comm, const ucx_link_kind_t *kind) {
+  if (!fc_param_ucx_cuda() || comm->init_config.cuda_device < 0 || fc_gpu_count() <= 0) return "";
+  pthread_once(&ucx_cuda_once, find_ucx_cuda);
+  if (!ucx_cuda_copy) return "";
+  return kind->ipc && ucx_cuda_ipc ? ",cuda_copy,cuda_ipc" : ",cuda_copy";
+}
 
 /* An endpoint broke.  A peer that finished its part and destroyed its communicator looks the
  * same as one that died, so this is no error by itself: a transfer that still needed the peer
@@ -133,15 +171,17 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, 
   ucp_config_t *config;
   ucs_status_t st = ucp_config_read(NULL, NULL, &config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_config_read", st);
-  char ka[32];
+  char ka[32], tls[64];
   keepalive_interval(comm, ka, sizeof ka);
+  const char *cuda = cuda_tls(comm, kind);
+  snprintf(tls, sizeof tls, "%s%s", kind->tls, cuda);
   int safe = fc_param_ucx_peer_failure() != 0;
   /* Each setting applies only where the user left the UCX variable unset. */
   const struct {
     const char *name, *value;
     int when;
   } settings[] = {
-      {"TLS", kind->tls, 1},
+      {"TLS", tls, 1},
       /* With peer-failure handling (see connect_peers), UCX 1.13's TCP transport may complete a
        * zero-copy send twice when its peer dies during it, and the survivor aborts on an assertion
        * (`uct_iface.h:884 comp->count > 0` in uct_tcp_iface_progress): tests/test_failure's rank
@@ -169,6 +209,9 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, 
   st = ucp_init(&params, config, &u->context);
   ucp_config_release(config);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_init", st);
+  ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+  u->cuda = *cuda && ucp_context_query(u->context, &attr) == UCS_OK &&
+            (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
   /* SERIALIZED: the thread that initialises and the threads that later drive the communicator
    * (group_end runs each communicator in its own thread) may differ, never concurrently. */
   ucp_worker_params_t wparams = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
@@ -214,10 +257,28 @@ out:
   return res;
 }
 
+/* Which ranks are threads of this process (1 for itself): all-gathered (host, pid), collective. */
+static flexcoll_result_t find_own_process(struct flexcoll_comm *comm, unsigned char *own) {
+  typedef struct {
+    uint64_t host;
+    int64_t pid;
+  } proc_id_t;
+  proc_id_t *all = calloc((size_t)comm->nranks, sizeof *all);
+  if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  all[comm->rank] = (proc_id_t){fc_topo_host_hash(), (int64_t)getpid()};
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, sizeof *all);
+  for (int r = 0; r < comm->nranks && res == FLEXCOLL_SUCCESS; r++)
+    own[r] = all[r].host == all[comm->rank].host && all[r].pid == all[comm->rank].pid;
+  free(all);
+  return res;
+}
+
 /* Endpoints to every peer; *usable = 0 (why filled) when UCX finds no transport of this link to
- * some peer, e.g. shared memory with peer-failure handling where UCX_MM_ERROR_HANDLING=n. */
+ * some peer, e.g. shared memory with peer-failure handling where UCX_MM_ERROR_HANDLING=n.
+ * own[r]: rank r is a thread of this process. */
 static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, const unsigned char *reach,
-                                       const char *addrs, size_t stride, int *usable, char *why, size_t len) {
+                                       const unsigned char *own, const char *addrs, size_t stride, int *usable,
+                                       char *why, size_t len) {
   /* With peer-failure handling, a peer that dies makes transfers fail instead of aborting this
    * process (UCX's cross-memory attach, CMA, treats a vanished peer as fatal otherwise); UCX then
    * keeps to transports that can report it: TCP, and shared memory's FIFOs when create_worker
@@ -229,7 +290,10 @@ static flexcoll_result_t connect_peers(struct flexcoll_comm *comm, fc_ucx_t *u, 
     if (!reach[r]) continue;
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS,
                           .address = (const ucp_address_t *)(addrs + (size_t)r * stride)};
-    if (safe) {
+    /* Not toward a thread of this process: it cannot die alone, and with the mode UCX moves
+     * device memory between two threads by eager fragments, each its own blocking copy (UCX
+     * 1.22: tens of times slower than its rendezvous pipeline, docs/PERFORMANCE.md). */
+    if (safe && !own[r]) {
       ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
       ep.err_handler = (ucp_err_handler_t){.cb = ep_closed_cb, .arg = comm};
@@ -374,6 +438,7 @@ out:
  * other ranks' too. */
 static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, const ucx_link_kind_t *kind, int *usable,
                                   char *why, size_t len) {
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_UCX_CUDA"));
   if (kind == &kind_tcp) FC_CHECK(fc_param_check(comm, "FLEXCOLL_TCP_PROGRESS_THREAD"));
   fc_ucx_t *u = calloc(1, sizeof *u);
   if (!u) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
@@ -397,18 +462,33 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   char *addrs = NULL;
   size_t stride = 0;
   int missing = -1;
+  unsigned char *own = calloc((size_t)comm->nranks, 1);
+  if (!own) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   flexcoll_result_t res = exchange_addresses(comm, u, &addrs, &stride, &missing);
+  if (res == FLEXCOLL_SUCCESS) res = find_own_process(comm, own);
   if (res == FLEXCOLL_SUCCESS && missing >= 0 && *usable) {
     *usable = 0;
     snprintf(why, len, "not available on rank %d", missing);
   }
-  if (res == FLEXCOLL_SUCCESS && *usable) res = connect_peers(comm, u, link->reach, addrs, stride, usable, why, len);
+  if (res == FLEXCOLL_SUCCESS && *usable)
+    res = connect_peers(comm, u, link->reach, own, addrs, stride, usable, why, len);
   free(addrs);
+  free(own);
   /* Every rank's endpoints exist before any wires them up; where some rank has none, the link
    * is closed everywhere (by the caller) without wire-up. */
   int first_not = -1;
   if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(comm->bootstrap, *usable, &first_not);
   if (res == FLEXCOLL_SUCCESS && first_not < 0) res = finish_wireup(comm, u, link->reach, kind->name);
+  /* Device buffers only where every rank's context takes them: every rank must stage alike. */
+  if (res == FLEXCOLL_SUCCESS && first_not < 0) {
+    int first_host_only = -1;
+    res = fc_bootstrap_agree(comm->bootstrap, u->cuda, &first_host_only);
+    link->device_memory = res == FLEXCOLL_SUCCESS && first_host_only < 0;
+    if (*cuda_tls(comm, kind))
+      FC_INFO(FC_SUB_NET, "rank %d: link %s %s", comm->rank, kind->name,
+              link->device_memory ? "takes device buffers (UCX CUDA transports)"
+                                  : "takes host memory only (UCX's CUDA transports are missing on some rank)");
+  }
   u->want_thread = kind == &kind_tcp && fc_param_tcp_progress_thread() != 0;
   return res;
 }
@@ -568,7 +648,8 @@ static flexcoll_result_t tcp_open(struct flexcoll_comm *comm, fc_link_t *link, i
 
 /* Idle progress may be rare: open finishes the wire-up (finish_wireup), and UCX's own traffic
  * after it (keepalives) waits in the transport until the next progress. */
-/* Shared memory joins the ranks of one host (host name: lib/sched/links.c), TCP any two.  Host
- * memory only: Debian's UCX has no CUDA module, so device buffers are staged by the caller. */
-const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 1, NULL, 0, 0};
-const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 0, NULL, 0, 0};
+/* Shared memory joins the ranks of one host (host name: lib/sched/links.c), TCP any two.  Device
+ * buffers where UCX has its CUDA transports (ucx_link_kind_t); Debian's UCX has none, and device
+ * buffers are then staged by the caller. */
+const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 1, NULL, 0};
+const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 0, NULL, 0};

@@ -377,6 +377,12 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   int want = 1;
   if (!fc_links_names("pcie")) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
   else if (!g->ring) snprintf(why, sizeof why, "the ring kernels are off (FLEXCOLL_RING_KERNEL=0)"), want = 0;
+  /* The ring visits every rank, so some neighbours are on another host, where this host's
+   * shared memory does not reach (on one machine under several FLEXCOLL_HOSTIDs the mapping
+   * would still work and join "hosts" that must not share memory). */
+  else if (comm->links && comm->links->nhosts > 1)
+    snprintf(why, sizeof why, "the ranks are on %d hosts (the ring areas are shared memory of one host)",
+             comm->links->nhosts), want = 0;
   else if (p->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
   /* Every rank decides alike on the above (communicator constants); the mappings may still fail
    * on one rank, so they are agreed on. */

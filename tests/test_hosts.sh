@@ -22,15 +22,20 @@
 #             (FLEXCOLL_VERBS_FAKE_WIRE), as hosts share a network; rdma must carry the bytes
 #             between the hosts and shm within them
 #   device    2 hosts of 2 ranks (blocks), every rank's buffers on GPU 0 (GPU nodes here have
-#             one): device buffers between hosts (no peer access across them, so every call goes
-#             through host copies), flexcoll-perf -m device checking each collective at 8 B-4 MiB;
-#             skipped without a GPU or CUDA
+#             one): device buffers between hosts (no peer access across them: every call runs the
+#             host schedule, on the device buffers where UCX has CUDA, else through host copies),
+#             flexcoll-perf -m device checking each collective at 8 B-4 MiB; skipped without a GPU
+#             or CUDA
 #   shmonly   FLEXCOLL_LINKS=shm over 2 hosts: creation must fail on every rank, naming the ranks
 #             that no link joins
 #   down      2 hosts running allreduces until one fails; host 2's veth goes down: every rank
 #             must return REMOTE_ERROR or TIMEOUT within FLEXCOLL_TIMEOUT_MS (8 s) + 5 s
-# FC_HOSTS_CASES="matrix3 down" runs some; FC_TEST_SEED fixes the data.  Needs root and
-# unshare(1), nsenter(1) and ip(8): exits 77 (skip) with the reason where they cannot work.
+# FC_HOSTS_CASES="matrix3 down" runs some; FC_TEST_SEED fixes the data.  The namespaces need root
+# and unshare(1), nsenter(1) and ip(8); where they cannot work (or FC_HOSTS_MODE=hostid) the
+# hosts are names only: every rank runs in this machine's namespaces with FLEXCOLL_HOSTID=fch-H
+# (flexcoll then takes ranks of other ids for other hosts: no shm, peer access or shared memory
+# between them), the ranks meet on 127.0.0.1, and `down` (which needs a network to cut) is
+# skipped.  FC_HOSTS_MODE=netns insists on the namespaces (exit 77 where they cannot work).
 set -u
 
 skip() { echo "SKIP: test_hosts.sh: $*"; exit 77; }
@@ -44,10 +49,28 @@ TC=$B/tests/test_coll
 FAKE=$B/tests/.libs/libfakeverbs.so
 IP=$(command -v ip 2>/dev/null || echo /usr/sbin/ip)
 [ -x "$TC" ] || skip "$TC is not built (run it from the build directory under make check)"
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces (uid $(id -u))"
-for t in unshare nsenter; do command -v $t >/dev/null 2>&1 || skip "$t(1) is not installed"; done
-[ -x "$IP" ] || skip "ip(8) is not installed"
-unshare -n -u -i -m true 2>/dev/null || skip "unshare -n -u -i -m is refused here (a container without CAP_SYS_ADMIN?)"
+# Why the namespaces cannot work here ("" where they can).
+no_netns() {
+  [ "$(id -u)" = 0 ] || { echo "needs root to create network namespaces (uid $(id -u))"; return; }
+  for t in unshare nsenter; do command -v $t >/dev/null 2>&1 || { echo "$t(1) is not installed"; return; }; done
+  [ -x "$IP" ] || { echo "ip(8) is not installed"; return; }
+  unshare -n -u -i -m true 2>/dev/null || echo "unshare -n -u -i -m is refused here (a container without CAP_SYS_ADMIN?)"
+}
+MODE=${FC_HOSTS_MODE:-}
+if [ "$MODE" != hostid ]; then
+  why=$(no_netns)
+  if [ -n "$why" ]; then
+    [ "$MODE" = netns ] && skip "$why"
+    echo "test_hosts.sh: no namespaces ($why): hosts by FLEXCOLL_HOSTID on this machine's network"
+    MODE=hostid
+  else
+    MODE=netns
+  fi
+fi
+# Ports of the rendezvous: each host has its own in namespaces; by host id they share this
+# machine's, so each run takes a range of its own.
+PORT0=29500
+[ "$MODE" = hostid ] && PORT0=$((21000 + $$ % 20000))
 
 W=$(mktemp -d /tmp/fc-hosts.XXXXXX)
 PIDS=""
@@ -83,6 +106,10 @@ SW=""
 HOSTPID=""
 make_hosts() { # make_hosts NH PRIVATE_SHM
   nh=$1 private=$2
+  if [ "$MODE" = hostid ]; then
+    HOSTPID=$(seq 1 "$nh" | tr '\n' ' ')
+    return 0
+  fi
   # Checked by its hostname: until unshare(2) has run, nsenter would reach this namespace.
   hold "test \$(hostname) = fch-switch" -n -u sh -c "hostname fch-switch && exec sleep 100000" ||
     skip "cannot start the switch namespace"
@@ -124,7 +151,7 @@ make_hosts() { # make_hosts NH PRIVATE_SHM
 }
 
 drop_hosts() {
-  for p in $HOSTPID $SW; do kill -9 "$p" 2>/dev/null; done
+  [ "$MODE" = hostid ] || for p in $HOSTPID $SW; do kill -9 "$p" 2>/dev/null; done
   HOSTPID="" SW=""
 }
 
@@ -142,16 +169,25 @@ host_of() {
 # goes to $W/$CASE.r.out (stdout) and .err (stderr).
 RANKPIDS=""
 # Each rank runs `$TC --launcher MODE`, or RANK_CMD (a sh -c script: $0 is RANK_PROG) when set.
+# Run a command (env's VAR=VALUE... then the program) as host h (1-based) sees it: in its
+# namespaces, or with its host id on this machine.
+in_host() { # in_host H VAR=VALUE... PROGRAM ARGS...
+  h=$1; shift
+  if [ "$MODE" = hostid ]; then
+    env FLEXCOLL_HOSTID="fch-$h" FLEXCOLL_ROOT="127.0.0.1:$PORT0" FLEXCOLL_SOCKET_IFNAME=lo "$@"
+  else
+    nsenter -t "$(nth "$h" $HOSTPID)" -n -u -i -m --wd="$B" env FLEXCOLL_ROOT="10.77.0.$(host_of 0):$PORT0" \
+      FLEXCOLL_SOCKET_IFNAME=eth0 "$@"
+  fi
+}
+
 start_ranks() { # start_ranks MODE VAR=VALUE...
   mode=$1; shift
-  root_host=$(host_of 0)
   RANKPIDS=""
   r=0
+  PORT0=$((PORT0 + 10)) # a case's ranks may take the next few ports (device)
   while [ $r -lt "$NR" ]; do
-    h=$(host_of $r)
-    pid=$(nth "$h" $HOSTPID)
-    nsenter -t "$pid" -n -u -i -m --wd="$B" env FLEXCOLL_RANK=$r FLEXCOLL_NRANKS="$NR" \
-      FLEXCOLL_ROOT="10.77.0.$root_host:29500" FLEXCOLL_SOCKET_IFNAME=eth0 FLEXCOLL_BOOTSTRAP_SECRET=fc-hosts \
+    in_host "$(host_of $r)" FLEXCOLL_RANK=$r FLEXCOLL_NRANKS="$NR" FLEXCOLL_BOOTSTRAP_SECRET=fc-hosts \
       FLEXCOLL_CACHE_DIR="$W/cache" FLEXCOLL_DEBUG=INFO FC_TEST_SEED="$SEED" FLEXCOLL_VERBS_FAKE_LIB="$FAKE" \
       UCX_MEM_EVENTS=no "$@" sh -c "${RANK_CMD:-exec \"\$0\" --launcher \"\$1\"}" "${RANK_PROG:-$TC}" "$mode" \
       >"$W/$CASE.$r.out" 2>"$W/$CASE.$r.err" &
@@ -288,7 +324,7 @@ if want device; then
     make_hosts 2 1
     # One communicator per collective, each on a port of its own (no wait for the last one's).
     RANK_PROG=$B/tools/flexcoll-perf
-    RANK_CMD='p=29500; for c in '"$COLLS"'; do p=$((p + 1));
+    RANK_CMD='p=${FLEXCOLL_ROOT##*:}; for c in '"$COLLS"'; do p=$((p + 1));
       FLEXCOLL_ROOT=${FLEXCOLL_ROOT%:*}:$p "$0" -m device --coll $c -b 8 -e 4M -f 32 -n 2 -w 1 -c 1 || exit 1; done'
     start_ranks device FLEXCOLL_TIMEOUT_MS=60000
     unset RANK_PROG RANK_CMD
@@ -323,7 +359,9 @@ if want shmonly; then
 fi
 
 # ---- down: a host's veth goes down mid-run -----------------------------------------------------------
-if want down; then
+if want down && [ "$MODE" = hostid ]; then
+  echo "SKIP: down: hosts by FLEXCOLL_HOSTID share one network, which cannot be cut for one of them"
+elif want down; then
   CASE=down NH=2 NR=4 LAYOUT=round
   TMO=8
   make_hosts 2 1

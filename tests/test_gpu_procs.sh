@@ -8,9 +8,11 @@
 # access (FLEXCOLL_LINKS=pcie,shm,tcp: the ring kernels through host memory, the rest through
 # host copies); then 3 and 4 ranks as if on two hosts (FLEXCOLL_HOSTID host-(rank mod 2): no peer
 # access, shared memory or CUDA IPC between the "hosts", tcp between them, the schedules host by
-# host), which with a CUDA-enabled UCX runs every collective on the device buffers through the
-# UCX links (shm's cuda_ipc within a host, tcp's cuda_copy between: the log says which link takes
-# device buffers), else through host copies.  The ranks share the GPUs present (device = local
+# host), through host copies (tcp between processes takes host memory only, for UCX's peer-failure
+# handling: the log says which link takes device buffers); then 4 ranks as two hosts with
+# FLEXCOLL_UCX_PEER_FAILURE=0, which with a CUDA-enabled UCX runs every collective on the device
+# buffers through the UCX links (shm's cuda_ipc within a host, tcp's cuda_copy between), float32
+# sum only.  The ranks share the GPUs present (device = local
 # rank modulo the GPUs), so the test runs on a one-GPU node; through CUDA IPC and shared host
 # memory between processes, which threads of one process never use.  Exit 77 (automake's skip)
 # where there is no GPU.
@@ -38,7 +40,7 @@ run() {
   while [ $r -lt "$n" ]; do
     hostid=""
     [ "$hosts" -gt 0 ] && hostid=host-$((r % hosts))
-    FLEXCOLL_HOSTID=$hostid FLEXCOLL_LINKS=$links FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=$n FLEXCOLL_RANK=$r \
+    env $extra FLEXCOLL_HOSTID=$hostid FLEXCOLL_LINKS=$links FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=$n FLEXCOLL_RANK=$r \
       FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" "$@" -n 2 -w 1 -c 1 >"$tmp/out.$r" 2>&1 &
     pids="$pids $!"
     r=$((r + 1))
@@ -54,7 +56,7 @@ run() {
     pass=$((pass + 1))
   else
     fail=$((fail + 1))
-    echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}${hostid:+, $hosts hosts}, $*: exit codes$codes (124: timeout)"
+    echo "FAIL: $n ranks, FLEXCOLL_LINKS=${links:-(all)}${hostid:+, $hosts hosts}${extra:+, $extra}, $*: exit codes$codes (124: timeout)"
     r=0
     while [ $r -lt "$n" ]; do
       # Every size's row (a wrong count may sit in any) and any error, not only the end.
@@ -64,14 +66,19 @@ run() {
   fi
 }
 
-for setup in ":0" "pcie,shm,tcp:0" ":2"; do
-  links=${setup%:*} hosts=${setup#*:}
-  ns="2 3 4"
+# setup: LINKS:HOSTS[:VAR=VALUE]
+for setup in ":0" "pcie,shm,tcp:0" ":2" ":2:FLEXCOLL_UCX_PEER_FAILURE=0"; do
+  links=${setup%%:*} rest=${setup#*:}
+  hosts=${rest%%:*} extra=""
+  [ "$rest" != "$hosts" ] && extra=${rest#*:}
+  ns="2 3 4" dt_ops="float32_sum bfloat16_max int32_sum"
   [ -n "$links" ] && ns="2 3"
   [ "$hosts" -gt 0 ] && ns="3 4"
+  [ -n "$extra" ] && ns="4" dt_ops="float32_sum"
   for n in $ns; do
     for coll in allreduce allgather reduce_scatter broadcast reduce alltoall; do
-      for dt_op in "float32 sum" "bfloat16 max" "int32 sum"; do
+      for dt_op in $dt_ops; do
+        dt_op=$(echo "$dt_op" | tr _ ' ')
         # shellcheck disable=SC2086
         set -- $dt_op
         case $coll in allgather|broadcast|alltoall) [ "$1" = float32 ] || continue ;; esac

@@ -223,8 +223,8 @@ START_TEST(test_stage2_simulated) {
 END_TEST
 
 /* Which pairs may hand device buffers to their links (lib/gpu/exec.c asks before a send/recv
- * batch): only where every link joining the two takes device memory (fc_link.device_memory, set
- * by open), and one does. */
+ * batch): where some link joining the two takes device memory (fc_link.device_memory, set by
+ * open); the split then keeps to such links. */
 START_TEST(test_device_memory_pairs) {
   static const fc_link_ops_t shm = {.name = "shm", .same_host = 1}, tcp = {.name = "tcp"},
                              gdr = {.name = "rdma", .pairwise = 1};
@@ -234,17 +234,17 @@ START_TEST(test_device_memory_pairs) {
   l.link[0].ops = &shm;
   l.link[1].ops = &gdr;
   l.link[1].device_memory = 1;
-  ck_assert(!fc_links_device_memory(&l, 0, 1)); /* shm joins them too, and stages */
+  ck_assert(fc_links_device_memory(&l, 0, 1)); /* rdma joins them too: shm carries none of it */
   ck_assert(fc_links_device_memory(&l, 0, 2));
   ck_assert(fc_links_device_memory(&l, 3, 1));
   /* shm taking device buffers too (UCX with CUDA): every pair hands them over */
   l.link[0].device_memory = 1;
   ck_assert(fc_links_device_memory(&l, 0, 1));
   ck_assert(fc_links_device_memory(&l, 0, 2));
-  /* tcp beside rdma across hosts: a part of each transfer would go over tcp */
+  /* tcp (host memory only) beside rdma across hosts: rdma carries the pair's transfers */
   l.link[0].ops = &tcp;
   l.link[0].device_memory = 0;
-  ck_assert(!fc_links_device_memory(&l, 0, 2));
+  ck_assert(fc_links_device_memory(&l, 0, 2));
   /* rdma alone, but rank 3 lacks it (a host without a NIC: the link is off there) */
   unsigned char on[4] = {1, 1, 1, 0};
   l.n = 1;
@@ -258,6 +258,44 @@ START_TEST(test_device_memory_pairs) {
   l.link[0].device_memory = 0;
   l.link[0].on = NULL;
   ck_assert(!fc_links_device_memory(&l, 0, 2));
+}
+END_TEST
+
+/* The split of a pair that some link joins with device buffers: those links only, whatever the
+ * models or fixed shares say of the others; without one, every link that reaches the peer. */
+START_TEST(test_split_device_pairs) {
+  unsigned char all[3] = {1, 1, 1}, near[3] = {1, 1, 0};
+  fc_links_t l = {.n = 3};
+  for (int i = 0; i < 3; i++) {
+    l.link[i].reach = all;
+    l.model[i] = (fc_link_model_t){.alpha_us = 5, .beta = 10000, .port = -1};
+  }
+  l.link[1].reach = near; /* shm: rank 2 is on another host */
+  const size_t bytes = 64u << 20;
+  size_t shares[3];
+  /* no link takes device memory: all three share rank 1's transfers */
+  ck_assert_int_eq(fc_links_split(&l, 1, bytes, 4096, shares), FLEXCOLL_SUCCESS);
+  ck_assert(shares[0] && shares[1] && shares[2]);
+  /* links 1 and 2 take device memory: link 0 (tcp from another process) gets none */
+  l.link[1].device_memory = l.link[2].device_memory = 1;
+  ck_assert_int_eq(fc_links_split(&l, 1, bytes, 4096, shares), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[0], 0);
+  ck_assert(shares[1] && shares[2]);
+  ck_assert_uint_eq(shares[1] + shares[2], bytes);
+  /* toward rank 2 only links 0 and 2 reach: link 2 alone */
+  ck_assert_int_eq(fc_links_split(&l, 2, bytes, 4096, shares), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[2], bytes);
+  /* fixed shares: renormalised over the pair's device links */
+  l.fixed_set = 1;
+  l.fixed[0] = 0.5, l.fixed[1] = 0.25, l.fixed[2] = 0.25;
+  ck_assert_int_eq(fc_links_split(&l, 1, bytes, 4096, shares), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(shares[0], 0);
+  ck_assert_uint_eq(shares[1], bytes / 2);
+  ck_assert_uint_eq(shares[2], bytes / 2);
+  /* statistics (peer < 0): every link */
+  l.fixed_set = 0;
+  ck_assert_int_eq(fc_links_split(&l, -1, bytes, 4096, shares), FLEXCOLL_SUCCESS);
+  ck_assert(shares[0] && shares[1] && shares[2]);
 }
 END_TEST
 
@@ -622,6 +660,7 @@ int main(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_stage2_simulated);
   tcase_add_test(tc, test_device_memory_pairs);
+  tcase_add_test(tc, test_split_device_pairs);
   tcase_add_test(tc, test_adaptive);
   tcase_add_test(tc, test_calibration_cache);
   tcase_add_test(tc, test_exchange_after_collective);

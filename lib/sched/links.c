@@ -164,13 +164,9 @@ int fc_links_joins(const fc_links_t *l, int i, int p, int q) {
 }
 
 int fc_links_device_memory(const fc_links_t *l, int p, int q) {
-  int any = 0;
-  for (int i = 0; i < l->n; i++) {
-    if (l->link[i].off || !fc_links_joins(l, i, p, q)) continue;
-    if (!l->link[i].device_memory) return 0;
-    any = 1;
-  }
-  return any;
+  for (int i = 0; i < l->n; i++)
+    if (!l->link[i].off && l->link[i].device_memory && fc_links_joins(l, i, p, q)) return 1;
+  return 0;
 }
 
 /* "0 3 5" (the ranks of host h, ascending), cut short with "..." where buf is too small. */
@@ -613,9 +609,15 @@ flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, si
     return FLEXCOLL_SUCCESS;
   }
   /* The links of this pair: both ends compute the same set (reach is symmetric). */
-  int enabled[FC_MAX_LINKS], nen = 0, first = -1;
+  int enabled[FC_MAX_LINKS], nen = 0, first = -1, device_pair = 0;
   for (int i = 0; i < l->n; i++) {
     enabled[i] = peer < 0 || (l->link[i].reach && l->link[i].reach[peer]);
+    if (peer >= 0 && enabled[i] && l->link[i].device_memory) device_pair = 1;
+  }
+  /* A pair that some link joins with device buffers keeps to such links (fc_links_device_memory),
+   * for host buffers too: both ends must cut alike, whatever memory each end passes. */
+  for (int i = 0; i < l->n; i++) {
+    if (device_pair && !l->link[i].device_memory) enabled[i] = 0;
     shares[i] = 0;
     if (enabled[i] && nen++ == 0) first = i;
   }

@@ -199,14 +199,17 @@ int fc_links_names(const char *name);
 flexcoll_result_t fc_links_open(struct flexcoll_comm *comm);
 void fc_links_close(struct flexcoll_comm *comm, int force);
 /* Cut a transfer of bytes to or from peer into per-link shares (multiples of align but the fastest
- * link's) over the links that reach peer (a link that does not gets 0); peer < 0: over every
+ * link's) over the links that reach peer (a link that does not gets 0), and of those only the
+ * ones that take device buffers where one does (fc_links_device_memory); peer < 0: over every
  * link (statistics, tests).  The same on both ends of a pair. */
 flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, size_t align, size_t *shares);
 /* Whether link i of l joins ranks p and q (from the hosts and the link's same_host: the same
  * answer on every rank). */
 int fc_links_joins(const fc_links_t *l, int i, int p, int q);
-/* Whether every link joining ranks p and q takes device buffers itself (fc_link_ops_t.
- * device_memory), and one does: a transfer between them may then be handed device memory. */
+/* Whether some link joining ranks p and q takes device buffers itself (fc_link.device_memory):
+ * a transfer between them may then be handed device memory, and fc_links_split gives the pair's
+ * transfers to such links only (a link that would stage device memory slowly, or not at all,
+ * carries none of them). */
 int fc_links_device_memory(const fc_links_t *l, int p, int q);
 /* A part of `bytes` to (is_send) or from peer completed on link i us microseconds after it was
  * posted: sends count in the statistics, receives (deliveries) feed stage 2. */

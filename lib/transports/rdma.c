@@ -1359,8 +1359,10 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
   if (!r) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   link->state = r;
   /* Device buffers are registered with the NIC (dma-buf, else by address) or copied through the
-   * slots on the GPU, wherever flexcoll has CUDA. */
-  link->device_memory = HAVE_CUDA;
+   * slots on the GPU, wherever flexcoll has CUDA, on a communicator with a GPU (on one without,
+   * the flag would keep the pairs' host transfers off the links that cannot take device memory:
+   * fc_links_split). */
+  link->device_memory = HAVE_CUDA && comm->init_config.cuda_device >= 0;
   r->wake_fd = -1;
   r->lock_made = pthread_mutex_init(&r->lock, NULL) == 0;
   if (!r->lock_made) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: pthread_mutex_init failed");

@@ -273,6 +273,13 @@ static flexcoll_result_t find_own_process(struct flexcoll_comm *comm, unsigned c
   return res;
 }
 
+/* Whether some peer this rank reaches over the link is another process. */
+static int other_process(const struct flexcoll_comm *comm, const unsigned char *reach, const unsigned char *own) {
+  for (int r = 0; r < comm->nranks; r++)
+    if (r != comm->rank && reach[r] && !own[r]) return 1;
+  return 0;
+}
+
 /* Endpoints to every peer; *usable = 0 (why filled) when UCX finds no transport of this link to
  * some peer, e.g. shared memory with peer-failure handling where UCX_MM_ERROR_HANDLING=n.
  * own[r]: rank r is a thread of this process. */
@@ -472,6 +479,12 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   }
   if (res == FLEXCOLL_SUCCESS && *usable)
     res = connect_peers(comm, u, link->reach, own, addrs, stride, usable, why, len);
+  /* Device buffers over tcp toward another process: with peer-failure handling on the endpoint,
+   * UCX (1.22) sends them as eager fragments, each a blocking copy out of device memory, and
+   * neither its rendezvous nor its zero-copy thresholds change that; measured tens of times
+   * slower than flexcoll's own host copies (docs/PERFORMANCE.md, session 24).  The link then
+   * takes host memory only; shm (cuda_ipc) and threads of one process are not slowed so. */
+  const int slow_device = kind == &kind_tcp && fc_param_ucx_peer_failure() != 0 && other_process(comm, link->reach, own);
   free(addrs);
   free(own);
   /* Every rank's endpoints exist before any wires them up; where some rank has none, the link
@@ -483,11 +496,16 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
   if (res == FLEXCOLL_SUCCESS && first_not < 0) {
     int first_host_only = -1;
     res = fc_bootstrap_agree(comm->bootstrap, u->cuda, &first_host_only);
-    link->device_memory = res == FLEXCOLL_SUCCESS && first_host_only < 0;
+    int first_slow = -1;
+    if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(comm->bootstrap, !slow_device, &first_slow);
+    link->device_memory = res == FLEXCOLL_SUCCESS && first_host_only < 0 && first_slow < 0;
     if (*cuda_tls(comm, kind))
       FC_INFO(FC_SUB_NET, "rank %d: link %s %s", comm->rank, kind->name,
               link->device_memory ? "takes device buffers (UCX CUDA transports)"
-                                  : "takes host memory only (UCX's CUDA transports are missing on some rank)");
+              : first_host_only >= 0
+                  ? "takes host memory only (UCX's CUDA transports are missing on some rank)"
+                  : "takes host memory only (between processes with peer-failure handling UCX moves device memory "
+                    "by eager fragments; FLEXCOLL_UCX_PEER_FAILURE=0 lifts that)");
   }
   u->want_thread = kind == &kind_tcp && fc_param_tcp_progress_thread() != 0;
   return res;

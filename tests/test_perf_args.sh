@@ -122,5 +122,27 @@ else
   fail=$((fail + 1)); echo "FAIL: rank 0 alone (exit $rc):"; sed 's/^/    /' "$tmp/err"
 fi
 
+# A rank killed during a size's calls: the survivor's row says "failed" where a time would be (its
+# calls stopped early: a time and bandwidth would mean nothing), its JSON time is null, exit 1.
+port=$((port + 1))
+for r in 0 1; do
+  FLEXCOLL_TIMEOUT_MS=8000 FLEXCOLL_RANK=$r FLEXCOLL_NRANKS=2 FLEXCOLL_ROOT=127.0.0.1:$port \
+    "$perf" -m host -b 16M -e 16M -n 1000000 -w 1 -c 0 -J "$tmp/k$r.json" >"$tmp/k$r.out" 2>&1 &
+  eval pid$r=$!
+done
+# Killed once both are in the timed calls (the header is printed after init and before them).
+n=0
+while [ $n -lt 100 ] && ! grep -q '(us)' "$tmp/k0.out"; do sleep 0.2; n=$((n + 1)); done
+sleep 1
+kill -9 "$pid1"
+wait "$pid0"
+rc=$?
+wait "$pid1" 2>/dev/null
+if [ $rc -eq 1 ] && grep -Eq '^ +16777216 .* failed .* failed ' "$tmp/k0.out" && grep -q '"time_us": null' "$tmp/k0.json"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL: the survivor of a killed rank (exit $rc, want 1):"; sed 's/^/    /' "$tmp/k0.out" "$tmp/k0.json"
+fi
+
 echo "test_perf_args: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -32,8 +32,8 @@ typedef struct {
 #define PERF_MAX_LINKS 8
 typedef struct {
   size_t bytes, count;
-  double time[2], algbw[2], busbw[2], wrong[2]; /* out-of-place, in-place; time 0: not run */
-  double nccl_time, nccl_busbw, nccl_wrong;     /* the baseline, out of place */
+  double time[2], algbw[2], busbw[2], wrong[2]; /* out-of-place, in-place; time 0: not run, < 0: failed */
+  double nccl_time, nccl_busbw, nccl_wrong;     /* the baseline, out of place (time as above) */
   double nccl_ip_time, nccl_ip_busbw;           /* ... in place (its wrong counts into nccl_wrong) */
   int nlinks, links_used;                       /* links that carried bytes: more than 1 to show */
   char link[PERF_MAX_LINKS][16];

@@ -62,12 +62,13 @@ void perf_print_row(const perf_opts_t *o, const perf_run_info_t *ri, const perf_
   printf("%12zu %12zu %8s %6s %5d", r->bytes, r->count, fc_dtype_name(o->dtype), redop_name(o), rooted(o) ? o->root : -1);
   for (int ip = 0; ip < 2; ip++) {
     if (r->time[ip] > 0) printf("  %9.2f %7.2f %7.2f %6.0f", r->time[ip] * 1e6, r->algbw[ip], r->busbw[ip], r->wrong[ip]);
-    else printf("  %9s %7s %7s %6s", "n/a", "", "", "");
+    else printf("  %9s %7s %7s %6.0f", r->time[ip] < 0 ? "failed" : "n/a", "", "", r->wrong[ip]);
   }
   if (ri->nccl)
     for (int ip = 0; ip < 2; ip++) {
       const double tn = ip ? r->nccl_ip_time : r->nccl_time, bw = ip ? r->nccl_ip_busbw : r->nccl_busbw;
-      printf("  %9.2f %6.2f %13.3f", tn * 1e6, bw, r->time[ip] > 0 ? tn / r->time[ip] : 0);
+      if (tn < 0) printf("  %9s %6s %13s", "failed", "", "");
+      else printf("  %9.2f %6.2f %13.3f", tn * 1e6, bw, r->time[ip] > 0 ? tn / r->time[ip] : 0);
     }
   /* Each link's share of the bytes, where more than one carried some. */
   for (int k = 0; k < r->nlinks && r->links_used > 1; k++) printf("%s%s %.3f", k ? " " : "  links: ", r->link[k], r->share[k]);
@@ -120,13 +121,25 @@ static void json_settings(FILE *f, const perf_opts_t *o, const perf_run_info_t *
   fprintf(f, "\n  ],\n");
 }
 
+/* A time in microseconds, or null where the calls failed (perf_result_t: time < 0). */
+static void json_time(FILE *f, const char *key, double t) {
+  if (t < 0) fprintf(f, "\"%s\": null", key);
+  else fprintf(f, "\"%s\": %.3f", key, t * 1e6);
+}
+
 static void json_result(FILE *f, const perf_result_t *r, int nccl) {
-  fprintf(f, "    {\"bytes\": %zu, \"count\": %zu, \"time_us\": %.3f, \"algbw\": %.3f, \"busbw\": %.3f, \"wrong\": %.0f, "
-          "\"inplace_time_us\": %.3f, \"inplace_busbw\": %.3f, \"inplace_wrong\": %.0f", r->bytes, r->count,
-          r->time[0] * 1e6, r->algbw[0], r->busbw[0], r->wrong[0], r->time[1] * 1e6, r->busbw[1], r->wrong[1]);
-  if (nccl)
-    fprintf(f, ", \"nccl_time_us\": %.3f, \"nccl_busbw\": %.3f, \"nccl_inplace_time_us\": %.3f, \"nccl_inplace_busbw\": %.3f",
-            r->nccl_time * 1e6, r->nccl_busbw, r->nccl_ip_time * 1e6, r->nccl_ip_busbw);
+  fprintf(f, "    {\"bytes\": %zu, \"count\": %zu, ", r->bytes, r->count);
+  json_time(f, "time_us", r->time[0]);
+  fprintf(f, ", \"algbw\": %.3f, \"busbw\": %.3f, \"wrong\": %.0f, ", r->algbw[0], r->busbw[0], r->wrong[0]);
+  json_time(f, "inplace_time_us", r->time[1]);
+  fprintf(f, ", \"inplace_busbw\": %.3f, \"inplace_wrong\": %.0f", r->busbw[1], r->wrong[1]);
+  if (nccl) {
+    fprintf(f, ", ");
+    json_time(f, "nccl_time_us", r->nccl_time);
+    fprintf(f, ", \"nccl_busbw\": %.3f, ", r->nccl_busbw);
+    json_time(f, "nccl_inplace_time_us", r->nccl_ip_time);
+    fprintf(f, ", \"nccl_inplace_busbw\": %.3f", r->nccl_ip_busbw);
+  }
   fprintf(f, ", \"links\": {");
   for (int k = 0; k < r->nlinks; k++) fprintf(f, "%s\"%s\": %.4f", k ? ", " : "", r->link[k], r->share[k]);
   fprintf(f, "}}");

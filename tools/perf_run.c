@@ -106,7 +106,8 @@ static void *recv_ptr(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll, siz
 
 /* -G: the -n calls captured into one CUDA graph (as nccl-tests does), launched o->graph times;
  * the time per call.  A call the library refuses to capture (a path that could not replay)
- * fails the size with its reason.  *wrong: the global count (w: this rank's so far). */
+ * fails the size with its reason.  *wrong: the global count (w: this rank's so far); -1 where a
+ * rank failed. */
 static double measure_graph(perf_rank_t *r, int use_nccl, int coll, const void *s, void *d, size_t count, double w,
                             double *wrong) {
   const perf_opts_t *o = r->o;
@@ -137,10 +138,11 @@ static double measure_graph(perf_rank_t *r, int use_nccl, int coll, const void *
     w += 1;
   }
   *wrong = sum_over_ranks(r, w);
-  return t;
+  return max_over_ranks(r, err) > 0 ? -1 : t;
 }
 
-/* One measurement: returns the time per call (s), max over ranks; *wrong gets the global count. */
+/* One measurement: returns the time per call (s), max over ranks, or -1 where a rank's call
+ * failed (its calls stopped early: their time means nothing); *wrong gets the global count. */
 static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace, double *wrong) {
   const perf_opts_t *o = r->o;
   int coll = perf_coll_from_name(o->coll);
@@ -152,7 +154,7 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
   if (max_over_ranks(r, prepare(r, &use, inplace, coll)) > 0) {
     r->status = 1;
     *wrong = 1;
-    return 0;
+    return -1;
   }
   const void *s = send_ptr(r, &use, inplace, coll, esize);
   void *d = recv_ptr(r, &use, inplace, coll, esize);
@@ -188,6 +190,7 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
     w += 1;
   }
   *wrong = sum_over_ranks(r, w);
+  if (max_over_ranks(r, err) > 0) return -1;
   return max_over_ranks(r, t);
 }
 

@@ -20,6 +20,10 @@
  *                   is a leak at every restart of a long job).  The victim starts CUDA only
  *                   after the survivors measured, and they measure again after it is reaped,
  *                   so that the other processes on the GPU are in the same state both times.
+ *   kill-hosts      kill-2 with the 2 ranks as two hosts (FLEXCOLL_HOSTID): no peer access between
+ *                   them, so the allreduces run the host schedule (through host copies, or on
+ *                   the device buffers where a link takes them) and the kill lands in a host
+ *                   wait rather than a kernel's.
  *   abort           2 ranks; rank 1 stops calling and aborts while rank 0 has a stream of
  *                   64 MiB allreduces waiting for it: rank 0 as above, both exit 0.
  *   silent          2 ranks; rank 1 initialises and never calls: rank 0's 64 MiB allreduce
@@ -35,7 +39,7 @@
  * once per process, which one process per rank gives for free.  Every wait is bounded: alarm()
  * watchdogs in the children print "HANG: <case> <what>" and _exit(1), and the parent kills the
  * children of a case still running after CASE_LIMIT.  Ranks print their own lines, the parent
- * one line per case and a summary; FC_GPUFAIL_CASES (default "kill-2,kill-3,abort,silent")
+ * one line per case and a summary; FC_GPUFAIL_CASES (default "kill-2,kill-3,kill-hosts,abort,silent")
  * picks cases.  Exit 77 (automake's skip) where there is no GPU, or where device 0 is in
  * exclusive-process mode (ranks cannot share it). */
 #define _GNU_SOURCE
@@ -74,12 +78,14 @@ enum { K_KILL, K_ABORT, K_SILENT };
 typedef struct {
   const char *name;
   int kind, nranks;
+  int hosts; /* > 1: rank r on "host" r mod hosts (FLEXCOLL_HOSTID), no peer access between them */
 } case_t;
 static const case_t cases[] = {
-    {"kill-2", K_KILL, 2},
-    {"kill-3", K_KILL, 3},
-    {"abort", K_ABORT, 2},
-    {"silent", K_SILENT, 2},
+    {"kill-2", K_KILL, 2, 1},
+    {"kill-3", K_KILL, 3, 1},
+    {"kill-hosts", K_KILL, 2, 2},
+    {"abort", K_ABORT, 2, 1},
+    {"silent", K_SILENT, 2, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -503,6 +509,11 @@ static int child_main(const case_t *c, int rank, const flexcoll_unique_id_t *id)
   memset(&r, 0, sizeof r);
   r.rank = rank;
   r.nranks = c->nranks;
+  if (c->hosts > 1) {
+    char host[32];
+    snprintf(host, sizeof host, "fc-gpufail-%d", rank % c->hosts);
+    setenv("FLEXCOLL_HOSTID", host, 1);
+  }
   int rc = c->kind == K_KILL ? child_kill(&r, id) : c->kind == K_ABORT ? child_abort(&r, id) : child_silent(&r, id);
   phase(30, "freeing the buffers");
   if (r.comm) { /* left early: get out as a failed job would */
@@ -729,7 +740,7 @@ int main(void) {
   setvbuf(stderr, NULL, _IONBF, 0);
   signal(SIGPIPE, SIG_IGN); /* a child that died leaves its pipe closed: the parent reports it */
   const char *sel = getenv("FC_GPUFAIL_CASES");
-  if (!sel || !*sel) sel = "kill-2,kill-3,abort,silent";
+  if (!sel || !*sel) sel = "kill-2,kill-3,kill-hosts,abort,silent";
   const int p = probe();
   if (p == 77) return 77;
   fc_test_gpu_serialize(TAG);

@@ -363,8 +363,9 @@ out:
 }
 
 /* Whether every transfer of a batch may hand its device buffer to the host links: each peer is
- * another rank that every link toward it takes device memory (rdma: registered with the NIC,
- * GPUDirect RDMA; shm and tcp through UCX's CUDA transports; lib/transports).  A send to this
+ * another rank that some link toward it takes device memory over (rdma: registered with the NIC,
+ * GPUDirect RDMA; shm and tcp through UCX's CUDA transports; lib/transports), and the pair's
+ * transfers keep to such links (fc_links_split).  A send to this
  * rank itself stays with host copies. */
 static int links_take_device(struct flexcoll_comm *comm, const fc_p2p_op_t *ops, int nops) {
   for (int i = 0; i < nops; i++)
@@ -374,10 +375,10 @@ static int links_take_device(struct flexcoll_comm *comm, const fc_p2p_op_t *ops,
 }
 
 /* Whether a call without peer access may hand its device buffers to the host links as
- * they are: every link toward every peer takes device memory (as links_take_device for a
+ * they are: some link toward every peer takes device memory (as links_take_device for a
  * batch); the schedule's reductions then run on the device (fc_host_run_device).  Every rank
  * decides alike: the links are the same on every rank. */
-static int every_link_takes_device(struct flexcoll_comm *comm) {
+static int every_peer_takes_device(struct flexcoll_comm *comm) {
   for (int p = 0; p < comm->nranks; p++)
     if (p != comm->rank && !fc_links_device_memory(comm->links, comm->rank, p)) return 0;
   return 1;
@@ -629,7 +630,7 @@ static flexcoll_result_t run_coll(struct flexcoll_comm *comm, const fc_algo_args
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   const size_t largest = largest_count(args);
   if (through_host(g, args)) {
-    if (!every_link_takes_device(comm)) {
+    if (!every_peer_takes_device(comm)) {
       res = run_through_host(&x, args, sendbuf, recvbuf, user);
     } else if (cudaStreamSynchronize(user) != cudaSuccess) {
       res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed: %s", cudaGetErrorString(cudaGetLastError()));
@@ -698,7 +699,7 @@ out:
 static int alltoall_needs_copy(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                const void *recvbuf) {
   return args->coll == FC_COLL_ALLTOALL && sendbuf == recvbuf && args->count && args->nranks > 1 &&
-         (comm->gpu->p2p || every_link_takes_device(comm));
+         (comm->gpu->p2p || every_peer_takes_device(comm));
 }
 
 /* In-place alltoall: NCCL allows it (sendbuf == recvbuf) and nccl-tests runs it, but the

@@ -106,8 +106,8 @@ static void *recv_ptr(perf_rank_t *r, perf_bufs_t *b, int inplace, int coll, siz
 
 /* -G: the -n calls captured into one CUDA graph (as nccl-tests does), launched o->graph times;
  * the time per call.  A call the library refuses to capture (a path that could not replay)
- * fails the size with its reason.  *wrong: the global count (w: this rank's so far); -1 where a
- * rank failed. */
+ * fails the size with its reason.  Returns -1 where a rank failed; *wrong: the global count (w:
+ * this rank's so far). */
 static double measure_graph(perf_rank_t *r, int use_nccl, int coll, const void *s, void *d, size_t count, double w,
                             double *wrong) {
   const perf_opts_t *o = r->o;

@@ -24,8 +24,9 @@ flexcoll_result_t fc_host_run(struct flexcoll_comm *comm, const fc_algo_args_t *
 /* The same on device buffers, where some link toward every peer takes device memory
  * (fc_links_device_memory; the transfers go over those links only): sends and receives straight
  * from and into the device buffers, copy steps and reductions on the device (fc_mem_copy,
- * fc_mem_reduce; scratch and landing space in device memory), never the shared-memory paths.  An in-place alltoall is refused
- * (FLEXCOLL_INTERNAL_ERROR): lib/gpu runs it out of place from a copy of its input. */
+ * fc_mem_reduce; scratch and landing space in device memory), never the shared-memory paths.
+ * An in-place alltoall is refused (FLEXCOLL_INTERNAL_ERROR): lib/gpu runs it out of place from a
+ * copy of its input. */
 flexcoll_result_t fc_host_run_device(struct flexcoll_comm *comm, const fc_algo_args_t *args, const void *sendbuf,
                                      void *recvbuf, flexcoll_datatype_t dtype, flexcoll_op_t op);
 

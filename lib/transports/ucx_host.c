@@ -497,7 +497,8 @@ static flexcoll_result_t ucx_open(struct flexcoll_comm *comm, fc_link_t *link, c
     int first_host_only = -1;
     res = fc_bootstrap_agree(comm->bootstrap, u->cuda, &first_host_only);
     int first_slow = -1;
-    if (res == FLEXCOLL_SUCCESS) res = fc_bootstrap_agree(comm->bootstrap, !slow_device, &first_slow);
+    if (res == FLEXCOLL_SUCCESS && first_host_only < 0)
+      res = fc_bootstrap_agree(comm->bootstrap, !slow_device, &first_slow);
     link->device_memory = res == FLEXCOLL_SUCCESS && first_host_only < 0 && first_slow < 0;
     if (*cuda_tls(comm, kind))
       FC_INFO(FC_SUB_NET, "rank %d: link %s %s", comm->rank, kind->name,

@@ -120,7 +120,8 @@ static const fc_param_def_t table[] = {
      "remember buffers CUDA called host memory until something is unmapped (0: ask CUDA at every call)", 0, 0, 1, NULL},
     {"FLEXCOLL_CACHE_DIR", FC_PK_TEXT, "(XDG cache)", "where calibrated link models are kept", 0, 0, 0, NULL},
     {"FLEXCOLL_UCX_CUDA", FC_PK_INT, "1",
-     "shm and tcp take device buffers through UCX's CUDA transports where UCX has them (1), or host memory only (0)",
+     "shm and tcp take device buffers through UCX's CUDA transports where UCX has them (1; tcp between processes "
+     "only with FLEXCOLL_UCX_PEER_FAILURE=0), or host memory only (0)",
      1, 0, 1, NULL},
     {"FLEXCOLL_UCX_PEER_FAILURE", FC_PK_INT, "1", "UCX reports dead peers, shm without cross-memory attach (1), or may use it, unsafe (0)", 0, 0, 1,
      NULL},

@@ -87,14 +87,23 @@ for setup in ":0" "pcie,shm,tcp:0" ":2" ":2:FLEXCOLL_UCX_PEER_FAILURE=0"; do
     done
   done
 done
-# Which links took the device buffers between the "hosts" (INFO, subsystem NET).
-port=$((port + 1)) pids=""
-for r in 0 1; do
-  FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=NET FLEXCOLL_HOSTID=host-$r FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=2 \
-    FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" -b 1M -e 1M -n 1 -w 0 -c 1 >"$tmp/log.$r" 2>&1 &
-  pids="$pids $!"
+# Which links took the device buffers between the "hosts" (INFO, subsystem NET): by default tcp
+# takes host memory only (peer-failure handling); with FLEXCOLL_UCX_PEER_FAILURE=0 it must take
+# device buffers wherever UCX has its CUDA transports (the log then has such lines at all).
+for extra in "" FLEXCOLL_UCX_PEER_FAILURE=0; do
+  port=$((port + 1)) pids=""
+  for r in 0 1; do
+    env $extra FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=NET FLEXCOLL_HOSTID=host-$r FLEXCOLL_ROOT=127.0.0.1:$port \
+      FLEXCOLL_NRANKS=2 FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" -b 1M -e 1M -n 1 -w 0 -c 1 \
+      >"$tmp/log.$r" 2>&1 &
+    pids="$pids $!"
+  done
+  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run over two hosts ${extra:-(defaults)}"; }; done
+  grep -h "link .* takes" "$tmp/log.0" | sed "s/^/test_gpu_procs: ${extra:-defaults}: /"
+  if [ -n "$extra" ] && grep -q "link .* takes" "$tmp/log.0" && ! grep -q "link tcp takes device buffers" "$tmp/log.0"; then
+    fail=$((fail + 1))
+    echo "FAIL: with $extra the tcp link between processes did not take device buffers"
+  fi
 done
-for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run over two hosts"; }; done
-grep -h "link .* takes" "$tmp/log.0" | sed 's/^/test_gpu_procs: /'
 echo "test_gpu_procs: $pass runs passed, $fail failed"
 [ $fail = 0 ]

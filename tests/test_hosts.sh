@@ -170,13 +170,14 @@ host_of() {
 RANKPIDS=""
 # Each rank runs `$TC --launcher MODE`, or RANK_CMD (a sh -c script: $0 is RANK_PROG) when set.
 # Run a command (env's VAR=VALUE... then the program) as host h (1-based) sees it: in its
-# namespaces, or with its host id on this machine.
+# namespaces, or with its host id on this machine.  Only in the background (`in_host ... &`): it
+# execs, so that $! is the rank itself (wait_ranks and cleanup kill it by that pid).
 in_host() { # in_host H VAR=VALUE... PROGRAM ARGS...
   h=$1; shift
   if [ "$MODE" = hostid ]; then
-    env FLEXCOLL_HOSTID="fch-$h" FLEXCOLL_ROOT="127.0.0.1:$PORT0" FLEXCOLL_SOCKET_IFNAME=lo "$@"
+    exec env FLEXCOLL_HOSTID="fch-$h" FLEXCOLL_ROOT="127.0.0.1:$PORT0" FLEXCOLL_SOCKET_IFNAME=lo "$@"
   else
-    nsenter -t "$(nth "$h" $HOSTPID)" -n -u -i -m --wd="$B" env FLEXCOLL_ROOT="10.77.0.$(host_of 0):$PORT0" \
+    exec nsenter -t "$(nth "$h" $HOSTPID)" -n -u -i -m --wd="$B" env FLEXCOLL_ROOT="10.77.0.$(host_of 0):$PORT0" \
       FLEXCOLL_SOCKET_IFNAME=eth0 "$@"
   fi
 }

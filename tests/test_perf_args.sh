@@ -124,10 +124,14 @@ fi
 
 # A rank killed during a size's calls: the survivor's row says "failed" where a time would be (its
 # calls stopped early: a time and bandwidth would mean nothing), its JSON time is null, exit 1.
+# The survivor under timeout(1) (it must not hang the suite); the victim without (SIGKILL of
+# timeout would leave the rank running).
 port=$((port + 1))
 for r in 0 1; do
+  limit=""
+  [ $r = 0 ] && limit="timeout 120"
   FLEXCOLL_TIMEOUT_MS=8000 FLEXCOLL_RANK=$r FLEXCOLL_NRANKS=2 FLEXCOLL_ROOT=127.0.0.1:$port \
-    "$perf" -m host -b 16M -e 16M -n 1000000 -w 1 -c 0 -J "$tmp/k$r.json" >"$tmp/k$r.out" 2>&1 &
+    $limit "$perf" -m host -b 16M -e 16M -n 1000000 -w 1 -c 0 -J "$tmp/k$r.json" >"$tmp/k$r.out" 2>&1 &
   eval pid$r=$!
 done
 # Killed once both are in the timed calls (the header is printed after init and before them).

@@ -167,10 +167,12 @@ static double measure(perf_rank_t *r, int use_nccl, perf_bufs_t *b, int inplace,
   }
   for (int i = 0; i < o->warmup && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);
   err = err || perf_stream_sync(r->stream, r->device);
-  if (o->graph && !err) return max_over_ranks(r, measure_graph(r, use_nccl, coll, s, d, use.count, w, wrong));
-  max_over_ranks(r, 0);
+  /* Every rank takes the same branch (where a rank's warmup failed, none times anything), so that
+   * each makes the same calls over the communicator after it; also the start line of the timing. */
+  const int any_err = max_over_ranks(r, err) > 0;
+  if (!any_err && o->graph) return max_over_ranks(r, measure_graph(r, use_nccl, coll, s, d, use.count, w, wrong));
   double t0 = now_s();
-  for (int i = 0; i < o->iters && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);
+  for (int i = 0; i < o->iters && !any_err && !err; i++) err = coll_call(r, use_nccl, coll, s, d, use.count);
   err = err || perf_stream_sync(r->stream, r->device);
   double t = (now_s() - t0) / o->iters;
   /* A kernel that gave up waiting shows only in the async error: its calls had returned. */
@@ -267,6 +269,7 @@ static void measure_nccl_windows(perf_rank_t *r, const perf_bufs_t *b, size_t bi
     if (r->rank == 0) fprintf(stderr, "flexcoll-perf: NCCL symmetric windows of %zu bytes failed (NCCL_DEBUG=WARN says why)\n", rbytes);
     r->status = 1;
     wrong[0] = 1;
+    t[0] = t[1] = -1;
   } else {
     for (int ip = 0; ip < 2; ip++) t[ip] = measure(r, 1, &nb, ip, &wrong[ip]);
   }

@@ -214,6 +214,26 @@ static void log_hosts(struct flexcoll_comm *comm, const fc_links_t *l) {
 }
 
 /* Every pair of ranks has a link (the same check on every rank: hosts and links are agreed). */
+/* Each link's device_memory, ANDed over the ranks that have the link: fc_links_split and the
+ * device paths decide by it on both ends of a pair, so it must be the same everywhere, whatever
+ * a transport's open found on its own rank (rdma's is local: a rank without a GPU has none). */
+static flexcoll_result_t agree_device_memory(struct flexcoll_comm *comm, fc_links_t *l) {
+  unsigned *masks = calloc((size_t)comm->nranks, sizeof *masks);
+  if (!masks) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
+  for (int i = 0; i < l->n; i++)
+    if (!l->link[i].off && l->link[i].device_memory) masks[comm->rank] |= 1u << i;
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, masks, sizeof *masks);
+  for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
+    const unsigned char *on = l->link[i].on;
+    int all = 1;
+    for (int q = 0; q < comm->nranks; q++)
+      if ((!on || on[q]) && !(masks[q] >> i & 1)) all = 0;
+    l->link[i].device_memory = all && !l->link[i].off;
+  }
+  free(masks);
+  return res;
+}
+
 static flexcoll_result_t check_pairs(struct flexcoll_comm *comm, const fc_links_t *l, const char *dropped) {
   for (int p = 0; p < comm->nranks; p++)
     for (int q = p + 1; q < comm->nranks; q++) {
@@ -571,6 +591,7 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
     return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "no host link works on every rank (FLEXCOLL_LINKS=%s)%s%s",
                     fc_param_str("FLEXCOLL_LINKS", "shm,tcp,rdma"), *dropped ? ": " : "", dropped);
   FC_CHECK(check_pairs(comm, l, dropped));
+  FC_CHECK(agree_device_memory(comm, l));
   log_hosts(comm, l);
   l->call_bytes = calloc((size_t)l->n * (size_t)comm->nranks, sizeof *l->call_bytes);
   if (!l->call_bytes) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");

@@ -261,6 +261,40 @@ START_TEST(test_device_memory_pairs) {
 }
 END_TEST
 
+/* The device flag is agreed: a link takes device memory where every rank that has it says so
+ * (a rank without the link has no say), never on a rank where it is off. */
+START_TEST(test_device_memory_agreed) {
+  static const fc_link_ops_t tcp = {.name = "tcp"}, gdr = {.name = "rdma", .pairwise = 1};
+  unsigned char on[3] = {1, 0, 1}; /* rank 1 has no NIC */
+  fc_links_t l = {.n = 2};
+  l.link[0].ops = &tcp;
+  l.link[1].ops = &gdr;
+  l.link[1].on = on;
+  l.link[1].device_memory = 1;
+  ck_assert_uint_eq(fc_links_device_mask(&l), 2u);
+  /* ranks 0 and 2 have a GPU and rdma, rank 1 neither: rdma takes device memory */
+  unsigned masks[3] = {2u, 0u, 2u};
+  fc_links_agree_device_memory(&l, 3, masks);
+  ck_assert(!l.link[0].device_memory);
+  ck_assert(l.link[1].device_memory);
+  /* rank 2 without a GPU: rdma takes host memory only, on every rank */
+  masks[2] = 0;
+  fc_links_agree_device_memory(&l, 3, masks);
+  ck_assert(!l.link[1].device_memory);
+  /* tcp everywhere, every rank says yes: yes; one says no: no */
+  unsigned yes[3] = {1u, 1u, 1u}, one_no[3] = {1u, 0u, 1u};
+  fc_links_agree_device_memory(&l, 3, yes);
+  ck_assert(l.link[0].device_memory);
+  fc_links_agree_device_memory(&l, 3, one_no);
+  ck_assert(!l.link[0].device_memory);
+  /* off on this rank: never, whatever the others say */
+  l.link[0].off = 1;
+  fc_links_agree_device_memory(&l, 3, yes);
+  ck_assert(!l.link[0].device_memory);
+  ck_assert_uint_eq(fc_links_device_mask(&l), 0u);
+}
+END_TEST
+
 /* The split of a pair that some link joins with device buffers: those links only, whatever the
  * models or fixed shares say of the others; without one, every link that reaches the peer. */
 START_TEST(test_split_device_pairs) {
@@ -661,6 +695,7 @@ int main(void) {
   tcase_add_test(tc, test_stage2_simulated);
   tcase_add_test(tc, test_device_memory_pairs);
   tcase_add_test(tc, test_split_device_pairs);
+  tcase_add_test(tc, test_device_memory_agreed);
   tcase_add_test(tc, test_adaptive);
   tcase_add_test(tc, test_calibration_cache);
   tcase_add_test(tc, test_exchange_after_collective);

@@ -214,22 +214,32 @@ static void log_hosts(struct flexcoll_comm *comm, const fc_links_t *l) {
 }
 
 /* Every pair of ranks has a link (the same check on every rank: hosts and links are agreed). */
+unsigned fc_links_device_mask(const fc_links_t *l) {
+  unsigned mask = 0;
+  for (int i = 0; i < l->n; i++)
+    if (!l->link[i].off && l->link[i].device_memory) mask |= 1u << i;
+  return mask;
+}
+
+void fc_links_agree_device_memory(fc_links_t *l, int nranks, const unsigned *masks) {
+  for (int i = 0; i < l->n; i++) {
+    const unsigned char *on = l->link[i].on;
+    int all = !l->link[i].off;
+    for (int q = 0; q < nranks; q++)
+      if ((!on || on[q]) && !(masks[q] >> i & 1)) all = 0;
+    l->link[i].device_memory = all;
+  }
+}
+
 /* Each link's device_memory, ANDed over the ranks that have the link: fc_links_split and the
  * device paths decide by it on both ends of a pair, so it must be the same everywhere, whatever
  * a transport's open found on its own rank (rdma's is local: a rank without a GPU has none). */
 static flexcoll_result_t agree_device_memory(struct flexcoll_comm *comm, fc_links_t *l) {
   unsigned *masks = calloc((size_t)comm->nranks, sizeof *masks);
   if (!masks) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  for (int i = 0; i < l->n; i++)
-    if (!l->link[i].off && l->link[i].device_memory) masks[comm->rank] |= 1u << i;
+  masks[comm->rank] = fc_links_device_mask(l);
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, masks, sizeof *masks);
-  for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
-    const unsigned char *on = l->link[i].on;
-    int all = 1;
-    for (int q = 0; q < comm->nranks; q++)
-      if ((!on || on[q]) && !(masks[q] >> i & 1)) all = 0;
-    l->link[i].device_memory = all && !l->link[i].off;
-  }
+  if (res == FLEXCOLL_SUCCESS) fc_links_agree_device_memory(l, comm->nranks, masks);
   free(masks);
   return res;
 }

@@ -211,6 +211,11 @@ int fc_links_joins(const fc_links_t *l, int i, int p, int q);
  * transfers to such links only (a link that would stage device memory slowly, or not at all,
  * carries none of them). */
 int fc_links_device_memory(const fc_links_t *l, int p, int q);
+/* This rank's links that take device memory (bit i: link i, on here), and the agreement from
+ * every rank's mask (masks[q]: rank q's): a link takes device memory where every rank that has it
+ * (link.on) says so.  fc_links_open all-gathers the masks between the two. */
+unsigned fc_links_device_mask(const fc_links_t *l);
+void fc_links_agree_device_memory(fc_links_t *l, int nranks, const unsigned *masks);
 /* A part of `bytes` to (is_send) or from peer completed on link i us microseconds after it was
  * posted: sends count in the statistics, receives (deliveries) feed stage 2. */
 void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us, int is_send);

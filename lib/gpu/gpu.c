@@ -631,3 +631,7 @@ flexcoll_result_t fc_gpu_window_deregister(struct flexcoll_comm *comm, struct fl
 }
 int fc_gpu_window_valid(struct flexcoll_comm *comm, const struct flexcoll_window *w) { (void)comm; (void)w; return 0; }
 #endif
+
+int fc_gpu_comm_wants_device(const struct flexcoll_comm *comm) {
+  return comm->init_config.cuda_device >= 0 && fc_gpu_count() > 0;
+}

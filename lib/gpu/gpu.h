@@ -63,6 +63,10 @@ int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char
 int fc_gpu_count(void);
 /* The calling thread's current CUDA device; FLEXCOLL_CONFIG_UNDEF without a GPU. */
 int fc_gpu_current_device(void);
+/* Whether comm is to run on a GPU, asked before fc_gpu_comm_init (the links open first, and
+ * decide by it whether they take device buffers): its configured device (comm.c resolves it
+ * before the links) on a machine with a GPU. */
+int fc_gpu_comm_wants_device(const struct flexcoll_comm *comm);
 
 /* Whether stream is being captured into a CUDA graph (1), or cannot be used because another
  * stream's capture forbids it (2); 0: neither.  A NULL stream (the legacy default stream) is

@@ -213,7 +213,6 @@ static void log_hosts(struct flexcoll_comm *comm, const fc_links_t *l) {
     }
 }
 
-/* Every pair of ranks has a link (the same check on every rank: hosts and links are agreed). */
 unsigned fc_links_device_mask(const fc_links_t *l) {
   unsigned mask = 0;
   for (int i = 0; i < l->n; i++)
@@ -244,6 +243,7 @@ static flexcoll_result_t agree_device_memory(struct flexcoll_comm *comm, fc_link
   return res;
 }
 
+/* Every pair of ranks has a link (the same check on every rank: hosts and links are agreed). */
 static flexcoll_result_t check_pairs(struct flexcoll_comm *comm, const fc_links_t *l, const char *dropped) {
   for (int p = 0; p < comm->nranks; p++)
     for (int q = p + 1; q < comm->nranks; q++) {

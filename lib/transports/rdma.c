@@ -1363,7 +1363,7 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
    * slots on the GPU, wherever flexcoll has CUDA, on a communicator with a GPU (on one without,
    * the flag would keep the pairs' host transfers off the links that cannot take device memory:
    * fc_links_split).  Local: fc_links_open ANDs it over the ranks. */
-  link->device_memory = HAVE_CUDA && comm->init_config.cuda_device >= 0 && fc_gpu_count() > 0;
+  link->device_memory = fc_gpu_comm_wants_device(comm);
   r->wake_fd = -1;
   r->lock_made = pthread_mutex_init(&r->lock, NULL) == 0;
   if (!r->lock_made) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "rdma: pthread_mutex_init failed");

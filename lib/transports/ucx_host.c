@@ -111,7 +111,7 @@ static void find_ucx_cuda(void) {
 /* The CUDA transports the link's context adds to kind->tls ("" for none): on a communicator with
  * a GPU (comm.c resolves the device before the links open), those this UCX has. */
 static const char *cuda_tls(const struct flexcoll_comm *comm, const ucx_link_kind_t *kind) {
-  if (!fc_param_ucx_cuda() || comm->init_config.cuda_device < 0 || fc_gpu_count() <= 0) return "";
+  if (!fc_param_ucx_cuda() || !fc_gpu_comm_wants_device(comm)) return "";
   pthread_once(&ucx_cuda_once, find_ucx_cuda);
   if (!ucx_cuda_copy) return "";
   return kind->ipc && ucx_cuda_ipc ? ",cuda_copy,cuda_ipc" : ",cuda_copy";

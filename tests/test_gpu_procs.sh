@@ -71,14 +71,14 @@ for setup in ":0" "pcie,shm,tcp:0" ":2" ":2:FLEXCOLL_UCX_PEER_FAILURE=0"; do
   links=${setup%%:*} rest=${setup#*:}
   hosts=${rest%%:*} extra=""
   [ "$rest" != "$hosts" ] && extra=${rest#*:}
-  ns="2 3 4" dt_ops="float32_sum bfloat16_max int32_sum"
+  ns="2 3 4"
   [ -n "$links" ] && ns="2 3"
   [ "$hosts" -gt 0 ] && ns="3 4"
-  [ -n "$extra" ] && ns="4" dt_ops="float32_sum"
+  [ -n "$extra" ] && ns="4"
   for n in $ns; do
     for coll in allreduce allgather reduce_scatter broadcast reduce alltoall; do
-      for dt_op in $dt_ops; do
-        dt_op=$(echo "$dt_op" | tr _ ' ')
+      for dt_op in "float32 sum" "bfloat16 max" "int32 sum"; do
+        [ -n "$extra" ] && [ "$dt_op" != "float32 sum" ] && continue
         # shellcheck disable=SC2086
         set -- $dt_op
         case $coll in allgather|broadcast|alltoall) [ "$1" = float32 ] || continue ;; esac

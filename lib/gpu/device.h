@@ -153,6 +153,8 @@ struct fc_gpu {
   cudaStream_t oneshot_stream; /* where it ran (valid once oneshot_seq > 0) */
   char *dev_scratch;       /* direct mode's scratch in device memory, grown on demand (direct.c) */
   size_t dev_scratch_bytes;
+  char *host_copy[2];      /* host copies of send and recv buffers (exec.c run_through_host), grown on demand */
+  size_t host_copy_bytes[2];
 
   /* Direct mode (direct.c) and the peers' memory it uses (peer_mem.c). */
   uint32_t direct_seq;         /* direct calls so far */

@@ -329,37 +329,46 @@ static cudaError_t stream_copy(void *dst, const void *src, size_t bytes, enum cu
   return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
 }
 
+/* Host memory of at least `bytes` in slot k of the communicator's host copies, kept between
+ * calls: a fresh allocation per call would fault every page of it in again at each call.
+ * Pageable, not pinned: pinning (cudaHostAlloc, cudaHostRegister) and freeing pinned memory may
+ * wait for the whole device, where other communicators' kernels may wait for this rank. */
+static char *host_copy(struct fc_gpu *g, int k, size_t bytes) {
+  if (g->host_copy_bytes[k] >= bytes + 1) return g->host_copy[k];
+  free(g->host_copy[k]); /* not realloc: the old bytes are not needed */
+  g->host_copy[k] = malloc(bytes + 1);
+  g->host_copy_bytes[k] = g->host_copy[k] ? bytes + 1 : 0;
+  return g->host_copy[k];
+}
+
 /* Peers without peer access: run the host algorithm on copies (correct, not fast, blocking). */
 static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
                                           cudaStream_t stream) {
   struct flexcoll_comm *comm = x->comm;
   size_t sbytes = fc_coll_send_count(args->coll, args->count, args->nranks) * x->esize;
   size_t rbytes = fc_coll_recv_count(args->coll, args->count, args->nranks) * x->esize;
-  char *hs = malloc(sbytes + 1), *hr = malloc(rbytes + 1);
-  flexcoll_result_t res = FLEXCOLL_SUCCESS;
-  if (!hs || !hr) { res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory"); goto out; }
+  char *hs = host_copy(x->g, 0, sbytes), *hr = host_copy(x->g, 1, rbytes);
+  if (!hs || !hr) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for host copies of %zu and %zu bytes",
+                                  sbytes, rbytes);
+  /* Send inside recv (in-place allreduce, allgather...): read it from the host copy of recv,
+   * the only case where recv's bytes before the call are an input.  Recv inside send (in-place
+   * reduce_scatter, where rank 0's recv starts at send) needs nothing: the result is copied
+   * back.  An in-place alltoall must read its input from a copy apart from recv's: hs is one. */
+  const int send_in_recv = send && recv && args->coll != FC_COLL_ALLTOALL && (const char *)send >= (const char *)recv &&
+                           (const char *)send + sbytes <= (const char *)recv + rbytes;
+  const void *hsend = send_in_recv ? hr + ((const char *)send - (const char *)recv) : hs;
   if (cudaStreamSynchronize(stream) != cudaSuccess ||
-      (send && sbytes && stream_copy(hs, send, sbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess) ||
-      (recv && rbytes && stream_copy(hr, recv, rbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess)) {
-    res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "staging device buffers in host memory: %s",
-                   cudaGetErrorString(cudaGetLastError()));
-    goto out;
-  }
-  /* Send inside recv (in-place allreduce, allgather...): read it from the host copy of recv.
-   * Recv inside send (in-place reduce_scatter) needs nothing: the result is copied back.  An
-   * in-place alltoall must read its input from a copy apart from recv's: hs is one. */
-  const void *hsend = hs;
-  if (send && recv && args->coll != FC_COLL_ALLTOALL && (const char *)send >= (const char *)recv &&
-      (const char *)send < (const char *)recv + rbytes)
-    hsend = hr + ((const char *)send - (const char *)recv);
-  FC_CHECK_GOTO(fc_host_run(comm, args, send ? hsend : NULL, recv ? hr : NULL, x->dtype, x->op), res, out);
-  if (recv && rbytes && stream_copy(recv, hr, rbytes, cudaMemcpyHostToDevice, stream) != cudaSuccess)
-    res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a result to the device: %s",
-                   cudaGetErrorString(cudaGetLastError()));
-out:
-  free(hs);
-  free(hr);
-  return res;
+      (send && sbytes && !send_in_recv && stream_copy(hs, send, sbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess) ||
+      (send_in_recv && rbytes && stream_copy(hr, recv, rbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess))
+    return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "staging device buffers in host memory: %s",
+                    cudaGetErrorString(cudaGetLastError()));
+  FC_CHECK(fc_host_run(comm, args, send ? hsend : NULL, recv ? hr : NULL, x->dtype, x->op));
+  /* A reduce writes only the root's recv: the others' stay as they were. */
+  const int written = args->coll != FC_COLL_REDUCE || args->rank == args->root;
+  if (written && recv && rbytes && stream_copy(recv, hr, rbytes, cudaMemcpyHostToDevice, stream) != cudaSuccess)
+    return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a result to the device: %s",
+                    cudaGetErrorString(cudaGetLastError()));
+  return FLEXCOLL_SUCCESS;
 }
 
 /* Whether every transfer of a batch may hand its device buffer to the host links: each peer is

@@ -508,6 +508,8 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   cudaFree(g->p2p_peer_area);
   cudaFree(g->p2p_peer_ctr);
   cudaFree(g->dev_scratch);
+  free(g->host_copy[0]);
+  free(g->host_copy[1]);
   cudaFree(g->lane_clk);
   cudaFreeHost(g->lane_rec);
   cudaFreeHost(g->error_host);

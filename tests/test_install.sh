@@ -66,6 +66,15 @@ if command -v readelf >/dev/null && ! in_loader_path "$libdir"; then
   readelf -d "$perf" | grep -E 'R(UN)?PATH' | grep -q "[[:punct:]]$libdir[]:]" ||
     bad "installed flexcoll-perf has no run path to $libdir: $(readelf -d "$perf" | grep -E 'R(UN)?PATH')"
 fi
+# libibverbs is loaded at run time (lib/transports/verbs.h): neither the library nor its users'
+# link lines (the .la, flexcoll.pc) may name it, or a machine without rdma-core could not load it.
+if command -v readelf >/dev/null; then
+  for so in $(find "$dest$libdir" -name '*.so' -type f -o -name '*.so.*' -type f); do
+    readelf -d "$so" | grep NEEDED | grep -q ibverbs && bad "$so needs libibverbs at load time"
+  done
+fi
+grep -l -- -libverbs "$la" "$dest$libdir/pkgconfig/flexcoll.pc" 2>/dev/null | while read -r f; do
+  echo "FAIL: $f links libibverbs"; done | grep . && fail=1
 # The tools run from the install, in a clean environment (the library from the DESTDIR copy).
 for t in flexcoll-perf flexcoll-info; do
   out=$(env -i LD_LIBRARY_PATH="$dest$libdir" "$dest$bindir/$t" --help 2>&1) ||

@@ -1030,29 +1030,49 @@ END_TEST
 
 /* Allreduces until one fails; every one that succeeds must be right.  The fault must end the
  * run in an error: all calls succeeding is a failure (unless the case expects success). */
-static int fault_rank(hx_rank_t *r) {
-  int expect_ok = *(const int *)r->arg;
+static int fault_calls(hx_rank_t *r, flexcoll_comm_t comm, int expect_ok) {
   size_t count = 100003;
   for (uint64_t call = 0; call < 40; call++) {
     pcall_t p = {.coll = call % 2 ? C_ALLGATHER : C_ALLREDUCE, .dtype = FLEXCOLL_FLOAT32, .op = FLEXCOLL_SUM,
                  .count = count, .rank = r->rank, .nranks = r->nranks};
     if (pcall_prepare(r, &p, r->seed, call) != 0) return 1;
     pcall_describe(r->what, sizeof r->what, &p);
-    flexcoll_result_t res = pcall_issue(&p, r->comm);
+    flexcoll_result_t res = pcall_issue(&p, comm);
     if (res != FLEXCOLL_SUCCESS) {
       pcall_free(&p);
-      if (expect_ok) return hx_fail(r, "call %llu failed: %d %s", (unsigned long long)call, res, flexcoll_get_last_error(r->comm));
+      if (expect_ok) return hx_fail(r, "call %llu failed: %d %s", (unsigned long long)call, res, flexcoll_get_last_error(comm));
       if (res != FLEXCOLL_REMOTE_ERROR && res != FLEXCOLL_TIMEOUT && res != FLEXCOLL_SYSTEM_ERROR)
         return hx_fail(r, "call %llu returned %d (%s), not an error of the link", (unsigned long long)call, res,
-                       flexcoll_get_last_error(r->comm));
+                       flexcoll_get_last_error(comm));
       fprintf(stderr, "[test_rdma] rank %d: call %llu ended in %s: %s\n", r->rank, (unsigned long long)call,
-              flexcoll_get_error_string(res), flexcoll_get_last_error(r->comm));
+              flexcoll_get_error_string(res), flexcoll_get_last_error(comm));
       return 0;
     }
     pcall_check(r, &p);
   }
   if (!expect_ok) return hx_fail(r, "every call succeeded despite FLEXCOLL_VERBS_FAKE_FAULT=%s", getenv("FLEXCOLL_VERBS_FAKE_FAULT"));
   return 0;
+}
+
+/* The calls on a communicator split off for them (opening a link posts no send, so the fault's
+ * count lands in the calls), then destroyed: whatever the fault broke, every descriptor, fake
+ * device segment and registration it held is given back. */
+static int fault_rank(hx_rank_t *r) {
+  char mine[64];
+  snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
+  long ever0, now0, ever1, now1;
+  fake_mrs(&ever0, &now0);
+  const int fds0 = hx_count_entries("/proc/self/fd", ""), shm0 = hx_count_entries("/dev/shm", mine);
+  flexcoll_comm_t sub = NULL;
+  if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
+  const int rc = fault_calls(r, sub, *(const int *)r->arg);
+  hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy after the fault");
+  fake_mrs(&ever1, &now1);
+  const int fds1 = hx_count_entries("/proc/self/fd", ""), shm1 = hx_count_entries("/dev/shm", mine);
+  if (fds1 != fds0) hx_fail(r, "%d open descriptors before the faulty communicator, %d after its destroy", fds0, fds1);
+  if (shm1 != shm0) hx_fail(r, "%d fake device segments before the faulty communicator, %d after", shm0, shm1);
+  if (now1 != now0) hx_fail(r, "%ld memory regions registered before the faulty communicator, %ld after", now0, now1);
+  return rc;
 }
 
 static const struct {

@@ -405,23 +405,34 @@ static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops,
       return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed: %s", cudaGetErrorString(cudaGetLastError()));
     return fc_host_run_p2p(comm, ops, nops, bufs);
   }
+  /* One block of the communicator's host copies holds every transfer, each at a 64-byte
+   * boundary; the copies of a direction are enqueued together and waited for once. */
+  size_t total = 0;
+  for (int i = 0; i < nops; i++) total += (ops[i].count + 63) & ~(size_t)63;
+  char *block = host_copy(x->g, 0, total);
   void **host = calloc((size_t)nops, sizeof *host);
-  flexcoll_result_t res = FLEXCOLL_SUCCESS;
-  if (!host) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  if (cudaStreamSynchronize(stream) != cudaSuccess) res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed");
-  for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++) {
-    host[i] = malloc(ops[i].count + 1);
-    if (!host[i]) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-    else if (ops[i].is_send && ops[i].count &&
-             stream_copy(host[i], bufs[i], ops[i].count, cudaMemcpyDeviceToHost, stream) != cudaSuccess)
-      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a send buffer to the host failed");
+  if (!block || !host) {
+    free(host);
+    return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for host copies of %zu bytes", total);
   }
-  if (res == FLEXCOLL_SUCCESS) res = fc_host_run_p2p(comm, ops, nops, host);
-  for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS; i++)
-    if (!ops[i].is_send && ops[i].count &&
-        stream_copy(bufs[i], host[i], ops[i].count, cudaMemcpyHostToDevice, stream) != cudaSuccess)
-      res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a received buffer to the device failed");
-  for (int i = 0; i < nops; i++) free(host[i]);
+  cudaError_t e = cudaStreamSynchronize(stream);
+  for (int i = 0; i < nops; i++) {
+    host[i] = block;
+    block += (ops[i].count + 63) & ~(size_t)63;
+    if (e == cudaSuccess && ops[i].is_send && ops[i].count)
+      e = cudaMemcpyAsync(host[i], bufs[i], ops[i].count, cudaMemcpyDeviceToHost, stream);
+  }
+  if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  flexcoll_result_t res = e != cudaSuccess ? fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR,
+                                                      "copying send buffers to the host: %s", cudaGetErrorString(e))
+                                           : fc_host_run_p2p(comm, ops, nops, host);
+  for (int i = 0; i < nops && res == FLEXCOLL_SUCCESS && e == cudaSuccess; i++)
+    if (!ops[i].is_send && ops[i].count) e = cudaMemcpyAsync(bufs[i], host[i], ops[i].count, cudaMemcpyHostToDevice, stream);
+  if (res == FLEXCOLL_SUCCESS && e == cudaSuccess) e = cudaStreamSynchronize(stream);
+  if (res == FLEXCOLL_SUCCESS && e != cudaSuccess)
+    res = fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying received buffers to the device: %s",
+                   cudaGetErrorString(e));
+  cudaGetLastError();
   free(host);
   return res;
 }

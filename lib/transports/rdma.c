@@ -33,10 +33,14 @@
  * Device: one per link, rail `link->rail` of the rank's nearest devices (rdma_dev.h); links.c opens
  * a link per rail (several NICs) and the balancer splits over them.
  *
- * What this does not do yet (docs/ARCHITECTURE.md): device memory (dma-buf), the NIC's place in
- * the cost model beside the GPU's host staging (the balancer can bound a shared port, nothing puts
- * them in one yet), watching unmaps (pinned registrations are cached only on the application's
- * promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
+ * Device buffers are registered through dma-buf, else by address (nvidia-peermem):
+ * fc_rdma_reg_device (rdma_dev.c), from reg_device below.
+ *
+ * What this does not do yet (docs/ARCHITECTURE.md): carry a share of the ring kernels' device
+ * calls beside the pcie lane, where the model's shared port (a NIC under its GPU's root port)
+ * would come into force (the balancer can bound a shared port; the device lanes and the host
+ * links are balanced apart today); watching unmaps (pinned registrations are cached only on the
+ * application's promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
 #define _GNU_SOURCE
 #include "config.h"
 #include "clock.h"

@@ -311,7 +311,7 @@ static int drive(rk_t *r, int kind, int it, int keep_calling, double fallback, d
       it++;
       if (peer_failure(res)) {
         d->err = res;
-        d->t = now;
+        d->t = now_s(); /* when it returned: a blocking call (host copies) may have started before the kill */
         d->direct = 1;
         return 1;
       }

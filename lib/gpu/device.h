@@ -80,6 +80,7 @@ typedef struct {
   struct fc_pcie_proxy *proxy; /* ce: this rank's */
   char *boxes;             /* ce: device memory: outbox, inbox (area_bytes each), the published counts */
   uint64_t *pub;           /* ce: in boxes */
+  uint64_t *ready;         /* ce: the kernel's ready counters in boxes (FLEXCOLL_PCIE_CE_READY=device), else NULL */
   int only;                /* FLEXCOLL_LINKS names pcie but not nvlink: ring calls go through it whole */
   size_t bytes;            /* of every rank's area: counters, then the ring area */
   size_t ctr_bytes, area_bytes;

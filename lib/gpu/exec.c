@@ -182,6 +182,7 @@ void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
     a->pc_desc = p->ce ? (fc_pcie_desc_t *)(p->own + FC_PCIE_DESC_OFF) : NULL;
     a->pc_sent = p->ce ? (uint64_t *)(p->own + FC_PCIE_SENT_OFF) : NULL;
     a->pc_pub = p->ce ? p->pub : NULL;
+    a->pc_ready = p->ce ? p->ready : NULL;
     a->pc_ctr = (uint64_t *)p->own;
     a->pc_ctr_next = (uint64_t *)p->next;
     a->pc_ctr_prev = (uint64_t *)p->prev;

@@ -361,6 +361,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   const int n = comm->nranks, next = (comm->rank + 1) % n, prev = (comm->rank + n - 1) % n;
   char why[256] = "";
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_ENGINE")); /* sm or ce */
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_CE_READY"));
   const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
   int64_t area = fc_param_pcie_area_bytes(), blocks = fc_param_pcie_blocks();
   /* Through copy engines every message costs the proxies two copies and two stream writes to

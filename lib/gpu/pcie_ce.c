@@ -37,6 +37,7 @@
 #include "error.h"
 #include "gpu/device.h"
 #include "log.h"
+#include "param.h"
 
 typedef CUresult (*fc_write_value64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
@@ -75,6 +76,9 @@ struct fc_pcie_proxy {
   const volatile fc_pcie_desc_t *desc;
   char *staging;
   CUdeviceptr staged_dev, ready_dev;
+  /* The kernel's ready counters in device memory (FLEXCOLL_PCIE_CE_READY=device), raised before
+   * ready_dev, which then only mirrors them for the trace and the stall report; 0: none. */
+  CUdeviceptr ready_kernel;
   char *outbox, *inbox;
   /* The previous rank's: what its proxy has staged, its descriptors and its staging. */
   const volatile uint64_t *prev_staged;
@@ -213,6 +217,8 @@ static void *proxy_main(void *arg) {
           if (!copy(x->in, x->inbox + off, x->prev_staging + off, bytes, cudaMemcpyHostToDevice)) goto failed;
           batch += bytes;
         }
+        if (x->ready_kernel && x->write64(x->in, x->ready_kernel + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS)
+          goto failed;
         if (x->write64(x->in, x->ready_dev + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS) goto failed;
         trace_enqueued(&x->trace_in, b, ready, batch, last_us);
         moved = 1;
@@ -264,12 +270,17 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   x->prev_staged = (const volatile uint64_t *)(p->prev_host + FC_PCIE_STAGED_OFF);
   x->prev_desc = (const volatile fc_pcie_desc_t *)(p->prev_host + FC_PCIE_DESC_OFF);
   x->prev_staging = p->prev_host + p->ctr_bytes;
-  cudaError_t e = cudaMalloc((void **)&p->boxes, 2 * p->area_bytes + FC_MAX_BLOCKS * sizeof(uint64_t));
+  /* Published counts, then the kernel's ready counters, after the two boxes. */
+  cudaError_t e = cudaMalloc((void **)&p->boxes, 2 * p->area_bytes + 2 * FC_MAX_BLOCKS * sizeof(uint64_t));
   if (e == cudaSuccess) {
     x->outbox = p->boxes;
     x->inbox = p->boxes + p->area_bytes;
     p->pub = (uint64_t *)(p->boxes + 2 * p->area_bytes);
-    e = cudaMemsetAsync(p->pub, 0, FC_MAX_BLOCKS * sizeof(uint64_t), g->util_stream);
+    if (strcmp(fc_param_str("FLEXCOLL_PCIE_CE_READY", "device"), "host") != 0) {
+      p->ready = p->pub + FC_MAX_BLOCKS;
+      x->ready_kernel = (CUdeviceptr)p->ready;
+    }
+    e = cudaMemsetAsync(p->pub, 0, 2 * FC_MAX_BLOCKS * sizeof(uint64_t), g->util_stream);
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(g->util_stream);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&x->out, cudaStreamNonBlocking);
@@ -281,6 +292,7 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   if (e == cudaSuccess) e = cudaMemcpyAsync(x->staging, x->outbox, 16, cudaMemcpyDeviceToHost, x->out);
   if (e == cudaSuccess) e = cudaMemcpyAsync(x->inbox, x->prev_staging, 16, cudaMemcpyHostToDevice, x->in);
   if (e == cudaSuccess && (x->write64(x->out, x->staged_dev, 0, 0) != CUDA_SUCCESS ||
+                           (x->ready_kernel && x->write64(x->in, x->ready_kernel, 0, 0) != CUDA_SUCCESS) ||
                            x->write64(x->in, x->ready_dev, 0, 0) != CUDA_SUCCESS))
     e = cudaErrorUnknown;
   if (e == cudaSuccess) e = cudaStreamSynchronize(x->out);
@@ -294,6 +306,7 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
     cudaFree(p->boxes);
     p->boxes = NULL;
     p->pub = NULL;
+    p->ready = NULL;
     free(x);
     return FLEXCOLL_SUCCESS;
   }
@@ -320,6 +333,7 @@ void fc_pcie_ce_stop(struct fc_gpu *g) {
   cudaFree(p->boxes);
   p->boxes = NULL;
   p->pub = NULL;
+  p->ready = NULL;
   cudaGetLastError();
 }
 #endif

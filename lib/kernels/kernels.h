@@ -228,6 +228,9 @@ typedef struct {
   int pc_ce;
   fc_pcie_desc_t *pc_desc;
   uint64_t *pc_sent, *pc_pub;
+  /* ce: our ready counters in device memory, raised by our proxy's stream writes, so that the
+   * kernel's waits poll no host memory over the port the copies use; NULL: the host area's. */
+  uint64_t *pc_ready;
   /* Stage 2: clk NULL, nothing measured (small calls, captured ones); else the clock, the record
    * ring (as the device sees it), this call's number and its lanes' bytes for the record. */
   fc_lane_clock_t *clk;

@@ -88,7 +88,7 @@ __device__ __forceinline__ fc_ring_lane fc_ring_lane_of(const fc_ring_args_t &a,
   uint64_t *ctr_prev = L == 0 ? a.ctr_prev : a.pc_ctr_prev;
   l.area = area;
   l.area_next = area_next;
-  l.ready = ctr + l.idx;
+  l.ready = L == 1 && a.pc_ce && a.pc_ready ? a.pc_ready + l.idx : ctr + l.idx;
   l.ack = ctr + FC_MAX_BLOCKS + l.idx;
   l.ready_next = ctr_next + l.idx;
   l.ack_prev = ctr_prev + FC_MAX_BLOCKS + l.idx;

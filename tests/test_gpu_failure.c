@@ -291,7 +291,7 @@ static int drive(rk_t *r, int kind, int it, int keep_calling, double fallback, d
     flexcoll_comm_get_async_error(r->comm, &async);
     if (async != FLEXCOLL_SUCCESS && async != FLEXCOLL_IN_PROGRESS) {
       d->err = async;
-      d->t = now;
+      d->t = now_s();
       return 1;
     }
     const cudaError_t q = cudaStreamQuery(r->s);

@@ -69,12 +69,13 @@ fi
 # libibverbs is loaded at run time (lib/transports/verbs.h): neither the library nor its users'
 # link lines (the .la, flexcoll.pc) may name it, or a machine without rdma-core could not load it.
 if command -v readelf >/dev/null; then
-  for so in $(find "$dest$libdir" -name '*.so' -type f -o -name '*.so.*' -type f); do
-    readelf -d "$so" | grep NEEDED | grep -q ibverbs && bad "$so needs libibverbs at load time"
-  done
+  needs=$(find "$dest$libdir" -type f \( -name '*.so' -o -name '*.so.*' \) -exec sh -c \
+    'readelf -d "$1" | grep NEEDED | grep -q ibverbs && echo "$1"' sh {} \;)
+  test -z "$needs" || bad "needs libibverbs at load time: $needs"
 fi
-grep -l -- -libverbs "$la" "$dest$libdir/pkgconfig/flexcoll.pc" 2>/dev/null | while read -r f; do
-  echo "FAIL: $f links libibverbs"; done | grep . && fail=1
+for f in "$la" "$dest$libdir/pkgconfig/flexcoll.pc"; do
+  test -f "$f" && grep -q ibverbs "$f" && bad "$f links libibverbs: $(grep ibverbs "$f")"
+done
 # The tools run from the install, in a clean environment (the library from the DESTDIR copy).
 for t in flexcoll-perf flexcoll-info; do
   out=$(env -i LD_LIBRARY_PATH="$dest$libdir" "$dest$bindir/$t" --help 2>&1) ||

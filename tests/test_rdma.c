@@ -1060,18 +1060,25 @@ static int fault_calls(hx_rank_t *r, flexcoll_comm_t comm, int expect_ok) {
 static int fault_rank(hx_rank_t *r) {
   char mine[64];
   snprintf(mine, sizeof mine, "fcfv-%d-", (int)getpid());
-  long ever0, now0, ever1, now1;
-  fake_mrs(&ever0, &now0);
+  long ever, now0, now1;
+  fake_mrs(&ever, &now0);
   const int fds0 = hx_count_entries("/proc/self/fd", ""), shm0 = hx_count_entries("/dev/shm", mine);
   flexcoll_comm_t sub = NULL;
   if (!hx_ok(r, flexcoll_comm_split(r->comm, 0, r->rank, &sub, NULL), r->comm, "split")) return 1;
   const int rc = fault_calls(r, sub, *(const int *)r->arg);
   hx_ok(r, flexcoll_comm_destroy(sub), NULL, "destroy after the fault");
-  fake_mrs(&ever1, &now1);
-  const int fds1 = hx_count_entries("/proc/self/fd", ""), shm1 = hx_count_entries("/dev/shm", mine);
-  if (fds1 != fds0) hx_fail(r, "%d open descriptors before the faulty communicator, %d after its destroy", fds0, fds1);
-  if (shm1 != shm0) hx_fail(r, "%d fake device segments before the faulty communicator, %d after", shm0, shm1);
-  if (now1 != now0) hx_fail(r, "%ld memory regions registered before the faulty communicator, %ld after", now0, now1);
+  /* A descriptor of the split's bootstrap may close a moment after destroy returns; one of the
+   * parent communicator's (its bootstrap root's, on rank 0) may close meanwhile: fewer is no leak. */
+  int fds1 = 0, shm1 = 0;
+  for (int k = 0; k < 100; k++) {
+    fake_mrs(&ever, &now1);
+    fds1 = hx_count_entries("/proc/self/fd", ""), shm1 = hx_count_entries("/dev/shm", mine);
+    if (fds1 <= fds0 && shm1 <= shm0 && now1 <= now0) break;
+    nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
+  }
+  if (fds1 > fds0) hx_fail(r, "%d open descriptors before the faulty communicator, %d after its destroy", fds0, fds1);
+  if (shm1 > shm0) hx_fail(r, "%d fake device segments before the faulty communicator, %d after", shm0, shm1);
+  if (now1 > now0) hx_fail(r, "%ld memory regions registered before the faulty communicator, %ld after", now0, now1);
   return rc;
 }
 

@@ -331,7 +331,8 @@ static cudaError_t stream_copy(void *dst, const void *src, size_t bytes, enum cu
 }
 
 /* Host memory of at least `bytes` in slot k of the communicator's host copies, kept between
- * calls: a fresh allocation per call would fault every page of it in again at each call.
+ * calls at the largest size asked (until the communicator is destroyed): a fresh allocation per
+ * call would fault every page of it in again at each call.
  * Pageable, not pinned: pinning (cudaHostAlloc, cudaHostRegister) and freeing pinned memory may
  * wait for the whole device, where other communicators' kernels may wait for this rank. */
 static char *host_copy(struct fc_gpu *g, int k, size_t bytes) {
@@ -348,19 +349,20 @@ static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *a
   struct flexcoll_comm *comm = x->comm;
   size_t sbytes = fc_coll_send_count(args->coll, args->count, args->nranks) * x->esize;
   size_t rbytes = fc_coll_recv_count(args->coll, args->count, args->nranks) * x->esize;
-  char *hs = host_copy(x->g, 0, sbytes), *hr = host_copy(x->g, 1, rbytes);
-  if (!hs || !hr) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for host copies of %zu and %zu bytes",
-                                  sbytes, rbytes);
-  /* Send inside recv (in-place allreduce, allgather...): read it from the host copy of recv,
-   * the only case where recv's bytes before the call are an input.  Recv inside send (in-place
-   * reduce_scatter, where rank 0's recv starts at send) needs nothing: the result is copied
-   * back.  An in-place alltoall must read its input from a copy apart from recv's: hs is one. */
+  /* Send inside recv (in-place allreduce, allgather...): staged at its place in the host copy of
+   * recv, whose other bytes are outputs only.  Recv inside send (in-place reduce_scatter, where
+   * rank 0's recv starts at send) needs nothing: the result is copied back.  An in-place alltoall
+   * must read its input from a copy apart from recv's: hs is one.  A broadcast reads only the
+   * root's send (the others' may be any pointer, as NCCL allows). */
   const int send_in_recv = send && recv && args->coll != FC_COLL_ALLTOALL && (const char *)send >= (const char *)recv &&
                            (const char *)send + sbytes <= (const char *)recv + rbytes;
-  const void *hsend = send_in_recv ? hr + ((const char *)send - (const char *)recv) : hs;
+  const int send_read = send && sbytes && (args->coll != FC_COLL_BROADCAST || args->rank == args->root);
+  char *hr = host_copy(x->g, 1, rbytes), *hs = send_in_recv ? hr : host_copy(x->g, 0, sbytes);
+  if (!hs || !hr) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for host copies of %zu and %zu bytes",
+                                  sbytes, rbytes);
+  char *hsend = send_in_recv ? hr + ((const char *)send - (const char *)recv) : hs;
   if (cudaStreamSynchronize(stream) != cudaSuccess ||
-      (send && sbytes && !send_in_recv && stream_copy(hs, send, sbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess) ||
-      (send_in_recv && rbytes && stream_copy(hr, recv, rbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess))
+      (send_read && stream_copy(hsend, send, sbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess))
     return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "staging device buffers in host memory: %s",
                     cudaGetErrorString(cudaGetLastError()));
   FC_CHECK(fc_host_run(comm, args, send ? hsend : NULL, recv ? hr : NULL, x->dtype, x->op));
@@ -406,8 +408,8 @@ static flexcoll_result_t p2p_through_host(fc_dexec_t *x, const fc_p2p_op_t *ops,
       return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "stream failed: %s", cudaGetErrorString(cudaGetLastError()));
     return fc_host_run_p2p(comm, ops, nops, bufs);
   }
-  /* One block of the communicator's host copies holds every transfer, each at a 64-byte
-   * boundary; the copies of a direction are enqueued together and waited for once. */
+  /* One block of the communicator's host copies holds every transfer, each at a multiple of 64
+   * bytes from its start; the copies of a direction are enqueued together and waited for once. */
   size_t total = 0;
   for (int i = 0; i < nops; i++) total += (ops[i].count + 63) & ~(size_t)63;
   char *block = host_copy(x->g, 0, total);

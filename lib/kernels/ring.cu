@@ -63,7 +63,8 @@ struct fc_ring_io {
 };
 
 /* What a block of the grid uses: its lane's areas and counters (its own ready and ack at
- * ctr[b] and ctr[FC_MAX_BLOCKS + b], b its index in the lane), and its bytes of a chunk. */
+ * ctr[b] and ctr[FC_MAX_BLOCKS + b], b its index in the lane; a copy-engine lane's ready at
+ * pc_ready[b] where the proxy raises it in device memory), and its bytes of a chunk. */
 struct fc_ring_lane {
   char *area, *area_next;
   uint64_t *ready, *ack;            /* ours */

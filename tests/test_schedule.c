@@ -751,6 +751,46 @@ START_TEST(test_counts_and_support) {
 }
 END_TEST
 
+/* What a rank reads and writes of the caller's buffers (fc_coll_io), out of place and in place as
+ * NCCL lays in-place buffers out (allgather: send at its block of recv; reduce_scatter: recv at
+ * its block of send; the rest: the same pointer), for every collective, rank and root. */
+START_TEST(test_coll_io) {
+  static char arena[1 << 16];
+  const size_t es = 4, counts[] = {1, 5, 7};
+  for (int c = 0; c < FC_NUM_COLLS; c++)
+    for (int n = 1; n <= 4; n++)
+      for (int rank = 0; rank < n; rank++)
+        for (int root = 0; root < n; root += n > 1 ? n - 1 : 1)
+          for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+            for (int in_place = 0; in_place < 2; in_place++) {
+              const size_t count = counts[k], block = (size_t)rank * count * es;
+              fc_algo_args_t a = {.coll = (fc_coll_t)c, .rank = rank, .nranks = n, .root = root, .count = count};
+              char *send = arena, *recv = arena + (1 << 15);
+              if (in_place && c == FC_COLL_ALLGATHER) send = recv + block;
+              else if (in_place && c == FC_COLL_REDUCE_SCATTER) recv = send + block;
+              else if (in_place) send = recv;
+              const fc_coll_io_t io = fc_coll_io(&a, send, recv, es);
+              /* Recv inside send (reduce_scatter, rank 0 included) and alltoall are never "inside". */
+              const int inside = in_place && c != FC_COLL_ALLTOALL && (c != FC_COLL_REDUCE_SCATTER || n == 1);
+              ck_assert_msg(io.send_in_recv == inside && io.send_off == (inside && c == FC_COLL_ALLGATHER ? block : 0),
+                            "%s n %d rank %d count %zu %s: send_in_recv %d at %zu", fc_coll_name((fc_coll_t)c), n,
+                            rank, count, in_place ? "in place" : "out of place", io.send_in_recv, io.send_off);
+              ck_assert_int_eq(io.send_read, !(c == FC_COLL_BROADCAST && rank != root));
+              ck_assert_int_eq(io.recv_written, !(c == FC_COLL_REDUCE && rank != root));
+            }
+  /* No buffer, nothing to read or write; a send that starts inside recv but runs past its end is
+   * not inside. */
+  fc_algo_args_t a = {.coll = FC_COLL_BROADCAST, .rank = 1, .nranks = 2, .root = 0, .count = 8};
+  fc_coll_io_t io = fc_coll_io(&a, NULL, arena, 4);
+  ck_assert(!io.send_read && !io.send_in_recv && io.recv_written);
+  a.coll = FC_COLL_ALLREDUCE;
+  io = fc_coll_io(&a, arena + 4, arena, 4);
+  ck_assert(io.send_read && !io.send_in_recv && io.recv_written);
+  io = fc_coll_io(&a, arena, NULL, 4);
+  ck_assert(io.send_read && !io.send_in_recv && !io.recv_written);
+}
+END_TEST
+
 START_TEST(test_invalid_args_and_reuse) {
   fc_schedule_t s;
   fc_schedule_init(&s);
@@ -1017,6 +1057,7 @@ static Suite *schedule_suite(void) {
   TCase *tc = tcase_create("api");
   tcase_add_test(tc, test_names);
   tcase_add_test(tc, test_counts_and_support);
+  tcase_add_test(tc, test_coll_io);
   tcase_add_test(tc, test_invalid_args_and_reuse);
   tcase_add_test(tc, test_simulator_catches_faults);
   tcase_add_test(tc, test_verify_catches_wrong_data);

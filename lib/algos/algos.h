@@ -100,4 +100,16 @@ void fc_schedule_free(fc_schedule_t *s);
 size_t fc_coll_send_count(fc_coll_t coll, size_t count, int nranks);
 size_t fc_coll_recv_count(fc_coll_t coll, size_t count, int nranks);
 
+/* What a rank's collective reads and writes of the caller's buffers, for executors that stage
+ * them (lib/gpu's host copies): send_read, whether send is an input (a broadcast's non-root send
+ * is not: NCCL lets it be any pointer); send_in_recv, whether send lies whole inside recv (in
+ * place, as allreduce, allgather, broadcast and reduce have it), send_off then its byte offset
+ * there (recv inside send, in-place reduce_scatter, is not this: on rank 0 both start at the same
+ * address); recv_written, whether recv is an output (a reduce's non-root recv is not). */
+typedef struct {
+  int send_read, send_in_recv, recv_written;
+  size_t send_off;
+} fc_coll_io_t;
+fc_coll_io_t fc_coll_io(const fc_algo_args_t *a, const void *send, const void *recv, size_t esize);
+
 #endif

@@ -136,6 +136,20 @@ size_t fc_coll_recv_count(fc_coll_t coll, size_t count, int nranks) {
   return coll == FC_COLL_ALLGATHER || coll == FC_COLL_ALLTOALL ? times_ranks(count, nranks) : count;
 }
 
+fc_coll_io_t fc_coll_io(const fc_algo_args_t *a, const void *send, const void *recv, size_t esize) {
+  const size_t sbytes = fc_coll_send_count(a->coll, a->count, a->nranks) * esize;
+  const size_t rbytes = fc_coll_recv_count(a->coll, a->count, a->nranks) * esize;
+  const char *s = send, *r = recv;
+  fc_coll_io_t io = {0};
+  io.send_read = s && sbytes && (a->coll != FC_COLL_BROADCAST || a->rank == a->root);
+  io.recv_written = r && rbytes && (a->coll != FC_COLL_REDUCE || a->rank == a->root);
+  /* An alltoall in place reads blocks that its own receives overwrite: never "inside". */
+  io.send_in_recv = s && r && a->coll != FC_COLL_ALLTOALL && s >= r && (size_t)(s - r) <= rbytes &&
+                    sbytes <= rbytes - (size_t)(s - r);
+  io.send_off = io.send_in_recv ? (size_t)(s - r) : 0;
+  return io;
+}
+
 static int coll_has_root(fc_coll_t coll) { return coll == FC_COLL_BROADCAST || coll == FC_COLL_REDUCE; }
 static int coll_reduces(fc_coll_t coll) {
   return coll == FC_COLL_ALLREDUCE || coll == FC_COLL_REDUCE_SCATTER || coll == FC_COLL_REDUCE;

@@ -349,26 +349,20 @@ static flexcoll_result_t run_through_host(fc_dexec_t *x, const fc_algo_args_t *a
   struct flexcoll_comm *comm = x->comm;
   size_t sbytes = fc_coll_send_count(args->coll, args->count, args->nranks) * x->esize;
   size_t rbytes = fc_coll_recv_count(args->coll, args->count, args->nranks) * x->esize;
-  /* Send inside recv (in-place allreduce, allgather...): staged at its place in the host copy of
-   * recv, whose other bytes are outputs only.  Recv inside send (in-place reduce_scatter, where
-   * rank 0's recv starts at send) needs nothing: the result is copied back.  An in-place alltoall
-   * must read its input from a copy apart from recv's: hs is one.  A broadcast reads only the
-   * root's send (the others' may be any pointer, as NCCL allows). */
-  const int send_in_recv = send && recv && args->coll != FC_COLL_ALLTOALL && (const char *)send >= (const char *)recv &&
-                           (const char *)send + sbytes <= (const char *)recv + rbytes;
-  const int send_read = send && sbytes && (args->coll != FC_COLL_BROADCAST || args->rank == args->root);
-  char *hr = host_copy(x->g, 1, rbytes), *hs = send_in_recv ? hr : host_copy(x->g, 0, sbytes);
+  /* Send inside recv (in place): staged at its place in the host copy of recv, whose other
+   * bytes are outputs only.  Recv inside send (in-place reduce_scatter) needs nothing: the
+   * result is copied back.  An in-place alltoall reads its input from hs, a copy apart. */
+  const fc_coll_io_t io = fc_coll_io(args, send, recv, x->esize);
+  char *hr = host_copy(x->g, 1, rbytes), *hs = io.send_in_recv ? hr : host_copy(x->g, 0, sbytes);
   if (!hs || !hr) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for host copies of %zu and %zu bytes",
                                   sbytes, rbytes);
-  char *hsend = send_in_recv ? hr + ((const char *)send - (const char *)recv) : hs;
+  char *hsend = hs + io.send_off;
   if (cudaStreamSynchronize(stream) != cudaSuccess ||
-      (send_read && stream_copy(hsend, send, sbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess))
+      (io.send_read && stream_copy(hsend, send, sbytes, cudaMemcpyDeviceToHost, stream) != cudaSuccess))
     return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "staging device buffers in host memory: %s",
                     cudaGetErrorString(cudaGetLastError()));
   FC_CHECK(fc_host_run(comm, args, send ? hsend : NULL, recv ? hr : NULL, x->dtype, x->op));
-  /* A reduce writes only the root's recv: the others' stay as they were. */
-  const int written = args->coll != FC_COLL_REDUCE || args->rank == args->root;
-  if (written && recv && rbytes && stream_copy(recv, hr, rbytes, cudaMemcpyHostToDevice, stream) != cudaSuccess)
+  if (io.recv_written && stream_copy(recv, hr, rbytes, cudaMemcpyHostToDevice, stream) != cudaSuccess)
     return fc_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "copying a result to the device: %s",
                     cudaGetErrorString(cudaGetLastError()));
   return FLEXCOLL_SUCCESS;

@@ -106,6 +106,7 @@ typedef struct {
   int next_idle[2], next_probe[2];
   fc_lane_board_entry_t *board; /* mapped (adapt) */
   double busy_us[2];       /* the timed calls' lane times, summed (statistics) */
+  int stall_reported;      /* fc_pcie_report_timeout has written its lines */
 } fc_pcie_t;
 
 struct fc_gpu {
@@ -186,6 +187,11 @@ struct fc_gpu {
  * function of communicator constants and the shared models. */
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g);
 void fc_pcie_close(struct fc_gpu *g);
+/* Once a kernel of the communicator timed out: the kernel-driven lane's counters in the three
+ * host areas this rank maps (its own, the previous and the next rank's), one warning per block
+ * that has moved, so that the ranks' lines together show where the ring stopped.  Once per
+ * communicator; the copy-engine lane's proxy reports its own. */
+void fc_pcie_report_timeout(struct fc_gpu *g, int rank);
 size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk);
 /* The copy-engine mover (pcie_ce.c), after the areas are mapped: its device boxes and proxy
  * thread; where it cannot start, p->proxy stays NULL and why says so.  Stop: the proxy joined,

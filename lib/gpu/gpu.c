@@ -551,7 +551,10 @@ void fc_gpu_note_kernel_error(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
   const int found = __atomic_load_n(g->error_host, __ATOMIC_SEQ_CST);
-  if (found == FC_DEV_ERROR_TIMEOUT) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+  if (found == FC_DEV_ERROR_TIMEOUT) {
+    fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+    fc_pcie_report_timeout(g, comm->rank);
+  }
   if (found == FC_DEV_ERROR_EXPERT_ID && atomic_load(&comm->async_error) == FLEXCOLL_SUCCESS) {
     fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
              "flexcoll_moe_dispatch: expert_ids held an id not below cfg.num_experts (ids below 0 mean no expert); "

@@ -160,6 +160,24 @@ void fc_pcie_close(struct fc_gpu *g) {
   p->on = p->only = 0;
 }
 
+void fc_pcie_report_timeout(struct fc_gpu *g, int rank) {
+  fc_pcie_t *p = &g->pcie;
+  if (!p->on || p->ce || p->stall_reported || !p->own_host) return;
+  p->stall_reported = 1;
+  const volatile uint64_t *own = (const uint64_t *)p->own_host, *prev = (const uint64_t *)p->prev_host,
+                          *next = (const uint64_t *)p->next_host;
+  for (unsigned b = 0; b < p->blocks; b++) {
+    const uint64_t ready = own[b], ack = own[FC_MAX_BLOCKS + b];
+    if (!ready && !ack) continue;
+    /* Ours: the previous rank raises ready (what it pushed), the next rank ack (what it took);
+     * we raise the next rank's ready and the previous rank's ack. */
+    FC_WARN("rank %d: pcie lane (kernels) at the timeout, block %u: ready %llu, ack %llu; the next rank's ready "
+            "%llu, the previous rank's ack %llu",
+            rank, b, (unsigned long long)ready, (unsigned long long)ack, next ? (unsigned long long)next[b] : 0ull,
+            prev ? (unsigned long long)prev[FC_MAX_BLOCKS + b] : 0ull);
+  }
+}
+
 /* Whether every rank says ok (collective). */
 static flexcoll_result_t everyone(struct flexcoll_comm *comm, int ok, int *all_ok) {
   int first_not = -1;

@@ -56,8 +56,14 @@
  *      (in-place reduce_scatter's rank 0, whose recv starts at its send, included)
  *   l  FLEXCOLL_LINKS=shm,tcp: the host schedules on the device buffers, handed to UCX's CUDA
  *      transports where UCX has them (else as k)
- * In f, g, h and j the links' statistics must show bytes on pcie (and none on nvlink in g, j, k
- * and l).
+ *   m  FLEXCOLL_LINKS=rdma,shm,tcp FLEXCOLL_RING_LANE=rdma on the fake verbs provider: every
+ *      ring call's messages sent by the ranks' proxies over the rdma link, device memory to
+ *      device memory (builds with the fake only: Check and verbs.h)
+ *   n  as m with nvlink, FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_LINK_SHARES=nvlink:0.5,rdma:0.5:
+ *      half of every ring chunk over the rdma lane beside NVLink
+ * In f, g, h and j the links' statistics must show bytes on pcie (and none on nvlink in g, j, k,
+ * l and m); in m and n a second rdma entry toward the next rank (the lane, beside the host
+ * link) with bytes.
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only).  Every
  * wait is bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
  * One line per (environment, N, phase) goes to stderr, then a summary.  Exit 77 (automake's
@@ -686,19 +692,23 @@ static size_t max_footprint(int nranks, case_t *cases) {
 /* Where the environment puts a share on the pcie link, the statistics must show bytes on it
  * (the ring calls above carried them); nvlink's must be there in every environment. */
 static void check_link_stats(rank_t *r) {
-  flexcoll_link_stats_t st[16];
+  flexcoll_link_stats_t st[64]; /* 8 ranks: 3 host links x 7 peers, then the lanes */
   int n = 0;
-  flexcoll_result_t res = flexcoll_comm_get_link_stats(r->comm, st, 16, &n);
+  flexcoll_result_t res = flexcoll_comm_get_link_stats(r->comm, st, 64, &n);
   if (res != FLEXCOLL_SUCCESS) {
     FAIL(r, "comm_get_link_stats: %s", flexcoll_get_last_error(r->comm));
     return;
   }
-  unsigned long long nv = 0, pc = 0;
-  int have_nv = 0, have_pc = 0;
-  for (int i = 0; i < n && i < 16; i++) {
+  unsigned long long nv = 0, pc = 0, rd = 0;
+  int have_nv = 0, have_pc = 0, rd_next = 0;
+  const int next = (r->rank + 1) % g_nranks;
+  for (int i = 0; i < n && i < 64; i++) {
     if (!strcmp(st[i].name, "nvlink")) have_nv = 1, nv += st[i].bytes;
     if (!strcmp(st[i].name, "pcie")) have_pc = 1, pc += st[i].bytes;
+    if (!strcmp(st[i].name, "rdma") && st[i].peer == next) rd_next++, rd += st[i].bytes;
   }
+  if ((g_env == 'm' || g_env == 'n') && (rd_next < 2 || rd == 0))
+    FAIL(r, "%d rdma entries toward the next rank with %llu bytes: the ring lane over rdma is not on", rd_next, rd);
   const char *links = getenv("FLEXCOLL_LINKS");
   const int want_pc = g_env == 'f' || g_env == 'g' || g_env == 'h' || g_env == 'j';
   if (!have_nv && !(links && !strstr(links, "nvlink"))) FAIL(r, "no nvlink link in the statistics (%d links)", n);
@@ -923,7 +933,7 @@ static int run_hang(void) {
 
 typedef struct {
   char key;
-  const char *vars[4][2];
+  const char *vars[5][2];
   int one_queue; /* CUDA_DEVICE_MAX_CONNECTIONS=1: lockstep (g_lockstep) */
 } env_t;
 /* a-c: 32 hardware queues, so that the ranks' 3 streams each (and the library's own) get queues
@@ -950,6 +960,12 @@ static const env_t envs[] = {
     /* No device path at all: the host schedules, on host copies (k) or the device buffers (l). */
     {'k', {Q32, {"FLEXCOLL_LINKS", "shm,tcp"}, {"FLEXCOLL_UCX_CUDA", "0"}}, 0},
     {'l', {Q32, {"FLEXCOLL_LINKS", "shm,tcp"}}, 0},
+    /* The ring kernels' second lane over the rdma link (the fake provider: child_main). */
+    {'m', {Q32, {"FLEXCOLL_LINKS", "rdma,shm,tcp"}, {"FLEXCOLL_RING_LANE", "rdma"}, {"FLEXCOLL_PCIE_AREA_BYTES", "1M"}}, 0},
+    {'n',
+     {Q32, {"FLEXCOLL_LINKS", "nvlink,rdma,shm,tcp"}, {"FLEXCOLL_RING_LANE", "rdma"}, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"},
+      {"FLEXCOLL_LINK_SHARES", "nvlink:0.5,rdma:0.5"}},
+     0},
 };
 #define NENVS (int)(sizeof envs / sizeof envs[0])
 
@@ -977,6 +993,8 @@ static int parse_ranks(int *out) {
 }
 
 /* The child of one environment: its exit status says whether everything passed. */
+static int rdma_env(char key) { return key == 'm' || key == 'n'; }
+
 static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   /* Defaults are defaults: the knobs of the other environments come from nowhere else. */
   unsetenv("FLEXCOLL_ONESHOT_MAX_BYTES");
@@ -987,8 +1005,19 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   unsetenv("FLEXCOLL_PCIE_AREA_BYTES");
   unsetenv("FLEXCOLL_ALGO");
   unsetenv("FLEXCOLL_PCIE_ENGINE");
-  for (int k = 0; k < 4; k++)
+  unsetenv("FLEXCOLL_RING_LANE");
+  unsetenv("FLEXCOLL_VERBS_PROVIDER");
+  for (int k = 0; k < 5; k++)
     if (e->vars[k][0]) setenv(e->vars[k][0], e->vars[k][1], 1);
+  if (rdma_env(e->key)) {
+#ifdef FC_FAKE_VERBS_LIB
+    setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+    setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 1);
+#else
+    fprintf(stderr, TAG " env %c: skipped (this build has no fake verbs provider: Check and verbs.h)\n", e->key);
+    return 0;
+#endif
+  }
   g_env = e->key;
   g_lockstep = e->one_queue;
   signal(SIGALRM, on_alarm);
@@ -1029,7 +1058,7 @@ int main(void) {
   const int nranks_list = parse_ranks(ranks);
   if (nranks_list < 0) return 1;
   const char *sel = getenv("FC_ONEGPU_ENVS");
-  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h,i,k,l";
+  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h,i,k,l,m,n";
   setvbuf(stderr, NULL, _IONBF, 0);
 
   /* The GPU probe in a child too: the parent's CUDA state would not survive a fork. */

@@ -76,7 +76,12 @@ struct fc_pcie_proxy;
  * neighbours', mapped here, and the two lanes' cost models. */
 typedef struct {
   int on;                  /* on every rank */
-  int ce;                  /* its messages moved by copy engines (pcie_ce.c), on every rank */
+  int ce;                  /* its messages moved by a proxy thread (pcie_ce.c), on every rank */
+  /* ce: the proxy's mover: NULL, copy engines through the host areas; else this host link
+   * (FLEXCOLL_RING_LANE=rdma), which takes device buffers: each message goes from our outbox
+   * into the next rank's inbox as one of the link's messages, and the lane carries its name. */
+  struct fc_link *link;
+  const char *name;        /* "pcie", or the link's name */
   struct fc_pcie_proxy *proxy; /* ce: this rank's */
   char *boxes;             /* ce: device memory: outbox, inbox (area_bytes each), the published counts */
   uint64_t *pub;           /* ce: in boxes */

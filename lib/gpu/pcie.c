@@ -51,6 +51,7 @@
 #include "log.h"
 #include "param.h"
 #include "topo.h"
+#include "sched/sched.h"
 
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
 FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 16)
@@ -66,8 +67,9 @@ FC_PARAM_INT(lane_stage2_bytes, "LANE_STAGE2_BYTES", 16 << 20)
  * before it has to wait for the update (a multiple of FC_STAGE2_EVERY). */
 #define FC_LANE_STAGE2_LAG (2 * FC_STAGE2_EVERY)
 
-/* FLEXCOLL_LINK_SHARES's pcie fraction of nvlink + pcie; -1 when it names neither. */
-static double fixed_fraction(void) {
+/* FLEXCOLL_LINK_SHARES's fraction of the second lane (named lane: pcie, or the host link that
+ * carries it) of nvlink + that lane; -1 when it names neither. */
+static double fixed_fraction(const char *lane) {
   const char *s = fc_param_str("FLEXCOLL_LINK_SHARES", NULL);
   if (!s) return -1;
   double nv = 0, pc = 0;
@@ -80,7 +82,7 @@ static double fixed_fraction(void) {
     *colon = 0;
     double f = strtod(colon + 1, NULL);
     if (!strcmp(tok, "nvlink")) nv = f, named = 1;
-    if (!strcmp(tok, "pcie")) pc = f, named = 1;
+    if (!strcmp(tok, lane)) pc = f, named = 1;
   }
   if (!named || !(nv + pc > 0)) return -1;
   return pc / (nv + pc);
@@ -158,6 +160,7 @@ void fc_pcie_close(struct fc_gpu *g) {
   cudaGetLastError();
   /* Without the link, FLEXCOLL_LINKS=pcie cannot route anything through it: the usual paths. */
   p->on = p->only = 0;
+  p->link = NULL;
 }
 
 void fc_pcie_report_timeout(struct fc_gpu *g, int rank) {
@@ -257,8 +260,8 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
 
 /* The cache key: the lanes' shape and every rank's host and GPU (connect_peers gathered them). */
 static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, char *key, size_t len) {
-  snprintf(key, len, "ring-lanes nvlink,pcie%s ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx",
-           g->pcie.ce ? "(ce)" : "", comm->nranks, g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes,
+  snprintf(key, len, "ring-lanes nvlink,%s%s ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx",
+           g->pcie.name, g->pcie.ce ? "(ce)" : "", comm->nranks, g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes,
            g->pcie.area_bytes,
            (unsigned long long)g->where_hash);
 }
@@ -363,6 +366,28 @@ static flexcoll_result_t open_board(struct flexcoll_comm *comm, fc_pcie_t *p) {
 
 /* ---- open ---------------------------------------------------------------------------------- */
 
+/* The host link that carries the second lane where FLEXCOLL_RING_LANE names one: its first rail,
+ * on here and reaching both ring neighbours, taking device buffers; NULL and why otherwise. */
+static fc_link_t *lane_link(const struct flexcoll_comm *comm, const char *name, int next, int prev, char *why,
+                            size_t len) {
+  fc_links_t *l = comm->links;
+  for (int i = 0; l && i < l->n; i++) {
+    fc_link_t *k = &l->link[i];
+    if (strcmp(k->ops->name, name) || k->rail != 0) continue;
+    if (k->off || (k->on && (!k->on[next] || !k->on[prev])) || !k->reach[next] || !k->reach[prev]) {
+      snprintf(why, len, "link %s does not join rank %d to both its ring neighbours", name, comm->rank);
+      return NULL;
+    }
+    if (!k->device_memory) {
+      snprintf(why, len, "link %s takes host memory only (the lane moves device memory)", name);
+      return NULL;
+    }
+    return k;
+  }
+  snprintf(why, len, "no %s link is open (FLEXCOLL_LINKS, or see the NET INFO lines)", name);
+  return NULL;
+}
+
 /* The lane's blocks: as asked, at least one, at most half the ring grid (the NVLink lane keeps
  * the rest). */
 static unsigned lane_blocks(int64_t asked, unsigned ring_blocks) {
@@ -380,21 +405,28 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   char why[256] = "";
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_ENGINE")); /* sm or ce */
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_CE_READY"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE")); /* pcie or rdma */
   const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
+  const int over_link = !strcmp(fc_param_str("FLEXCOLL_RING_LANE", "pcie"), "rdma");
+  p->name = over_link ? "rdma" : "pcie";
   int64_t area = fc_param_pcie_area_bytes(), blocks = fc_param_pcie_blocks();
   /* Through copy engines every message costs the proxies two copies and two stream writes to
    * enqueue, so the lane wants few blocks and large messages (docs/PERFORMANCE.md, session 15);
-   * the kernel's own loads and stores want many blocks. */
-  if (!strcmp(engine, "ce")) {
+   * the kernel's own loads and stores want many blocks.  A link's messages cost a proxy's turn
+   * each too. */
+  if (!strcmp(engine, "ce") || over_link) {
     if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) blocks = 4;
     if (!fc_param_str("FLEXCOLL_PCIE_AREA_BYTES", NULL)) area = 32 << 20;
   }
-  p->ctr_bytes = FC_PCIE_CTR_BYTES; /* the same on every rank whatever its engine: ranks map each other's areas */
+  /* The same on every rank whatever its engine or lane: ranks map each other's areas (over a link
+   * only their counters and descriptors are used, and the host ring area stays for the kernel's
+   * own engine should the link's proxy not start everywhere). */
+  p->ctr_bytes = FC_PCIE_CTR_BYTES;
   p->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
   p->bytes = p->ctr_bytes + p->area_bytes;
   p->blocks = lane_blocks(blocks, g->ring_blocks);
   int want = 1;
-  if (!fc_links_names("pcie")) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
+  if (!fc_links_names(p->name)) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
   else if (!g->ring) snprintf(why, sizeof why, "the ring kernels are off (FLEXCOLL_RING_KERNEL=0)"), want = 0;
   /* The ring visits every rank, so some neighbours are on another host, where this host's
    * shared memory does not reach (on one machine under several FLEXCOLL_HOSTIDs the mapping
@@ -403,10 +435,16 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     snprintf(why, sizeof why, "the ranks are on %d hosts (the ring areas are shared memory of one host)",
              comm->links->nhosts), want = 0;
   else if (p->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
-  /* Every rank decides alike on the above (communicator constants); the mappings may still fail
-   * on one rank, so they are agreed on. */
+  /* Every rank decides alike on the above (communicator constants); whether the link is there
+   * toward both neighbours, and the mappings, may differ between ranks, so they are agreed on. */
+  if (want && over_link) {
+    p->link = lane_link(comm, p->name, next, prev, why, sizeof why);
+    FC_CHECK(everyone(comm, p->link != NULL, &want));
+    if (!want && !why[0]) snprintf(why, sizeof why, "another rank has no rdma link toward its ring neighbours");
+  }
   if (!want) {
-    FC_INFO(FC_SUB_SCHED, "rank %d: pcie link off: %s", comm->rank, why);
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name, why);
+    p->link = NULL;
     return FLEXCOLL_SUCCESS;
   }
   map_area(comm, p, comm->rank, 1, &p->own_host, &p->own, why, sizeof why);
@@ -431,13 +469,14 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   }
   if (!all_ok) {
     fc_pcie_close(g);
-    FC_INFO(FC_SUB_SCHED, "rank %d: pcie link off: %s", comm->rank, why[0] ? why : "another rank could not map its areas");
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
+            why[0] ? why : "another rank could not map its areas");
     return FLEXCOLL_SUCCESS;
   }
   p->on = 1;
-  /* The copy-engine mover where asked for and started on every rank; else every rank's kernel
-   * moves the bytes itself. */
-  if (!strcmp(engine, "ce")) {
+  /* The proxy's mover (copy engines, or the link) where asked for and started on every rank;
+   * else every rank's kernel moves the bytes itself, through the host areas. */
+  if (!strcmp(engine, "ce") || p->link) {
     why[0] = 0;
     /* With one hardware queue the proxy's copies and counter writes were held back behind the
      * spinning ring kernels (the node, session 17: the first call stopped for good); the default
@@ -448,6 +487,13 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     else FC_CHECK(fc_pcie_ce_start(comm, g, why, sizeof why));
     int all_ce = 0;
     FC_CHECK(everyone(comm, g->pcie.proxy != NULL, &all_ce));
+    if (!all_ce && p->link) {
+      /* FLEXCOLL_RING_LANE=rdma chose this link; the host areas' lane is pcie's to take. */
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
+              why[0] ? why : "another rank could not start its proxy");
+      fc_pcie_close(g);
+      return FLEXCOLL_SUCCESS;
+    }
     if (!all_ce) {
       fc_pcie_ce_stop(g);
       /* Every rank falls back alike (agreed above): the kernel's own default block count. */
@@ -460,13 +506,15 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   /* Without peer access (or without nvlink by choice, which leaves the peers unmapped) the
    * NVLink lane has nowhere to write: the ring kernels run on this lane alone. */
   p->only = !g->p2p;
-  p->fixed = fixed_fraction();
+  p->fixed = fixed_fraction(p->name);
   if (!p->only && p->fixed < 0) FC_CHECK(seed_models(comm, g));
   /* seed_models may have turned the link off (a failed calibration). */
   if (p->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0) FC_CHECK(open_board(comm, p));
   if (p->on)
-    FC_INFO(FC_SUB_SCHED, "rank %d: pcie link on: %zu KiB host ring area per rank, up to %u blocks, %s, %s", comm->rank,
-            p->area_bytes >> 10, p->blocks, p->ce ? "copy engines" : "the kernel's loads and stores",
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s on: %zu KiB ring area per rank, up to %u blocks, %s, %s", comm->rank,
+            p->name, p->area_bytes >> 10, p->blocks,
+            p->link ? "each message one of the link's, sent and received by a proxy thread"
+            : p->ce ? "copy engines" : "the kernel's loads and stores",
             p->only ? "every ring call through it (no peer access)" : p->fixed >= 0 ? "fixed share" : "balanced share");
   else
     fc_pcie_close(g);
@@ -627,7 +675,7 @@ void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, dou
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
   if (!strcmp(name, "nvlink")) g->pcie.throttle[0] = factor;
-  if (!strcmp(name, "pcie")) g->pcie.throttle[1] = factor;
+  if (g->pcie.name && !strcmp(name, g->pcie.name)) g->pcie.throttle[1] = factor;
 }
 
 int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, size_t *pc) {
@@ -645,7 +693,7 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
   take_records(&g->pcie, g); /* busy_us up to the last timed call that has finished */
   /* The lanes this communicator has: nvlink with peer access, pcie where its lane is on. */
   const int has[2] = {g->p2p, g->ring && g->pcie.on};
-  static const char *const names[2] = {"nvlink", "pcie"};
+  const char *const names[2] = {"nvlink", g->pcie.name ? g->pcie.name : "pcie"};
   int k = 0; /* lanes counted; those that fit in max written (as the host links are) */
   for (int L = 0; L < 2; L++) {
     if (!has[L] || k++ >= max) continue;

@@ -1,4 +1,5 @@
-/* pcie_ce.c — the pcie lane moved by copy engines: one proxy thread per rank.
+/* pcie_ce.c — the ring kernels' second lane moved by a proxy thread per rank: copy engines
+ * through the host areas (the pcie link), or a host link that takes device buffers (rdma).
  *
  * Why: SM loads and stores of pinned host memory through one PCIe port at once top out well
  * below what the copy engines move both ways (docs/PERFORMANCE.md, tools/sysmem_sm_bench.cu and
@@ -16,7 +17,18 @@
  * on the proxy's streams progress while the ring kernels spin, with one hardware queue too
  * (measured on the node: docs/PERFORMANCE.md, session 15).  Flow control is the ring's own: a
  * block writes message m into its outbox only after the next rank consumed m - S, which implies
- * both proxies are done with that slot (outbox, staging, inbox) and its descriptor. */
+ * both proxies are done with that slot (outbox, staging, inbox) and its descriptor.
+ *
+ * Over a link (FLEXCOLL_RING_LANE=rdma, g->pcie.link) the kernels' protocol is the same; the
+ * proxy sends each published message from our outbox to the next rank as one of the link's
+ * messages (GPUDirect RDMA on a NIC: no host copy), and receives the previous rank's into our
+ * inbox at the offset its descriptor gives (read from its host area, as the copies read its
+ * staged count), then raises our ready counter by a stream write, behind a flush of the NIC's
+ * writes into device memory where the GPU offers one.  Messages of one block are sent and
+ * received in order, each tagged with its block and number; a message of no bytes is neither
+ * sent nor received (both ends read the same descriptor).  The counters and descriptors still
+ * live in the host areas, so the lane joins ranks of one host; the link's own flow control and
+ * the ring's bound what is in flight. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -38,6 +50,7 @@
 #include "gpu/device.h"
 #include "log.h"
 #include "param.h"
+#include "transports/transports.h"
 
 typedef CUresult (*fc_write_value64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
@@ -90,6 +103,17 @@ struct fc_pcie_proxy {
   const volatile uint64_t *staged;
   fc_hop_trace_t trace_out, trace_in;
   double active_us; /* time with a batch in flight on either stream */
+  /* The link mover (NULL: copy engines): per block, the requests in flight in order (message n
+   * at n % FC_PCIE_DESCS), sends done of out_done posted, receives done of in_done posted. */
+  struct flexcoll_comm *comm;
+  fc_link_t *link;
+  int next, prev;
+  int gdr_flush; /* the device can flush remote (NIC) writes before a counter says they landed */
+  const volatile uint64_t *prev_sent;
+  fc_link_req_t sreq[FC_MAX_BLOCKS][FC_PCIE_DESCS], rreq[FC_MAX_BLOCKS][FC_PCIE_DESCS];
+  size_t rbytes[FC_MAX_BLOCKS][FC_PCIE_DESCS];
+  uint64_t rready[FC_MAX_BLOCKS][FC_PCIE_DESCS];
+  uint64_t sends_done[FC_MAX_BLOCKS], recvs_done[FC_MAX_BLOCKS];
 };
 
 static void trace_enqueued(fc_hop_trace_t *t, unsigned block, uint64_t target, uint64_t bytes, double now) {
@@ -129,15 +153,24 @@ static void trace_line(const struct fc_pcie_proxy *x, const char *hop, const fc_
  * out, an INFO line (SCHED) once the lane has been idle a while. */
 static void report(const struct fc_pcie_proxy *x, int warn) {
   for (unsigned b = 0; b < x->blocks; b++) {
-    const uint64_t sent = x->sent[b], staged = x->staged[b], prev = x->prev_staged[b];
+    const uint64_t sent = x->sent[b], staged = x->staged[b], prev = x->link ? x->prev_sent[b] : x->prev_staged[b];
     if (!sent && !prev) continue;
     char line[320];
-    snprintf(line, sizeof line,
-             "rank %d: pcie lane (copy engines) %s, block %u: published %llu, copied out %llu, staged %llu; previous "
-             "rank staged %llu, copied in %llu; ready %llu, ack %llu",
-             x->rank, warn ? "at the timeout" : "idle", b, (unsigned long long)sent, (unsigned long long)x->out_done[b],
-             (unsigned long long)staged, (unsigned long long)prev, (unsigned long long)x->in_done[b],
-             (unsigned long long)x->ctr[b], (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
+    if (x->link)
+      snprintf(line, sizeof line,
+               "rank %d: ring lane %s %s, block %u: published %llu, sent %llu (%llu done); previous rank published "
+               "%llu, received %llu (%llu done); ready %llu, ack %llu",
+               x->rank, x->link->ops->name, warn ? "at the timeout" : "idle", b, (unsigned long long)sent,
+               (unsigned long long)x->out_done[b], (unsigned long long)x->sends_done[b], (unsigned long long)prev,
+               (unsigned long long)x->in_done[b], (unsigned long long)x->recvs_done[b], (unsigned long long)x->ctr[b],
+               (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
+    else
+      snprintf(line, sizeof line,
+               "rank %d: pcie lane (copy engines) %s, block %u: published %llu, copied out %llu, staged %llu; previous "
+               "rank staged %llu, copied in %llu; ready %llu, ack %llu",
+               x->rank, warn ? "at the timeout" : "idle", b, (unsigned long long)sent, (unsigned long long)x->out_done[b],
+               (unsigned long long)staged, (unsigned long long)prev, (unsigned long long)x->in_done[b],
+               (unsigned long long)x->ctr[b], (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
     if (warn) FC_WARN("%s", line);
     else FC_INFO(FC_SUB_SCHED, "%s", line);
   }
@@ -173,6 +206,93 @@ void fc_pcie_ce_kick(struct fc_gpu *g) {
   if (atomic_load(&x->sleeping)) syscall(SYS_futex, &x->wake, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
+/* A lane message's tag on the link: the block and the message's number (unique among the
+ * block's messages in flight), under a message number of its own; the host executor's messages
+ * on the link never meet a ring call's in flight (a host call waits for the stream first). */
+static uint64_t lane_tag(int sender, unsigned block, uint64_t n) {
+  return ((uint64_t)(uint16_t)sender << 48) | (1ull << 47) | (0x7ffffffeull << 16) | ((n & 0x1ffu) << 7) | block;
+}
+
+/* A request of the link mover: done (and released) or still in flight. */
+static int link_done(struct fc_pcie_proxy *x, fc_link_req_t *q, size_t expect, int *done) {
+  *done = 1;
+  return !*q || x->link->ops->test(x->comm, x->link, q, expect, done) == FLEXCOLL_SUCCESS;
+}
+
+/* The link mover's turn for block b: retire finished sends, send what the kernel published since,
+ * post receives for what the previous rank published, and raise our ready counter past the
+ * receives done in order.  -1 when the link failed; else whether anything moved. */
+static int link_turn(struct fc_pcie_proxy *x, unsigned b, double now) {
+  const fc_link_ops_t *ops = x->link->ops;
+  int moved = 0, done;
+  while (x->sends_done[b] < x->out_done[b]) {
+    if (!link_done(x, &x->sreq[b][x->sends_done[b] % FC_PCIE_DESCS], SIZE_MAX, &done)) return -1;
+    if (!done) break;
+    x->sends_done[b]++;
+  }
+  const uint64_t sent = __atomic_load_n((const uint64_t *)&x->sent[b], __ATOMIC_ACQUIRE);
+  for (; x->out_done[b] < sent && x->out_done[b] - x->sends_done[b] < FC_PCIE_DESCS; x->out_done[b]++, moved = 1) {
+    const uint64_t n = x->out_done[b];
+    const volatile fc_pcie_desc_t *d = &x->desc[b * FC_PCIE_DESCS + n % FC_PCIE_DESCS];
+    fc_link_req_t *q = &x->sreq[b][n % FC_PCIE_DESCS];
+    *q = NULL;
+    if (d->bytes && ops->isend(x->comm, x->link, x->next, x->outbox + d->off, d->bytes, lane_tag(x->rank, b, n), q) !=
+                        FLEXCOLL_SUCCESS)
+      return -1;
+  }
+  const uint64_t published = __atomic_load_n((const uint64_t *)&x->prev_sent[b], __ATOMIC_ACQUIRE);
+  for (; x->in_done[b] < published && x->in_done[b] - x->recvs_done[b] < FC_PCIE_DESCS; x->in_done[b]++, moved = 1) {
+    const uint64_t n = x->in_done[b];
+    const volatile fc_pcie_desc_t *d = &x->prev_desc[b * FC_PCIE_DESCS + n % FC_PCIE_DESCS];
+    const unsigned k = n % FC_PCIE_DESCS;
+    x->rready[b][k] = d->ready;
+    x->rbytes[b][k] = d->bytes;
+    x->rreq[b][k] = NULL;
+    if (d->bytes &&
+        ops->irecv(x->comm, x->link, x->prev, x->inbox + d->off, d->bytes, lane_tag(x->prev, b, n), &x->rreq[b][k]) !=
+            FLEXCOLL_SUCCESS)
+      return -1;
+  }
+  uint64_t ready = 0, batch = 0;
+  while (x->recvs_done[b] < x->in_done[b]) {
+    const unsigned k = x->recvs_done[b] % FC_PCIE_DESCS;
+    if (!link_done(x, &x->rreq[b][k], x->rbytes[b][k], &done)) return -1;
+    if (!done) break;
+    ready = x->rready[b][k];
+    batch += x->rbytes[b][k];
+    x->recvs_done[b]++;
+  }
+  if (!ready) return moved;
+  /* A NIC's writes into device memory may still be on their way when its completion is seen:
+   * flushed before the counter the kernel trusts them by. */
+  if (x->gdr_flush &&
+      cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                         cudaFlushGPUDirectRDMAWritesToOwner) != cudaSuccess)
+    return -1;
+  if ((x->ready_kernel && x->write64(x->in, x->ready_kernel + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS) ||
+      x->write64(x->in, x->ready_dev + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS)
+    return -1;
+  trace_enqueued(&x->trace_in, b, ready, batch, now);
+  return 1;
+}
+
+/* Whether the link mover has requests in flight (the link then needs progress). */
+static int link_busy(const struct fc_pcie_proxy *x) {
+  for (unsigned b = 0; b < x->blocks; b++)
+    if (x->sends_done[b] < x->out_done[b] || x->recvs_done[b] < x->in_done[b]) return 1;
+  return 0;
+}
+
+/* At stop: requests nobody will wait for (none after a clean end: every message was consumed). */
+static void link_cancel_all(struct fc_pcie_proxy *x) {
+  for (unsigned b = 0; b < x->blocks; b++) {
+    for (uint64_t n = x->sends_done[b]; n < x->out_done[b]; n++)
+      if (x->sreq[b][n % FC_PCIE_DESCS]) x->link->ops->cancel(x->link, &x->sreq[b][n % FC_PCIE_DESCS]);
+    for (uint64_t n = x->recvs_done[b]; n < x->in_done[b]; n++)
+      if (x->rreq[b][n % FC_PCIE_DESCS]) x->link->ops->cancel(x->link, &x->rreq[b][n % FC_PCIE_DESCS]);
+  }
+}
+
 static void *proxy_main(void *arg) {
   struct fc_pcie_proxy *x = arg;
   cudaSetDevice(x->device);
@@ -191,9 +311,17 @@ static void *proxy_main(void *arg) {
     const unsigned wake = atomic_load(&x->wake);
     int moved = wake != seen; /* a call is on its way: spin */
     seen = wake;
+    if (x->link) {
+      if (link_busy(x)) x->link->ops->progress(x->link);
+      for (unsigned b = 0; b < x->blocks; b++) {
+        const int m = link_turn(x, b, last_us);
+        if (m < 0) goto link_failed;
+        moved |= m;
+      }
+    }
     /* A block's messages found ready together are copied one after another, then one counter
      * write behind the last covers them all (the counters only grow). */
-    for (unsigned b = 0; b < x->blocks; b++) {
+    for (unsigned b = 0; !x->link && b < x->blocks; b++) {
       const uint64_t sent = __atomic_load_n((const uint64_t *)&x->sent[b], __ATOMIC_ACQUIRE);
       if (x->out_done[b] < sent) {
         uint64_t batch = 0;
@@ -235,11 +363,17 @@ static void *proxy_main(void *arg) {
     else if (idle > FC_PCIE_YIELD) nanosleep(&(struct timespec){0, 20000}, NULL);
     else if (idle > FC_PCIE_SPIN) sched_yield();
   }
+  if (x->link) link_cancel_all(x);
   return NULL;
 failed:
   /* The ring kernels waiting for these messages time out and say so; this says why. */
   FC_WARN("rank %d: pcie lane proxy stopped: a copy or stream write failed: %s", x->rank,
           cudaGetErrorString(cudaGetLastError()));
+  return NULL;
+link_failed:
+  FC_WARN("rank %d: ring lane %s: the proxy stopped: %s", x->rank, x->link->ops->name,
+          flexcoll_get_last_error(x->comm));
+  link_cancel_all(x);
   return NULL;
 }
 
@@ -270,6 +404,17 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   x->prev_staged = (const volatile uint64_t *)(p->prev_host + FC_PCIE_STAGED_OFF);
   x->prev_desc = (const volatile fc_pcie_desc_t *)(p->prev_host + FC_PCIE_DESC_OFF);
   x->prev_staging = p->prev_host + p->ctr_bytes;
+  if (p->link) {
+    x->comm = comm;
+    x->link = p->link;
+    x->next = (comm->rank + 1) % comm->nranks;
+    x->prev = (comm->rank + comm->nranks - 1) % comm->nranks;
+    x->prev_sent = (const volatile uint64_t *)(p->prev_host + FC_PCIE_SENT_OFF);
+    int flush = 0;
+    if (cudaDeviceGetAttribute(&flush, cudaDevAttrGPUDirectRDMAFlushWritesOptions, g->device) != cudaSuccess) flush = 0;
+    x->gdr_flush = (flush & cudaFlushGPUDirectRDMAWritesOptionHost) != 0;
+    cudaGetLastError();
+  }
   /* Published counts, then the kernel's ready counters, after the two boxes. */
   cudaError_t e = cudaMalloc((void **)&p->boxes, 2 * p->area_bytes + 2 * FC_MAX_BLOCKS * sizeof(uint64_t));
   if (e == cudaSuccess) {

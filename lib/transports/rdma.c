@@ -36,11 +36,14 @@
  * Device buffers are registered through dma-buf, else by address (nvidia-peermem):
  * fc_rdma_reg_device (rdma_dev.c), from reg_device below.
  *
+ * The ring kernels' second lane can run over this link (FLEXCOLL_RING_LANE=rdma: lib/gpu/pcie_ce.c
+ * sends and receives its messages through this table, device memory to device memory).
+ *
  * What this does not do yet (docs/ARCHITECTURE.md): carry a share of the ring kernels' device
- * calls beside the pcie lane, where the model's shared port (a NIC under its GPU's root port)
- * would come into force (the balancer can bound a shared port; the device lanes and the host
- * links are balanced apart today); watching unmaps (pinned registrations are cached only on the
- * application's promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
+ * calls beside the pcie lane (a third lane), where the model's shared port (a NIC under its
+ * GPU's root port) would come into force (the balancer can bound a shared port; the device lanes
+ * and the host links are balanced apart today); watching unmaps (pinned registrations are cached
+ * only on the application's promise, FLEXCOLL_RDMA_RCACHE_PINNED). */
 #define _GNU_SOURCE
 #include "config.h"
 #include "clock.h"

@@ -9,6 +9,9 @@
  * thread: a proxy's copies would sit in the same hardware queues as the kernel that waits for
  * them (the hardware-queue rule, docs/ARCHITECTURE.md), and the kernel already holds the data
  * in registers when it pushes; nothing of a call lives on the host, so graphs replay it.
+ * (With FLEXCOLL_PCIE_ENGINE=ce copy engines move the bytes after all, and with
+ * FLEXCOLL_RING_LANE=rdma the rdma link does, device to device: a proxy thread per rank,
+ * pcie_ce.c; the areas then hold the counters and descriptors the proxies follow.)
  *
  * The split of a chunk between the lanes comes from two cost models (nvlink, pcie), calibrated
  * at creation by timing the ring kernel on each lane alone, averaged over the ranks (every rank
@@ -488,7 +491,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     int all_ce = 0;
     FC_CHECK(everyone(comm, g->pcie.proxy != NULL, &all_ce));
     if (!all_ce && p->link) {
-      /* FLEXCOLL_RING_LANE=rdma chose this link; the host areas' lane is pcie's to take. */
+      /* The lane was asked of the link: without its proxy on every rank it is off (the kernel's
+       * own engine would make it the pcie lane, which FLEXCOLL_RING_LANE did not choose). */
       FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
               why[0] ? why : "another rank could not start its proxy");
       fc_pcie_close(g);
@@ -691,7 +695,8 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
   struct fc_gpu *g = comm->gpu;
   if (!g || comm->nranks < 2) return 0;
   take_records(&g->pcie, g); /* busy_us up to the last timed call that has finished */
-  /* The lanes this communicator has: nvlink with peer access, pcie where its lane is on. */
+  /* The lanes this communicator has: nvlink with peer access, the second (pcie, or the link that
+   * carries it) where it is on. */
   const int has[2] = {g->p2p, g->ring && g->pcie.on};
   const char *const names[2] = {"nvlink", g->pcie.name ? g->pcie.name : "pcie"};
   int k = 0; /* lanes counted; those that fit in max written (as the host links are) */

@@ -50,7 +50,7 @@
 #include "gpu/device.h"
 #include "log.h"
 #include "param.h"
-#include "transports/transports.h"
+#include "gpu/lane_link.h"
 
 typedef CUresult (*fc_write_value64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
@@ -103,17 +103,9 @@ struct fc_pcie_proxy {
   const volatile uint64_t *staged;
   fc_hop_trace_t trace_out, trace_in;
   double active_us; /* time with a batch in flight on either stream */
-  /* The link mover (NULL: copy engines): per block, the requests in flight in order (message n
-   * at n % FC_PCIE_DESCS), sends done of out_done posted, receives done of in_done posted. */
-  struct flexcoll_comm *comm;
-  fc_link_t *link;
-  int next, prev;
+  /* The link mover (g->pcie.link; mover.link NULL: copy engines), lane_link.h. */
+  fc_lane_link_t mover;
   int gdr_flush; /* the device can flush remote (NIC) writes before a counter says they landed */
-  const volatile uint64_t *prev_sent;
-  fc_link_req_t sreq[FC_MAX_BLOCKS][FC_PCIE_DESCS], rreq[FC_MAX_BLOCKS][FC_PCIE_DESCS];
-  size_t rbytes[FC_MAX_BLOCKS][FC_PCIE_DESCS];
-  uint64_t rready[FC_MAX_BLOCKS][FC_PCIE_DESCS];
-  uint64_t sends_done[FC_MAX_BLOCKS], recvs_done[FC_MAX_BLOCKS];
 };
 
 static void trace_enqueued(fc_hop_trace_t *t, unsigned block, uint64_t target, uint64_t bytes, double now) {
@@ -153,16 +145,17 @@ static void trace_line(const struct fc_pcie_proxy *x, const char *hop, const fc_
  * out, an INFO line (SCHED) once the lane has been idle a while. */
 static void report(const struct fc_pcie_proxy *x, int warn) {
   for (unsigned b = 0; b < x->blocks; b++) {
-    const uint64_t sent = x->sent[b], staged = x->staged[b], prev = x->link ? x->prev_sent[b] : x->prev_staged[b];
+    const fc_lane_link_t *m = &x->mover;
+    const uint64_t sent = x->sent[b], staged = x->staged[b], prev = m->link ? m->prev_sent[b] : x->prev_staged[b];
     if (!sent && !prev) continue;
     char line[320];
-    if (x->link)
+    if (m->link)
       snprintf(line, sizeof line,
                "rank %d: ring lane %s %s, block %u: published %llu, sent %llu (%llu done); previous rank published "
                "%llu, received %llu (%llu done); ready %llu, ack %llu",
-               x->rank, x->link->ops->name, warn ? "at the timeout" : "idle", b, (unsigned long long)sent,
-               (unsigned long long)x->out_done[b], (unsigned long long)x->sends_done[b], (unsigned long long)prev,
-               (unsigned long long)x->in_done[b], (unsigned long long)x->recvs_done[b], (unsigned long long)x->ctr[b],
+               x->rank, m->link->ops->name, warn ? "at the timeout" : "idle", b, (unsigned long long)sent,
+               (unsigned long long)m->out_done[b], (unsigned long long)m->sends_done[b], (unsigned long long)prev,
+               (unsigned long long)m->in_done[b], (unsigned long long)m->recvs_done[b], (unsigned long long)x->ctr[b],
                (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
     else
       snprintf(line, sizeof line,
@@ -206,91 +199,19 @@ void fc_pcie_ce_kick(struct fc_gpu *g) {
   if (atomic_load(&x->sleeping)) syscall(SYS_futex, &x->wake, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/* A lane message's tag on the link: the block and the message's number (unique among the
- * block's messages in flight), under a message number of its own; the host executor's messages
- * on the link never meet a ring call's in flight (a host call waits for the stream first). */
-static uint64_t lane_tag(int sender, unsigned block, uint64_t n) {
-  return ((uint64_t)(uint16_t)sender << 48) | (1ull << 47) | (0x7ffffffeull << 16) | ((n & 0x1ffu) << 7) | block;
-}
-
-/* A request of the link mover: done (and released) or still in flight. */
-static int link_done(struct fc_pcie_proxy *x, fc_link_req_t *q, size_t expect, int *done) {
-  *done = 1;
-  return !*q || x->link->ops->test(x->comm, x->link, q, expect, done) == FLEXCOLL_SUCCESS;
-}
-
-/* The link mover's turn for block b: retire finished sends, send what the kernel published since,
- * post receives for what the previous rank published, and raise our ready counter past the
- * receives done in order.  -1 when the link failed; else whether anything moved. */
-static int link_turn(struct fc_pcie_proxy *x, unsigned b, double now) {
-  const fc_link_ops_t *ops = x->link->ops;
-  int moved = 0, done;
-  while (x->sends_done[b] < x->out_done[b]) {
-    if (!link_done(x, &x->sreq[b][x->sends_done[b] % FC_PCIE_DESCS], SIZE_MAX, &done)) return -1;
-    if (!done) break;
-    x->sends_done[b]++;
-  }
-  const uint64_t sent = __atomic_load_n((const uint64_t *)&x->sent[b], __ATOMIC_ACQUIRE);
-  for (; x->out_done[b] < sent && x->out_done[b] - x->sends_done[b] < FC_PCIE_DESCS; x->out_done[b]++, moved = 1) {
-    const uint64_t n = x->out_done[b];
-    const volatile fc_pcie_desc_t *d = &x->desc[b * FC_PCIE_DESCS + n % FC_PCIE_DESCS];
-    fc_link_req_t *q = &x->sreq[b][n % FC_PCIE_DESCS];
-    *q = NULL;
-    if (d->bytes && ops->isend(x->comm, x->link, x->next, x->outbox + d->off, d->bytes, lane_tag(x->rank, b, n), q) !=
-                        FLEXCOLL_SUCCESS)
-      return -1;
-  }
-  const uint64_t published = __atomic_load_n((const uint64_t *)&x->prev_sent[b], __ATOMIC_ACQUIRE);
-  for (; x->in_done[b] < published && x->in_done[b] - x->recvs_done[b] < FC_PCIE_DESCS; x->in_done[b]++, moved = 1) {
-    const uint64_t n = x->in_done[b];
-    const volatile fc_pcie_desc_t *d = &x->prev_desc[b * FC_PCIE_DESCS + n % FC_PCIE_DESCS];
-    const unsigned k = n % FC_PCIE_DESCS;
-    x->rready[b][k] = d->ready;
-    x->rbytes[b][k] = d->bytes;
-    x->rreq[b][k] = NULL;
-    if (d->bytes &&
-        ops->irecv(x->comm, x->link, x->prev, x->inbox + d->off, d->bytes, lane_tag(x->prev, b, n), &x->rreq[b][k]) !=
-            FLEXCOLL_SUCCESS)
-      return -1;
-  }
-  uint64_t ready = 0, batch = 0;
-  while (x->recvs_done[b] < x->in_done[b]) {
-    const unsigned k = x->recvs_done[b] % FC_PCIE_DESCS;
-    if (!link_done(x, &x->rreq[b][k], x->rbytes[b][k], &done)) return -1;
-    if (!done) break;
-    ready = x->rready[b][k];
-    batch += x->rbytes[b][k];
-    x->recvs_done[b]++;
-  }
-  if (!ready) return moved;
-  /* A NIC's writes into device memory may still be on their way when its completion is seen:
-   * flushed before the counter the kernel trusts them by. */
-  if (x->gdr_flush &&
-      cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
-                                         cudaFlushGPUDirectRDMAWritesToOwner) != cudaSuccess)
+/* The link mover's raise_ready: the NIC's writes into device memory may still be on their way
+ * when its completion is seen, so they are flushed before the counter the kernel trusts them by;
+ * then the counter, by a stream write (its mirror in our host area too, for the trace). */
+static int link_raise_ready(void *arg, unsigned b, uint64_t ready, uint64_t bytes) {
+  struct fc_pcie_proxy *x = arg;
+  if (x->gdr_flush && cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                                         cudaFlushGPUDirectRDMAWritesToOwner) != cudaSuccess)
     return -1;
   if ((x->ready_kernel && x->write64(x->in, x->ready_kernel + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS) ||
       x->write64(x->in, x->ready_dev + b * sizeof(uint64_t), ready, 0) != CUDA_SUCCESS)
     return -1;
-  trace_enqueued(&x->trace_in, b, ready, batch, now);
-  return 1;
-}
-
-/* Whether the link mover has requests in flight (the link then needs progress). */
-static int link_busy(const struct fc_pcie_proxy *x) {
-  for (unsigned b = 0; b < x->blocks; b++)
-    if (x->sends_done[b] < x->out_done[b] || x->recvs_done[b] < x->in_done[b]) return 1;
+  trace_enqueued(&x->trace_in, b, ready, bytes, fc_now_us());
   return 0;
-}
-
-/* At stop: requests nobody will wait for (none after a clean end: every message was consumed). */
-static void link_cancel_all(struct fc_pcie_proxy *x) {
-  for (unsigned b = 0; b < x->blocks; b++) {
-    for (uint64_t n = x->sends_done[b]; n < x->out_done[b]; n++)
-      if (x->sreq[b][n % FC_PCIE_DESCS]) x->link->ops->cancel(x->link, &x->sreq[b][n % FC_PCIE_DESCS]);
-    for (uint64_t n = x->recvs_done[b]; n < x->in_done[b]; n++)
-      if (x->rreq[b][n % FC_PCIE_DESCS]) x->link->ops->cancel(x->link, &x->rreq[b][n % FC_PCIE_DESCS]);
-  }
 }
 
 static void *proxy_main(void *arg) {
@@ -311,17 +232,14 @@ static void *proxy_main(void *arg) {
     const unsigned wake = atomic_load(&x->wake);
     int moved = wake != seen; /* a call is on its way: spin */
     seen = wake;
-    if (x->link) {
-      if (link_busy(x)) x->link->ops->progress(x->link);
-      for (unsigned b = 0; b < x->blocks; b++) {
-        const int m = link_turn(x, b, last_us);
-        if (m < 0) goto link_failed;
-        moved |= m;
-      }
+    if (x->mover.link) {
+      const int m = fc_lane_link_turn(&x->mover);
+      if (m < 0) goto link_failed;
+      moved |= m;
     }
     /* A block's messages found ready together are copied one after another, then one counter
      * write behind the last covers them all (the counters only grow). */
-    for (unsigned b = 0; !x->link && b < x->blocks; b++) {
+    for (unsigned b = 0; !x->mover.link && b < x->blocks; b++) {
       const uint64_t sent = __atomic_load_n((const uint64_t *)&x->sent[b], __ATOMIC_ACQUIRE);
       if (x->out_done[b] < sent) {
         uint64_t batch = 0;
@@ -363,7 +281,7 @@ static void *proxy_main(void *arg) {
     else if (idle > FC_PCIE_YIELD) nanosleep(&(struct timespec){0, 20000}, NULL);
     else if (idle > FC_PCIE_SPIN) sched_yield();
   }
-  if (x->link) link_cancel_all(x);
+  if (x->mover.link) fc_lane_link_cancel(&x->mover);
   return NULL;
 failed:
   /* The ring kernels waiting for these messages time out and say so; this says why. */
@@ -371,9 +289,9 @@ failed:
           cudaGetErrorString(cudaGetLastError()));
   return NULL;
 link_failed:
-  FC_WARN("rank %d: ring lane %s: the proxy stopped: %s", x->rank, x->link->ops->name,
-          flexcoll_get_last_error(x->comm));
-  link_cancel_all(x);
+  FC_WARN("rank %d: ring lane %s: the proxy stopped: %s", x->rank, x->mover.link->ops->name,
+          flexcoll_get_last_error(x->mover.comm));
+  fc_lane_link_cancel(&x->mover);
   return NULL;
 }
 
@@ -405,11 +323,19 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   x->prev_desc = (const volatile fc_pcie_desc_t *)(p->prev_host + FC_PCIE_DESC_OFF);
   x->prev_staging = p->prev_host + p->ctr_bytes;
   if (p->link) {
-    x->comm = comm;
-    x->link = p->link;
-    x->next = (comm->rank + 1) % comm->nranks;
-    x->prev = (comm->rank + comm->nranks - 1) % comm->nranks;
-    x->prev_sent = (const volatile uint64_t *)(p->prev_host + FC_PCIE_SENT_OFF);
+    fc_lane_link_t *m = &x->mover;
+    m->comm = comm;
+    m->link = p->link;
+    m->rank = comm->rank;
+    m->next = (comm->rank + 1) % comm->nranks;
+    m->prev = (comm->rank + comm->nranks - 1) % comm->nranks;
+    m->blocks = x->blocks;
+    m->sent = x->sent;
+    m->desc = x->desc;
+    m->prev_sent = (const volatile uint64_t *)(p->prev_host + FC_PCIE_SENT_OFF);
+    m->prev_desc = x->prev_desc;
+    m->raise_ready = link_raise_ready;
+    m->arg = x;
     int flush = 0;
     if (cudaDeviceGetAttribute(&flush, cudaDevAttrGPUDirectRDMAFlushWritesOptions, g->device) != cudaSuccess) flush = 0;
     x->gdr_flush = (flush & cudaFlushGPUDirectRDMAWritesOptionHost) != 0;
@@ -418,8 +344,8 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   /* Published counts, then the kernel's ready counters, after the two boxes. */
   cudaError_t e = cudaMalloc((void **)&p->boxes, 2 * p->area_bytes + 2 * FC_MAX_BLOCKS * sizeof(uint64_t));
   if (e == cudaSuccess) {
-    x->outbox = p->boxes;
-    x->inbox = p->boxes + p->area_bytes;
+    x->outbox = x->mover.outbox = p->boxes;
+    x->inbox = x->mover.inbox = p->boxes + p->area_bytes;
     p->pub = (uint64_t *)(p->boxes + 2 * p->area_bytes);
     if (strcmp(fc_param_str("FLEXCOLL_PCIE_CE_READY", "device"), "host") != 0) {
       p->ready = p->pub + FC_MAX_BLOCKS;

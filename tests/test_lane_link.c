@@ -1,0 +1,176 @@
+/* test_lane_link.c — the ring kernels' second lane over a host link (lib/gpu/lane_link.c), on host
+ * memory: the proxy's half of the protocol against the kernels' half played by the test.
+ *
+ * Ranks are threads of one process (hx_run_threads), each with a host communicator whose only
+ * link is the one under test (tcp, shm, and rdma on the fake provider where the build has it).
+ * Every rank plays its ring kernel for LL_BLOCKS blocks, as lib/kernels/ring.cu does on a
+ * copy-engine lane: message n of a block goes into outbox slot n % LL_SLOTS once the next rank
+ * has consumed message n - LL_SLOTS, its descriptor (offset, bytes, ready value) at n %
+ * FC_PCIE_DESCS, then the published count; a message is consumed once the rank's ready counter
+ * says so, checked byte for byte, and acknowledged in the previous rank's counter.  Messages are
+ * of every size from 0 to the slot (a seeded draw; every seventh empty).  The mover
+ * (fc_lane_link_turn) runs in the same thread between those steps.  Each block's ready counter
+ * must only grow, never past what was published, and end at the message count; every byte of
+ * every message must land where its descriptor says. */
+#define _GNU_SOURCE
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm.h"
+#include "flexcoll.h"
+#include "gpu/lane_link.h"
+#include "harness.h"
+#include "sched/sched.h"
+
+#define LL_MAX_RANKS 4
+#define LL_BLOCKS 3
+#define LL_SLOTS 4 /* messages in flight per block, as the ring's sub-slots (<= FC_PCIE_DESCS) */
+#define LL_ROOM 9000
+#define LL_MSGS 300
+#define LL_BOX (LL_SLOTS * LL_BLOCKS * LL_ROOM)
+
+/* A rank's host area as the kernels and its neighbours see it (threads share the process). */
+typedef struct {
+  uint64_t sent[FC_MAX_BLOCKS];
+  fc_pcie_desc_t desc[FC_MAX_BLOCKS * FC_PCIE_DESCS];
+  uint64_t ready[FC_MAX_BLOCKS]; /* raised by this rank's mover */
+  uint64_t ack[FC_MAX_BLOCKS];   /* raised by the next rank's "kernel" */
+  char outbox[LL_BOX], inbox[LL_BOX];
+} area_t;
+static area_t g_area[LL_MAX_RANKS];
+
+static size_t msg_bytes(uint64_t seed, int rank, unsigned b, uint64_t n) {
+  if (n % 7 == 3) return 0;
+  return (size_t)(hx_mix64(seed ^ ((uint64_t)rank << 40) ^ ((uint64_t)b << 32) ^ n) % (LL_ROOM + 1));
+}
+
+static unsigned char msg_byte(int rank, unsigned b, uint64_t n, size_t i) {
+  return (unsigned char)hx_mix64(((uint64_t)rank << 56) ^ ((uint64_t)b << 48) ^ (n << 24) ^ i);
+}
+
+static size_t slot_off(unsigned b, uint64_t n) { return ((size_t)(n % LL_SLOTS) * LL_BLOCKS + b) * LL_ROOM; }
+
+typedef struct {
+  hx_rank_t *r;
+  area_t *a;
+  uint64_t raised[FC_MAX_BLOCKS];
+} ready_ctx_t;
+
+/* The mover's raise_ready: the counter only grows and never passes what the previous rank
+ * published. */
+static int raise_ready(void *arg, unsigned b, uint64_t value, uint64_t bytes) {
+  ready_ctx_t *c = arg;
+  (void)bytes;
+  const int prev = (c->r->rank + c->r->nranks - 1) % c->r->nranks;
+  const uint64_t published = __atomic_load_n(&g_area[prev].sent[b], __ATOMIC_ACQUIRE);
+  if (value <= c->raised[b] || value > published)
+    return hx_fail(c->r, "block %u: ready %llu after %llu, the previous rank published %llu", b, (unsigned long long)value,
+                   (unsigned long long)c->raised[b], (unsigned long long)published);
+  c->raised[b] = value;
+  __atomic_store_n(&c->a->ready[b], value, __ATOMIC_RELEASE);
+  return 0;
+}
+
+static fc_link_t *find_link(struct flexcoll_comm *comm, const char *name) {
+  fc_links_t *l = comm->links;
+  for (int i = 0; l && i < l->n; i++)
+    if (!strcmp(l->link[i].ops->name, name) && l->link[i].rail == 0) return &l->link[i];
+  return NULL;
+}
+
+static int lane_rank(hx_rank_t *r) {
+  const char *name = r->arg;
+  const int me = r->rank, n = r->nranks, next = (me + 1) % n, prev = (me + n - 1) % n;
+  area_t *a = &g_area[me], *pa = &g_area[prev];
+  struct flexcoll_comm *comm = (struct flexcoll_comm *)r->comm;
+  fc_link_t *link = find_link(comm, name);
+  if (!link) return hx_fail(r, "no %s link on this communicator", name);
+  fc_lane_link_t *m = calloc(1, sizeof *m);
+  ready_ctx_t ctx = {.r = r, .a = a};
+  if (!m) return hx_fail(r, "out of memory");
+  *m = (fc_lane_link_t){.comm = comm, .link = link, .rank = me, .next = next, .prev = prev, .blocks = LL_BLOCKS,
+                        .sent = a->sent, .prev_sent = pa->sent, .desc = a->desc, .prev_desc = pa->desc,
+                        .outbox = a->outbox, .inbox = a->inbox, .raise_ready = raise_ready, .arg = &ctx};
+  uint64_t pushed[LL_BLOCKS] = {0}, consumed[LL_BLOCKS] = {0};
+  const double deadline = hx_now() + 60;
+  int done = 0;
+  while (!done && !r->errors) {
+    done = 1;
+    for (unsigned b = 0; b < LL_BLOCKS; b++) {
+      /* Push: message n once the next rank consumed n - LL_SLOTS (its slot is free again). */
+      const uint64_t acked = __atomic_load_n(&a->ack[b], __ATOMIC_ACQUIRE);
+      if (pushed[b] < LL_MSGS && (pushed[b] < LL_SLOTS || acked >= pushed[b] - LL_SLOTS + 1)) {
+        const uint64_t k = pushed[b];
+        const size_t off = slot_off(b, k), bytes = msg_bytes(r->seed, me, b, k);
+        for (size_t i = 0; i < bytes; i++) a->outbox[off + i] = (char)msg_byte(me, b, k, i);
+        a->desc[b * FC_PCIE_DESCS + k % FC_PCIE_DESCS] = (fc_pcie_desc_t){.off = off, .bytes = bytes, .ready = k + 1};
+        __atomic_store_n(&a->sent[b], k + 1, __ATOMIC_RELEASE);
+        pushed[b]++;
+      }
+      /* Consume: message n once our ready counter says it landed; acknowledge it. */
+      if (consumed[b] < LL_MSGS && __atomic_load_n(&a->ready[b], __ATOMIC_ACQUIRE) >= consumed[b] + 1) {
+        const uint64_t k = consumed[b];
+        const size_t off = slot_off(b, k), bytes = msg_bytes(r->seed, prev, b, k);
+        size_t bad = 0;
+        for (size_t i = 0; i < bytes; i++) bad += (unsigned char)a->inbox[off + i] != msg_byte(prev, b, k, i);
+        if (bad) hx_fail(r, "block %u message %llu (%zu bytes from rank %d): %zu bytes wrong", b, (unsigned long long)k, bytes,
+                         prev, bad);
+        __atomic_store_n(&pa->ack[b], k + 1, __ATOMIC_RELEASE);
+        consumed[b]++;
+      }
+      done &= pushed[b] == LL_MSGS && consumed[b] == LL_MSGS;
+    }
+    const int moved = fc_lane_link_turn(m);
+    if (moved < 0) hx_fail(r, "fc_lane_link_turn over %s: %s", name, flexcoll_get_last_error(r->comm));
+    done &= !fc_lane_link_busy(m);
+    if (!done && hx_now() > deadline) {
+      hx_fail(r, "stuck over %s: block 0 pushed %llu consumed %llu, mover sent %llu (%llu done) received %llu (%llu done)",
+              name, (unsigned long long)pushed[0], (unsigned long long)consumed[0], (unsigned long long)m->out_done[0],
+              (unsigned long long)m->sends_done[0], (unsigned long long)m->in_done[0], (unsigned long long)m->recvs_done[0]);
+      break;
+    }
+  }
+  for (unsigned b = 0; b < LL_BLOCKS && !r->errors; b++)
+    if (ctx.raised[b] != LL_MSGS) hx_fail(r, "block %u: ready ended at %llu", b, (unsigned long long)ctx.raised[b]);
+  fc_lane_link_cancel(m);
+  free(m);
+  return r->errors != 0;
+}
+
+static const char *const links[] = {"tcp", "shm", "rdma"};
+
+START_TEST(test_lane_over_link) {
+  const char *name = links[_i / 3];
+  const int nranks = 2 + _i % 3;
+  char e1[64], label[48];
+  snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", name);
+  snprintf(label, sizeof label, "lane-%s-%d", name, nranks);
+  const char *env[] = {e1, "FLEXCOLL_UCX_PEER_FAILURE=0", NULL, NULL, NULL};
+  if (!strcmp(name, "rdma")) {
+#ifdef FC_FAKE_VERBS_LIB
+    env[2] = "FLEXCOLL_VERBS_PROVIDER=fake";
+    env[3] = "FLEXCOLL_VERBS_FAKE_LIB=" FC_FAKE_VERBS_LIB;
+#else
+    fprintf(stderr, "[test_lane_link] rdma: this build has no fake verbs provider: skipped\n");
+    return;
+#endif
+  }
+  hx_opts_t o = {.label = label, .env = env, .deadline_s = 120, .exit_barrier = 1};
+  ck_assert_msg(hx_run_threads(nranks, &o, lane_rank, (void *)name), "%d ranks, the lane over %s: see stderr", nranks, name);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("lane_link");
+  TCase *tc = tcase_create("links");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, test_lane_over_link, 0, 9);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -12,7 +12,9 @@
 # handling: the log says which link takes device buffers); then 4 ranks as two hosts with
 # FLEXCOLL_UCX_PEER_FAILURE=0, which with a CUDA-enabled UCX runs every collective on the device
 # buffers through the UCX links (shm's cuda_ipc within a host, tcp's cuda_copy between), float32
-# sum only.  The ranks share the GPUs present (device = local
+# sum only; then 2, 3 and 4 ranks as two hosts with the ring kernels' lane over rdma on the fake
+# verbs provider (FLEXCOLL_RING_LANE=rdma: descriptors and acknowledgements over the link, in
+# band, as between real hosts), where the build has the fake.  The ranks share the GPUs present (device = local
 # rank modulo the GPUs), so the test runs on a one-GPU node; through CUDA IPC and shared host
 # memory between processes, which threads of one process never use.  Exit 77 (automake's skip)
 # where there is no GPU.
@@ -66,8 +68,15 @@ run() {
   fi
 }
 
-# setup: LINKS:HOSTS[:VAR=VALUE]
-for setup in ":0" "pcie,shm,tcp:0" ":2" ":2:FLEXCOLL_UCX_PEER_FAILURE=0"; do
+fake=$PWD/tests/.libs/libfakeverbs.so
+lane="FLEXCOLL_RING_LANE=rdma FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_LIB=$fake"
+lane_setup="rdma,shm,tcp:2:$lane"
+[ -f "$fake" ] || { lane_setup=""; echo "test_gpu_procs: no $fake: the ring lane over rdma between hosts not run"; }
+# FC_GPU_PROCS_ONLY_LANE=1: the ring lane's runs alone (the node's time is short).
+setups=":0 pcie,shm,tcp:0 :2 :2:FLEXCOLL_UCX_PEER_FAILURE=0"
+[ "${FC_GPU_PROCS_ONLY_LANE:-0}" = 1 ] && setups=""
+# setup: LINKS:HOSTS[:VAR=VALUE ...]
+for setup in $setups ${lane_setup:+"$lane_setup"}; do
   links=${setup%%:*} rest=${setup#*:}
   hosts=${rest%%:*} extra=""
   [ "$rest" != "$hosts" ] && extra=${rest#*:}
@@ -75,10 +84,11 @@ for setup in ":0" "pcie,shm,tcp:0" ":2" ":2:FLEXCOLL_UCX_PEER_FAILURE=0"; do
   [ -n "$links" ] && ns="2 3"
   [ "$hosts" -gt 0 ] && ns="3 4"
   [ -n "$extra" ] && ns="4"
+  [ "$extra" = "$lane" ] && ns="2 3 4"
   for n in $ns; do
     for coll in allreduce allgather reduce_scatter broadcast reduce alltoall; do
       for dt_op in "float32 sum" "bfloat16 max" "int32 sum"; do
-        [ -n "$extra" ] && [ "$dt_op" != "float32 sum" ] && continue
+        [ -n "$extra" ] && [ "$extra" != "$lane" ] && [ "$dt_op" != "float32 sum" ] && continue
         # shellcheck disable=SC2086
         set -- $dt_op
         case $coll in allgather|broadcast|alltoall) [ "$1" = float32 ] || continue ;; esac
@@ -90,7 +100,7 @@ done
 # Which links took the device buffers between the "hosts" (INFO, subsystem NET): by default tcp
 # takes host memory only (peer-failure handling); with FLEXCOLL_UCX_PEER_FAILURE=0 it must take
 # device buffers wherever UCX has its CUDA transports (the log then has such lines at all).
-for extra in "" FLEXCOLL_UCX_PEER_FAILURE=0; do
+for extra in ${setups:+"" FLEXCOLL_UCX_PEER_FAILURE=0}; do
   port=$((port + 1)) pids=""
   for r in 0 1; do
     env $extra FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=NET FLEXCOLL_HOSTID=host-$r FLEXCOLL_ROOT=127.0.0.1:$port \
@@ -105,5 +115,25 @@ for extra in "" FLEXCOLL_UCX_PEER_FAILURE=0; do
     echo "FAIL: with $extra the tcp link between processes did not take device buffers"
   fi
 done
+# The ring lane between the "hosts": on, in band, on every rank (INFO, subsystem SCHED).
+if [ -n "$lane_setup" ]; then
+  port=$((port + 1)) pids=""
+  for r in 0 1; do
+    env $lane FLEXCOLL_LINKS=rdma,shm,tcp FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED FLEXCOLL_HOSTID=host-$r \
+      FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=2 FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" \
+      -b 4M -e 4M -n 1 -w 0 -c 1 >"$tmp/lane.$r" 2>&1 &
+    pids="$pids $!"
+  done
+  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of the ring lane over rdma between hosts"; }; done
+  for r in 0 1; do
+    if grep -q "ring lane rdma on: .*several hosts" "$tmp/lane.$r"; then
+      grep -h "ring lane rdma on" "$tmp/lane.$r" | sed "s/^/test_gpu_procs: /"
+    else
+      fail=$((fail + 1))
+      echo "FAIL: rank $r: the ring lane over rdma between hosts is not on:"
+      grep -h "ring lane\|WARN" "$tmp/lane.$r" | sed "s/^/  rank $r: /"
+    fi
+  done
+fi
 echo "test_gpu_procs: $pass runs passed, $fail failed"
 [ $fail = 0 ]

@@ -11,13 +11,20 @@
  * of every size from 0 to the slot (a seeded draw; every seventh empty).  The mover
  * (fc_lane_link_turn) runs in the same thread between those steps.  Each block's ready counter
  * must only grow, never past what was published, and end at the message count; every byte of
- * every message must land where its descriptor says. */
+ * every message must land where its descriptor says.
+ *
+ * Each case runs twice: with the ranks' areas shared (the previous rank's descriptors read from
+ * its area, acknowledgements stored into it), and in band, as between hosts (lane_link.h): the
+ * mover sees no other rank's area, the "kernel" acknowledges into its own stand-in, and a rank
+ * ends, as the ring kernel does, once the next rank has acknowledged everything it sent; then
+ * the mover drains its own last acknowledgements. */
 #define _GNU_SOURCE
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "comm.h"
 #include "flexcoll.h"
 #include "gpu/lane_link.h"
@@ -36,7 +43,8 @@ typedef struct {
   uint64_t sent[FC_MAX_BLOCKS];
   fc_pcie_desc_t desc[FC_MAX_BLOCKS * FC_PCIE_DESCS];
   uint64_t ready[FC_MAX_BLOCKS]; /* raised by this rank's mover */
-  uint64_t ack[FC_MAX_BLOCKS];   /* raised by the next rank's "kernel" */
+  uint64_t ack[FC_MAX_BLOCKS];   /* raised by the next rank's "kernel" (in band: by this rank's mover) */
+  uint64_t ack_out[FC_MAX_BLOCKS]; /* in band: this rank's "kernel" acknowledges here */
   char outbox[LL_BOX], inbox[LL_BOX];
 } area_t;
 static area_t g_area[LL_MAX_RANKS];
@@ -80,8 +88,20 @@ static fc_link_t *find_link(struct flexcoll_comm *comm, const char *name) {
   return NULL;
 }
 
+typedef struct {
+  const char *link;
+  int inband;
+} lane_case_t;
+
+static int sends_retired(const fc_lane_link_t *m) {
+  for (unsigned b = 0; b < m->blocks; b++)
+    if (m->sends_done[b] < m->out_done[b]) return 0;
+  return 1;
+}
+
 static int lane_rank(hx_rank_t *r) {
-  const char *name = r->arg;
+  const lane_case_t *c = r->arg;
+  const char *name = c->link;
   const int me = r->rank, n = r->nranks, next = (me + 1) % n, prev = (me + n - 1) % n;
   area_t *a = &g_area[me], *pa = &g_area[prev];
   struct flexcoll_comm *comm = (struct flexcoll_comm *)r->comm;
@@ -91,8 +111,17 @@ static int lane_rank(hx_rank_t *r) {
   ready_ctx_t ctx = {.r = r, .a = a};
   if (!m) return hx_fail(r, "out of memory");
   *m = (fc_lane_link_t){.comm = comm, .link = link, .rank = me, .next = next, .prev = prev, .blocks = LL_BLOCKS,
-                        .sent = a->sent, .prev_sent = pa->sent, .desc = a->desc, .prev_desc = pa->desc,
-                        .outbox = a->outbox, .inbox = a->inbox, .raise_ready = raise_ready, .arg = &ctx};
+                        .sent = a->sent, .desc = a->desc, .outbox = a->outbox, .inbox = a->inbox, .box_bytes = LL_BOX,
+                        .raise_ready = raise_ready, .arg = &ctx};
+  if (c->inband) {
+    m->inband = 1;
+    m->ack_out = a->ack_out;
+    m->ack_in = a->ack;
+  } else {
+    m->prev_sent = pa->sent;
+    m->prev_desc = pa->desc;
+  }
+  uint64_t *ack_to_prev = c->inband ? a->ack_out : pa->ack;
   uint64_t pushed[LL_BLOCKS] = {0}, consumed[LL_BLOCKS] = {0};
   const double deadline = hx_now() + 60;
   int done = 0;
@@ -117,14 +146,16 @@ static int lane_rank(hx_rank_t *r) {
         for (size_t i = 0; i < bytes; i++) bad += (unsigned char)a->inbox[off + i] != msg_byte(prev, b, k, i);
         if (bad) hx_fail(r, "block %u message %llu (%zu bytes from rank %d): %zu bytes wrong", b, (unsigned long long)k, bytes,
                          prev, bad);
-        __atomic_store_n(&pa->ack[b], k + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&ack_to_prev[b], k + 1, __ATOMIC_RELEASE);
         consumed[b]++;
       }
       done &= pushed[b] == LL_MSGS && consumed[b] == LL_MSGS;
+      /* As the ring kernel's last wait: everything sent has been consumed. */
+      done &= __atomic_load_n(&a->ack[b], __ATOMIC_ACQUIRE) == LL_MSGS;
     }
     const int moved = fc_lane_link_turn(m);
     if (moved < 0) hx_fail(r, "fc_lane_link_turn over %s: %s", name, flexcoll_get_last_error(r->comm));
-    done &= !fc_lane_link_busy(m);
+    done &= c->inband ? sends_retired(m) : !fc_lane_link_busy(m);
     if (!done && hx_now() > deadline) {
       hx_fail(r, "stuck over %s: block 0 pushed %llu consumed %llu, mover sent %llu (%llu done) received %llu (%llu done)",
               name, (unsigned long long)pushed[0], (unsigned long long)consumed[0], (unsigned long long)m->out_done[0],
@@ -134,6 +165,9 @@ static int lane_rank(hx_rank_t *r) {
   }
   for (unsigned b = 0; b < LL_BLOCKS && !r->errors; b++)
     if (ctx.raised[b] != LL_MSGS) hx_fail(r, "block %u: ready ended at %llu", b, (unsigned long long)ctx.raised[b]);
+  /* The previous rank waits for our last acknowledgements (its "kernel" has not ended yet). */
+  if (!r->errors && fc_lane_link_drain(m, fc_now_us() + 30e6))
+    hx_fail(r, "the last acknowledgements over %s did not go out: %s", name, flexcoll_get_last_error(r->comm));
   fc_lane_link_cancel(m);
   free(m);
   return r->errors != 0;
@@ -142,11 +176,12 @@ static int lane_rank(hx_rank_t *r) {
 static const char *const links[] = {"tcp", "shm", "rdma"};
 
 START_TEST(test_lane_over_link) {
-  const char *name = links[_i / 3];
-  const int nranks = 2 + _i % 3;
+  const lane_case_t c = {links[_i / 6], _i % 2};
+  const char *name = c.link;
+  const int nranks = 2 + _i / 2 % 3;
   char e1[64], label[48];
   snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", name);
-  snprintf(label, sizeof label, "lane-%s-%d", name, nranks);
+  snprintf(label, sizeof label, "lane-%s-%d%s", name, nranks, c.inband ? "-inband" : "");
   const char *env[] = {e1, "FLEXCOLL_UCX_PEER_FAILURE=0", NULL, NULL, NULL};
   if (!strcmp(name, "rdma")) {
 #ifdef FC_FAKE_VERBS_LIB
@@ -158,7 +193,8 @@ START_TEST(test_lane_over_link) {
 #endif
   }
   hx_opts_t o = {.label = label, .env = env, .deadline_s = 120, .exit_barrier = 1};
-  ck_assert_msg(hx_run_threads(nranks, &o, lane_rank, (void *)name), "%d ranks, the lane over %s: see stderr", nranks, name);
+  ck_assert_msg(hx_run_threads(nranks, &o, lane_rank, (void *)&c), "%d ranks, the lane over %s%s: see stderr", nranks, name,
+                c.inband ? " in band" : "");
 }
 END_TEST
 
@@ -166,7 +202,7 @@ int main(void) {
   Suite *s = suite_create("lane_link");
   TCase *tc = tcase_create("links");
   tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, test_lane_over_link, 0, 9);
+  tcase_add_loop_test(tc, test_lane_over_link, 0, 18);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

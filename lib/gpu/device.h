@@ -64,12 +64,14 @@ typedef struct {
 
 /* A rank's host area of the pcie lane: counters (ready and ack per block, as kernels.h lays
  * out ring counters; then, for the copy-engine lane, the kernel's published counts, the proxy's
- * staged counts and the descriptors per block), then the ring area. */
+ * staged counts and the descriptors per block; then, for a lane whose neighbours are on other
+ * hosts, a stand-in for the previous rank's counters laid out as ours, whose ack half the
+ * kernel raises and the proxy forwards), then the ring area. */
 #define FC_PCIE_SENT_OFF (2 * FC_MAX_BLOCKS * sizeof(uint64_t))
 #define FC_PCIE_STAGED_OFF (3 * FC_MAX_BLOCKS * sizeof(uint64_t))
 #define FC_PCIE_DESC_OFF (4 * FC_MAX_BLOCKS * sizeof(uint64_t))
-#define FC_PCIE_CTR_BYTES \
-  ((FC_PCIE_DESC_OFF + FC_MAX_BLOCKS * FC_PCIE_DESCS * sizeof(fc_pcie_desc_t) + 4095) / 4096 * 4096)
+#define FC_PCIE_PREV_OFF (FC_PCIE_DESC_OFF + FC_MAX_BLOCKS * FC_PCIE_DESCS * sizeof(fc_pcie_desc_t))
+#define FC_PCIE_CTR_BYTES ((FC_PCIE_PREV_OFF + 2 * FC_MAX_BLOCKS * sizeof(uint64_t) + 4095) / 4096 * 4096)
 struct fc_pcie_proxy;
 
 /* The pcie link of the ring kernels (pcie.c): host staging areas, ours and our ring
@@ -82,6 +84,10 @@ typedef struct {
    * into the next rank's inbox as one of the link's messages, and the lane carries its name. */
   struct fc_link *link;
   const char *name;        /* "pcie", or the link's name */
+  /* link: the ranks are on several hosts, so no rank maps another's host area: descriptors and
+   * acknowledgements go over the link too (lane_link.h, in band); next and prev (the kernel's
+   * pc_ctr_next, pc_ctr_prev) then point into our own area (unused, and the stand-in). */
+  int inband;
   struct fc_pcie_proxy *proxy; /* ce: this rank's */
   char *boxes;             /* ce: device memory: outbox, inbox (area_bytes each), the published counts */
   uint64_t *pub;           /* ce: in boxes */

@@ -162,8 +162,9 @@ void fc_pcie_close(struct fc_gpu *g) {
   unmap_area(p, &p->own_host);
   cudaGetLastError();
   /* Without the link, FLEXCOLL_LINKS=pcie cannot route anything through it: the usual paths. */
-  p->on = p->only = 0;
+  p->on = p->only = p->inband = 0;
   p->link = NULL;
+  p->next = p->prev = NULL;
 }
 
 void fc_pcie_report_timeout(struct fc_gpu *g, int rank) {
@@ -434,7 +435,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   /* The ring visits every rank, so some neighbours are on another host, where this host's
    * shared memory does not reach (on one machine under several FLEXCOLL_HOSTIDs the mapping
    * would still work and join "hosts" that must not share memory). */
-  else if (comm->links && comm->links->nhosts > 1)
+  else if (comm->links && comm->links->nhosts > 1 && !over_link)
     snprintf(why, sizeof why, "the ranks are on %d hosts (the ring areas are shared memory of one host)",
              comm->links->nhosts), want = 0;
   else if (p->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
@@ -450,10 +451,21 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     p->link = NULL;
     return FLEXCOLL_SUCCESS;
   }
+  /* Over a link between hosts no rank maps another's area: the lane's descriptors and
+   * acknowledgements go over the link too, and the kernel's pointers to its neighbours' counters
+   * point into our own area (pc_ctr_next is not written on a proxy's lane; pc_ctr_prev's ack half
+   * is the stand-in the proxy forwards). */
+  p->inband = over_link && comm->links && comm->links->nhosts > 1;
   map_area(comm, p, comm->rank, 1, &p->own_host, &p->own, why, sizeof why);
   int ok = p->own_host != NULL, all_ok = 0;
   FC_CHECK(everyone(comm, ok, &all_ok));
-  if (all_ok) {
+  if (all_ok && p->inband) {
+    char name[96];
+    shm_name(comm, comm->rank, name, sizeof name);
+    shm_unlink(name);
+    p->next = p->own;
+    p->prev = p->own + FC_PCIE_PREV_OFF;
+  } else if (all_ok) {
     map_area(comm, p, next, 0, &p->next_host, &p->next, why, sizeof why);
     if (p->next_host && prev != next) map_area(comm, p, prev, 0, &p->prev_host, &p->prev, why, sizeof why);
     else p->prev_host = p->next_host, p->prev = p->next;
@@ -517,8 +529,10 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   if (p->on)
     FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s on: %zu KiB ring area per rank, up to %u blocks, %s, %s", comm->rank,
             p->name, p->area_bytes >> 10, p->blocks,
-            p->link ? "each message one of the link's, sent and received by a proxy thread"
-            : p->ce ? "copy engines" : "the kernel's loads and stores",
+            p->inband ? "each message, descriptor and acknowledgement one of the link's (ranks on several hosts)"
+            : p->link ? "each message one of the link's, sent and received by a proxy thread"
+            : p->ce   ? "copy engines"
+                      : "the kernel's loads and stores",
             p->only ? "every ring call through it (no peer access)" : p->fixed >= 0 ? "fixed share" : "balanced share");
   else
     fc_pcie_close(g);

@@ -26,9 +26,10 @@
  * staged count), then raises our ready counter by a stream write, behind a flush of the NIC's
  * writes into device memory where the GPU offers one.  Messages of one block are sent and
  * received in order, each tagged with its block and number; a message of no bytes is neither
- * sent nor received (both ends read the same descriptor).  The counters and descriptors still
- * live in the host areas, so the lane joins ranks of one host; the link's own flow control and
- * the ring's bound what is in flight. */
+ * sent nor received (both ends read the same descriptor).  Within one host the descriptors and
+ * the kernels' acknowledgements stay in the host areas; between hosts (g->pcie.inband) they go
+ * over the link too, the kernel acknowledging into a stand-in in our own area that the proxy
+ * forwards (lane_link.h).  The link's own flow control and the ring's bound what is in flight. */
 #define _GNU_SOURCE
 #include "config.h"
 
@@ -146,24 +147,32 @@ static void trace_line(const struct fc_pcie_proxy *x, const char *hop, const fc_
 static void report(const struct fc_pcie_proxy *x, int warn) {
   for (unsigned b = 0; b < x->blocks; b++) {
     const fc_lane_link_t *m = &x->mover;
-    const uint64_t sent = x->sent[b], staged = x->staged[b], prev = m->link ? m->prev_sent[b] : x->prev_staged[b];
+    /* In band the previous rank's published count is not visible here: its descriptors received. */
+    const uint64_t sent = x->sent[b], staged = x->staged[b],
+                   prev = !m->link ? x->prev_staged[b] : m->inband ? m->in_done[b] : m->prev_sent[b];
     if (!sent && !prev) continue;
-    char line[320];
-    if (m->link)
-      snprintf(line, sizeof line,
-               "rank %d: ring lane %s %s, block %u: published %llu, sent %llu (%llu done); previous rank published "
-               "%llu, received %llu (%llu done); ready %llu, ack %llu",
-               x->rank, m->link->ops->name, warn ? "at the timeout" : "idle", b, (unsigned long long)sent,
-               (unsigned long long)m->out_done[b], (unsigned long long)m->sends_done[b], (unsigned long long)prev,
-               (unsigned long long)m->in_done[b], (unsigned long long)m->recvs_done[b], (unsigned long long)x->ctr[b],
-               (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
-    else
+    char line[400];
+    if (!m->link) {
       snprintf(line, sizeof line,
                "rank %d: pcie lane (copy engines) %s, block %u: published %llu, copied out %llu, staged %llu; previous "
                "rank staged %llu, copied in %llu; ready %llu, ack %llu",
                x->rank, warn ? "at the timeout" : "idle", b, (unsigned long long)sent, (unsigned long long)x->out_done[b],
                (unsigned long long)staged, (unsigned long long)prev, (unsigned long long)x->in_done[b],
                (unsigned long long)x->ctr[b], (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
+    } else {
+      const int len = snprintf(line, sizeof line,
+                               "rank %d: ring lane %s %s, block %u: published %llu, sent %llu (%llu done); previous rank "
+                               "%s %llu, received %llu (%llu done); ready %llu, ack %llu",
+                               x->rank, m->link->ops->name, warn ? "at the timeout" : "idle", b, (unsigned long long)sent,
+                               (unsigned long long)m->out_done[b], (unsigned long long)m->sends_done[b],
+                               m->inband ? "described" : "published", (unsigned long long)prev,
+                               (unsigned long long)m->in_done[b], (unsigned long long)m->recvs_done[b],
+                               (unsigned long long)x->ctr[b], (unsigned long long)x->ctr[FC_MAX_BLOCKS + b]);
+      if (m->inband && len > 0 && (size_t)len < sizeof line)
+        snprintf(line + len, sizeof line - (size_t)len, "; acknowledged %llu (told %llu), the next rank's acks received %llu",
+                 (unsigned long long)m->ack_out[b], (unsigned long long)m->ack_told[b],
+                 (unsigned long long)m->acks_in_done[b]);
+    }
     if (warn) FC_WARN("%s", line);
     else FC_INFO(FC_SUB_SCHED, "%s", line);
   }
@@ -183,6 +192,8 @@ static int copy(cudaStream_t s, void *dst, const void *src, size_t bytes, enum c
 #define FC_PCIE_DOZE 70000u
 #define FC_PCIE_DOZE_NS 1000000L
 #define FC_PCIE_IDLE_REPORT (FC_PCIE_DOZE + 4000u)
+/* How long a stopping proxy gives its last acknowledgements over a link (in band). */
+#define FC_LANE_DRAIN_US 2e6
 
 static void doze(struct fc_pcie_proxy *x, unsigned seen) {
   atomic_store(&x->sleeping, 1);
@@ -281,7 +292,14 @@ static void *proxy_main(void *arg) {
     else if (idle > FC_PCIE_YIELD) nanosleep(&(struct timespec){0, 20000}, NULL);
     else if (idle > FC_PCIE_SPIN) sched_yield();
   }
-  if (x->mover.link) fc_lane_link_cancel(&x->mover);
+  if (x->mover.link) {
+    /* In band the previous rank's kernel may still wait for our last acknowledgement (ours has
+     * ended, its last wait has not): it goes out first, unless a kernel already failed. */
+    if (!*x->error && fc_lane_link_drain(&x->mover, fc_now_us() + FC_LANE_DRAIN_US))
+      FC_WARN("rank %d: ring lane %s: the last acknowledgements did not go out: %s", x->rank, x->mover.link->ops->name,
+              flexcoll_get_last_error(x->mover.comm));
+    fc_lane_link_cancel(&x->mover);
+  }
   return NULL;
 failed:
   /* The ring kernels waiting for these messages time out and say so; this says why. */
@@ -319,9 +337,11 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   x->error = g->error_host;
   x->ctr = (const volatile uint64_t *)p->own_host;
   x->staged = (const volatile uint64_t *)(p->own_host + FC_PCIE_STAGED_OFF);
-  x->prev_staged = (const volatile uint64_t *)(p->prev_host + FC_PCIE_STAGED_OFF);
-  x->prev_desc = (const volatile fc_pcie_desc_t *)(p->prev_host + FC_PCIE_DESC_OFF);
-  x->prev_staging = p->prev_host + p->ctr_bytes;
+  if (p->prev_host) { /* not in band */
+    x->prev_staged = (const volatile uint64_t *)(p->prev_host + FC_PCIE_STAGED_OFF);
+    x->prev_desc = (const volatile fc_pcie_desc_t *)(p->prev_host + FC_PCIE_DESC_OFF);
+    x->prev_staging = p->prev_host + p->ctr_bytes;
+  }
   if (p->link) {
     fc_lane_link_t *m = &x->mover;
     m->comm = comm;
@@ -332,8 +352,17 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
     m->blocks = x->blocks;
     m->sent = x->sent;
     m->desc = x->desc;
-    m->prev_sent = (const volatile uint64_t *)(p->prev_host + FC_PCIE_SENT_OFF);
-    m->prev_desc = x->prev_desc;
+    m->box_bytes = p->area_bytes;
+    m->inband = p->inband;
+    if (p->inband) {
+      /* The kernel raises the previous rank's ack at pc_ctr_prev + FC_MAX_BLOCKS (exec.c points
+       * it at the stand-in); our own ack counters follow our ready counters. */
+      m->ack_out = (const volatile uint64_t *)(p->own_host + FC_PCIE_PREV_OFF) + FC_MAX_BLOCKS;
+      m->ack_in = (volatile uint64_t *)p->own_host + FC_MAX_BLOCKS;
+    } else {
+      m->prev_sent = (const volatile uint64_t *)(p->prev_host + FC_PCIE_SENT_OFF);
+      m->prev_desc = x->prev_desc;
+    }
     m->raise_ready = link_raise_ready;
     m->arg = x;
     int flush = 0;
@@ -361,7 +390,8 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
    * first of a fresh process's operations held back behind a spinning kernel).  The values
    * written are the counters' own (zero). */
   if (e == cudaSuccess) e = cudaMemcpyAsync(x->staging, x->outbox, 16, cudaMemcpyDeviceToHost, x->out);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(x->inbox, x->prev_staging, 16, cudaMemcpyHostToDevice, x->in);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(x->inbox, x->prev_staging ? x->prev_staging : x->staging, 16, cudaMemcpyHostToDevice, x->in);
   if (e == cudaSuccess && (x->write64(x->out, x->staged_dev, 0, 0) != CUDA_SUCCESS ||
                            (x->ready_kernel && x->write64(x->in, x->ready_kernel, 0, 0) != CUDA_SUCCESS) ||
                            x->write64(x->in, x->ready_dev, 0, 0) != CUDA_SUCCESS))

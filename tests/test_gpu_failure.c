@@ -24,6 +24,12 @@
  *                   them, so the allreduces run the host schedule (through host copies, or on
  *                   the device buffers where a link takes them) and the kill lands in a host
  *                   wait rather than a kernel's.
+ *   kill-lane       kill-hosts with the ring kernels' lane over rdma on the fake verbs provider
+ *                   (FLEXCOLL_RING_LANE=rdma, in band between the "hosts"): the allreduces run in
+ *                   the ring kernels, and the kill lands in a kernel waiting for the lane's
+ *                   proxy, whose link to the dead rank breaks.
+ *   silent-lane     silent with the same two "hosts" and lane: the survivor's kernel waits on the
+ *                   lane and must time out, its proxy stop without waiting for acknowledgements.
  *   abort           2 ranks; rank 1 stops calling and aborts while rank 0 has a stream of
  *                   64 MiB allreduces waiting for it: rank 0 as above, both exit 0.
  *   silent          2 ranks; rank 1 initialises and never calls: rank 0's 64 MiB allreduce
@@ -39,8 +45,9 @@
  * once per process, which one process per rank gives for free.  Every wait is bounded: alarm()
  * watchdogs in the children print "HANG: <case> <what>" and _exit(1), and the parent kills the
  * children of a case still running after CASE_LIMIT.  Ranks print their own lines, the parent
- * one line per case and a summary; FC_GPUFAIL_CASES (default "kill-2,kill-3,kill-hosts,abort,silent")
- * picks cases.  Exit 77 (automake's skip) where there is no GPU, or where device 0 is in
+ * one line per case and a summary; FC_GPUFAIL_CASES (default
+ * "kill-2,kill-3,kill-hosts,kill-lane,abort,silent,silent-lane") picks cases; the lane's cases
+ * are skipped, saying so, where the build has no fake verbs provider.  Exit 77 (automake's skip) where there is no GPU, or where device 0 is in
  * exclusive-process mode (ranks cannot share it). */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -79,13 +86,12 @@ typedef struct {
   const char *name;
   int kind, nranks;
   int hosts; /* > 1: rank r on "host" r mod hosts (FLEXCOLL_HOSTID), no peer access between them */
+  int lane;  /* the ring kernels' lane over rdma on the fake provider */
 } case_t;
 static const case_t cases[] = {
-    {"kill-2", K_KILL, 2, 1},
-    {"kill-3", K_KILL, 3, 1},
-    {"kill-hosts", K_KILL, 2, 2},
-    {"abort", K_ABORT, 2, 1},
-    {"silent", K_SILENT, 2, 1},
+    {"kill-2", K_KILL, 2, 1, 0},      {"kill-3", K_KILL, 3, 1, 0}, {"kill-hosts", K_KILL, 2, 2, 0},
+    {"kill-lane", K_KILL, 2, 2, 1},   {"abort", K_ABORT, 2, 1, 0}, {"silent", K_SILENT, 2, 1, 0},
+    {"silent-lane", K_SILENT, 2, 2, 1},
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -514,6 +520,14 @@ static int child_main(const case_t *c, int rank, const flexcoll_unique_id_t *id)
     snprintf(host, sizeof host, "fc-gpufail-%d", rank % c->hosts);
     setenv("FLEXCOLL_HOSTID", host, 1);
   }
+#ifdef FC_FAKE_VERBS_LIB
+  if (c->lane) {
+    setenv("FLEXCOLL_LINKS", "rdma,shm,tcp", 1);
+    setenv("FLEXCOLL_RING_LANE", "rdma", 1);
+    setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+    setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 1);
+  }
+#endif
   int rc = c->kind == K_KILL ? child_kill(&r, id) : c->kind == K_ABORT ? child_abort(&r, id) : child_silent(&r, id);
   phase(30, "freeing the buffers");
   if (r.comm) { /* left early: get out as a failed job would */
@@ -740,7 +754,7 @@ int main(void) {
   setvbuf(stderr, NULL, _IONBF, 0);
   signal(SIGPIPE, SIG_IGN); /* a child that died leaves its pipe closed: the parent reports it */
   const char *sel = getenv("FC_GPUFAIL_CASES");
-  if (!sel || !*sel) sel = "kill-2,kill-3,kill-hosts,abort,silent";
+  if (!sel || !*sel) sel = "kill-2,kill-3,kill-hosts,kill-lane,abort,silent,silent-lane";
   const int p = probe();
   if (p == 77) return 77;
   fc_test_gpu_serialize(TAG);
@@ -757,6 +771,12 @@ int main(void) {
     for (const char *s = sel; (s = strstr(s, cases[k].name)); s += len)
       if ((s == sel || s[-1] == ',') && (s[len] == ',' || s[len] == '\0')) on = 1;
     if (!on) continue;
+#ifndef FC_FAKE_VERBS_LIB
+    if (cases[k].lane) {
+      fprintf(stderr, TAG " %s: this build has no fake verbs provider: skipped\n", cases[k].name);
+      continue;
+    }
+#endif
     ran++;
     const int ok = run_case(&cases[k]);
     failed += !ok;

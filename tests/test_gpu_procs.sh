@@ -126,7 +126,7 @@ if [ -n "$lane_setup" ]; then
   done
   for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of the ring lane over rdma between hosts"; }; done
   for r in 0 1; do
-    if grep -q "ring lane rdma on: .*several hosts" "$tmp/lane.$r"; then
+    if grep -q "ring lane rdma on: .*(in band)" "$tmp/lane.$r"; then
       grep -h "ring lane rdma on" "$tmp/lane.$r" | sed "s/^/test_gpu_procs: /"
     else
       fail=$((fail + 1))

@@ -61,8 +61,10 @@
  *      device memory (builds with the fake only: Check and verbs.h)
  *   n  as m with nvlink, FLEXCOLL_ONESHOT_MAX_BYTES=0 FLEXCOLL_LINK_SHARES=nvlink:0.5,rdma:0.5:
  *      half of every ring chunk over the rdma lane beside NVLink
+ *   o  as m with FLEXCOLL_RING_LANE_INBAND=1: the lane's descriptors and acknowledgements over
+ *      the link too, as between hosts
  * In f, g, h and j the links' statistics must show bytes on pcie (and none on nvlink in g, j, k,
- * l and m); in m and n a second rdma entry toward the next rank (the lane, beside the host
+ * l, m and o); in m, n and o a second rdma entry toward the next rank (the lane, beside the host
  * link) with bytes.
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only).  Every
  * wait is bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
@@ -691,6 +693,9 @@ static size_t max_footprint(int nranks, case_t *cases) {
 
 /* Where the environment puts a share on the pcie link, the statistics must show bytes on it
  * (the ring calls above carried them); nvlink's must be there in every environment. */
+/* The environments whose ring lane goes over the rdma link (the fake provider). */
+static int rdma_env(char key) { return key == 'm' || key == 'n' || key == 'o'; }
+
 static void check_link_stats(rank_t *r) {
   flexcoll_link_stats_t st[64]; /* 8 ranks: 3 host links x 7 peers, then the lanes */
   int n = 0;
@@ -707,7 +712,7 @@ static void check_link_stats(rank_t *r) {
     if (!strcmp(st[i].name, "pcie")) have_pc = 1, pc += st[i].bytes;
     if (!strcmp(st[i].name, "rdma") && st[i].peer == next) rd_next++, rd += st[i].bytes;
   }
-  if ((g_env == 'm' || g_env == 'n') && (rd_next < 2 || rd == 0))
+  if (rdma_env(g_env) && (rd_next < 2 || rd == 0))
     FAIL(r, "%d rdma entries toward the next rank with %llu bytes: the ring lane over rdma is not on", rd_next, rd);
   const char *links = getenv("FLEXCOLL_LINKS");
   const int want_pc = g_env == 'f' || g_env == 'g' || g_env == 'h' || g_env == 'j';
@@ -966,6 +971,10 @@ static const env_t envs[] = {
      {Q32, {"FLEXCOLL_LINKS", "nvlink,rdma,shm,tcp"}, {"FLEXCOLL_RING_LANE", "rdma"}, {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"},
       {"FLEXCOLL_LINK_SHARES", "nvlink:0.5,rdma:0.5"}},
      0},
+    {'o',
+     {Q32, {"FLEXCOLL_LINKS", "rdma,shm,tcp"}, {"FLEXCOLL_RING_LANE", "rdma"}, {"FLEXCOLL_PCIE_AREA_BYTES", "1M"},
+      {"FLEXCOLL_RING_LANE_INBAND", "1"}},
+     0},
 };
 #define NENVS (int)(sizeof envs / sizeof envs[0])
 
@@ -993,7 +1002,6 @@ static int parse_ranks(int *out) {
 }
 
 /* The child of one environment: its exit status says whether everything passed. */
-static int rdma_env(char key) { return key == 'm' || key == 'n'; }
 
 static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   /* Defaults are defaults: the knobs of the other environments come from nowhere else. */
@@ -1006,6 +1014,7 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   unsetenv("FLEXCOLL_ALGO");
   unsetenv("FLEXCOLL_PCIE_ENGINE");
   unsetenv("FLEXCOLL_RING_LANE");
+  unsetenv("FLEXCOLL_RING_LANE_INBAND");
   unsetenv("FLEXCOLL_VERBS_PROVIDER");
   for (int k = 0; k < 5; k++)
     if (e->vars[k][0]) setenv(e->vars[k][0], e->vars[k][1], 1);
@@ -1058,7 +1067,7 @@ int main(void) {
   const int nranks_list = parse_ranks(ranks);
   if (nranks_list < 0) return 1;
   const char *sel = getenv("FC_ONEGPU_ENVS");
-  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h,i,k,l,m,n";
+  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h,i,k,l,m,n,o";
   setvbuf(stderr, NULL, _IONBF, 0);
 
   /* The GPU probe in a child too: the parent's CUDA state would not survive a fork. */

@@ -58,6 +58,7 @@
 
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
 FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 16)
+FC_PARAM_INT(ring_lane_inband, "RING_LANE_INBAND", 0)
 /* Ring calls from this size (count x type size) are timed and move the split (0: none): timing
  * costs a few atomics per block, an update a few microseconds of rank 0's host, so only calls
  * whose lane times are long against the device clock's steps and the launch skew between ranks. */
@@ -140,6 +141,13 @@ static void map_area(const struct flexcoll_comm *comm, const fc_pcie_t *p, int r
   }
   *host = m;
   *dev = d;
+}
+
+/* This rank's area's name, once every rank that maps the area has done so. */
+static void unlink_own_area(const struct flexcoll_comm *comm) {
+  char name[96];
+  shm_name(comm, comm->rank, name, sizeof name);
+  shm_unlink(name);
 }
 
 static void unmap_area(fc_pcie_t *p, char **host) {
@@ -410,6 +418,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_ENGINE")); /* sm or ce */
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_CE_READY"));
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE")); /* pcie or rdma */
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE_INBAND"));
   const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
   const int over_link = !strcmp(fc_param_str("FLEXCOLL_RING_LANE", "pcie"), "rdma");
   p->name = over_link ? "rdma" : "pcie";
@@ -452,36 +461,42 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     return FLEXCOLL_SUCCESS;
   }
   /* Over a link between hosts no rank maps another's area: the lane's descriptors and
-   * acknowledgements go over the link too, and the kernel's pointers to its neighbours' counters
-   * point into our own area (pc_ctr_next is not written on a proxy's lane; pc_ctr_prev's ack half
-   * is the stand-in the proxy forwards). */
-  p->inband = over_link && comm->links && comm->links->nhosts > 1;
+   * acknowledgements go over the link too (in band), and the kernel's pointers to its
+   * neighbours' counters point into our own area (pc_ctr_next is not written on a proxy's lane;
+   * pc_ctr_prev's ack half is the stand-in the proxy forwards).  FLEXCOLL_RING_LANE_INBAND=1
+   * does so within one host too. */
+  p->inband = over_link && ((comm->links && comm->links->nhosts > 1) || fc_param_ring_lane_inband() != 0);
   map_area(comm, p, comm->rank, 1, &p->own_host, &p->own, why, sizeof why);
   int ok = p->own_host != NULL, all_ok = 0;
   FC_CHECK(everyone(comm, ok, &all_ok));
-  if (all_ok && p->inband) {
-    char name[96];
-    shm_name(comm, comm->rank, name, sizeof name);
-    shm_unlink(name);
-    p->next = p->own;
-    p->prev = p->own + FC_PCIE_PREV_OFF;
-  } else if (all_ok) {
+  if (!all_ok && !why[0]) snprintf(why, sizeof why, "another rank could not create its host area");
+  if (all_ok && !p->inband) {
     map_area(comm, p, next, 0, &p->next_host, &p->next, why, sizeof why);
     if (p->next_host && prev != next) map_area(comm, p, prev, 0, &p->prev_host, &p->prev, why, sizeof why);
     else p->prev_host = p->next_host, p->prev = p->next;
     ok = p->next_host && p->prev_host;
-    /* Everyone has mapped what it needs of ours (or failed): the name can go. */
-    flexcoll_result_t res = everyone(comm, ok, &all_ok);
-    char name[96];
-    shm_name(comm, comm->rank, name, sizeof name);
-    shm_unlink(name);
-    FC_CHECK(res);
-  } else {
-    char name[96];
-    shm_name(comm, comm->rank, name, sizeof name);
-    if (p->own_host) shm_unlink(name);
-    if (!why[0]) snprintf(why, sizeof why, "another rank could not create its host area");
+    /* Everyone has mapped what it needs of ours (or failed): the name can go (below). */
+    const flexcoll_result_t res = everyone(comm, ok, &all_ok);
+    if (res != FLEXCOLL_SUCCESS) {
+      unlink_own_area(comm);
+      return res;
+    }
+    /* Ranks of one host that cannot map each other's shared memory (containers with a /dev/shm
+     * each, say) still have the link: over it the lane goes in band (agreed: all_ok is). */
+    if (!all_ok && over_link) {
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s in band: %s", comm->rank, p->name,
+              why[0] ? why : "another rank could not map its ring neighbours' host areas");
+      if (p->prev_host == p->next_host) p->prev_host = NULL;
+      unmap_area(p, &p->next_host);
+      unmap_area(p, &p->prev_host);
+      p->inband = all_ok = 1;
+    }
   }
+  if (all_ok && p->inband) {
+    p->next = p->own;
+    p->prev = p->own + FC_PCIE_PREV_OFF;
+  }
+  if (p->own_host) unlink_own_area(comm); /* mapped by whoever needs it, or given up */
   if (!all_ok) {
     fc_pcie_close(g);
     FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
@@ -529,7 +544,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   if (p->on)
     FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s on: %zu KiB ring area per rank, up to %u blocks, %s, %s", comm->rank,
             p->name, p->area_bytes >> 10, p->blocks,
-            p->inband ? "each message, descriptor and acknowledgement one of the link's (ranks on several hosts)"
+            p->inband ? "each message, descriptor and acknowledgement one of the link's (in band)"
             : p->link ? "each message one of the link's, sent and received by a proxy thread"
             : p->ce   ? "copy engines"
                       : "the kernel's loads and stores",

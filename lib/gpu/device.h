@@ -212,7 +212,7 @@ void fc_pcie_ce_stop(struct fc_gpu *g);
 /* Before a ring call with a share on the copy-engine lane: wake the proxy if it sleeps. */
 void fc_pcie_ce_kick(struct fc_gpu *g);
 /* Stage 2 of the lanes around a ring call of `bytes` (count x type size) whose split is already in
- * a->pc_chunk_bytes: before the launch, take the records of timed calls that have finished (never
+ * a->side[0].chunk_bytes: before the launch, take the records of timed calls that have finished (never
  * waiting for one) and, for a large eager call, have the kernel time this one (a's clock fields;
  * pushes: the chunk messages this rank sends, 0 at a chain's end); after the launch, count a
  * large call (captured ones too: every rank counts alike), post rank 0's update every

@@ -174,20 +174,21 @@ void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
                         .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
                         .timeout_ns = g->timeout_ns, .error = g->error_dev};
   if (p->on) {
-    /* Through copy engines the kernel reads our inbox and writes our outbox (device memory);
-     * the proxies move the bytes through the host areas. */
-    a->pc_area = p->ce ? p->boxes + p->area_bytes : p->own + p->ctr_bytes;
-    a->pc_area_next = p->ce ? p->boxes : p->next + p->ctr_bytes;
-    a->pc_ce = p->ce;
-    a->pc_desc = p->ce ? (fc_pcie_desc_t *)(p->own + FC_PCIE_DESC_OFF) : NULL;
-    a->pc_sent = p->ce ? (uint64_t *)(p->own + FC_PCIE_SENT_OFF) : NULL;
-    a->pc_pub = p->ce ? p->pub : NULL;
-    a->pc_ready = p->ce ? p->ready : NULL;
-    a->pc_ctr = (uint64_t *)p->own;
-    a->pc_ctr_next = (uint64_t *)p->next;
-    a->pc_ctr_prev = (uint64_t *)p->prev;
-    a->pc_area_bytes = p->area_bytes;
-    a->pc_blocks = p->blocks;
+    /* Through a proxy the kernel reads our inbox and writes our outbox (device memory); the
+     * proxies move the bytes (through the host areas, or over the link). */
+    fc_ring_side_t *sd = &a->side[0];
+    sd->area = p->ce ? p->boxes + p->area_bytes : p->own + p->ctr_bytes;
+    sd->area_next = p->ce ? p->boxes : p->next + p->ctr_bytes;
+    sd->ce = p->ce;
+    sd->desc = p->ce ? (fc_pcie_desc_t *)(p->own + FC_PCIE_DESC_OFF) : NULL;
+    sd->sent = p->ce ? (uint64_t *)(p->own + FC_PCIE_SENT_OFF) : NULL;
+    sd->pub = p->ce ? p->pub : NULL;
+    sd->ready = p->ce ? p->ready : NULL;
+    sd->ctr = (uint64_t *)p->own;
+    sd->ctr_next = (uint64_t *)p->next;
+    sd->ctr_prev = (uint64_t *)p->prev;
+    sd->area_bytes = p->area_bytes;
+    sd->blocks = p->blocks;
   }
 }
 
@@ -221,22 +222,23 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
   const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
   /* The split is a function of the size and the shared models (which stage 2 changes on every
    * rank at the same large call, fc_pcie_after_ring): the same on every rank. */
-  a.pc_chunk_bytes = fc_pcie_split(g, chunk);
-  if (a.pc_chunk_bytes) FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: pcie carries %zu bytes of each ring chunk",
-                                 fc_coll_name(args->coll), bytes, a.pc_chunk_bytes);
+  a.side[0].chunk_bytes = fc_pcie_split(g, chunk);
+  if (a.side[0].chunk_bytes)
+    FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: %s carries %zu bytes of each ring chunk", fc_coll_name(args->coll), bytes,
+             g->pcie.name, a.side[0].chunk_bytes);
   const int large = fc_pcie_before_ring(g, bytes, chunk, fc_ring_pushes(coll, args->rank, args->nranks, args->root),
                                         x->capturing, &a);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   FC_CHECK(kernel_order_before(x, stream));
   /* A proxy that has dozed off is woken now, as the kernel it will serve is enqueued. */
-  if (a.pc_chunk_bytes && a.pc_ce) fc_pcie_ce_kick(g);
+  if (a.side[0].chunk_bytes && a.side[0].ce) fc_pcie_ce_kick(g);
   const int e = fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream);
   if (e) {
     if (a.clk) g->pcie.issued--; /* no record will come for it */
     return fc_error(x->comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "fc_kernel_ring_collective failed: %s",
                     cudaGetErrorString((cudaError_t)e));
   }
-  count_ring_bytes(g, coll, args, bytes, a.pc_chunk_bytes);
+  count_ring_bytes(g, coll, args, bytes, a.side[0].chunk_bytes);
   FC_CHECK(kernel_order_after(x, stream));
   return fc_pcie_after_ring(x->comm, g, large);
 }

@@ -210,8 +210,8 @@ static flexcoll_result_t everyone(struct flexcoll_comm *comm, int ok, int *all_o
 static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, size_t bytes, char *buf) {
   fc_ring_args_t a;
   fc_gpu_ring_args(comm, g, &a);
-  a.pc_chunk_bytes = pcie ? bytes : 0;
-  if (!pcie) a.pc_area = NULL, a.pc_chunk_bytes = 0;
+  a.side[0].chunk_bytes = pcie ? bytes : 0;
+  if (!pcie) a.side[0].area = NULL;
   cudaEvent_t t0, t1;
   if (cudaEventCreate(&t0) != cudaSuccess) return -1;
   if (cudaEventCreate(&t1) != cudaSuccess) {
@@ -612,7 +612,7 @@ int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes
   if (!large || capturing || !g->lane_clk) return large;
   /* A chain's last rank pushes nothing but still moves each chunk once (it receives it). */
   const unsigned long long msgs = pushes > 0 ? (unsigned long long)pushes : 1;
-  const size_t pc = a->pc_chunk_bytes < chunk ? a->pc_chunk_bytes : chunk;
+  const size_t pc = a->side[0].chunk_bytes < chunk ? a->side[0].chunk_bytes : chunk;
   a->clk = g->lane_clk;
   a->rec = g->lane_rec_dev;
   a->call = ++p->issued;

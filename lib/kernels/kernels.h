@@ -180,16 +180,19 @@ int fc_kernels_preload_pipeline(void);
  * clock for the next call (which starts after this one: the communicator's kernels run one after
  * another).  So the host reads a record only once its kernel is done, and never waits for one. */
 #define FC_LANE_RECORDS 16
+/* The ring kernels' lanes: NVLink (0), then the side lanes (1, 2: fc_ring_args_t.side). */
+#define FC_RING_SIDE_LANES 2
+#define FC_RING_LANES (1 + FC_RING_SIDE_LANES)
 typedef struct {
-  unsigned long long start_inv[2], end[2];
+  unsigned long long start_inv[FC_RING_LANES], end[FC_RING_LANES];
   unsigned int done;
   unsigned int pad;
 } fc_lane_clock_t;
 typedef struct {
-  unsigned long long ns[2];    /* per lane (0: NVLink, 1: pcie); 0: the lane had no blocks */
-  unsigned long long bytes[2]; /* what the lane pushed, as the launch said */
-  unsigned long long call;     /* the call's number (>= 1), written last */
-  unsigned long long pad[3];
+  unsigned long long ns[FC_RING_LANES];    /* per lane; 0: the lane had no blocks */
+  unsigned long long bytes[FC_RING_LANES]; /* what the lane pushed, as the launch said */
+  unsigned long long call;                 /* the call's number (>= 1), written last */
+  unsigned long long pad;
 } fc_lane_record_t;
 /* One message of the pcie lane for the copy-engine proxies: where it is in the outbox (and, at
  * the same offset, in the host staging area and the next rank's inbox), its bytes, and the value
@@ -198,6 +201,30 @@ typedef struct {
 typedef struct {
   unsigned long long off, bytes, ready;
 } fc_pcie_desc_t;
+/* A side lane of the ring kernels: the same ring through other memory than the peers' device
+ * memory, host memory that every rank's GPU reaches over PCIe (a ring area and counters per rank,
+ * laid out as the NVLink lane's, mapped here), or device boxes that a proxy moves.  Its blocks
+ * come after the NVLink lane's and the earlier side lane's; side lane 1 carries the first
+ * chunk_bytes of every chunk, side lane 2 the next chunk_bytes (at most blocks of them each, each
+ * block with its own counters), the NVLink lane the rest.  chunk_bytes 0: no lane in this call. */
+typedef struct {
+  char *area, *area_next;
+  uint64_t *ctr, *ctr_next, *ctr_prev;
+  size_t area_bytes;       /* a multiple of 16 */
+  unsigned blocks;         /* 1..FC_MAX_BLOCKS / 2 */
+  size_t chunk_bytes;      /* a multiple of 16, or the whole chunk (fc_ring_chunk_bytes) */
+  /* Through a proxy (ce): area is our inbox and area_next our outbox, both device memory; a
+   * push stores into the outbox and publishes the message for our proxy (desc[block][n %
+   * FC_PCIE_DESCS], then sent[block] = n + 1, host-mapped, n counted over the communicator's life
+   * in pub[block], device memory); the proxies move it into the next rank's inbox and raise its
+   * ready counter (lib/gpu/pcie_ce.c). */
+  int ce;
+  fc_pcie_desc_t *desc;
+  uint64_t *sent, *pub;
+  /* ce: our ready counters in device memory, raised by our proxy's stream writes, so that the
+   * kernel's waits poll no host memory over the port the copies use; NULL: the host area's. */
+  uint64_t *ready;
+} fc_ring_side_t;
 typedef struct {
   int rank, nranks;
   fc_dev_epoch_t *epoch;   /* this rank's; 16-byte aligned */
@@ -211,32 +238,13 @@ typedef struct {
   unsigned subslots;       /* messages in flight per block and edge (2..8) */
   uint64_t timeout_ns;
   int *error;              /* host-mapped, as the one-shot kernels' */
-  /* The pcie lane: the same ring through pinned host memory, which every rank's GPU reaches over
-   * PCIe (a ring area and counters per rank, laid out as above, mapped here).  Blocks after the
-   * NVLink lane's carry the first pc_chunk_bytes of every chunk (at most pc_blocks of them, each
-   * with its own counters); the NVLink lane the rest.  pc_chunk_bytes 0: no lane in this call. */
-  char *pc_area, *pc_area_next;
-  uint64_t *pc_ctr, *pc_ctr_next, *pc_ctr_prev;
-  size_t pc_area_bytes;    /* a multiple of 16 */
-  unsigned pc_blocks;      /* 1..FC_MAX_BLOCKS / 2 */
-  size_t pc_chunk_bytes;   /* a multiple of 16, or the whole chunk (fc_ring_chunk_bytes) */
-  /* The pcie lane through copy engines (pc_ce): pc_area is our inbox and pc_area_next our
-   * outbox, both device memory; a push stores into the outbox and publishes the message for our
-   * proxy (pc_desc[block][n % FC_PCIE_DESCS], then pc_sent[block] = n + 1, host-mapped, n counted
-   * over the communicator's life in pc_pub[block], device memory); the proxies copy it through
-   * host memory into the next rank's inbox and raise its ready counter (lib/gpu/pcie_ce.c). */
-  int pc_ce;
-  fc_pcie_desc_t *pc_desc;
-  uint64_t *pc_sent, *pc_pub;
-  /* ce: our ready counters in device memory, raised by our proxy's stream writes, so that the
-   * kernel's waits poll no host memory over the port the copies use; NULL: the host area's. */
-  uint64_t *pc_ready;
+  fc_ring_side_t side[FC_RING_SIDE_LANES];
   /* Stage 2: clk NULL, nothing measured (small calls, captured ones); else the clock, the record
    * ring (as the device sees it), this call's number and its lanes' bytes for the record. */
   fc_lane_clock_t *clk;
   fc_lane_record_t *rec;
   unsigned long long call;
-  unsigned long long lane_bytes[2];
+  unsigned long long lane_bytes[FC_RING_LANES];
 } fc_ring_args_t;
 typedef enum { FC_RING_ALLREDUCE, FC_RING_ALLGATHER, FC_RING_REDUCE_SCATTER, FC_RING_BROADCAST, FC_RING_REDUCE } fc_ring_coll_t;
 /* `bytes`: allreduce, broadcast and reduce the buffer, allgather the send buffer,
@@ -247,7 +255,7 @@ int fc_kernel_ring_collective(const fc_ring_args_t *args, fc_ring_coll_t coll, c
                               size_t bytes, flexcoll_datatype_t dtype, flexcoll_op_t op, int root,
                               flexcoll_stream_t stream);
 int fc_kernels_preload_ring(void);
-/* The bytes of one chunk of a ring call (the unit that pc_chunk_bytes splits between the lanes):
+/* The bytes of one chunk of a ring call (the unit that the side lanes' chunk_bytes split):
  * allreduce the buffer's n-th (rounded up to 16), allgather and reduce_scatter one rank's block,
  * broadcast and reduce the buffer. */
 size_t fc_ring_chunk_bytes(fc_ring_coll_t coll, size_t bytes, int nranks);

@@ -49,13 +49,13 @@ struct fc_ring_io {
   size_t chunk;        /* bytes per chunk */
   size_t own_stride;   /* from one chunk's own operand to the next (0: the one send buffer) */
   size_t out_stride;   /* from one chunk's place in recv to the next (0: the one receive buffer) */
-  /* Per lane (0: NVLink, the blocks first; 1: pcie, the blocks after them): its bytes of a
-   * chunk [start, end), its blocks, a block's part of them (a multiple of 16), bytes per
-   * message and per sub-slot (multiples of 16, room >= step), slices per block. */
-  size_t start[2], end[2];
-  unsigned blocks[2];
-  size_t part[2], step[2], room[2];
-  unsigned nslices[2];
+  /* Per lane (0: NVLink, the blocks first; 1 and 2: the side lanes, their blocks after): its
+   * bytes of a chunk [start, end), its blocks, a block's part of them (a multiple of 16), bytes
+   * per message and per sub-slot (multiples of 16, room >= step), slices per block. */
+  size_t start[FC_RING_LANES], end[FC_RING_LANES];
+  unsigned blocks[FC_RING_LANES];
+  size_t part[FC_RING_LANES], step[FC_RING_LANES], room[FC_RING_LANES];
+  unsigned nslices[FC_RING_LANES];
   unsigned steps;      /* ring steps per slice */
   unsigned coll;       /* fc_ring_coll_t */
   int root;
@@ -63,8 +63,8 @@ struct fc_ring_io {
 };
 
 /* What a block of the grid uses: its lane's areas and counters (its own ready and ack at
- * ctr[b] and ctr[FC_MAX_BLOCKS + b], b its index in the lane; a copy-engine lane's ready at
- * pc_ready[b] where the proxy raises it in device memory), and its bytes of a chunk. */
+ * ctr[b] and ctr[FC_MAX_BLOCKS + b], b its index in the lane; a proxy's lane's ready at ready[b]
+ * where the proxy raises it in device memory), and its bytes of a chunk. */
 struct fc_ring_lane {
   char *area, *area_next;
   uint64_t *ready, *ack;            /* ours */
@@ -73,23 +73,31 @@ struct fc_ring_lane {
   size_t lo, hi;                    /* of a chunk, before the chunk's own end */
   size_t step, room;
   unsigned nslices;
-  bool sys;                         /* the area is host memory, or written by copy engines */
-  bool ce;                          /* pushes are published for the copy-engine proxy (pc_ce) */
+  bool sys;                         /* the area is host memory, or written by a proxy */
+  bool ce;                          /* pushes are published for the proxy (side lane's ce) */
   fc_pcie_desc_t *desc;             /* ce: this block's descriptors */
   uint64_t *sent, *pub;             /* ce: this block's published count, host-mapped and on the device */
 };
 
+/* The lane of this block: the NVLink lane's blocks first, then side lane 1's, then side lane 2's. */
+__device__ __forceinline__ int fc_ring_lane_index(const fc_ring_io &io, unsigned *idx) {
+  unsigned b = blockIdx.x;
+  int L = 0;
+  while (L < FC_RING_LANES - 1 && b >= io.blocks[L]) b -= io.blocks[L++];
+  *idx = b;
+  return L;
+}
+
 __device__ __forceinline__ fc_ring_lane fc_ring_lane_of(const fc_ring_args_t &a, const fc_ring_io &io) {
   fc_ring_lane l;
-  const int L = blockIdx.x < io.blocks[0] ? 0 : 1;
-  l.idx = L == 0 ? blockIdx.x : blockIdx.x - io.blocks[0];
+  const int L = fc_ring_lane_index(io, &l.idx);
   l.blocks = io.blocks[L];
-  char *area = L == 0 ? a.area : a.pc_area, *area_next = L == 0 ? a.area_next : a.pc_area_next;
-  uint64_t *ctr = L == 0 ? a.ctr : a.pc_ctr, *ctr_next = L == 0 ? a.ctr_next : a.pc_ctr_next;
-  uint64_t *ctr_prev = L == 0 ? a.ctr_prev : a.pc_ctr_prev;
-  l.area = area;
-  l.area_next = area_next;
-  l.ready = L == 1 && a.pc_ce && a.pc_ready ? a.pc_ready + l.idx : ctr + l.idx;
+  const fc_ring_side_t *sd = L ? &a.side[L - 1] : nullptr;
+  uint64_t *ctr = sd ? sd->ctr : a.ctr, *ctr_next = sd ? sd->ctr_next : a.ctr_next;
+  uint64_t *ctr_prev = sd ? sd->ctr_prev : a.ctr_prev;
+  l.area = sd ? sd->area : a.area;
+  l.area_next = sd ? sd->area_next : a.area_next;
+  l.ready = sd && sd->ce && sd->ready ? sd->ready + l.idx : ctr + l.idx;
   l.ack = ctr + FC_MAX_BLOCKS + l.idx;
   l.ready_next = ctr_next + l.idx;
   l.ack_prev = ctr_prev + FC_MAX_BLOCKS + l.idx;
@@ -99,11 +107,11 @@ __device__ __forceinline__ fc_ring_lane fc_ring_lane_of(const fc_ring_args_t &a,
   l.step = io.step[L];
   l.room = io.room[L];
   l.nslices = io.nslices[L];
-  l.sys = L == 1;
-  l.ce = L == 1 && a.pc_ce;
-  l.desc = l.ce ? a.pc_desc + (size_t)l.idx * FC_PCIE_DESCS : nullptr;
-  l.sent = l.ce ? a.pc_sent + l.idx : nullptr;
-  l.pub = l.ce ? a.pc_pub + l.idx : nullptr;
+  l.sys = sd != nullptr;
+  l.ce = sd && sd->ce;
+  l.desc = l.ce ? sd->desc + (size_t)l.idx * FC_PCIE_DESCS : nullptr;
+  l.sent = l.ce ? sd->sent + l.idx : nullptr;
+  l.pub = l.ce ? sd->pub + l.idx : nullptr;
   return l;
 }
 
@@ -349,7 +357,8 @@ __device__ __forceinline__ void fc_ring_clock(const fc_ring_args_t &a, const fc_
   __syncthreads();
   if (threadIdx.x != 0) return;
   fc_lane_clock_t *c = a.clk;
-  const int L = blockIdx.x < io.blocks[0] ? 0 : 1;
+  unsigned idx;
+  const int L = fc_ring_lane_index(io, &idx);
   const unsigned long long first = fc_ring_first_shared;
   atomicMax(&c->start_inv[L], ~(first ? first : t0));
   atomicMax(&c->end[L], fc_globaltimer());
@@ -357,7 +366,7 @@ __device__ __forceinline__ void fc_ring_clock(const fc_ring_args_t &a, const fc_
   if (atomicAdd(&c->done, 1u) != gridDim.x - 1) return;
   __threadfence();
   fc_lane_record_t *r = a.rec + a.call % FC_LANE_RECORDS;
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < FC_RING_LANES; k++) {
     const unsigned long long s = atomicExch(&c->start_inv[k], 0ull), e = atomicExch(&c->end[k], 0ull);
     r->ns[k] = s && e > ~s ? e - ~s : 0;
     r->bytes[k] = io.blocks[k] ? a.lane_bytes[k] : 0;
@@ -407,19 +416,25 @@ bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, in
       io->msgs = 1;
       break;
   }
-  /* The pcie lane carries the chunk's first pc bytes, the NVLink lane the rest; each lane is
-   * cut among its own blocks as a whole chunk would be. */
-  const size_t pc = a->pc_chunk_bytes < io->chunk ? a->pc_chunk_bytes : io->chunk;
-  io->start[1] = 0;
-  io->end[1] = io->start[0] = pc;
+  /* Side lane 1 carries the chunk's first bytes, side lane 2 the next, the NVLink lane the rest;
+   * each lane is cut among its own blocks as a whole chunk would be. */
+  size_t at = 0, area[FC_RING_LANES] = {a->area_bytes};
+  for (int L = 1; L < FC_RING_LANES; L++) {
+    const size_t want = a->side[L - 1].chunk_bytes, left = io->chunk - at;
+    io->start[L] = at;
+    at += want < left ? want : left;
+    io->end[L] = at;
+    area[L] = a->side[L - 1].area_bytes;
+  }
+  io->start[0] = at;
   io->end[0] = io->chunk;
-  const size_t area[2] = {a->area_bytes, a->pc_area_bytes};
   const unsigned long long per_slice = io->msgs;
   io->msgs = 0;
-  /* The pcie lane first: the NVLink lane takes every block it leaves (a thin pcie share needs
+  /* The side lanes first: the NVLink lane takes every block they leave (a thin side share needs
    * few blocks, and the grid's size is fixed by what every communicator on the GPU may use). */
-  for (int L = 1; L >= 0; L--) {
-    const unsigned cap = L == 1 ? (pc ? a->pc_blocks : 0) : (a->blocks > io->blocks[1] ? a->blocks - io->blocks[1] : 1);
+  unsigned side_blocks = 0;
+  for (int L = FC_RING_LANES - 1; L >= 0; L--) {
+    const unsigned cap = L ? a->side[L - 1].blocks : a->blocks > side_blocks ? a->blocks - side_blocks : 1;
     const size_t lane = io->end[L] - io->start[L];
     io->blocks[L] = 0;
     io->part[L] = io->step[L] = io->room[L] = 0;
@@ -442,8 +457,9 @@ bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, in
     io->nslices[L] = (unsigned)((io->part[L] + io->step[L] - 1) / io->step[L]);
     if (io->nslices[L] < 1) io->nslices[L] = 1;
     if (per_slice * io->nslices[L] > io->msgs) io->msgs = per_slice * io->nslices[L];
+    if (L) side_blocks += io->blocks[L];
   }
-  *grid = io->blocks[0] + io->blocks[1];
+  *grid = io->blocks[0] + side_blocks;
   return true;
 }
 
@@ -481,18 +497,26 @@ struct fc_ring_visit {
   }
 };
 
+bool fc_ring_side_ok(const fc_ring_side_t *s, unsigned blocks) {
+  return !s->chunk_bytes ||
+         (s->area && s->area_next && s->ctr && s->ctr_next && s->ctr_prev &&
+          (((uintptr_t)s->area | (uintptr_t)s->area_next | s->area_bytes) & 15u) == 0 && s->blocks >= 1 &&
+          2 * s->blocks <= blocks && (!s->ce || (s->desc && s->sent && s->pub)));
+}
+
 /* nvlink: whether the NVLink lane carries bytes (without peer access it has no peer area and
- * the pcie lane takes whole chunks). */
+ * the side lanes take whole chunks). */
 bool fc_ring_args_ok(const fc_ring_args_t *a, bool nvlink) {
+  unsigned side_blocks = 0;
+  for (int k = 0; a && k < FC_RING_SIDE_LANES; k++) {
+    if (!fc_ring_side_ok(&a->side[k], a->blocks)) return false;
+    if (a->side[k].chunk_bytes) side_blocks += a->side[k].blocks;
+  }
   return a && a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
          (!nvlink || (a->area && a->area_next && a->ctr && a->ctr_next && a->ctr_prev && ((uintptr_t)a->area & 15u) == 0 &&
                       ((uintptr_t)a->area_next & 15u) == 0)) &&
-         (a->area_bytes & 15u) == 0 && a->blocks >= 1 &&
+         (a->area_bytes & 15u) == 0 && a->blocks >= 1 && side_blocks < a->blocks + (nvlink ? 0u : 1u) &&
          a->blocks <= FC_MAX_BLOCKS && a->subslots >= 2 && a->subslots <= 8 &&
-         (!a->pc_chunk_bytes ||
-          (a->pc_area && a->pc_area_next && a->pc_ctr && a->pc_ctr_next && a->pc_ctr_prev &&
-           (((uintptr_t)a->pc_area | (uintptr_t)a->pc_area_next | a->pc_area_bytes) & 15u) == 0 && a->pc_blocks >= 1 &&
-           2 * a->pc_blocks <= a->blocks && (!a->pc_ce || (a->pc_desc && a->pc_sent && a->pc_pub)))) &&
          (!a->clk || (a->rec && ((uintptr_t)a->clk & 7u) == 0 && a->call));
 }
 
@@ -507,7 +531,9 @@ extern "C" int fc_kernel_ring_collective(const fc_ring_args_t *args, fc_ring_col
     return (int)cudaErrorInvalidValue;
   if (bytes == 0) return (int)cudaSuccess; /* nothing launched, on every rank alike */
   if (!args || args->nranks < 2) return (int)cudaErrorInvalidValue;
-  const bool nvlink = args->pc_chunk_bytes < fc_ring_chunk_bytes(coll, bytes, args->nranks);
+  size_t sides = 0;
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) sides += args->side[k].chunk_bytes;
+  const bool nvlink = sides < fc_ring_chunk_bytes(coll, bytes, args->nranks);
   if (!fc_ring_args_ok(args, nvlink) || root < 0 || root >= args->nranks) return (int)cudaErrorInvalidValue;
   fc_ring_launch l = {args, {}, 0, op == FLEXCOLL_AVG && reduces, (cudaStream_t)stream};
   if (!fc_ring_plan(args, coll, bytes, root, &l.io, &l.grid)) return (int)cudaErrorInvalidValue;

@@ -258,7 +258,10 @@ int fc_kernels_preload_ring(void);
 /* The bytes of one chunk of a ring call (the unit that the side lanes' chunk_bytes split):
  * allreduce the buffer's n-th (rounded up to 16), allgather and reduce_scatter one rank's block,
  * broadcast and reduce the buffer. */
-size_t fc_ring_chunk_bytes(fc_ring_coll_t coll, size_t bytes, int nranks);
+static inline FC_HOST_DEVICE size_t fc_ring_chunk_bytes(fc_ring_coll_t coll, size_t bytes, int nranks) {
+  if (coll == FC_RING_ALLREDUCE) return ((bytes + 15) / 16 + (size_t)nranks - 1) / (size_t)nranks * 16;
+  return bytes;
+}
 /* How many chunk messages this rank pushes to the next rank in a call (each carries one chunk's
  * slices), for the links' statistics. */
 int fc_ring_pushes(fc_ring_coll_t coll, int rank, int nranks, int root);

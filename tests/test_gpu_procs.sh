@@ -14,8 +14,8 @@
 # buffers through the UCX links (shm's cuda_ipc within a host, tcp's cuda_copy between), float32
 # sum only; then 2, 3 and 4 ranks as two hosts with the ring kernels' lane over rdma on the fake
 # verbs provider (FLEXCOLL_RING_LANE=rdma: descriptors and acknowledgements over the link, in
-# band, as between real hosts), where the build has the fake.  The ranks share the GPUs present (device = local
-# rank modulo the GPUs), so the test runs on a one-GPU node; through CUDA IPC and shared host
+# band, as between real hosts), where the build has the fake.  The ranks share the GPUs present
+# (device = local rank modulo the GPUs), so the test runs on a one-GPU node; through CUDA IPC and shared host
 # memory between processes, which threads of one process never use.  Exit 77 (automake's skip)
 # where there is no GPU.
 set -u

@@ -14,7 +14,8 @@
 # buffers through the UCX links (shm's cuda_ipc within a host, tcp's cuda_copy between), float32
 # sum only; then 2, 3 and 4 ranks as two hosts with the ring kernels' lane over rdma on the fake
 # verbs provider (FLEXCOLL_RING_LANE=rdma: descriptors and acknowledgements over the link, in
-# band, as between real hosts), where the build has the fake.  The ranks share the GPUs present
+# band, as between real hosts), where the build has the fake (FC_TEST_RDMA_REAL=1: on libibverbs
+# instead, for a machine with a NIC; FC_GPU_PROCS_ONLY_LANE=1: those runs alone).  The ranks share the GPUs present
 # (device = local rank modulo the GPUs), so the test runs on a one-GPU node; through CUDA IPC and shared host
 # memory between processes, which threads of one process never use.  Exit 77 (automake's skip)
 # where there is no GPU.
@@ -71,7 +72,14 @@ run() {
 fake=$PWD/tests/.libs/libfakeverbs.so
 lane="FLEXCOLL_RING_LANE=rdma FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_LIB=$fake"
 lane_setup="rdma,shm,tcp:2:$lane"
-[ -f "$fake" ] || { lane_setup=""; echo "test_gpu_procs: no $fake: the ring lane over rdma between hosts not run"; }
+if [ "${FC_TEST_RDMA_REAL:-0}" = 1 ]; then
+  # The real provider (libibverbs), on a machine with a NIC: tests/test_rdma_real.sh.
+  lane="FLEXCOLL_RING_LANE=rdma FLEXCOLL_VERBS_PROVIDER="
+  lane_setup="rdma,shm,tcp:2:$lane"
+elif [ ! -f "$fake" ]; then
+  lane_setup=""
+  echo "test_gpu_procs: no $fake: the ring lane over rdma between hosts not run"
+fi
 # FC_GPU_PROCS_ONLY_LANE=1: the ring lane's runs alone (the node's time is short).
 setups=":0 pcie,shm,tcp:0 :2 :2:FLEXCOLL_UCX_PEER_FAILURE=0"
 [ "${FC_GPU_PROCS_ONLY_LANE:-0}" = 1 ] && setups=""

@@ -74,9 +74,11 @@ typedef struct {
 #define FC_PCIE_CTR_BYTES ((FC_PCIE_PREV_OFF + 2 * FC_MAX_BLOCKS * sizeof(uint64_t) + 4095) / 4096 * 4096)
 struct fc_pcie_proxy;
 
-/* The pcie link of the ring kernels (pcie.c): host staging areas, ours and our ring
- * neighbours', mapped here, and the two lanes' cost models. */
+/* A side lane of the ring kernels (pcie.c): host staging areas, ours and our ring neighbours',
+ * mapped here, and what moves its bytes.  Its place in fc_ring_args_t.side is index; its model
+ * is fc_pcie_t.model[index + 1]. */
 typedef struct {
+  int index;
   int on;                  /* on every rank */
   int ce;                  /* its messages moved by a proxy thread (pcie_ce.c), on every rank */
   /* ce: the proxy's mover: NULL, copy engines through the host areas; else this host link
@@ -86,18 +88,24 @@ typedef struct {
   const char *name;        /* "pcie", or the link's name */
   /* link: the ranks are on several hosts, so no rank maps another's host area: descriptors and
    * acknowledgements go over the link too (lane_link.h, in band); next and prev (the kernel's
-   * pc_ctr_next, pc_ctr_prev) then point into our own area (unused, and the stand-in). */
+   * side ctr_next and ctr_prev) then point into our own area (unused, and the stand-in). */
   int inband;
   struct fc_pcie_proxy *proxy; /* ce: this rank's */
   char *boxes;             /* ce: device memory: outbox, inbox (area_bytes each), the published counts */
   uint64_t *pub;           /* ce: in boxes */
   uint64_t *ready;         /* ce: the kernel's ready counters in boxes (FLEXCOLL_PCIE_CE_READY=device), else NULL */
-  int only;                /* FLEXCOLL_LINKS names pcie but not nvlink: ring calls go through it whole */
   size_t bytes;            /* of every rank's area: counters, then the ring area */
   size_t ctr_bytes, area_bytes;
   unsigned blocks;         /* most blocks of a ring grid on this lane */
   char *own_host, *next_host, *prev_host; /* the mappings (prev_host == next_host with 2 ranks) */
   char *own, *next, *prev;                /* the same as device pointers */
+  int stall_reported;      /* fc_pcie_report_timeout has written its lines */
+} fc_side_lane_t;
+
+/* The ring kernels' lanes beside NVLink (pcie.c): the side lanes and the lanes' cost models. */
+typedef struct {
+  fc_side_lane_t side[FC_RING_SIDE_LANES];
+  int only;                /* no NVLink lane (no peer access): ring calls go through the side lanes whole */
   double fixed;            /* FLEXCOLL_LINK_SHARES's pcie fraction; < 0: the balancer's */
   fc_link_model_t model[2];/* nvlink, pcie: identical on every rank */
   unsigned long long sent[2]; /* bytes this rank pushed to the next one on each lane */
@@ -117,7 +125,6 @@ typedef struct {
   int next_idle[2], next_probe[2];
   fc_lane_board_entry_t *board; /* mapped (adapt) */
   double busy_us[2];       /* the timed calls' lane times, summed (statistics) */
-  int stall_reported;      /* fc_pcie_report_timeout has written its lines */
 } fc_pcie_t;
 
 struct fc_gpu {
@@ -205,12 +212,13 @@ void fc_pcie_close(struct fc_gpu *g);
 void fc_pcie_report_timeout(struct fc_gpu *g, int rank);
 size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk);
 /* The copy-engine mover (pcie_ce.c), after the areas are mapped: its device boxes and proxy
- * thread; where it cannot start, p->proxy stays NULL and why says so.  Stop: the proxy joined,
+ * thread for side lane s; where it cannot start, s->proxy stays NULL and why says so.  Stop: the proxy joined,
  * its copies done, the boxes freed (also after a failed start). */
-flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, char *why, size_t wlen);
-void fc_pcie_ce_stop(struct fc_gpu *g);
-/* Before a ring call with a share on the copy-engine lane: wake the proxy if it sleeps. */
-void fc_pcie_ce_kick(struct fc_gpu *g);
+flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, fc_side_lane_t *s, char *why,
+                                   size_t wlen);
+void fc_pcie_ce_stop(fc_side_lane_t *s);
+/* Before a ring call with a share on a proxy's lane: wake the lane's proxy if it sleeps. */
+void fc_pcie_ce_kick(fc_side_lane_t *s);
 /* Stage 2 of the lanes around a ring call of `bytes` (count x type size) whose split is already in
  * a->side[0].chunk_bytes: before the launch, take the records of timed calls that have finished (never
  * waiting for one) and, for a large eager call, have the kernel time this one (a's clock fields;

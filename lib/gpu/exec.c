@@ -163,7 +163,7 @@ static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
 
 void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a) {
   const int n = comm->nranks, me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
-  const fc_pcie_t *p = &g->pcie;
+  const fc_side_lane_t *s = &g->pcie.side[0];
   /* Without peer access the neighbours' staging is not mapped (NULL): no NVLink lane. */
   char *const next_stage = g->peers[next].stage, *const prev_stage = g->peers[prev].stage;
   *a = (fc_ring_args_t){.rank = me, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
@@ -173,22 +173,22 @@ void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
                         .ctr_prev = prev_stage ? (uint64_t *)(prev_stage + g->ring_ctr_off) : NULL,
                         .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
                         .timeout_ns = g->timeout_ns, .error = g->error_dev};
-  if (p->on) {
+  if (s->on) {
     /* Through a proxy the kernel reads our inbox and writes our outbox (device memory); the
      * proxies move the bytes (through the host areas, or over the link). */
     fc_ring_side_t *sd = &a->side[0];
-    sd->area = p->ce ? p->boxes + p->area_bytes : p->own + p->ctr_bytes;
-    sd->area_next = p->ce ? p->boxes : p->next + p->ctr_bytes;
-    sd->ce = p->ce;
-    sd->desc = p->ce ? (fc_pcie_desc_t *)(p->own + FC_PCIE_DESC_OFF) : NULL;
-    sd->sent = p->ce ? (uint64_t *)(p->own + FC_PCIE_SENT_OFF) : NULL;
-    sd->pub = p->ce ? p->pub : NULL;
-    sd->ready = p->ce ? p->ready : NULL;
-    sd->ctr = (uint64_t *)p->own;
-    sd->ctr_next = (uint64_t *)p->next;
-    sd->ctr_prev = (uint64_t *)p->prev;
-    sd->area_bytes = p->area_bytes;
-    sd->blocks = p->blocks;
+    sd->area = s->ce ? s->boxes + s->area_bytes : s->own + s->ctr_bytes;
+    sd->area_next = s->ce ? s->boxes : s->next + s->ctr_bytes;
+    sd->ce = s->ce;
+    sd->desc = s->ce ? (fc_pcie_desc_t *)(s->own + FC_PCIE_DESC_OFF) : NULL;
+    sd->sent = s->ce ? (uint64_t *)(s->own + FC_PCIE_SENT_OFF) : NULL;
+    sd->pub = s->ce ? s->pub : NULL;
+    sd->ready = s->ce ? s->ready : NULL;
+    sd->ctr = (uint64_t *)s->own;
+    sd->ctr_next = (uint64_t *)s->next;
+    sd->ctr_prev = (uint64_t *)s->prev;
+    sd->area_bytes = s->area_bytes;
+    sd->blocks = s->blocks;
   }
 }
 
@@ -225,13 +225,13 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
   a.side[0].chunk_bytes = fc_pcie_split(g, chunk);
   if (a.side[0].chunk_bytes)
     FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: %s carries %zu bytes of each ring chunk", fc_coll_name(args->coll), bytes,
-             g->pcie.name, a.side[0].chunk_bytes);
+             g->pcie.side[0].name, a.side[0].chunk_bytes);
   const int large = fc_pcie_before_ring(g, bytes, chunk, fc_ring_pushes(coll, args->rank, args->nranks, args->root),
                                         x->capturing, &a);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   FC_CHECK(kernel_order_before(x, stream));
   /* A proxy that has dozed off is woken now, as the kernel it will serve is enqueued. */
-  if (a.side[0].chunk_bytes && a.side[0].ce) fc_pcie_ce_kick(g);
+  if (a.side[0].chunk_bytes && a.side[0].ce) fc_pcie_ce_kick(&g->pcie.side[0]);
   const int e = fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream);
   if (e) {
     if (a.clk) g->pcie.issued--; /* no record will come for it */
@@ -316,7 +316,7 @@ static int takes_oneshot(const struct fc_gpu *g, const fc_algo_args_t *args, siz
 const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, flexcoll_stream_t stream) {
   const struct fc_gpu *g = comm->gpu;
   if (through_host(g, args))
-    return g->pcie.on ? "the GPUs have no peer access and the ring kernels do not run this call, so it runs through host copies"
+    return g->pcie.side[0].on ? "the GPUs have no peer access and the ring kernels do not run this call, so it runs through host copies"
                       : "the GPUs have no peer access, so the call runs through host copies";
   if (args->count == 0 || args->nranks == 1) return NULL;
   return other_stream_refusal(g, stream);

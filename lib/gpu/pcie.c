@@ -92,18 +92,18 @@ static double fixed_fraction(const char *lane) {
   return pc / (nv + pc);
 }
 
-static void shm_name(const struct flexcoll_comm *comm, int rank, char *out, size_t len) {
+static void shm_name(const struct flexcoll_comm *comm, const fc_side_lane_t *s, int rank, char *out, size_t len) {
   /* A hash of the unique id: the same on every rank, different for every communicator. */
   const uint64_t h = fc_hash_bytes(FC_HASH_INIT, &comm->init_id, sizeof comm->init_id);
-  snprintf(out, len, "/flexcoll-pcie-%016llx-%d", (unsigned long long)h, rank);
+  snprintf(out, len, "/flexcoll-lane%d-%016llx-%d", s->index, (unsigned long long)h, rank);
 }
 
 /* Map rank's host area here (create: it is ours, new and zeroed) and register it with CUDA;
  * *host NULL and a reason in why when that cannot be done. */
-static void map_area(const struct flexcoll_comm *comm, const fc_pcie_t *p, int rank, int create, char **host, char **dev,
-                     char *why, size_t wlen) {
+static void map_area(const struct flexcoll_comm *comm, const fc_side_lane_t *s, int rank, int create, char **host,
+                     char **dev, char *why, size_t wlen) {
   char name[96];
-  shm_name(comm, rank, name, sizeof name);
+  shm_name(comm, s, rank, name, sizeof name);
   *host = *dev = NULL;
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
   if (fd < 0 && create && errno == EEXIST) { /* left by a process that died in a communicator of the same id */
@@ -115,27 +115,27 @@ static void map_area(const struct flexcoll_comm *comm, const fc_pcie_t *p, int r
     return;
   }
   /* Reserve the pages now: a full /dev/shm fails here instead of raising SIGBUS at a store. */
-  int e = create ? posix_fallocate(fd, 0, (off_t)p->bytes) : 0;
+  int e = create ? posix_fallocate(fd, 0, (off_t)s->bytes) : 0;
   if (e) {
-    snprintf(why, wlen, "reserving %zu bytes of %s: %s", p->bytes, name, strerror(e));
+    snprintf(why, wlen, "reserving %zu bytes of %s: %s", s->bytes, name, strerror(e));
     close(fd);
     shm_unlink(name);
     return;
   }
-  void *m = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *m = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (m == MAP_FAILED) {
     snprintf(why, wlen, "mmap of %s: %s", name, strerror(errno));
     if (create) shm_unlink(name);
     return;
   }
-  cudaError_t ce = cudaHostRegister(m, p->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  cudaError_t ce = cudaHostRegister(m, s->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
   void *d = NULL;
   if (ce == cudaSuccess) ce = cudaHostGetDevicePointer(&d, m, 0);
   if (ce != cudaSuccess) {
     cudaGetLastError();
     snprintf(why, wlen, "registering %s with CUDA: %s", name, cudaGetErrorString(ce));
-    munmap(m, p->bytes);
+    munmap(m, s->bytes);
     if (create) shm_unlink(name);
     return;
   }
@@ -144,44 +144,50 @@ static void map_area(const struct flexcoll_comm *comm, const fc_pcie_t *p, int r
 }
 
 /* This rank's area's name, once every rank that maps the area has done so. */
-static void unlink_own_area(const struct flexcoll_comm *comm) {
+static void unlink_own_area(const struct flexcoll_comm *comm, const fc_side_lane_t *s) {
   char name[96];
-  shm_name(comm, comm->rank, name, sizeof name);
+  shm_name(comm, s, comm->rank, name, sizeof name);
   shm_unlink(name);
 }
 
-static void unmap_area(fc_pcie_t *p, char **host) {
+static void unmap_area(const fc_side_lane_t *s, char **host) {
   if (!*host) return;
   cudaHostUnregister(*host);
-  munmap(*host, p->bytes);
+  munmap(*host, s->bytes);
   *host = NULL;
+}
+
+/* One side lane's proxy, mappings and state, all of it (also of a lane that never opened). */
+static void close_side(struct fc_gpu *g, fc_side_lane_t *s) {
+  fc_pcie_ce_stop(s); /* before the areas it copies through go */
+  s->ce = 0;
+  if (s->prev_host == s->next_host) s->prev_host = NULL; /* one mapping for both with 2 ranks */
+  unmap_area(s, &s->next_host);
+  unmap_area(s, &s->prev_host);
+  unmap_area(s, &s->own_host);
+  cudaGetLastError();
+  s->on = s->inband = 0;
+  s->link = NULL;
+  s->next = s->prev = NULL;
 }
 
 void fc_pcie_close(struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
-  fc_pcie_ce_stop(g); /* before the areas it copies through go */
-  p->ce = 0;
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) close_side(g, &p->side[k]);
   if (p->board) munmap(p->board, FC_LANE_BOARD_ENTRIES * sizeof *p->board);
   p->board = NULL;
   p->adapt = 0;
-  if (p->prev_host == p->next_host) p->prev_host = NULL; /* one mapping for both with 2 ranks */
-  unmap_area(p, &p->next_host);
-  unmap_area(p, &p->prev_host);
-  unmap_area(p, &p->own_host);
-  cudaGetLastError();
-  /* Without the link, FLEXCOLL_LINKS=pcie cannot route anything through it: the usual paths. */
-  p->on = p->only = p->inband = 0;
-  p->link = NULL;
-  p->next = p->prev = NULL;
+  /* Without the lanes, FLEXCOLL_LINKS=pcie cannot route anything through them: the usual paths. */
+  p->only = 0;
 }
 
 void fc_pcie_report_timeout(struct fc_gpu *g, int rank) {
-  fc_pcie_t *p = &g->pcie;
-  if (!p->on || p->ce || p->stall_reported || !p->own_host) return;
-  p->stall_reported = 1;
-  const volatile uint64_t *own = (const uint64_t *)p->own_host, *prev = (const uint64_t *)p->prev_host,
-                          *next = (const uint64_t *)p->next_host;
-  for (unsigned b = 0; b < p->blocks; b++) {
+  fc_side_lane_t *s = &g->pcie.side[0]; /* the kernel-driven lane (a proxy reports its own) */
+  if (!s->on || s->ce || s->stall_reported || !s->own_host) return;
+  s->stall_reported = 1;
+  const volatile uint64_t *own = (const uint64_t *)s->own_host, *prev = (const uint64_t *)s->prev_host,
+                          *next = (const uint64_t *)s->next_host;
+  for (unsigned b = 0; b < s->blocks; b++) {
     const uint64_t ready = own[b], ack = own[FC_MAX_BLOCKS + b];
     if (!ready && !ack) continue;
     /* Ours: the previous rank raises ready (what it pushed), the next rank ack (what it took);
@@ -220,7 +226,7 @@ static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, 
   }
   double best = -1;
   for (int rep = 0; rep < 4; rep++) {
-    if (pcie) fc_pcie_ce_kick(g); /* as run_ring does: a dozing proxy would add its sleep */
+    if (pcie) fc_pcie_ce_kick(&g->pcie.side[0]); /* as run_ring does: a dozing proxy would add its sleep */
     cudaEventRecord(t0, g->util_stream);
     int e = fc_kernel_ring_collective(&a, FC_RING_ALLGATHER, buf + (size_t)comm->rank * bytes, buf, bytes, FLEXCOLL_UINT8,
                                       FLEXCOLL_SUM, 0, g->util_stream);
@@ -272,9 +278,9 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
 
 /* The cache key: the lanes' shape and every rank's host and GPU (connect_peers gathered them). */
 static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, char *key, size_t len) {
-  snprintf(key, len, "ring-lanes nvlink,%s%s ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx",
-           g->pcie.name, g->pcie.ce ? "(ce)" : "", comm->nranks, g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes,
-           g->pcie.area_bytes,
+  const fc_side_lane_t *s = &g->pcie.side[0];
+  snprintf(key, len, "ring-lanes nvlink,%s%s ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx", s->name,
+           s->ce ? "(ce)" : "", comm->nranks, g->ring_blocks, s->blocks, g->ring_subslots, g->ring_bytes, s->area_bytes,
            (unsigned long long)g->where_hash);
 }
 
@@ -299,8 +305,8 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
     }
     fresh = all_fresh;
     if (!all_fresh) {
-      p->on = 0;
-      FC_INFO(FC_SUB_SCHED, "rank %d: pcie link off: its calibration failed on some rank", comm->rank);
+      p->side[0].on = 0;
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: its calibration failed on some rank", comm->rank, p->side[0].name);
       return FLEXCOLL_SUCCESS;
     }
   }
@@ -410,6 +416,8 @@ static unsigned lane_blocks(int64_t asked, unsigned ring_blocks) {
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
   memset(p, 0, sizeof *p);
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) p->side[k].index = k;
+  fc_side_lane_t *s = &p->side[0];
   /* The NVLink lane's calls are timed for the statistics even where the pcie lane is off. */
   const int64_t s2 = fc_param_lane_stage2_bytes();
   p->stage2_bytes = s2 > 0 ? (size_t)s2 : 0;
@@ -421,7 +429,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE_INBAND"));
   const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
   const int over_link = !strcmp(fc_param_str("FLEXCOLL_RING_LANE", "pcie"), "rdma");
-  p->name = over_link ? "rdma" : "pcie";
+  s->name = over_link ? "rdma" : "pcie";
   int64_t area = fc_param_pcie_area_bytes(), blocks = fc_param_pcie_blocks();
   /* Through copy engines every message costs the proxies two copies and two stream writes to
    * enqueue, so the lane wants few blocks and large messages (docs/PERFORMANCE.md, session 15);
@@ -434,12 +442,12 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   /* The same on every rank whatever its engine or lane: ranks map each other's areas (over a link
    * only their counters and descriptors are used, and the host ring area stays for the kernel's
    * own engine should the link's proxy not start everywhere). */
-  p->ctr_bytes = FC_PCIE_CTR_BYTES;
-  p->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
-  p->bytes = p->ctr_bytes + p->area_bytes;
-  p->blocks = lane_blocks(blocks, g->ring_blocks);
+  s->ctr_bytes = FC_PCIE_CTR_BYTES;
+  s->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
+  s->bytes = s->ctr_bytes + s->area_bytes;
+  s->blocks = lane_blocks(blocks, g->ring_blocks);
   int want = 1;
-  if (!fc_links_names(p->name)) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
+  if (!fc_links_names(s->name)) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
   else if (!g->ring) snprintf(why, sizeof why, "the ring kernels are off (FLEXCOLL_RING_KERNEL=0)"), want = 0;
   /* The ring visits every rank, so some neighbours are on another host, where this host's
    * shared memory does not reach (on one machine under several FLEXCOLL_HOSTIDs the mapping
@@ -447,17 +455,17 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   else if (comm->links && comm->links->nhosts > 1 && !over_link)
     snprintf(why, sizeof why, "the ranks are on %d hosts (the ring areas are shared memory of one host)",
              comm->links->nhosts), want = 0;
-  else if (p->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
+  else if (s->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
   /* Every rank decides alike on the above (communicator constants); whether the link is there
    * toward both neighbours, and the mappings, may differ between ranks, so they are agreed on. */
   if (want && over_link) {
-    p->link = lane_link(comm, p->name, next, prev, why, sizeof why);
-    FC_CHECK(everyone(comm, p->link != NULL, &want));
+    s->link = lane_link(comm, s->name, next, prev, why, sizeof why);
+    FC_CHECK(everyone(comm, s->link != NULL, &want));
     if (!want && !why[0]) snprintf(why, sizeof why, "another rank has no rdma link toward its ring neighbours");
   }
   if (!want) {
-    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name, why);
-    p->link = NULL;
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name, why);
+    s->link = NULL;
     return FLEXCOLL_SUCCESS;
   }
   /* Over a link between hosts no rank maps another's area: the lane's descriptors and
@@ -465,48 +473,48 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
    * neighbours' counters point into our own area (pc_ctr_next is not written on a proxy's lane;
    * pc_ctr_prev's ack half is the stand-in the proxy forwards).  FLEXCOLL_RING_LANE_INBAND=1
    * does so within one host too. */
-  p->inband = over_link && ((comm->links && comm->links->nhosts > 1) || fc_param_ring_lane_inband() != 0);
-  map_area(comm, p, comm->rank, 1, &p->own_host, &p->own, why, sizeof why);
-  int ok = p->own_host != NULL, all_ok = 0;
+  s->inband = over_link && ((comm->links && comm->links->nhosts > 1) || fc_param_ring_lane_inband() != 0);
+  map_area(comm, s, comm->rank, 1, &s->own_host, &s->own, why, sizeof why);
+  int ok = s->own_host != NULL, all_ok = 0;
   FC_CHECK(everyone(comm, ok, &all_ok));
   if (!all_ok && !why[0]) snprintf(why, sizeof why, "another rank could not create its host area");
-  if (all_ok && !p->inband) {
-    map_area(comm, p, next, 0, &p->next_host, &p->next, why, sizeof why);
-    if (p->next_host && prev != next) map_area(comm, p, prev, 0, &p->prev_host, &p->prev, why, sizeof why);
-    else p->prev_host = p->next_host, p->prev = p->next;
-    ok = p->next_host && p->prev_host;
+  if (all_ok && !s->inband) {
+    map_area(comm, s, next, 0, &s->next_host, &s->next, why, sizeof why);
+    if (s->next_host && prev != next) map_area(comm, s, prev, 0, &s->prev_host, &s->prev, why, sizeof why);
+    else s->prev_host = s->next_host, s->prev = s->next;
+    ok = s->next_host && s->prev_host;
     /* Everyone has mapped what it needs of ours (or failed): the name can go (below). */
     const flexcoll_result_t res = everyone(comm, ok, &all_ok);
     if (res != FLEXCOLL_SUCCESS) {
-      unlink_own_area(comm);
+      unlink_own_area(comm, s);
       return res;
     }
     /* Ranks of one host that cannot map each other's shared memory (containers with a /dev/shm
      * each, say) still have the link: over it the lane goes in band (agreed: all_ok is). */
     if (!all_ok && over_link) {
-      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s in band: %s", comm->rank, p->name,
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s in band: %s", comm->rank, s->name,
               why[0] ? why : "another rank could not map its ring neighbours' host areas");
-      if (p->prev_host == p->next_host) p->prev_host = NULL;
-      unmap_area(p, &p->next_host);
-      unmap_area(p, &p->prev_host);
-      p->inband = all_ok = 1;
+      if (s->prev_host == s->next_host) s->prev_host = NULL;
+      unmap_area(s, &s->next_host);
+      unmap_area(s, &s->prev_host);
+      s->inband = all_ok = 1;
     }
   }
-  if (all_ok && p->inband) {
-    p->next = p->own;
-    p->prev = p->own + FC_PCIE_PREV_OFF;
+  if (all_ok && s->inband) {
+    s->next = s->own;
+    s->prev = s->own + FC_PCIE_PREV_OFF;
   }
-  if (p->own_host) unlink_own_area(comm); /* mapped by whoever needs it, or given up */
+  if (s->own_host) unlink_own_area(comm, s); /* mapped by whoever needs it, or given up */
   if (!all_ok) {
     fc_pcie_close(g);
-    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name,
             why[0] ? why : "another rank could not map its areas");
     return FLEXCOLL_SUCCESS;
   }
-  p->on = 1;
+  s->on = 1;
   /* The proxy's mover (copy engines, or the link) where asked for and started on every rank;
    * else every rank's kernel moves the bytes itself, through the host areas. */
-  if (!strcmp(engine, "ce") || p->link) {
+  if (!strcmp(engine, "ce") || s->link) {
     why[0] = 0;
     /* With one hardware queue the proxy's copies and counter writes were held back behind the
      * spinning ring kernels (the node, session 17: the first call stopped for good); the default
@@ -514,39 +522,39 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     const char *queues = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     if (queues && atoi(queues) < 8)
       snprintf(why, sizeof why, "CUDA_DEVICE_MAX_CONNECTIONS=%s (copy engines need at least 8 hardware queues)", queues);
-    else FC_CHECK(fc_pcie_ce_start(comm, g, why, sizeof why));
+    else FC_CHECK(fc_pcie_ce_start(comm, g, s, why, sizeof why));
     int all_ce = 0;
-    FC_CHECK(everyone(comm, g->pcie.proxy != NULL, &all_ce));
-    if (!all_ce && p->link) {
+    FC_CHECK(everyone(comm, g->pcie.side[0].proxy != NULL, &all_ce));
+    if (!all_ce && s->link) {
       /* The lane was asked of the link: without its proxy on every rank it is off (the kernel's
        * own engine would make it the pcie lane, which FLEXCOLL_RING_LANE did not choose). */
-      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name,
               why[0] ? why : "another rank could not start its proxy");
       fc_pcie_close(g);
       return FLEXCOLL_SUCCESS;
     }
     if (!all_ce) {
-      fc_pcie_ce_stop(g);
+      fc_pcie_ce_stop(s);
       /* Every rank falls back alike (agreed above): the kernel's own default block count. */
-      if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) p->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks);
+      if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) s->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks);
       FC_INFO(FC_SUB_SCHED, "rank %d: pcie link: copy engines off, the ring kernel moves its bytes: %s", comm->rank,
               why[0] ? why : "another rank could not start its proxy");
     }
-    p->ce = all_ce;
+    s->ce = all_ce;
   }
   /* Without peer access (or without nvlink by choice, which leaves the peers unmapped) the
    * NVLink lane has nowhere to write: the ring kernels run on this lane alone. */
   p->only = !g->p2p;
-  p->fixed = fixed_fraction(p->name);
+  p->fixed = fixed_fraction(s->name);
   if (!p->only && p->fixed < 0) FC_CHECK(seed_models(comm, g));
   /* seed_models may have turned the link off (a failed calibration). */
-  if (p->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0) FC_CHECK(open_board(comm, p));
-  if (p->on)
+  if (s->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0) FC_CHECK(open_board(comm, p));
+  if (s->on)
     FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s on: %zu KiB ring area per rank, up to %u blocks, %s, %s", comm->rank,
-            p->name, p->area_bytes >> 10, p->blocks,
-            p->inband ? "each message, descriptor and acknowledgement one of the link's (in band)"
-            : p->link ? "each message one of the link's, sent and received by a proxy thread"
-            : p->ce   ? "copy engines"
+            s->name, s->area_bytes >> 10, s->blocks,
+            s->inband ? "each message, descriptor and acknowledgement one of the link's (in band)"
+            : s->link ? "each message one of the link's, sent and received by a proxy thread"
+            : s->ce   ? "copy engines"
                       : "the kernel's loads and stores",
             p->only ? "every ring call through it (no peer access)" : p->fixed >= 0 ? "fixed share" : "balanced share");
   else
@@ -556,7 +564,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
 
 size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk) {
   const fc_pcie_t *p = &g->pcie;
-  if (!p->on || chunk == 0) return 0;
+  if (!p->side[0].on || chunk == 0) return 0;
   if (p->only) return chunk;
   size_t pc;
   if (p->fixed >= 0) {
@@ -708,7 +716,7 @@ void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, dou
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
   if (!strcmp(name, "nvlink")) g->pcie.throttle[0] = factor;
-  if (g->pcie.name && !strcmp(name, g->pcie.name)) g->pcie.throttle[1] = factor;
+  if (g->pcie.side[0].name && !strcmp(name, g->pcie.side[0].name)) g->pcie.throttle[1] = factor;
 }
 
 int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, size_t *pc) {
@@ -726,8 +734,8 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
   take_records(&g->pcie, g); /* busy_us up to the last timed call that has finished */
   /* The lanes this communicator has: nvlink with peer access, the second (pcie, or the link that
    * carries it) where it is on. */
-  const int has[2] = {g->p2p, g->ring && g->pcie.on};
-  const char *const names[2] = {"nvlink", g->pcie.name ? g->pcie.name : "pcie"};
+  const int has[2] = {g->p2p, g->ring && g->pcie.side[0].on};
+  const char *const names[2] = {"nvlink", g->pcie.side[0].name ? g->pcie.side[0].name : "pcie"};
   int k = 0; /* lanes counted; those that fit in max written (as the host links are) */
   for (int L = 0; L < 2; L++) {
     if (!has[L] || k++ >= max) continue;

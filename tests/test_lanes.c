@@ -146,9 +146,9 @@ static void *rank_main(void *arg) {
     const double b0 = r->state[0][L].beta, b1 = r->state[1][L].beta, b2 = r->state[2][L].beta;
     const size_t p0 = r->state[0][L].part, p1 = r->state[1][L].part, p2 = r->state[2][L].part;
     const char *nm = g_case->slowed;
-    /* Every lane carries bytes once the models settle (a probe finds a lane the calibration underrated). */
-    for (int k = 0; k < r->lanes[0]; k++)
-      EXPECT(r, r->state[0][k].part > 0, "lane %s carries nothing after %d calls", r->state[0][k].name, phase_calls[0]);
+    /* The lane to slow carries bytes once the models settle (a probe finds a lane the
+     * calibration underrated); every lane has carried some in timed calls (busy time, below). */
+    EXPECT(r, p0 > 0, "lane %s carries nothing after %d calls", nm, phase_calls[0]);
     EXPECT(r, b1 < b0 / 4, "%s 30x slower, yet its model kept %.0f MB/s (was %.0f)", nm, b1, b0);
     EXPECT(r, p1 < p0, "%s 30x slower, yet its part of a chunk went from %zu to %zu", nm, p0, p1);
     EXPECT(r, b2 > 4 * b1, "%s recovered, yet its model stayed at %.0f MB/s (slow: %.0f)", nm, b2, b1);

@@ -662,27 +662,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
 
 void fc_pcie_split(const struct fc_gpu *g, size_t chunk, size_t *side) {
   const fc_pcie_t *p = &g->pcie;
-  for (int k = 0; k < FC_RING_SIDE_LANES; k++) side[k] = 0;
-  if (!p->nside || chunk == 0) return;
-  size_t shares[FC_RING_LANES] = {0};
-  if (p->fixed[0] >= 0) {
-    for (int L = 1; L <= p->nside; L++) shares[L] = (size_t)((double)chunk * p->fixed[L]);
-  } else if (p->only && p->nside == 1) {
-    shares[1] = chunk;
-  } else {
-    int enabled[FC_RING_LANES] = {!p->only};
-    for (int L = 1; L <= p->nside; L++) enabled[L] = 1;
-    if (fc_stage2_split(p->model, enabled, p->probe, 1 + p->nside, chunk, 16, shares) != FLEXCOLL_SUCCESS) return;
-  }
-  /* Each side lane's part starts where the previous one's ends (fc_ring_lane_cut), so each is a
-   * multiple of 16 except one that reaches the chunk's end; without an NVLink lane the last side
-   * lane takes the rest. */
-  size_t left = chunk;
-  for (int k = 0; k < p->nside; k++) {
-    const size_t want = p->only && k == p->nside - 1 ? left : shares[k + 1];
-    side[k] = want >= left ? left : want / 16 * 16;
-    left -= side[k];
-  }
+  fc_lanes_split(p->model, p->probe, p->fixed[0] >= 0 ? p->fixed : NULL, !p->only, p->nside, chunk, side);
 }
 
 /* ---- stage 2 ------------------------------------------------------------------------------- */

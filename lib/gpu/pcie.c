@@ -285,18 +285,22 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
   return ok;
 }
 
-/* The cache key: the lanes' shape and every rank's host and GPU (connect_peers gathered them). */
+/* The cache key, ring-n<ranks>-<hash>-<lane>-<lane>...: a hash of the lanes' shape and every
+ * rank's host and GPU (connect_peers gathered them), then the lanes' names (flexcoll-info lists
+ * the cached models by them, as the host links'). */
 static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, char *key, size_t len) {
   const fc_pcie_t *p = &g->pcie;
-  size_t at = (size_t)snprintf(key, len, "ring-lanes %s", p->only ? "-" : "nvlink");
-  for (int k = 0; k < p->nside && at < len; k++) {
-    const fc_side_lane_t *s = &p->side[k];
-    at += (size_t)snprintf(key + at, len - at, ",%s%s blocks %u area %zu", s->name, s->ce ? "(ce)" : "", s->blocks,
-                           s->area_bytes);
-  }
-  if (at < len)
-    snprintf(key + at, len - at, " ranks %d blocks %u subslots %u area %zu where %016llx", comm->nranks, g->ring_blocks,
-             g->ring_subslots, g->ring_bytes, (unsigned long long)g->where_hash);
+  char shape[512];
+  size_t at = (size_t)snprintf(shape, sizeof shape, "blocks %u subslots %u area %zu where %016llx", g->ring_blocks,
+                               g->ring_subslots, g->ring_bytes, (unsigned long long)g->where_hash);
+  for (int k = 0; k < p->nside && at < sizeof shape; k++)
+    at += (size_t)snprintf(shape + at, sizeof shape - at, "; %s blocks %u area %zu", p->side[k].name,
+                           p->side[k].blocks, p->side[k].area_bytes);
+  const uint64_t h = fc_hash_bytes(FC_HASH_INIT, shape, strlen(shape));
+  at = (size_t)snprintf(key, len, "ring-n%d-%016llx-%s", comm->nranks, (unsigned long long)h,
+                        p->only ? "nvlink.none" : "nvlink");
+  for (int k = 0; k < p->nside && at < len; k++)
+    at += (size_t)snprintf(key + at, len - at, "-%s%s", p->side[k].name, p->side[k].ce && !p->side[k].link ? ".ce" : "");
 }
 
 /* What the GPU's own PCIe link carries per direction, MB/s, from its negotiated speed and width

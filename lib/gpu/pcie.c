@@ -163,7 +163,7 @@ static void unmap_area(const fc_side_lane_t *s, char **host) {
 }
 
 /* One side lane's proxy, mappings and state, all of it (also of a lane that never opened). */
-static void close_side(struct fc_gpu *g, fc_side_lane_t *s) {
+static void close_side(fc_side_lane_t *s) {
   fc_pcie_ce_stop(s); /* before the areas it copies through go */
   s->ce = 0;
   if (s->prev_host == s->next_host) s->prev_host = NULL; /* one mapping for both with 2 ranks */
@@ -178,7 +178,7 @@ static void close_side(struct fc_gpu *g, fc_side_lane_t *s) {
 
 void fc_pcie_close(struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
-  for (int k = 0; k < FC_RING_SIDE_LANES; k++) close_side(g, &p->side[k]);
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) close_side(&p->side[k]);
   p->nside = 0;
   if (p->board) munmap(p->board, FC_LANE_BOARD_ENTRIES * sizeof *p->board);
   p->board = NULL;
@@ -370,7 +370,9 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
       return FLEXCOLL_SUCCESS;
     }
   }
-  /* Rank 0's models, bit for bit, on every rank. */
+  /* Rank 0's models, bit for bit, on every rank (its GPU's port too: ranks may sit on GPUs
+   * whose links were trained differently). */
+  set_ports(g);
   fc_link_model_t *all = calloc((size_t)comm->nranks * n, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   memcpy(&all[(size_t)n * comm->rank], p->model, (size_t)n * sizeof *all);
@@ -379,7 +381,6 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
   free(all);
   FC_CHECK(res);
   if (fresh && comm->rank == 0 && dir) fc_cost_cache_save(dir, key, p->model, n);
-  set_ports(g);
   char text[320];
   size_t at = 0;
   for (int L = 0; L < n && at < sizeof text; L++)
@@ -522,7 +523,7 @@ static flexcoll_result_t open_side(struct flexcoll_comm *comm, struct fc_gpu *g,
   }
   if (!want) {
     FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name, why);
-    close_side(g, s);
+    close_side(s);
     return FLEXCOLL_SUCCESS;
   }
   /* Over a link between hosts no rank maps another's area: the lane's descriptors and
@@ -563,7 +564,7 @@ static flexcoll_result_t open_side(struct flexcoll_comm *comm, struct fc_gpu *g,
   }
   if (s->own_host) unlink_own_area(comm, s); /* mapped by whoever needs it, or given up */
   if (!all_ok) {
-    close_side(g, s);
+    close_side(s);
     FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name,
             why[0] ? why : "another rank could not map its areas");
     return FLEXCOLL_SUCCESS;
@@ -587,7 +588,7 @@ static flexcoll_result_t open_side(struct flexcoll_comm *comm, struct fc_gpu *g,
        * own engine would make it the pcie lane, which FLEXCOLL_RING_LANE did not choose). */
       FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name,
               why[0] ? why : "another rank could not start its proxy");
-      close_side(g, s);
+      close_side(s);
       return FLEXCOLL_SUCCESS;
     }
     if (!all_ce) {

@@ -667,6 +667,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
 
 void fc_pcie_split(const struct fc_gpu *g, size_t chunk, size_t *side) {
   const fc_pcie_t *p = &g->pcie;
+  for (int k = p->nside; k < FC_RING_SIDE_LANES; k++) side[k] = 0; /* lanes that are not on */
   fc_lanes_split(p->model, p->probe, p->fixed[0] >= 0 ? p->fixed : NULL, !p->only, p->nside, chunk, side);
 }
 

@@ -51,8 +51,9 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_PCIE_CE_READY", FC_PK_WORD, "device",
      "engine ce: where the ring kernel waits for its incoming messages, device memory (device) or the host area (host)", 0, 0, 0,
      "device|host"},
-    {"FLEXCOLL_RING_LANE", FC_PK_WORD, "pcie",
-     "what carries the ring kernels' second lane beside NVLink: host memory (pcie) or the rdma link, device to device (rdma)",
+    {"FLEXCOLL_RING_LANE", FC_PK_WORDS, "pcie",
+     "what carries the ring kernels' lanes beside NVLink: host memory (pcie), the rdma link, device to device (rdma), or "
+     "both (pcie,rdma)",
      1, 0, 0, "pcie|rdma"},
     {"FLEXCOLL_RING_LANE_INBAND", FC_PK_INT, "0",
      "ring lane over a link: descriptors and acknowledgements over the link too, within one host as well (1)", 1, 0, 1,
@@ -186,6 +187,22 @@ static int link_list_ok(const char *value, int shares, char *why, size_t len) {
   return 0;
 }
 
+/* A comma list of at least one word, each one of choices, none twice. */
+static int word_list_ok(const char *choices, const char *value, char *why, size_t len) {
+  char buf[256], seen[256] = ",";
+  snprintf(buf, sizeof buf, "%s", value);
+  int words = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save), words++) {
+    char item[80];
+    snprintf(item, sizeof item, ",%s,", tok);
+    if (!in_choices(choices, tok, 0, 0)) return snprintf(why, len, "\"%s\" is not %s", tok, choices), -1;
+    if (strstr(seen, item)) return snprintf(why, len, "\"%s\" is named twice", tok), -1;
+    snprintf(seen + strlen(seen), sizeof seen - strlen(seen), "%s,", tok);
+  }
+  if (!words) return snprintf(why, len, "names none of %s", choices), -1;
+  return 0;
+}
+
 int fc_param_validate(const fc_param_def_t *p, const char *value, char *why, size_t len) {
   int64_t v = 0;
   const char *colon;
@@ -200,6 +217,7 @@ int fc_param_validate(const fc_param_def_t *p, const char *value, char *why, siz
     case FC_PK_WORDI:
       if (!in_choices(p->choices, value, p->kind == FC_PK_WORDI, 0)) return snprintf(why, len, "not %s", p->choices), -1;
       return 0;
+    case FC_PK_WORDS: return word_list_ok(p->choices, value, why, len);
     case FC_PK_LINKS: return link_list_ok(value, 0, why, len);
     case FC_PK_SHARES: return link_list_ok(value, 1, why, len);
     case FC_PK_HOSTPORT:

@@ -34,6 +34,7 @@ typedef enum {
   FC_PK_INT,    /* an integer (K/M/G allowed) in [min, max], or one of choices ("512|1024") */
   FC_PK_WORD,   /* one of choices, case as written ("ring|tree") */
   FC_PK_WORDI,  /* one of choices, any case (FLEXCOLL_DEBUG) */
+  FC_PK_WORDS,  /* a comma list of distinct choices ("pcie,rdma") */
   FC_PK_LINKS,  /* a comma list of link names */
   FC_PK_SHARES, /* a comma list of link:fraction */
   FC_PK_HOSTPORT,

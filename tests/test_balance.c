@@ -656,55 +656,72 @@ START_TEST(test_stage2_keeps_large_operations_only) {
 }
 END_TEST
 
-/* Stage 2 of the ring kernels' two device lanes (nvlink, pcie) as lib/gpu/pcie.c drives the shared
- * rule: every rank times its own calls, but only rank 0's times move the models: every
- * FC_STAGE2_EVERY calls rank 0 folds them into its next models (fc_stage2_update) and posts them,
- * and every rank, rank 0 too, puts that update in force 2 updates later (the lag that lets
- * another rank's host run ahead of rank 0's).  Each of 4 ranks keeps its own copy of what is in
- * force and splits every call by it: they must split alike, bit for bit; the pcie lane,
- * calibrated far too slow, must be found by a probe and settle at its true proportion despite
- * the lag; when it slows 50x it must lose most of its share, and regain it after. */
-enum { LANE_RANKS = 4, LANE_LAG = 2 * FC_STAGE2_EVERY, LANE_POSTS = 64 };
+/* Stage 2 of the ring kernels' device lanes (nvlink, then the side lanes: pcie, rdma) as
+ * lib/gpu/pcie.c drives the shared rule: every rank times its own calls, but only rank 0's times
+ * move the models: every FC_STAGE2_EVERY calls rank 0 folds them into its next models
+ * (fc_stage2_update) and posts them, and every rank, rank 0 too, puts that update in force 2
+ * updates later (the lag that lets another rank's host run ahead of rank 0's).  Each of 4 ranks
+ * keeps its own copy of what is in force and splits every call by it (fc_lanes_split, as the
+ * kernels get it): they must split alike, bit for bit; a side lane calibrated far too slow must
+ * be found by a probe and settle at its true proportion despite the lag; when it slows 50x it
+ * must lose most of its share, and regain it after.  The side lanes share the GPU's PCIe port
+ * in the truth too: when both carry bytes, each moves at its bandwidth scaled so that the two
+ * together do not exceed the port. */
+enum { LANE_RANKS = 4, LANE_LAG = 2 * FC_STAGE2_EVERY, LANE_POSTS = 64, LANES_MAX = 3 };
 typedef struct {
-  fc_link_model_t model[2]; /* in force */
-  int probe[2];
+  fc_link_model_t model[LANES_MAX]; /* in force */
+  int probe[LANES_MAX];
 } lane_rank_t;
 typedef struct {
+  int n;                            /* lanes: nvlink and n - 1 side lanes */
+  double port;                      /* what the side lanes' port carries together (0: no limit) */
   lane_rank_t rank[LANE_RANKS];
-  fc_link_model_t next[2]; /* rank 0's, as of its last post */
-  int next_idle[2], next_probe[2];
-  double meas[3][2];       /* rank 0's since its last post: parts, bytes, us */
+  fc_link_model_t next[LANES_MAX];  /* rank 0's, as of its last post */
+  int next_idle[LANES_MAX], next_probe[LANES_MAX];
+  double meas[3][LANES_MAX];        /* rank 0's since its last post: parts, bytes, us */
   lane_rank_t posted[LANE_POSTS];
   int calls;
 } lanes_t;
 
-/* `calls` calls of a `chunk`-byte ring chunk; the pcie lane's true bandwidth divided by slow.
- * Returns the pcie share of the last call (the same on every rank, checked). */
-static double lanes_run(lanes_t *s, const fc_link_model_t *truth, double slow, size_t chunk, int calls, int *probes) {
-  static const double floor[2] = {0, 64 << 10};
-  double share = 0;
+/* `calls` calls of a `chunk`-byte ring chunk; lane `slowed`'s true bandwidth divided by slow.
+ * Returns the lanes' shares of the last call (the same on every rank, checked) in share[]. */
+static void lanes_run(lanes_t *s, const fc_link_model_t *truth, int slowed, double slow, size_t chunk, int calls,
+                      int *probes, double *share) {
+  static const double floor[LANES_MAX] = {0, 64 << 10, 64 << 10};
+  const int n = s->n;
   for (int k = 0; k < calls; k++) {
-    size_t shares[LANE_RANKS][2];
+    size_t part[LANE_RANKS][LANES_MAX];
     for (int q = 0; q < LANE_RANKS; q++) {
       lane_rank_t *r = &s->rank[q];
-      ck_assert_int_eq(fc_stage2_split(r->model, NULL, r->probe, 2, chunk, 16, shares[q]), FLEXCOLL_SUCCESS);
-      ck_assert_uint_eq(shares[q][0] + shares[q][1], chunk);
-      ck_assert_msg(shares[q][1] == shares[0][1], "call %d: rank %d puts %zu bytes on pcie, rank 0 %zu", s->calls, q,
-                    shares[q][1], shares[0][1]);
+      size_t side[LANES_MAX - 1];
+      fc_lanes_split(r->model, r->probe, NULL, 1, n - 1, chunk, side);
+      part[q][0] = chunk;
+      for (int L = 1; L < n; L++) part[q][L] = side[L - 1], part[q][0] -= side[L - 1];
+      ck_assert_uint_le(chunk - part[q][0], chunk);
+      for (int L = 0; L < n; L++)
+        ck_assert_msg(part[q][L] == part[0][L], "call %d: rank %d puts %zu bytes on lane %d, rank 0 %zu", s->calls, q,
+                      part[q][L], L, part[0][L]);
     }
-    *probes += s->rank[0].probe[1];
-    for (int L = 0; L < 2; L++) { /* rank 0 times its lanes (three chunk messages each) */
-      if (!shares[0][L]) continue;
-      const double beta = truth[L].beta / (L == 1 ? slow : 1), bytes = 3.0 * (double)shares[0][L];
+    for (int L = 1; L < n; L++) *probes += s->rank[0].probe[L] && L == slowed;
+    double beta[LANES_MAX], side_sum = 0;
+    for (int L = 0; L < n; L++) {
+      beta[L] = truth[L].beta / (L == slowed ? slow : 1);
+      if (L && part[0][L]) side_sum += beta[L];
+    }
+    for (int L = 1; L < n; L++) /* the port: the side lanes that carry bytes share it */
+      if (part[0][L] && s->port > 0 && side_sum > s->port) beta[L] *= s->port / side_sum;
+    for (int L = 0; L < n; L++) { /* rank 0 times its lanes (three chunk messages each) */
+      if (!part[0][L]) continue;
+      const double bytes = 3.0 * (double)part[0][L];
       s->meas[0][L] += 1;
       s->meas[1][L] += bytes;
-      s->meas[2][L] += truth[L].alpha_us + bytes / beta;
+      s->meas[2][L] += truth[L].alpha_us + bytes / beta[L];
     }
-    share = (double)shares[0][1] / (double)chunk;
+    for (int L = 0; L < n; L++) share[L] = (double)part[0][L] / (double)chunk;
     const int c = ++s->calls;
     if (c % FC_STAGE2_EVERY == 0) { /* rank 0 posts update c / EVERY */
-      fc_stage2_update(s->next, s->next_idle, s->next_probe, floor, 2, s->meas[0], s->meas[1], s->meas[2]);
-      ck_assert(s->next[1].min_bytes >= floor[1]);
+      fc_stage2_update(s->next, s->next_idle, s->next_probe, floor, n, s->meas[0], s->meas[1], s->meas[2]);
+      for (int L = 1; L < n; L++) ck_assert(s->next[L].min_bytes >= floor[L]);
       lane_rank_t *e = &s->posted[(c / FC_STAGE2_EVERY) % LANE_POSTS];
       memcpy(e->model, s->next, sizeof e->model);
       memcpy(e->probe, s->next_probe, sizeof e->probe);
@@ -713,31 +730,127 @@ static double lanes_run(lanes_t *s, const fc_link_model_t *truth, double slow, s
     if (c > LANE_LAG && (c - LANE_LAG) % FC_STAGE2_EVERY == 0) /* every rank puts the due one in force */
       for (int q = 0; q < LANE_RANKS; q++) s->rank[q] = s->posted[((c - LANE_LAG) / FC_STAGE2_EVERY) % LANE_POSTS];
   }
-  return share;
+}
+
+static void lanes_start(lanes_t *s, int n, double port, const fc_link_model_t *calibrated) {
+  memset(s, 0, sizeof *s);
+  s->n = n;
+  s->port = port;
+  memcpy(s->next, calibrated, (size_t)n * sizeof *calibrated);
+  for (int q = 0; q < LANE_RANKS; q++) memcpy(s->rank[q].model, s->next, sizeof s->next);
 }
 
 START_TEST(test_lanes_stage2) {
   /* Per rank: the model's bytes are what a lane pushed in a call, here three chunk messages. */
   const fc_link_model_t truth[2] = {{.alpha_us = 8, .beta = 400000, .port = -1}, {.alpha_us = 15, .beta = 25000, .port = -1}};
+  const fc_link_model_t calibrated[2] = {model(8, 400000, 0, -1), model(15, 25, 64 << 10, -1)}; /* 1000x too low */
   static lanes_t s;
-  memset(&s, 0, sizeof s);
-  s.next[0] = model(8, 400000, 0, -1);
-  s.next[1] = model(15, 25, 64 << 10, -1); /* a calibration 1000x too low: no share at first */
-  for (int q = 0; q < LANE_RANKS; q++) memcpy(s.rank[q].model, s.next, sizeof s.next);
+  lanes_start(&s, 2, 0, calibrated);
   const size_t chunk = 64u << 20;
   int probes = 0;
-  size_t first[2];
-  ck_assert_int_eq(fc_stage2_split(s.rank[0].model, NULL, NULL, 2, chunk, 16, first), FLEXCOLL_SUCCESS);
-  ck_assert_uint_eq(first[1], 0);
+  size_t first[1];
+  fc_lanes_split(s.rank[0].model, NULL, NULL, 1, 1, chunk, first);
+  ck_assert_uint_eq(first[0], 0);
   const double fair = 25000.0 / 425000.0;
-  const double settled = lanes_run(&s, truth, 1, chunk, 160, &probes);
+  double share[LANES_MAX];
+  lanes_run(&s, truth, 1, 1, chunk, 160, &probes, share);
   ck_assert_msg(probes > 0, "the idle pcie lane never got a probe share");
-  ck_assert_msg(settled > fair * 0.9 && settled < fair * 1.1, "pcie settled at %.4f, its true proportion is %.4f", settled,
-                fair);
-  const double slow = lanes_run(&s, truth, 50, chunk, 60, &probes);
-  ck_assert_msg(slow < fair / 10, "pcie 50x slower kept a share of %.4f (was %.4f)", slow, settled);
-  const double back = lanes_run(&s, truth, 1, chunk, 160, &probes);
-  ck_assert_msg(back > fair * 0.9 && back < fair * 1.1, "pcie recovered to %.4f, its true proportion is %.4f", back, fair);
+  ck_assert_msg(share[1] > fair * 0.9 && share[1] < fair * 1.1, "pcie settled at %.4f, its true proportion is %.4f",
+                share[1], fair);
+  const double settled = share[1];
+  lanes_run(&s, truth, 1, 50, chunk, 60, &probes, share);
+  ck_assert_msg(share[1] < fair / 10, "pcie 50x slower kept a share of %.4f (was %.4f)", share[1], settled);
+  lanes_run(&s, truth, 1, 1, chunk, 160, &probes, share);
+  ck_assert_msg(share[1] > fair * 0.9 && share[1] < fair * 1.1, "pcie recovered to %.4f, its true proportion is %.4f",
+                share[1], fair);
+}
+END_TEST
+
+/* Three lanes: nvlink, pcie and rdma, the two side lanes behind one PCIe port narrower than
+ * both together.  From a calibration that has each side lane alone at its own bandwidth, the
+ * split settles where the side lanes move what the port carries, in proportion; either side
+ * lane slowed 50x loses most of its share, the other side lane takes up part of the port, and
+ * both come back. */
+START_TEST(test_three_lanes_stage2) {
+  const double port = 40000;
+  const fc_link_model_t truth[3] = {{.alpha_us = 8, .beta = 400000, .port = -1},
+                                    {.alpha_us = 15, .beta = 25000, .port = 0},
+                                    {.alpha_us = 30, .beta = 20000, .port = 0}};
+  fc_link_model_t calibrated[3] = {model(8, 400000, 0, -1), model(15, 25000, 64 << 10, 0), model(30, 20000, 64 << 10, 0)};
+  calibrated[1].port_beta = calibrated[2].port_beta = port;
+  const size_t chunk = 64u << 20;
+  /* Both side lanes together: what the port carries, of nvlink + port. */
+  const double fair_sides = port / (400000 + port);
+  for (int slowed = 1; slowed <= 2; slowed++) {
+    static lanes_t s;
+    lanes_start(&s, 3, port, calibrated);
+    int probes = 0;
+    double share[LANES_MAX];
+    lanes_run(&s, truth, slowed, 1, chunk, 160, &probes, share);
+    const double sides = share[1] + share[2];
+    ck_assert_msg(share[1] > 0 && share[2] > 0, "a side lane idle after settling: pcie %.4f rdma %.4f", share[1], share[2]);
+    ck_assert_msg(sides > fair_sides * 0.85 && sides < fair_sides * 1.15, "the side lanes settled at %.4f, the port's "
+                  "proportion is %.4f", sides, fair_sides);
+    ck_assert_double_eq_tol(share[1] / share[2], 25000.0 / 20000.0, 0.25);
+    const double before = share[slowed], other = share[3 - slowed];
+    lanes_run(&s, truth, slowed, 50, chunk, 80, &probes, share);
+    ck_assert_msg(share[slowed] < before / 10, "lane %d 50x slower kept a share of %.4f (was %.4f)", slowed,
+                  share[slowed], before);
+    ck_assert_msg(share[3 - slowed] > other, "lane %d slowed, yet the other side lane stayed at %.4f (was %.4f)",
+                  slowed, share[3 - slowed], other);
+    lanes_run(&s, truth, slowed, 1, chunk, 200, &probes, share);
+    ck_assert_msg(share[slowed] > before * 0.8 && share[slowed] < before * 1.25,
+                  "lane %d recovered to %.4f, before it was slowed %.4f", slowed, share[slowed], before);
+  }
+}
+END_TEST
+
+/* fc_lanes_split: what the kernels are handed.  For random models, fixed fractions, 1 and 2 side
+ * lanes, with and without NVLink and every kind of chunk size: side lanes' parts start where the
+ * previous one ends and stay inside the chunk, each a multiple of 16 unless it reaches the chunk's
+ * end; without NVLink they cover the chunk; fixed fractions are kept to 16 bytes; a lone side lane
+ * without NVLink takes everything, whatever its model. */
+START_TEST(test_lanes_split) {
+  const size_t sizes[] = {0, 1, 15, 16, 17, 1000, 4096, 65537, 1u << 20, (64u << 20) + 48, (size_t)5 << 30};
+  for (int iter = 0; iter < 400; iter++) {
+    const int nside = 1 + iter % 2, nvlink = (iter / 2) % 2, use_fixed = (iter / 4) % 2;
+    fc_link_model_t m[3];
+    int probe[3];
+    double fixed[3], sum = 0;
+    for (int L = 0; L < 3; L++) {
+      m[L] = model(uniform(0, 40), uniform(1000, 500000), 64 << 10, L ? 0 : -1);
+      probe[L] = uniform(0, 1) < 0.2;
+      fixed[L] = L || nvlink ? uniform(0, 1) : 0;
+      sum += L <= nside ? fixed[L] : 0;
+    }
+    for (int L = 0; L < 3; L++) fixed[L] /= sum;
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+      const size_t chunk = sizes[z];
+      size_t side[2] = {7, 7}, again[2];
+      fc_lanes_split(m, probe, use_fixed ? fixed : NULL, nvlink, nside, chunk, side);
+      fc_lanes_split(m, probe, use_fixed ? fixed : NULL, nvlink, nside, chunk, again);
+      ck_assert_mem_eq(side, again, (size_t)nside * sizeof *side);
+      size_t at = 0;
+      for (int k = 0; k < nside; k++) {
+        ck_assert_uint_le(side[k], chunk - at);
+        at += side[k];
+        ck_assert_msg(side[k] % 16 == 0 || at == chunk, "side lane %d: %zu bytes end at %zu of %zu", k, side[k], at,
+                      chunk);
+        if (use_fixed && (nvlink || k < nside - 1) && at < chunk)
+          ck_assert_double_le(fabs((double)side[k] - fixed[k + 1] * (double)chunk), 16);
+      }
+      if (!nvlink) ck_assert_uint_eq(at, chunk);
+    }
+  }
+  /* A lone side lane without NVLink: all of it, even without a usable model. */
+  const fc_link_model_t none[2] = {model(0, 0, 0, -1), model(0, 0, 0, -1)};
+  size_t side[1];
+  fc_lanes_split(none, NULL, NULL, 0, 1, 12345, side);
+  ck_assert_uint_eq(side[0], 12345);
+  /* With NVLink and no usable side model: nothing on the side. */
+  const fc_link_model_t nv_only[2] = {model(8, 400000, 0, -1), model(0, 0, 0, -1)};
+  fc_lanes_split(nv_only, NULL, NULL, 1, 1, 12345, side);
+  ck_assert_uint_eq(side[0], 0);
 }
 END_TEST
 
@@ -764,6 +877,8 @@ int main(void) {
   tcase_add_test(tm, test_cache_dir);
   tcase_add_test(tm, test_stage2_keeps_large_operations_only);
   tcase_add_test(tm, test_lanes_stage2);
+  tcase_add_test(tm, test_three_lanes_stage2);
+  tcase_add_test(tm, test_lanes_split);
   suite_add_tcase(s, tm);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_ENV);

@@ -15,7 +15,10 @@
 # sum only; then 2, 3 and 4 ranks as two hosts with the ring kernels' lane over rdma on the fake
 # verbs provider (FLEXCOLL_RING_LANE=rdma: descriptors and acknowledgements over the link, in
 # band, as between real hosts), where the build has the fake (FC_TEST_RDMA_REAL=1: on libibverbs
-# instead, for a machine with a NIC; FC_GPU_PROCS_ONLY_LANE=1: those runs alone).  The ranks share the GPUs present
+# instead, for a machine with a NIC); then 2, 3 and 4 ranks of one host with three lanes
+# (FLEXCOLL_RING_LANE=pcie,rdma at fixed shares 0.4/0.3/0.3 beside NVLink, every size through the
+# ring kernels: the two side lanes' host areas mapped between processes; FC_GPU_PROCS_ONLY_LANE=1:
+# the lane runs alone).  The ranks share the GPUs present
 # (device = local rank modulo the GPUs), so the test runs on a one-GPU node; through CUDA IPC and shared host
 # memory between processes, which threads of one process never use.  Exit 77 (automake's skip)
 # where there is no GPU.
@@ -80,11 +83,15 @@ elif [ ! -f "$fake" ]; then
   lane_setup=""
   echo "test_gpu_procs: no $fake: the ring lane over rdma between hosts not run"
 fi
+three="FLEXCOLL_RING_LANE=pcie,rdma FLEXCOLL_LINK_SHARES=nvlink:0.4,pcie:0.3,rdma:0.3 FLEXCOLL_ONESHOT_MAX_BYTES=0"
+three="$three FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_LIB=$fake"
+three_setup="nvlink,pcie,rdma,shm,tcp:0:$three"
+[ -f "$fake" ] || { three_setup=""; echo "test_gpu_procs: no $fake: three lanes not run"; }
 # FC_GPU_PROCS_ONLY_LANE=1: the ring lane's runs alone (the node's time is short).
 setups=":0 pcie,shm,tcp:0 :2 :2:FLEXCOLL_UCX_PEER_FAILURE=0"
 [ "${FC_GPU_PROCS_ONLY_LANE:-0}" = 1 ] && setups=""
 # setup: LINKS:HOSTS[:VAR=VALUE ...]
-for setup in $setups ${lane_setup:+"$lane_setup"}; do
+for setup in $setups ${lane_setup:+"$lane_setup"} ${three_setup:+"$three_setup"}; do
   links=${setup%%:*} rest=${setup#*:}
   hosts=${rest%%:*} extra=""
   [ "$rest" != "$hosts" ] && extra=${rest#*:}
@@ -92,11 +99,11 @@ for setup in $setups ${lane_setup:+"$lane_setup"}; do
   [ -n "$links" ] && ns="2 3"
   [ "$hosts" -gt 0 ] && ns="3 4"
   [ -n "$extra" ] && ns="4"
-  [ "$extra" = "$lane" ] && ns="2 3 4"
+  [ "$extra" = "$lane" ] || [ "$extra" = "$three" ] && ns="2 3 4"
   for n in $ns; do
     for coll in allreduce allgather reduce_scatter broadcast reduce alltoall; do
       for dt_op in "float32 sum" "bfloat16 max" "int32 sum"; do
-        [ -n "$extra" ] && [ "$extra" != "$lane" ] && [ "$dt_op" != "float32 sum" ] && continue
+        [ -n "$extra" ] && [ "$extra" != "$lane" ] && [ "$extra" != "$three" ] && [ "$dt_op" != "float32 sum" ] && continue
         # shellcheck disable=SC2086
         set -- $dt_op
         case $coll in allgather|broadcast|alltoall) [ "$1" = float32 ] || continue ;; esac
@@ -140,6 +147,26 @@ if [ -n "$lane_setup" ]; then
       fail=$((fail + 1))
       echo "FAIL: rank $r: the ring lane over rdma between hosts is not on:"
       grep -h "ring lane\|WARN" "$tmp/lane.$r" | sed "s/^/  rank $r: /"
+    fi
+  done
+fi
+# Three lanes between processes of one host: both side lanes on, on every rank (INFO, SCHED).
+if [ -n "$three_setup" ]; then
+  port=$((port + 1)) pids=""
+  for r in 0 1; do
+    env $three FLEXCOLL_LINKS=nvlink,pcie,rdma,shm,tcp FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED \
+      FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=2 FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" \
+      -b 4M -e 4M -n 1 -w 0 -c 1 >"$tmp/three.$r" 2>&1 &
+    pids="$pids $!"
+  done
+  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of three lanes"; }; done
+  for r in 0 1; do
+    if grep -q "ring lane pcie on: .*fixed share" "$tmp/three.$r" && grep -q "ring lane rdma on: .*fixed share" "$tmp/three.$r"; then
+      grep -h "ring lane .* on" "$tmp/three.$r" | sed "s/^/test_gpu_procs: /"
+    else
+      fail=$((fail + 1))
+      echo "FAIL: rank $r: not both side lanes are on:"
+      grep -h "ring lane\|WARN" "$tmp/three.$r" | sed "s/^/  rank $r: /"
     fi
   done
 fi

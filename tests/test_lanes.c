@@ -1,16 +1,19 @@
-/* test_lanes.c — stage 2 of the ring kernels' two lanes (nvlink and pcie) on a GPU.
+/* test_lanes.c — stage 2 of the ring kernels' lanes on a GPU: NVLink and one or two side lanes.
  *
  * Two ranks, threads of this process, share GPU 0 (the lent node has one): every allreduce of
  * 32 MiB runs the ring kernel, split between the NVLink lane (same-device peer access here) and
- * the pcie lane (pinned host memory).  The kernel times both lanes; the host takes the records
- * and every few calls the ranks exchange them and re-balance.  The test makes the pcie lane look
- * 30 times slower for a while (fc_gpu_lanes_set_throttle scales its measured times, as
+ * the side lanes: pcie (pinned host memory), and in the three-lane cases also rdma (the rdma link
+ * on the fake verbs provider, device to device).  The kernel times every lane; the host takes the
+ * records and every few calls the ranks re-balance.  Each case makes one side lane look 30 times
+ * slower for a while (fc_gpu_lanes_set_throttle scales its measured times, as
  * fc_links_set_throttle does for host links) and then normal again: its model bandwidth and its
- * share of a chunk must fall, then come back; both ranks must hold the same models and split
- * at the end of every phase; and every call's result must be bitwise the first one's, whatever
- * the split (the inputs are random floats, so a change of the reduction order would show).  The
- * lanes' statistics (flexcoll_comm_get_link_stats) must carry busy time, and the pcie entry's
- * share must fall with the lane.
+ * part of a chunk must fall, then come back; both ranks must hold the same models and split at
+ * the end of every phase; and every call's result must be bitwise the first one's, whatever the
+ * split (the inputs are random floats, so a change of the reduction order would show).  The
+ * lanes' statistics (flexcoll_comm_get_link_stats) must carry busy time, and the throttled lane's
+ * share must fall with it.  Cases: nvlink+pcie with pcie slowed; nvlink+pcie+rdma with rdma
+ * slowed, then with pcie slowed (the three-lane cases need the fake provider: skipped without it).
+ * FC_LANES_CASES=0,1,2 picks cases.
  *
  * Exit 77 (automake's skip) where there is no GPU. */
 #define _GNU_SOURCE
@@ -28,6 +31,13 @@
 #include "gpu_serial.h"
 
 #define NRANKS 2
+typedef struct {
+  const char *lanes;    /* FLEXCOLL_RING_LANE */
+  const char *slowed;   /* the side lane throttled in phase 1 */
+} case_t;
+static const case_t cases[] = {{"pcie", "pcie"}, {"pcie,rdma", "rdma"}, {"pcie,rdma", "pcie"}};
+#define NCASES (int)(sizeof cases / sizeof cases[0])
+static const case_t *g_case;
 #define COUNT (8u << 20) /* floats: 32 MiB, above FLEXCOLL_LANE_STAGE2_BYTES's default */
 #define NPHASES 3
 static const int phase_calls[NPHASES] = {64, 48, 80};
@@ -35,22 +45,24 @@ static const double phase_throttle[NPHASES] = {1, 30, 1};
 
 typedef struct {
   FC_TEST_RANK_MEMBERS;
-  int have[NPHASES];
-  double beta[NPHASES][2];
-  size_t pc[NPHASES];
-  double share[NPHASES], busy[NPHASES][2];
+  int lanes[NPHASES]; /* the lanes fc_gpu_lanes_state reports */
+  fc_gpu_lane_state_t state[NPHASES][FC_GPU_LANES];
+  int slow;           /* the throttled lane's index in state */
+  double share[NPHASES], busy[NPHASES][FC_GPU_LANES];
 } rank_t;
 
-/* The pcie entry's share and both lanes' busy time from the link statistics. */
+/* The throttled lane's share and every lane's busy time from the link statistics. */
 static void lane_stats(rank_t *r, flexcoll_comm_t comm, int phase) {
   flexcoll_link_stats_t st[16];
   int n = 0;
   EXPECT(r, flexcoll_comm_get_link_stats(comm, st, 16, &n) == FLEXCOLL_SUCCESS, "get_link_stats: %s",
          flexcoll_get_last_error(comm));
-  for (int i = 0; i < n && i < 16; i++) {
-    if (!strcmp(st[i].name, "nvlink")) r->busy[phase][0] = st[i].busy_us;
-    if (!strcmp(st[i].name, "pcie")) r->busy[phase][1] = st[i].busy_us, r->share[phase] = st[i].share;
-  }
+  for (int i = 0; i < n && i < 16; i++)
+    for (int L = 0; L < r->lanes[phase]; L++)
+      if (!strcmp(st[i].name, r->state[phase][L].name)) {
+        r->busy[phase][L] = st[i].busy_us;
+        if (!strcmp(st[i].name, g_case->slowed)) r->share[phase] = st[i].share;
+      }
 }
 
 static void *rank_main(void *arg) {
@@ -94,7 +106,7 @@ static void *rank_main(void *arg) {
   cudaStreamSynchronize(s);
   int calls = 0, wrong_calls = 0;
   for (int phase = 0; phase < NPHASES && !r->failures; phase++) {
-    fc_gpu_lanes_set_throttle(comm, "pcie", phase_throttle[phase]);
+    fc_gpu_lanes_set_throttle(comm, g_case->slowed, phase_throttle[phase]);
     for (int k = 0; k < phase_calls[phase] && !r->failures; k++, calls++) {
       flexcoll_result_t res = flexcoll_allreduce(in, out, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
       EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce %d: %s", calls, flexcoll_get_last_error(comm));
@@ -109,28 +121,42 @@ static void *rank_main(void *arg) {
       else if (memcmp(host, first, COUNT * sizeof *host)) wrong_calls++;
       EXPECT(r, wrong_calls == 0, "call %d gave other bits than the first (the split changed the result)", calls);
     }
-    r->have[phase] = fc_gpu_lanes_state(comm, (size_t)COUNT * sizeof(float) / NRANKS, r->beta[phase], &r->pc[phase]);
+    r->lanes[phase] = fc_gpu_lanes_state(comm, (size_t)COUNT * sizeof(float) / NRANKS, r->state[phase]);
     lane_stats(r, comm, phase);
-    fprintf(stderr,
-            "[test_lanes] rank %d phase %d (pcie x%.0f): models nvlink %.0f pcie %.0f MB/s, pcie %zu of a %u-byte chunk, "
-            "share %.4f, busy nvlink %.0f pcie %.0f us\n",
-            r->rank, phase, phase_throttle[phase], r->beta[phase][0], r->beta[phase][1], r->pc[phase],
-            COUNT * 4 / NRANKS, r->share[phase], r->busy[phase][0], r->busy[phase][1]);
+    char text[256] = "";
+    for (int L = 0, at = 0; L < r->lanes[phase]; L++)
+      at += snprintf(text + at, sizeof text - (size_t)at, " %s %.0f MB/s %zu B busy %.0f us,", r->state[phase][L].name,
+                     r->state[phase][L].beta, r->state[phase][L].part, r->busy[phase][L]);
+    fprintf(stderr, "[test_lanes] lanes %s rank %d phase %d (%s x%.0f):%s %s share %.4f\n", g_case->lanes, r->rank, phase,
+            g_case->slowed, phase_throttle[phase], text, g_case->slowed, r->share[phase]);
   }
+  const int want = strchr(g_case->lanes, ',') ? 3 : 2;
   if (!r->failures) {
-    EXPECT(r, r->have[0], "no adaptive pcie lane (is the pcie link off? FLEXCOLL_DEBUG=INFO says why)");
-    EXPECT(r, r->pc[0] > 0, "the pcie lane carries nothing after %d calls (a probe should have found it)", phase_calls[0]);
-    EXPECT(r, r->beta[1][1] < r->beta[0][1] / 4, "pcie 30x slower, yet its model kept %.0f MB/s (was %.0f)",
-           r->beta[1][1], r->beta[0][1]);
-    EXPECT(r, r->pc[1] < r->pc[0], "pcie 30x slower, yet its share of a chunk went from %zu to %zu", r->pc[0], r->pc[1]);
-    EXPECT(r, r->beta[2][1] > 4 * r->beta[1][1], "pcie recovered, yet its model stayed at %.0f MB/s (slow: %.0f)",
-           r->beta[2][1], r->beta[1][1]);
-    EXPECT(r, r->pc[2] > r->pc[1] && r->pc[2] > r->pc[0] / 2, "pcie recovered, yet its share is %zu (slow %zu, before %zu)",
-           r->pc[2], r->pc[1], r->pc[0]);
-    EXPECT(r, r->busy[0][0] > 0 && r->busy[0][1] > 0, "link statistics without busy time: nvlink %.0f, pcie %.0f us",
-           r->busy[0][0], r->busy[0][1]);
-    EXPECT(r, r->share[0] > 0 && r->share[1] < r->share[0], "the pcie entry's share went from %.4f to %.4f while 30x slower",
-           r->share[0], r->share[1]);
+    EXPECT(r, r->lanes[0] == want, "%d adaptive lanes, not %d (is a side lane off? FLEXCOLL_DEBUG=INFO says why)",
+           r->lanes[0], want);
+    r->slow = -1;
+    for (int L = 0; L < r->lanes[0]; L++)
+      if (!strcmp(r->state[0][L].name, g_case->slowed)) r->slow = L;
+    EXPECT(r, r->slow > 0, "no lane %s among the adaptive lanes", g_case->slowed);
+  }
+  for (int p = 1; p < NPHASES && !r->failures; p++)
+    EXPECT(r, r->lanes[p] == r->lanes[0], "phase %d: %d lanes, phase 0 had %d", p, r->lanes[p], r->lanes[0]);
+  if (!r->failures) {
+    const int L = r->slow;
+    const double b0 = r->state[0][L].beta, b1 = r->state[1][L].beta, b2 = r->state[2][L].beta;
+    const size_t p0 = r->state[0][L].part, p1 = r->state[1][L].part, p2 = r->state[2][L].part;
+    const char *nm = g_case->slowed;
+    /* The lane to slow carries bytes once the models settle (a probe finds a lane the
+     * calibration underrated); every lane has carried some in timed calls (busy time, below). */
+    EXPECT(r, p0 > 0, "lane %s carries nothing after %d calls", nm, phase_calls[0]);
+    EXPECT(r, b1 < b0 / 4, "%s 30x slower, yet its model kept %.0f MB/s (was %.0f)", nm, b1, b0);
+    EXPECT(r, p1 < p0, "%s 30x slower, yet its part of a chunk went from %zu to %zu", nm, p0, p1);
+    EXPECT(r, b2 > 4 * b1, "%s recovered, yet its model stayed at %.0f MB/s (slow: %.0f)", nm, b2, b1);
+    EXPECT(r, p2 > p1 && p2 > p0 / 2, "%s recovered, yet its part is %zu (slow %zu, before %zu)", nm, p2, p1, p0);
+    for (int k = 0; k < r->lanes[0]; k++)
+      EXPECT(r, r->busy[0][k] > 0, "link statistics without busy time on %s", r->state[0][k].name);
+    EXPECT(r, r->share[0] > 0 && r->share[1] < r->share[0], "the %s entry's share went from %.4f to %.4f while 30x slower",
+           nm, r->share[0], r->share[1]);
   }
   cudaFree(in);
   cudaFree(out);
@@ -160,23 +186,47 @@ int main(void) {
   setenv("FLEXCOLL_CACHE_DIR", cache, 1);
   unsetenv("FLEXCOLL_LINK_SHARES");
   unsetenv("FLEXCOLL_LINKS");
+  unsetenv("FLEXCOLL_PCIE_ENGINE");
   unsetenv("FLEXCOLL_LANE_STAGE2_BYTES");
-  flexcoll_unique_id_t id;
-  if (flexcoll_get_unique_id(&id) != FLEXCOLL_SUCCESS) {
-    fprintf(stderr, "[test_lanes] get_unique_id: %s\n", flexcoll_get_last_error(NULL));
-    return 1;
-  }
-  rank_t ranks[NRANKS];
-  memset(ranks, 0, sizeof ranks);
-  int failures = fc_test_run_ranks(ranks, sizeof ranks[0], NRANKS, id, rank_main);
-  /* Every rank holds the same models and splits alike, phase by phase. */
-  for (int p = 0; p < NPHASES && !failures; p++)
-    if (memcmp(ranks[0].beta[p], ranks[1].beta[p], sizeof ranks[0].beta[p]) || ranks[0].pc[p] != ranks[1].pc[p]) {
-      fprintf(stderr, "[test_lanes] phase %d: rank 0 holds %.17g/%.17g MB/s and %zu pcie bytes, rank 1 %.17g/%.17g and %zu\n",
-              p, ranks[0].beta[p][0], ranks[0].beta[p][1], ranks[0].pc[p], ranks[1].beta[p][0], ranks[1].beta[p][1],
-              ranks[1].pc[p]);
-      failures++;
+  const char *pick = getenv("FC_LANES_CASES");
+  int failures = 0;
+  for (int c = 0; c < NCASES && !failures; c++) {
+    char tag[8];
+    snprintf(tag, sizeof tag, "%d", c);
+    if (pick && !strstr(pick, tag)) continue;
+    g_case = &cases[c];
+    unsetenv("FLEXCOLL_VERBS_PROVIDER");
+    setenv("FLEXCOLL_RING_LANE", g_case->lanes, 1);
+    if (strstr(g_case->lanes, "rdma")) {
+#ifdef FC_FAKE_VERBS_LIB
+      setenv("FLEXCOLL_VERBS_PROVIDER", "fake", 1);
+      setenv("FLEXCOLL_VERBS_FAKE_LIB", FC_FAKE_VERBS_LIB, 1);
+#else
+      fprintf(stderr, "[test_lanes] lanes %s: skipped (this build has no fake verbs provider: Check and verbs.h)\n",
+              g_case->lanes);
+      continue;
+#endif
     }
+    flexcoll_unique_id_t id;
+    if (flexcoll_get_unique_id(&id) != FLEXCOLL_SUCCESS) {
+      fprintf(stderr, "[test_lanes] get_unique_id: %s\n", flexcoll_get_last_error(NULL));
+      return 1;
+    }
+    rank_t ranks[NRANKS];
+    memset(ranks, 0, sizeof ranks);
+    failures += fc_test_run_ranks(ranks, sizeof ranks[0], NRANKS, id, rank_main);
+    /* Every rank holds the same models and splits alike, phase by phase. */
+    for (int p = 0; p < NPHASES && !failures; p++)
+      for (int L = 0; L < ranks[0].lanes[p]; L++)
+        if (ranks[0].state[p][L].beta != ranks[1].state[p][L].beta ||
+            ranks[0].state[p][L].part != ranks[1].state[p][L].part) {
+          fprintf(stderr, "[test_lanes] lanes %s phase %d lane %s: rank 0 holds %.17g MB/s and %zu bytes, rank 1 %.17g and %zu\n",
+                  g_case->lanes, p, ranks[0].state[p][L].name, ranks[0].state[p][L].beta, ranks[0].state[p][L].part,
+                  ranks[1].state[p][L].beta, ranks[1].state[p][L].part);
+          failures++;
+        }
+    fprintf(stderr, "[test_lanes] lanes %s, %s slowed: %s\n", g_case->lanes, g_case->slowed, failures ? "FAIL" : "PASS");
+  }
   char cmd[64];
   snprintf(cmd, sizeof cmd, "rm -rf %s", cache);
   if (system(cmd) != 0) fprintf(stderr, "[test_lanes] could not remove %s\n", cache);

@@ -63,9 +63,14 @@
  *      half of every ring chunk over the rdma lane beside NVLink
  *   o  as m with FLEXCOLL_RING_LANE_INBAND=1: the lane's descriptors and acknowledgements over
  *      the link too, as between hosts
- * In f, g, h and j the links' statistics must show bytes on pcie (and none on nvlink in g, j, k,
- * l, m and o); in m, n and o a second rdma entry toward the next rank (the lane, beside the host
- * link) with bytes.
+ *   p  three lanes: FLEXCOLL_RING_LANE=pcie,rdma FLEXCOLL_ONESHOT_MAX_BYTES=0
+ *      FLEXCOLL_LINK_SHARES=nvlink:0.4,pcie:0.3,rdma:0.3: every ring chunk over NVLink, host
+ *      memory and the rdma link at once
+ *   q  as p without nvlink, FLEXCOLL_LINK_SHARES=pcie:0.5,rdma:0.5: every ring call through the
+ *      two side lanes alone
+ * In f, g, h, j, p and q the links' statistics must show bytes on pcie (and none on nvlink in g,
+ * j, k, l, m, o and q); in m, n, o, p and q a second rdma entry toward the next rank (the lane,
+ * beside the host link) with bytes.
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only).  Every
  * wait is bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
  * One line per (environment, N, phase) goes to stderr, then a summary.  Exit 77 (automake's
@@ -694,7 +699,7 @@ static size_t max_footprint(int nranks, case_t *cases) {
 /* Where the environment puts a share on the pcie link, the statistics must show bytes on it
  * (the ring calls above carried them); nvlink's must be there in every environment. */
 /* The environments whose ring lane goes over the rdma link (the fake provider). */
-static int rdma_env(char key) { return key == 'm' || key == 'n' || key == 'o'; }
+static int rdma_env(char key) { return key == 'm' || key == 'n' || key == 'o' || key == 'p' || key == 'q'; }
 
 static void check_link_stats(rank_t *r) {
   flexcoll_link_stats_t st[64]; /* 8 ranks: 3 host links x 7 peers, then the lanes */
@@ -715,7 +720,7 @@ static void check_link_stats(rank_t *r) {
   if (rdma_env(g_env) && (rd_next < 2 || rd == 0))
     FAIL(r, "%d rdma entries toward the next rank with %llu bytes: the ring lane over rdma is not on", rd_next, rd);
   const char *links = getenv("FLEXCOLL_LINKS");
-  const int want_pc = g_env == 'f' || g_env == 'g' || g_env == 'h' || g_env == 'j';
+  const int want_pc = g_env == 'f' || g_env == 'g' || g_env == 'h' || g_env == 'j' || g_env == 'p' || g_env == 'q';
   if (!have_nv && !(links && !strstr(links, "nvlink"))) FAIL(r, "no nvlink link in the statistics (%d links)", n);
   if (want_pc && (!have_pc || pc == 0))
     FAIL(r, "the pcie link carried %llu bytes (%s in the statistics)", pc, have_pc ? "listed" : "not listed");
@@ -975,6 +980,16 @@ static const env_t envs[] = {
      {Q32, {"FLEXCOLL_LINKS", "rdma,shm,tcp"}, {"FLEXCOLL_RING_LANE", "rdma"}, {"FLEXCOLL_PCIE_AREA_BYTES", "1M"},
       {"FLEXCOLL_RING_LANE_INBAND", "1"}},
      0},
+    /* Three lanes: NVLink, host memory and the rdma link, each with a fixed share (p); the two
+     * side lanes alone, without peer access (q). */
+    {'p',
+     {Q32, {"FLEXCOLL_LINKS", "nvlink,pcie,rdma,shm,tcp"}, {"FLEXCOLL_RING_LANE", "pcie,rdma"},
+      {"FLEXCOLL_ONESHOT_MAX_BYTES", "0"}, {"FLEXCOLL_LINK_SHARES", "nvlink:0.4,pcie:0.3,rdma:0.3"}},
+     0},
+    {'q',
+     {Q32, {"FLEXCOLL_LINKS", "pcie,rdma,shm,tcp"}, {"FLEXCOLL_RING_LANE", "pcie,rdma"},
+      {"FLEXCOLL_PCIE_AREA_BYTES", "1M"}, {"FLEXCOLL_LINK_SHARES", "pcie:0.5,rdma:0.5"}},
+     0},
 };
 #define NENVS (int)(sizeof envs / sizeof envs[0])
 
@@ -1067,7 +1082,7 @@ int main(void) {
   const int nranks_list = parse_ranks(ranks);
   if (nranks_list < 0) return 1;
   const char *sel = getenv("FC_ONEGPU_ENVS");
-  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h,i,k,l,m,n,o";
+  if (!sel || !*sel) sel = "a,b,c,d,e,f,g,h,i,k,l,m,n,o,p,q";
   setvbuf(stderr, NULL, _IONBF, 0);
 
   /* The GPU probe in a child too: the parent's CUDA state would not survive a fork. */

@@ -52,6 +52,15 @@ grep -q 'FLEXCOLL_TIMEOUT_MS .*abc.*INVALID' "$tmp/out" && ok || bad "FLEXCOLL_T
 grep -q hush "$tmp/out" && bad "the secret was printed" || ok
 grep -q '^Bootstrap interface: ' "$tmp/out" && ok || bad "no bootstrap interface line"
 grep -q 'no GPU: \|^GPUs: [1-9]' "$tmp/out" && ok || bad "no GPU, and no reason why"
+# A list of distinct words (FLEXCOLL_RING_LANE): each one a choice, none twice, at least one.
+for v in pcie rdma pcie,rdma rdma,pcie; do
+  env -i PATH="$PATH" FLEXCOLL_RING_LANE=$v "$info" >"$tmp/out" 2>&1
+  grep -q 'FLEXCOLL_RING_LANE .*INVALID' "$tmp/out" && bad "FLEXCOLL_RING_LANE=$v flagged invalid" || ok
+done
+for v in nvlink pcie,pcie pcie,tcp ,; do
+  env -i PATH="$PATH" FLEXCOLL_RING_LANE=$v "$info" >"$tmp/out" 2>&1
+  grep -q 'FLEXCOLL_RING_LANE .*INVALID' "$tmp/out" && ok || bad "FLEXCOLL_RING_LANE=$v not flagged invalid"
+done
 "$info" --bogus >"$tmp/out" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q "unknown option '--bogus'" "$tmp/out" && ok || bad "flexcoll-info --bogus: exit $rc, want 2 and a message"

@@ -97,7 +97,8 @@ static void bootstrap_interface(void) {
 }
 
 /* The link models communicators calibrated on this machine (the cache lib/sched/cost.c keeps):
- * one file per set of hosts, rank count and links, the links named at the end of its key. */
+ * one file per set of hosts, rank count and links (host-...), or per shape of the ring kernels'
+ * device lanes (ring-...), the links or lanes named at the end of its key. */
 static void cached_links(void) {
   const char *dir = fc_cost_cache_dir();
   printf("Calibrated links (cache %s):\n", dir ? dir : "none: set FLEXCOLL_CACHE_DIR");
@@ -115,7 +116,7 @@ static void cached_links(void) {
       if (nwords++ >= 3 && nlinks < FC_MAX_LINKS) names[nlinks++] = w;
     fc_link_model_t m[FC_MAX_LINKS];
     if (nlinks < 1 || fc_cost_cache_load(dir, key, m, nlinks) != FLEXCOLL_SUCCESS) continue;
-    printf("  %s\n", key);
+    printf("  %s%s\n", key, !strncmp(key, "ring-", 5) ? " (the ring kernels' device lanes)" : "");
     for (int i = 0; i < nlinks; i++)
       printf("    %-8s alpha %9.2f us  beta %10.1f MB/s\n", names[i], m[i].alpha_us, m[i].beta);
     shown++;

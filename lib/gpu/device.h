@@ -57,9 +57,9 @@ typedef struct {
 #define FC_LANE_BOARD_ENTRIES 256
 typedef struct {
   uint64_t m;                /* the update's number (>= 1); 0 while the entry is rewritten */
-  fc_link_model_t model[2];  /* nvlink, pcie */
-  int32_t probe[2];
-  double parts[2], us[2];    /* rank 0's timed calls behind it, and their time (the log) */
+  fc_link_model_t model[FC_RING_LANES]; /* nvlink, the side lanes */
+  int32_t probe[FC_RING_LANES];
+  double parts[FC_RING_LANES], us[FC_RING_LANES]; /* rank 0's timed calls behind it, and their time (the log) */
 } fc_lane_board_entry_t;
 
 /* A rank's host area of the pcie lane: counters (ready and ack per block, as kernels.h lays
@@ -74,9 +74,11 @@ typedef struct {
 #define FC_PCIE_CTR_BYTES ((FC_PCIE_PREV_OFF + 2 * FC_MAX_BLOCKS * sizeof(uint64_t) + 4095) / 4096 * 4096)
 struct fc_pcie_proxy;
 
-/* The pcie link of the ring kernels (pcie.c): host staging areas, ours and our ring
- * neighbours', mapped here, and the two lanes' cost models. */
+/* A side lane of the ring kernels (pcie.c): host staging areas, ours and our ring neighbours',
+ * mapped here, and what moves its bytes.  Its place in fc_ring_args_t.side is index; its model
+ * is fc_pcie_t.model[index + 1] (lane index + 1 wherever arrays count NVLink as lane 0). */
 typedef struct {
+  int index;
   int on;                  /* on every rank */
   int ce;                  /* its messages moved by a proxy thread (pcie_ce.c), on every rank */
   /* ce: the proxy's mover: NULL, copy engines through the host areas; else this host link
@@ -86,22 +88,32 @@ typedef struct {
   const char *name;        /* "pcie", or the link's name */
   /* link: the ranks are on several hosts, so no rank maps another's host area: descriptors and
    * acknowledgements go over the link too (lane_link.h, in band); next and prev (the kernel's
-   * pc_ctr_next, pc_ctr_prev) then point into our own area (unused, and the stand-in). */
+   * side ctr_next and ctr_prev) then point into our own area (unused, and the stand-in). */
   int inband;
   struct fc_pcie_proxy *proxy; /* ce: this rank's */
   char *boxes;             /* ce: device memory: outbox, inbox (area_bytes each), the published counts */
   uint64_t *pub;           /* ce: in boxes */
   uint64_t *ready;         /* ce: the kernel's ready counters in boxes (FLEXCOLL_PCIE_CE_READY=device), else NULL */
-  int only;                /* FLEXCOLL_LINKS names pcie but not nvlink: ring calls go through it whole */
   size_t bytes;            /* of every rank's area: counters, then the ring area */
   size_t ctr_bytes, area_bytes;
   unsigned blocks;         /* most blocks of a ring grid on this lane */
   char *own_host, *next_host, *prev_host; /* the mappings (prev_host == next_host with 2 ranks) */
   char *own, *next, *prev;                /* the same as device pointers */
-  double fixed;            /* FLEXCOLL_LINK_SHARES's pcie fraction; < 0: the balancer's */
-  fc_link_model_t model[2];/* nvlink, pcie: identical on every rank */
-  unsigned long long sent[2]; /* bytes this rank pushed to the next one on each lane */
-  double share[2];         /* of the last ring call's bytes */
+  int stall_reported;      /* fc_pcie_report_timeout has written its lines */
+} fc_side_lane_t;
+
+/* The ring kernels' lanes beside NVLink (pcie.c): the side lanes and the lanes' cost models.
+ * Arrays of FC_RING_LANES hold NVLink at 0 and side lane k at k + 1. */
+typedef struct {
+  fc_side_lane_t side[FC_RING_SIDE_LANES];
+  int nside;               /* side lanes on: side[0 .. nside - 1], in FLEXCOLL_RING_LANE's order, on every rank */
+  int only;                /* no NVLink lane (no peer access): ring calls go through the side lanes whole */
+  /* FLEXCOLL_LINK_SHARES's fractions of the lanes it names (summing to 1 over the lanes that can
+   * carry bytes); fixed[0] < 0: the balancer's split */
+  double fixed[FC_RING_LANES];
+  fc_link_model_t model[FC_RING_LANES]; /* identical on every rank */
+  unsigned long long sent[FC_RING_LANES]; /* bytes this rank pushed to the next one on each lane */
+  double share[FC_RING_LANES]; /* of the last ring call's bytes */
   /* Stage 2 of the lanes (pcie.c): ring calls of at least stage2_bytes (count x type size) are
    * timed by the kernel (fc_lane_record_t).  adapt: rank 0's times move the models (the split is
    * the balancer's): every FC_STAGE2_EVERY large calls rank 0 posts an update on the board, and
@@ -110,14 +122,13 @@ typedef struct {
   size_t stage2_bytes;     /* 0: no call is timed */
   unsigned long long issued, seen; /* timed calls launched; records taken or lost */
   unsigned large_calls;    /* large ring calls so far, captured ones too: the same on every rank */
-  double meas_parts[2], meas_bytes[2], meas_us[2]; /* since rank 0's last update */
-  double throttle[2];      /* tests: measured times are multiplied by it (0: 1) */
-  int probe[2];            /* in force, with model */
-  fc_link_model_t next_model[2]; /* rank 0: as of its last update (the others' lag behind) */
-  int next_idle[2], next_probe[2];
+  double meas_parts[FC_RING_LANES], meas_bytes[FC_RING_LANES], meas_us[FC_RING_LANES]; /* since rank 0's last update */
+  double throttle[FC_RING_LANES]; /* tests: measured times are multiplied by it (0: 1) */
+  int probe[FC_RING_LANES];       /* in force, with model */
+  fc_link_model_t next_model[FC_RING_LANES]; /* rank 0: as of its last update (the others' lag behind) */
+  int next_idle[FC_RING_LANES], next_probe[FC_RING_LANES];
   fc_lane_board_entry_t *board; /* mapped (adapt) */
-  double busy_us[2];       /* the timed calls' lane times, summed (statistics) */
-  int stall_reported;      /* fc_pcie_report_timeout has written its lines */
+  double busy_us[FC_RING_LANES];  /* the timed calls' lane times, summed (statistics) */
 } fc_pcie_t;
 
 struct fc_gpu {
@@ -192,10 +203,11 @@ struct fc_gpu {
   fc_get_address_range_fn get_address_range;
 };
 
-/* The pcie link (pcie.c).  Open: collective, after the peers are connected; the link is on only
+/* The side lanes (pcie.c).  Open: collective, after the peers are connected; a lane is on only
  * where every rank could map its areas (else one INFO line says why; not an error).  Split: the
- * bytes of a ring chunk the pcie lane carries (a multiple of 16, or the whole chunk), a pure
- * function of communicator constants and the shared models. */
+ * bytes of a ring chunk each side lane carries (side[k]: a multiple of 16, or the rest of the
+ * chunk; the NVLink lane takes what they leave, fc_ring_lane_cut), a pure function of
+ * communicator constants and the shared models. */
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g);
 void fc_pcie_close(struct fc_gpu *g);
 /* Once a kernel of the communicator timed out: the kernel-driven lane's counters in the three
@@ -203,16 +215,17 @@ void fc_pcie_close(struct fc_gpu *g);
  * that has moved, so that the ranks' lines together show where the ring stopped.  Once per
  * communicator; the copy-engine lane's proxy reports its own. */
 void fc_pcie_report_timeout(struct fc_gpu *g, int rank);
-size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk);
+void fc_pcie_split(const struct fc_gpu *g, size_t chunk, size_t *side);
 /* The copy-engine mover (pcie_ce.c), after the areas are mapped: its device boxes and proxy
- * thread; where it cannot start, p->proxy stays NULL and why says so.  Stop: the proxy joined,
+ * thread for side lane s; where it cannot start, s->proxy stays NULL and why says so.  Stop: the proxy joined,
  * its copies done, the boxes freed (also after a failed start). */
-flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, char *why, size_t wlen);
-void fc_pcie_ce_stop(struct fc_gpu *g);
-/* Before a ring call with a share on the copy-engine lane: wake the proxy if it sleeps. */
-void fc_pcie_ce_kick(struct fc_gpu *g);
+flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, fc_side_lane_t *s, char *why,
+                                   size_t wlen);
+void fc_pcie_ce_stop(fc_side_lane_t *s);
+/* Before a ring call with a share on a proxy's lane: wake the lane's proxy if it sleeps. */
+void fc_pcie_ce_kick(fc_side_lane_t *s);
 /* Stage 2 of the lanes around a ring call of `bytes` (count x type size) whose split is already in
- * a->side[0].chunk_bytes: before the launch, take the records of timed calls that have finished (never
+ * a->side[k].chunk_bytes: before the launch, take the records of timed calls that have finished (never
  * waiting for one) and, for a large eager call, have the kernel time this one (a's clock fields;
  * pushes: the chunk messages this rank sends, 0 at a chain's end); after the launch, count a
  * large call (captured ones too: every rank counts alike), post rank 0's update every

@@ -27,6 +27,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "host/host.h"
+#include "kernels/ring_plan.h"
 #include "sched/sched.h"
 
 typedef struct {
@@ -163,7 +164,6 @@ static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
 
 void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a) {
   const int n = comm->nranks, me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
-  const fc_pcie_t *p = &g->pcie;
   /* Without peer access the neighbours' staging is not mapped (NULL): no NVLink lane. */
   char *const next_stage = g->peers[next].stage, *const prev_stage = g->peers[prev].stage;
   *a = (fc_ring_args_t){.rank = me, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
@@ -173,39 +173,40 @@ void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
                         .ctr_prev = prev_stage ? (uint64_t *)(prev_stage + g->ring_ctr_off) : NULL,
                         .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
                         .timeout_ns = g->timeout_ns, .error = g->error_dev};
-  if (p->on) {
+  for (int k = 0; k < g->pcie.nside; k++) {
+    const fc_side_lane_t *s = &g->pcie.side[k];
+    if (!s->on) continue;
     /* Through a proxy the kernel reads our inbox and writes our outbox (device memory); the
      * proxies move the bytes (through the host areas, or over the link). */
-    fc_ring_side_t *sd = &a->side[0];
-    sd->area = p->ce ? p->boxes + p->area_bytes : p->own + p->ctr_bytes;
-    sd->area_next = p->ce ? p->boxes : p->next + p->ctr_bytes;
-    sd->ce = p->ce;
-    sd->desc = p->ce ? (fc_pcie_desc_t *)(p->own + FC_PCIE_DESC_OFF) : NULL;
-    sd->sent = p->ce ? (uint64_t *)(p->own + FC_PCIE_SENT_OFF) : NULL;
-    sd->pub = p->ce ? p->pub : NULL;
-    sd->ready = p->ce ? p->ready : NULL;
-    sd->ctr = (uint64_t *)p->own;
-    sd->ctr_next = (uint64_t *)p->next;
-    sd->ctr_prev = (uint64_t *)p->prev;
-    sd->area_bytes = p->area_bytes;
-    sd->blocks = p->blocks;
+    fc_ring_side_t *sd = &a->side[k];
+    sd->area = s->ce ? s->boxes + s->area_bytes : s->own + s->ctr_bytes;
+    sd->area_next = s->ce ? s->boxes : s->next + s->ctr_bytes;
+    sd->ce = s->ce;
+    sd->desc = s->ce ? (fc_pcie_desc_t *)(s->own + FC_PCIE_DESC_OFF) : NULL;
+    sd->sent = s->ce ? (uint64_t *)(s->own + FC_PCIE_SENT_OFF) : NULL;
+    sd->pub = s->ce ? s->pub : NULL;
+    sd->ready = s->ce ? s->ready : NULL;
+    sd->ctr = (uint64_t *)s->own;
+    sd->ctr_next = (uint64_t *)s->next;
+    sd->ctr_prev = (uint64_t *)s->prev;
+    sd->area_bytes = s->area_bytes;
+    sd->blocks = s->blocks;
   }
 }
 
 /* The links' statistics of a ring call: what this rank pushes to the next rank on each lane. */
 static void count_ring_bytes(struct fc_gpu *g, fc_ring_coll_t coll, const fc_algo_args_t *args, size_t bytes,
-                             size_t pc_chunk) {
+                             const fc_ring_args_t *a) {
   const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
   const unsigned long long pushes = (unsigned long long)fc_ring_pushes(coll, args->rank, args->nranks, args->root);
-  /* Allreduce's last chunk may be short: its lanes are cut at the same offset, so the pcie lane
-   * (the chunk's first bytes) loses least; counted as full chunks (statistics only). */
-  const unsigned long long pc = pc_chunk < chunk ? pc_chunk : chunk;
-  g->pcie.sent[1] += pushes * pc;
-  g->pcie.sent[0] += pushes * (chunk - pc);
+  /* Allreduce's last chunk may be short: its lanes are cut at the same offsets, so the side lanes
+   * (the chunk's first bytes) lose least; counted as full chunks (statistics only). */
+  size_t start[FC_RING_LANES], end[FC_RING_LANES];
+  fc_ring_lane_cut(a, chunk, start, end);
+  for (int L = 0; L < FC_RING_LANES; L++) g->pcie.sent[L] += pushes * (end[L] - start[L]);
   /* Where large calls are timed, the shares come from their records (pcie.c, take_records). */
   if (g->pcie.stage2_bytes) return;
-  g->pcie.share[1] = chunk ? (double)pc / (double)chunk : 0;
-  g->pcie.share[0] = chunk ? 1 - g->pcie.share[1] : 0;
+  for (int L = 0; L < FC_RING_LANES; L++) g->pcie.share[L] = chunk ? (double)(end[L] - start[L]) / (double)chunk : 0;
 }
 
 static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, const void *send, void *recv,
@@ -222,23 +223,28 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
   const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
   /* The split is a function of the size and the shared models (which stage 2 changes on every
    * rank at the same large call, fc_pcie_after_ring): the same on every rank. */
-  a.side[0].chunk_bytes = fc_pcie_split(g, chunk);
-  if (a.side[0].chunk_bytes)
-    FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: %s carries %zu bytes of each ring chunk", fc_coll_name(args->coll), bytes,
-             g->pcie.name, a.side[0].chunk_bytes);
+  size_t side[FC_RING_SIDE_LANES];
+  fc_pcie_split(g, chunk, side);
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) {
+    a.side[k].chunk_bytes = side[k];
+    if (side[k])
+      FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: %s carries %zu bytes of each ring chunk", fc_coll_name(args->coll),
+               bytes, g->pcie.side[k].name, side[k]);
+  }
   const int large = fc_pcie_before_ring(g, bytes, chunk, fc_ring_pushes(coll, args->rank, args->nranks, args->root),
                                         x->capturing, &a);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   FC_CHECK(kernel_order_before(x, stream));
   /* A proxy that has dozed off is woken now, as the kernel it will serve is enqueued. */
-  if (a.side[0].chunk_bytes && a.side[0].ce) fc_pcie_ce_kick(g);
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++)
+    if (a.side[k].chunk_bytes && a.side[k].ce) fc_pcie_ce_kick(&g->pcie.side[k]);
   const int e = fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream);
   if (e) {
     if (a.clk) g->pcie.issued--; /* no record will come for it */
     return fc_error(x->comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "fc_kernel_ring_collective failed: %s",
                     cudaGetErrorString((cudaError_t)e));
   }
-  count_ring_bytes(g, coll, args, bytes, a.side[0].chunk_bytes);
+  count_ring_bytes(g, coll, args, bytes, &a);
   FC_CHECK(kernel_order_after(x, stream));
   return fc_pcie_after_ring(x->comm, g, large);
 }
@@ -316,7 +322,7 @@ static int takes_oneshot(const struct fc_gpu *g, const fc_algo_args_t *args, siz
 const char *fc_gpu_graph_refusal(struct flexcoll_comm *comm, const fc_algo_args_t *args, flexcoll_stream_t stream) {
   const struct fc_gpu *g = comm->gpu;
   if (through_host(g, args))
-    return g->pcie.on ? "the GPUs have no peer access and the ring kernels do not run this call, so it runs through host copies"
+    return g->pcie.side[0].on ? "the GPUs have no peer access and the ring kernels do not run this call, so it runs through host copies"
                       : "the GPUs have no peer access, so the call runs through host copies";
   if (args->count == 0 || args->nranks == 1) return NULL;
   return other_stream_refusal(g, stream);

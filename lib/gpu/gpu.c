@@ -621,8 +621,8 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
 void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, double factor) {
   (void)comm; (void)name; (void)factor;
 }
-int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, size_t *pc) {
-  (void)comm; (void)chunk; (void)beta; (void)pc;
+int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, fc_gpu_lane_state_t *lanes) {
+  (void)comm; (void)chunk; (void)lanes;
   return 0;
 }
 /* Communicators of a build without CUDA are host-only: api.c refuses windows before these. */

@@ -116,14 +116,21 @@ const char *fc_gpu_p2p_graph_refusal(struct flexcoll_comm *comm, flexcoll_stream
  * ring, as flexcoll_comm_get_link_stats reports them: written into stats up to max, the number
  * there are returned. */
 int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max);
-/* Tests: make device lane `name` ("nvlink" or "pcie") look `factor` times slower to stage 2 (its
- * measured times are scaled; the statistics keep the real ones); every rank of comm must do the
- * same.  Without a GPU, nothing. */
+/* Tests: make device lane `name` ("nvlink", or a side lane's: "pcie", "rdma") look `factor`
+ * times slower to stage 2 (its measured times are scaled; the statistics keep the real ones);
+ * every rank of comm must do the same.  Without a GPU, nothing. */
 void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);
-/* Tests: the lanes' model bandwidths (beta[2], MB/s: nvlink, pcie) and the pcie lane's bytes of a
- * ring chunk of `chunk` bytes as the next call would split it; 0 (and nothing written) when comm
- * has no pcie lane whose split stage 2 moves. */
-int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, size_t *pc);
+/* Tests: the ring kernels' lanes whose split stage 2 moves (nvlink, then the side lanes that are
+ * on): each one's model bandwidth (MB/s) and its bytes of a ring chunk of `chunk` bytes as the
+ * next call would split it, into lanes[0 ..] (room for FC_GPU_LANES); returns how many, 0 (and
+ * nothing written) when comm has no side lane whose split stage 2 moves. */
+#define FC_GPU_LANES 3
+typedef struct {
+  char name[16];
+  double beta;
+  size_t part;
+} fc_gpu_lane_state_t;
+int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, fc_gpu_lane_state_t *lanes);
 
 /* Symmetric windows (flexcoll_window_register/deregister; collective; arguments checked by api.c). */
 flexcoll_result_t fc_gpu_window_register(struct flexcoll_comm *comm, void *buf, size_t bytes, struct flexcoll_window **out);

@@ -51,6 +51,7 @@
 #include "comm.h"
 #include "error.h"
 #include "gpu/device.h"
+#include "kernels/ring_plan.h"
 #include "log.h"
 #include "param.h"
 #include "topo.h"
@@ -71,39 +72,43 @@ FC_PARAM_INT(lane_stage2_bytes, "LANE_STAGE2_BYTES", 16 << 20)
  * before it has to wait for the update (a multiple of FC_STAGE2_EVERY). */
 #define FC_LANE_STAGE2_LAG (2 * FC_STAGE2_EVERY)
 
-/* FLEXCOLL_LINK_SHARES's fraction of the second lane (named lane: pcie, or the host link that
- * carries it) of nvlink + that lane; -1 when it names neither. */
-static double fixed_fraction(const char *lane) {
+/* FLEXCOLL_LINK_SHARES's fractions of the lanes (nvlink, then the side lanes by name: pcie, or
+ * the host link that carries one) into p->fixed, normalised over the lanes that can carry bytes
+ * (not nvlink where there is no NVLink lane); fixed[0] = -1 when it names none of them or gives
+ * them nothing. */
+static void fixed_fractions(fc_pcie_t *p) {
+  p->fixed[0] = -1;
   const char *s = fc_param_str("FLEXCOLL_LINK_SHARES", NULL);
-  if (!s) return -1;
-  double nv = 0, pc = 0;
-  int named = 0;
+  if (!s) return;
+  double f[FC_RING_LANES] = {0}, sum = 0;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", s);
   for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
     char *colon = strchr(tok, ':');
     if (!colon) continue; /* links.c refuses the malformed list */
     *colon = 0;
-    double f = strtod(colon + 1, NULL);
-    if (!strcmp(tok, "nvlink")) nv = f, named = 1;
-    if (!strcmp(tok, lane)) pc = f, named = 1;
+    const double v = strtod(colon + 1, NULL);
+    if (!strcmp(tok, "nvlink") && !p->only) f[0] = v;
+    for (int k = 0; k < p->nside; k++)
+      if (!strcmp(tok, p->side[k].name)) f[k + 1] = v;
   }
-  if (!named || !(nv + pc > 0)) return -1;
-  return pc / (nv + pc);
+  for (int L = 0; L < FC_RING_LANES; L++) sum += f[L];
+  if (!(sum > 0)) return;
+  for (int L = 0; L < FC_RING_LANES; L++) p->fixed[L] = f[L] / sum;
 }
 
-static void shm_name(const struct flexcoll_comm *comm, int rank, char *out, size_t len) {
+static void shm_name(const struct flexcoll_comm *comm, const fc_side_lane_t *s, int rank, char *out, size_t len) {
   /* A hash of the unique id: the same on every rank, different for every communicator. */
   const uint64_t h = fc_hash_bytes(FC_HASH_INIT, &comm->init_id, sizeof comm->init_id);
-  snprintf(out, len, "/flexcoll-pcie-%016llx-%d", (unsigned long long)h, rank);
+  snprintf(out, len, "/flexcoll-lane%d-%016llx-%d", s->index, (unsigned long long)h, rank);
 }
 
 /* Map rank's host area here (create: it is ours, new and zeroed) and register it with CUDA;
  * *host NULL and a reason in why when that cannot be done. */
-static void map_area(const struct flexcoll_comm *comm, const fc_pcie_t *p, int rank, int create, char **host, char **dev,
-                     char *why, size_t wlen) {
+static void map_area(const struct flexcoll_comm *comm, const fc_side_lane_t *s, int rank, int create, char **host,
+                     char **dev, char *why, size_t wlen) {
   char name[96];
-  shm_name(comm, rank, name, sizeof name);
+  shm_name(comm, s, rank, name, sizeof name);
   *host = *dev = NULL;
   int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
   if (fd < 0 && create && errno == EEXIST) { /* left by a process that died in a communicator of the same id */
@@ -115,27 +120,27 @@ static void map_area(const struct flexcoll_comm *comm, const fc_pcie_t *p, int r
     return;
   }
   /* Reserve the pages now: a full /dev/shm fails here instead of raising SIGBUS at a store. */
-  int e = create ? posix_fallocate(fd, 0, (off_t)p->bytes) : 0;
+  int e = create ? posix_fallocate(fd, 0, (off_t)s->bytes) : 0;
   if (e) {
-    snprintf(why, wlen, "reserving %zu bytes of %s: %s", p->bytes, name, strerror(e));
+    snprintf(why, wlen, "reserving %zu bytes of %s: %s", s->bytes, name, strerror(e));
     close(fd);
     shm_unlink(name);
     return;
   }
-  void *m = mmap(NULL, p->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void *m = mmap(NULL, s->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (m == MAP_FAILED) {
     snprintf(why, wlen, "mmap of %s: %s", name, strerror(errno));
     if (create) shm_unlink(name);
     return;
   }
-  cudaError_t ce = cudaHostRegister(m, p->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  cudaError_t ce = cudaHostRegister(m, s->bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
   void *d = NULL;
   if (ce == cudaSuccess) ce = cudaHostGetDevicePointer(&d, m, 0);
   if (ce != cudaSuccess) {
     cudaGetLastError();
     snprintf(why, wlen, "registering %s with CUDA: %s", name, cudaGetErrorString(ce));
-    munmap(m, p->bytes);
+    munmap(m, s->bytes);
     if (create) shm_unlink(name);
     return;
   }
@@ -144,52 +149,61 @@ static void map_area(const struct flexcoll_comm *comm, const fc_pcie_t *p, int r
 }
 
 /* This rank's area's name, once every rank that maps the area has done so. */
-static void unlink_own_area(const struct flexcoll_comm *comm) {
+static void unlink_own_area(const struct flexcoll_comm *comm, const fc_side_lane_t *s) {
   char name[96];
-  shm_name(comm, comm->rank, name, sizeof name);
+  shm_name(comm, s, comm->rank, name, sizeof name);
   shm_unlink(name);
 }
 
-static void unmap_area(fc_pcie_t *p, char **host) {
+static void unmap_area(const fc_side_lane_t *s, char **host) {
   if (!*host) return;
   cudaHostUnregister(*host);
-  munmap(*host, p->bytes);
+  munmap(*host, s->bytes);
   *host = NULL;
+}
+
+/* One side lane's proxy, mappings and state, all of it (also of a lane that never opened). */
+static void close_side(fc_side_lane_t *s) {
+  fc_pcie_ce_stop(s); /* before the areas it copies through go */
+  s->ce = 0;
+  if (s->prev_host == s->next_host) s->prev_host = NULL; /* one mapping for both with 2 ranks */
+  unmap_area(s, &s->next_host);
+  unmap_area(s, &s->prev_host);
+  unmap_area(s, &s->own_host);
+  cudaGetLastError();
+  s->on = s->inband = 0;
+  s->link = NULL;
+  s->next = s->prev = NULL;
 }
 
 void fc_pcie_close(struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
-  fc_pcie_ce_stop(g); /* before the areas it copies through go */
-  p->ce = 0;
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) close_side(&p->side[k]);
+  p->nside = 0;
   if (p->board) munmap(p->board, FC_LANE_BOARD_ENTRIES * sizeof *p->board);
   p->board = NULL;
   p->adapt = 0;
-  if (p->prev_host == p->next_host) p->prev_host = NULL; /* one mapping for both with 2 ranks */
-  unmap_area(p, &p->next_host);
-  unmap_area(p, &p->prev_host);
-  unmap_area(p, &p->own_host);
-  cudaGetLastError();
-  /* Without the link, FLEXCOLL_LINKS=pcie cannot route anything through it: the usual paths. */
-  p->on = p->only = p->inband = 0;
-  p->link = NULL;
-  p->next = p->prev = NULL;
+  /* Without the lanes, FLEXCOLL_LINKS=pcie cannot route anything through them: the usual paths. */
+  p->only = 0;
 }
 
 void fc_pcie_report_timeout(struct fc_gpu *g, int rank) {
-  fc_pcie_t *p = &g->pcie;
-  if (!p->on || p->ce || p->stall_reported || !p->own_host) return;
-  p->stall_reported = 1;
-  const volatile uint64_t *own = (const uint64_t *)p->own_host, *prev = (const uint64_t *)p->prev_host,
-                          *next = (const uint64_t *)p->next_host;
-  for (unsigned b = 0; b < p->blocks; b++) {
-    const uint64_t ready = own[b], ack = own[FC_MAX_BLOCKS + b];
-    if (!ready && !ack) continue;
-    /* Ours: the previous rank raises ready (what it pushed), the next rank ack (what it took);
-     * we raise the next rank's ready and the previous rank's ack. */
-    FC_WARN("rank %d: pcie lane (kernels) at the timeout, block %u: ready %llu, ack %llu; the next rank's ready "
-            "%llu, the previous rank's ack %llu",
-            rank, b, (unsigned long long)ready, (unsigned long long)ack, next ? (unsigned long long)next[b] : 0ull,
-            prev ? (unsigned long long)prev[FC_MAX_BLOCKS + b] : 0ull);
+  for (int k = 0; k < g->pcie.nside; k++) {
+    fc_side_lane_t *s = &g->pcie.side[k]; /* the kernel-driven lanes (a proxy reports its own) */
+    if (!s->on || s->ce || s->stall_reported || !s->own_host) continue;
+    s->stall_reported = 1;
+    const volatile uint64_t *own = (const uint64_t *)s->own_host, *prev = (const uint64_t *)s->prev_host,
+                            *next = (const uint64_t *)s->next_host;
+    for (unsigned b = 0; b < s->blocks; b++) {
+      const uint64_t ready = own[b], ack = own[FC_MAX_BLOCKS + b];
+      if (!ready && !ack) continue;
+      /* Ours: the previous rank raises ready (what it pushed), the next rank ack (what it took);
+       * we raise the next rank's ready and the previous rank's ack. */
+      FC_WARN("rank %d: %s lane (kernels) at the timeout, block %u: ready %llu, ack %llu; the next rank's ready "
+              "%llu, the previous rank's ack %llu",
+              rank, s->name, b, (unsigned long long)ready, (unsigned long long)ack,
+              next ? (unsigned long long)next[b] : 0ull, prev ? (unsigned long long)prev[FC_MAX_BLOCKS + b] : 0ull);
+    }
   }
 }
 
@@ -203,15 +217,14 @@ static flexcoll_result_t everyone(struct flexcoll_comm *comm, int ok, int *all_o
 
 /* ---- calibration --------------------------------------------------------------------------- */
 
-/* Microseconds of one ring allgather of `bytes` per rank on one lane alone (the fastest of a
- * few, after a warm-up), or a negative number when a launch failed.  Every rank runs the same
+/* Microseconds of one ring allgather of `bytes` per rank on lane L alone (0: NVLink, k + 1: side
+ * lane k; the fastest of a few, after a warm-up), or a negative number when a launch failed.  Every rank runs the same
  * kernels in the same order; each waits for its own before the next, so ranks sharing a GPU
  * with one hardware queue never queue a kernel behind one that waits for them. */
-static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, size_t bytes, char *buf) {
+static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int L, size_t bytes, char *buf) {
   fc_ring_args_t a;
   fc_gpu_ring_args(comm, g, &a);
-  a.side[0].chunk_bytes = pcie ? bytes : 0;
-  if (!pcie) a.side[0].area = NULL;
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) a.side[k].chunk_bytes = k + 1 == L ? bytes : 0;
   cudaEvent_t t0, t1;
   if (cudaEventCreate(&t0) != cudaSuccess) return -1;
   if (cudaEventCreate(&t1) != cudaSuccess) {
@@ -220,7 +233,7 @@ static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, 
   }
   double best = -1;
   for (int rep = 0; rep < 4; rep++) {
-    if (pcie) fc_pcie_ce_kick(g); /* as run_ring does: a dozing proxy would add its sleep */
+    if (L) fc_pcie_ce_kick(&g->pcie.side[L - 1]); /* as run_ring does: a dozing proxy would add its sleep */
     cudaEventRecord(t0, g->util_stream);
     int e = fc_kernel_ring_collective(&a, FC_RING_ALLGATHER, buf + (size_t)comm->rank * bytes, buf, bytes, FLEXCOLL_UINT8,
                                       FLEXCOLL_SUM, 0, g->util_stream);
@@ -239,8 +252,8 @@ static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int pcie, 
   return best;
 }
 
-/* Both lanes' models from two sizes (bytes pushed per rank against time, fc_cost_from_two); 0
- * when a timing failed.
+/* The lanes' models from two sizes (bytes pushed per rank against time, fc_cost_from_two): every
+ * lane that can carry bytes (not NVLink where there is no NVLink lane); 0 when a timing failed.
  * The buffer is the staging allocation's point-to-point area (idle during creation):
  * cudaMalloc and cudaFree may wait for the whole device, where other communicators' kernels
  * (TP and DP groups being created at the same time) may wait for this very thread. */
@@ -255,7 +268,10 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
    * time-slicing one GPU can time the larger size faster) left its peers' next kernel waiting
    * for it.  The ranks agree on the outcome afterwards (seed_models). */
   int ok = 1;
-  for (int lane = 0; lane < 2; lane++) {
+  const fc_pcie_t *p = &g->pcie;
+  for (int lane = 0; lane <= p->nside; lane++) {
+    m[lane] = (fc_link_model_t){.alpha_us = 0, .beta = 0, .min_bytes = lane ? FC_PCIE_MIN_SHARE : 0, .port = -1};
+    if (!lane && p->only) continue; /* beta 0: the balancer gives it nothing */
     double x[2], y[2];
     int measured = 1;
     for (int k = 0; k < 2; k++) {
@@ -263,30 +279,77 @@ static int calibrate(struct flexcoll_comm *comm, struct fc_gpu *g, fc_link_model
       y[k] = time_lane(comm, g, lane, sizes[k], buf);
       measured &= y[k] > 0;
     }
-    m[lane] = (fc_link_model_t){.alpha_us = 0, .beta = 0, .min_bytes = lane ? FC_PCIE_MIN_SHARE : 0, .port = -1};
     ok &= measured && fc_cost_from_two(&m[lane], x[0], y[0], x[1], y[1]) == FLEXCOLL_SUCCESS;
   }
   cudaGetLastError();
   return ok;
 }
 
-/* The cache key: the lanes' shape and every rank's host and GPU (connect_peers gathered them). */
+/* The cache key, ring-n<ranks>-<hash>-<lane>-<lane>...: a hash of the lanes' shape and every
+ * rank's host and GPU (connect_peers gathered them), then the lanes' names (flexcoll-info lists
+ * the cached models by them, as the host links'). */
 static void cache_key(const struct flexcoll_comm *comm, const struct fc_gpu *g, char *key, size_t len) {
-  snprintf(key, len, "ring-lanes nvlink,%s%s ranks %d blocks %u+%u subslots %u areas %zu+%zu where %016llx",
-           g->pcie.name, g->pcie.ce ? "(ce)" : "", comm->nranks, g->ring_blocks, g->pcie.blocks, g->ring_subslots, g->ring_bytes,
-           g->pcie.area_bytes,
-           (unsigned long long)g->where_hash);
+  const fc_pcie_t *p = &g->pcie;
+  char shape[512];
+  size_t at = (size_t)snprintf(shape, sizeof shape, "blocks %u subslots %u area %zu where %016llx", g->ring_blocks,
+                               g->ring_subslots, g->ring_bytes, (unsigned long long)g->where_hash);
+  for (int k = 0; k < p->nside && at < sizeof shape; k++)
+    at += (size_t)snprintf(shape + at, sizeof shape - at, "; %s blocks %u area %zu", p->side[k].name,
+                           p->side[k].blocks, p->side[k].area_bytes);
+  const uint64_t h = fc_hash_bytes(FC_HASH_INIT, shape, strlen(shape));
+  at = (size_t)snprintf(key, len, "ring-n%d-%016llx-%s", comm->nranks, (unsigned long long)h,
+                        p->only ? "nvlink.none" : "nvlink");
+  for (int k = 0; k < p->nside && at < len; k++)
+    at += (size_t)snprintf(key + at, len - at, "-%s%s", p->side[k].name, p->side[k].ce && !p->side[k].link ? ".ce" : "");
+}
+
+/* What the GPU's own PCIe link carries per direction, MB/s, from its negotiated speed and width
+ * (sysfs); 0 when unknown.  Every byte of a side lane crosses it, host staging's and a NIC's
+ * alike, so the side lanes share it in the model. */
+static double gpu_port_beta(int device) {
+  char bus[32], path[160], text[64];
+  if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  for (char *c = bus; *c; c++) *c = (char)(*c >= 'A' && *c <= 'F' ? *c - 'A' + 'a' : *c);
+  double gts = 0, width = 0;
+  for (int k = 0; k < 2; k++) {
+    snprintf(path, sizeof path, "/sys/bus/pci/devices/%s/%s", bus, k ? "current_link_width" : "current_link_speed");
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    const int got = fgets(text, sizeof text, f) != NULL;
+    fclose(f);
+    if (!got) return 0;
+    *(k ? &width : &gts) = strtod(text, NULL);
+  }
+  if (!(gts > 0 && width > 0)) return 0;
+  /* 8b/10b up to 5 GT/s (PCIe 1 and 2), 128b/130b from 8 GT/s. */
+  const double coding = gts <= 5 ? 0.8 : 128.0 / 130.0;
+  return gts * 1e3 * width * coding / 8;
+}
+
+/* The side lanes share the GPU's PCIe port (kept out of the cache: the topology's, like port). */
+static void set_ports(struct fc_gpu *g) {
+  fc_pcie_t *p = &g->pcie;
+  const double port_beta = p->nside > 1 ? gpu_port_beta(g->device) : 0;
+  p->model[0].port = -1;
+  for (int k = 0; k < p->nside; k++) {
+    p->model[k + 1].port = p->nside > 1 ? 0 : -1;
+    p->model[k + 1].port_beta = port_beta;
+  }
 }
 
 /* The lanes' models: from the cache when every rank has them, else calibrated; then rank 0's
  * everywhere (every rank must split alike). */
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *g) {
   fc_pcie_t *p = &g->pcie;
+  const int n = 1 + p->nside;
   const double t0 = fc_now_ms();
-  char key[256];
+  char key[512];
   cache_key(comm, g, key, sizeof key);
   const char *dir = fc_cost_cache_dir();
-  int have = dir && fc_cost_cache_load(dir, key, p->model, 2) == FLEXCOLL_SUCCESS, all_have = 0;
+  int have = dir && fc_cost_cache_load(dir, key, p->model, n) == FLEXCOLL_SUCCESS, all_have = 0;
   FC_CHECK(everyone(comm, have, &all_have));
   int fresh = 0;
   if (!all_have) {
@@ -299,24 +362,33 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, struct fc_gpu *
     }
     fresh = all_fresh;
     if (!all_fresh) {
-      p->on = 0;
-      FC_INFO(FC_SUB_SCHED, "rank %d: pcie link off: its calibration failed on some rank", comm->rank);
+      for (int k = 0; k < p->nside; k++) {
+        FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: its calibration failed on some rank", comm->rank,
+                p->side[k].name);
+        p->side[k].on = 0;
+      }
       return FLEXCOLL_SUCCESS;
     }
   }
-  /* Rank 0's models, bit for bit, on every rank. */
-  fc_link_model_t *all = calloc((size_t)comm->nranks * 2, sizeof *all);
+  /* Rank 0's models, bit for bit, on every rank (its GPU's port too: ranks may sit on GPUs
+   * whose links were trained differently). */
+  set_ports(g);
+  fc_link_model_t *all = calloc((size_t)comm->nranks * n, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  memcpy(&all[2 * comm->rank], p->model, 2 * sizeof *all);
-  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, 2 * sizeof *all);
-  if (res == FLEXCOLL_SUCCESS) memcpy(p->model, all, 2 * sizeof *all);
+  memcpy(&all[(size_t)n * comm->rank], p->model, (size_t)n * sizeof *all);
+  flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, (size_t)n * sizeof *all);
+  if (res == FLEXCOLL_SUCCESS) memcpy(p->model, all, (size_t)n * sizeof *all);
   free(all);
   FC_CHECK(res);
-  if (fresh && comm->rank == 0 && dir) fc_cost_cache_save(dir, key, p->model, 2);
-  FC_INFO(FC_SUB_SCHED,
-          "rank %d: ring lanes %s in %.1f ms: nvlink alpha %.1f us beta %.0f MB/s, pcie alpha %.1f us beta %.0f MB/s",
-          comm->rank, all_have ? "from the cache" : "calibrated", fc_now_ms() - t0, p->model[0].alpha_us,
-          p->model[0].beta, p->model[1].alpha_us, p->model[1].beta);
+  if (fresh && comm->rank == 0 && dir) fc_cost_cache_save(dir, key, p->model, n);
+  char text[320];
+  size_t at = 0;
+  for (int L = 0; L < n && at < sizeof text; L++)
+    at += (size_t)snprintf(text + at, sizeof text - at, "%s%s alpha %.1f us beta %.0f MB/s", L ? ", " : "",
+                           L ? p->side[L - 1].name : "nvlink", p->model[L].alpha_us, p->model[L].beta);
+  FC_INFO(FC_SUB_SCHED, "rank %d: ring lanes %s in %.1f ms: %s%s", comm->rank,
+          all_have ? "from the cache" : "calibrated", fc_now_ms() - t0, text,
+          p->nside > 1 ? " (the side lanes share the GPU's PCIe port)" : "");
   return FLEXCOLL_SUCCESS;
 }
 
@@ -400,28 +472,22 @@ static fc_link_t *lane_link(const struct flexcoll_comm *comm, const char *name, 
   return NULL;
 }
 
-/* The lane's blocks: as asked, at least one, at most half the ring grid (the NVLink lane keeps
- * the rest). */
-static unsigned lane_blocks(int64_t asked, unsigned ring_blocks) {
-  const unsigned b = asked < 1 ? 1u : (unsigned)asked;
-  return b > ring_blocks / 2 ? ring_blocks / 2 : b;
+/* A side lane's blocks: as asked, at least one, at most half the ring grid shared out among the
+ * side lanes asked for (the NVLink lane keeps the rest). */
+static unsigned lane_blocks(int64_t asked, unsigned ring_blocks, int lanes) {
+  const unsigned b = asked < 1 ? 1u : (unsigned)asked, cap = ring_blocks / (2u * (unsigned)lanes);
+  return b > cap ? cap : b;
 }
 
-flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
-  fc_pcie_t *p = &g->pcie;
-  memset(p, 0, sizeof *p);
-  /* The NVLink lane's calls are timed for the statistics even where the pcie lane is off. */
-  const int64_t s2 = fc_param_lane_stage2_bytes();
-  p->stage2_bytes = s2 > 0 ? (size_t)s2 : 0;
+/* Open side lane s over `name` (pcie: host memory; rdma: that link), one of `lanes` asked for
+ * (collective).  s->on where every rank has it; else one INFO line says why and s is closed. */
+static flexcoll_result_t open_side(struct flexcoll_comm *comm, struct fc_gpu *g, fc_side_lane_t *s, const char *name,
+                                   int lanes) {
   const int n = comm->nranks, next = (comm->rank + 1) % n, prev = (comm->rank + n - 1) % n;
   char why[256] = "";
-  FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_ENGINE")); /* sm or ce */
-  FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_CE_READY"));
-  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE")); /* pcie or rdma */
-  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE_INBAND"));
   const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
-  const int over_link = !strcmp(fc_param_str("FLEXCOLL_RING_LANE", "pcie"), "rdma");
-  p->name = over_link ? "rdma" : "pcie";
+  const int over_link = !strcmp(name, "rdma");
+  s->name = over_link ? "rdma" : "pcie";
   int64_t area = fc_param_pcie_area_bytes(), blocks = fc_param_pcie_blocks();
   /* Through copy engines every message costs the proxies two copies and two stream writes to
    * enqueue, so the lane wants few blocks and large messages (docs/PERFORMANCE.md, session 15);
@@ -434,12 +500,12 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   /* The same on every rank whatever its engine or lane: ranks map each other's areas (over a link
    * only their counters and descriptors are used, and the host ring area stays for the kernel's
    * own engine should the link's proxy not start everywhere). */
-  p->ctr_bytes = FC_PCIE_CTR_BYTES;
-  p->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
-  p->bytes = p->ctr_bytes + p->area_bytes;
-  p->blocks = lane_blocks(blocks, g->ring_blocks);
+  s->ctr_bytes = FC_PCIE_CTR_BYTES;
+  s->area_bytes = (size_t)(area < (64 << 10) ? (64 << 10) : area) / 16 * 16;
+  s->bytes = s->ctr_bytes + s->area_bytes;
+  s->blocks = lane_blocks(blocks, g->ring_blocks, lanes);
   int want = 1;
-  if (!fc_links_names(p->name)) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
+  if (!fc_links_names(s->name)) snprintf(why, sizeof why, "FLEXCOLL_LINKS leaves it out"), want = 0;
   else if (!g->ring) snprintf(why, sizeof why, "the ring kernels are off (FLEXCOLL_RING_KERNEL=0)"), want = 0;
   /* The ring visits every rank, so some neighbours are on another host, where this host's
    * shared memory does not reach (on one machine under several FLEXCOLL_HOSTIDs the mapping
@@ -447,17 +513,17 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   else if (comm->links && comm->links->nhosts > 1 && !over_link)
     snprintf(why, sizeof why, "the ranks are on %d hosts (the ring areas are shared memory of one host)",
              comm->links->nhosts), want = 0;
-  else if (p->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
+  else if (s->blocks < 1) snprintf(why, sizeof why, "ring grids of %u blocks leave none for it", g->ring_blocks), want = 0;
   /* Every rank decides alike on the above (communicator constants); whether the link is there
    * toward both neighbours, and the mappings, may differ between ranks, so they are agreed on. */
   if (want && over_link) {
-    p->link = lane_link(comm, p->name, next, prev, why, sizeof why);
-    FC_CHECK(everyone(comm, p->link != NULL, &want));
+    s->link = lane_link(comm, s->name, next, prev, why, sizeof why);
+    FC_CHECK(everyone(comm, s->link != NULL, &want));
     if (!want && !why[0]) snprintf(why, sizeof why, "another rank has no rdma link toward its ring neighbours");
   }
   if (!want) {
-    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name, why);
-    p->link = NULL;
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name, why);
+    close_side(s);
     return FLEXCOLL_SUCCESS;
   }
   /* Over a link between hosts no rank maps another's area: the lane's descriptors and
@@ -465,48 +531,48 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
    * neighbours' counters point into our own area (pc_ctr_next is not written on a proxy's lane;
    * pc_ctr_prev's ack half is the stand-in the proxy forwards).  FLEXCOLL_RING_LANE_INBAND=1
    * does so within one host too. */
-  p->inband = over_link && ((comm->links && comm->links->nhosts > 1) || fc_param_ring_lane_inband() != 0);
-  map_area(comm, p, comm->rank, 1, &p->own_host, &p->own, why, sizeof why);
-  int ok = p->own_host != NULL, all_ok = 0;
+  s->inband = over_link && ((comm->links && comm->links->nhosts > 1) || fc_param_ring_lane_inband() != 0);
+  map_area(comm, s, comm->rank, 1, &s->own_host, &s->own, why, sizeof why);
+  int ok = s->own_host != NULL, all_ok = 0;
   FC_CHECK(everyone(comm, ok, &all_ok));
   if (!all_ok && !why[0]) snprintf(why, sizeof why, "another rank could not create its host area");
-  if (all_ok && !p->inband) {
-    map_area(comm, p, next, 0, &p->next_host, &p->next, why, sizeof why);
-    if (p->next_host && prev != next) map_area(comm, p, prev, 0, &p->prev_host, &p->prev, why, sizeof why);
-    else p->prev_host = p->next_host, p->prev = p->next;
-    ok = p->next_host && p->prev_host;
+  if (all_ok && !s->inband) {
+    map_area(comm, s, next, 0, &s->next_host, &s->next, why, sizeof why);
+    if (s->next_host && prev != next) map_area(comm, s, prev, 0, &s->prev_host, &s->prev, why, sizeof why);
+    else s->prev_host = s->next_host, s->prev = s->next;
+    ok = s->next_host && s->prev_host;
     /* Everyone has mapped what it needs of ours (or failed): the name can go (below). */
     const flexcoll_result_t res = everyone(comm, ok, &all_ok);
     if (res != FLEXCOLL_SUCCESS) {
-      unlink_own_area(comm);
+      unlink_own_area(comm, s);
       return res;
     }
     /* Ranks of one host that cannot map each other's shared memory (containers with a /dev/shm
      * each, say) still have the link: over it the lane goes in band (agreed: all_ok is). */
     if (!all_ok && over_link) {
-      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s in band: %s", comm->rank, p->name,
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s in band: %s", comm->rank, s->name,
               why[0] ? why : "another rank could not map its ring neighbours' host areas");
-      if (p->prev_host == p->next_host) p->prev_host = NULL;
-      unmap_area(p, &p->next_host);
-      unmap_area(p, &p->prev_host);
-      p->inband = all_ok = 1;
+      if (s->prev_host == s->next_host) s->prev_host = NULL;
+      unmap_area(s, &s->next_host);
+      unmap_area(s, &s->prev_host);
+      s->inband = all_ok = 1;
     }
   }
-  if (all_ok && p->inband) {
-    p->next = p->own;
-    p->prev = p->own + FC_PCIE_PREV_OFF;
+  if (all_ok && s->inband) {
+    s->next = s->own;
+    s->prev = s->own + FC_PCIE_PREV_OFF;
   }
-  if (p->own_host) unlink_own_area(comm); /* mapped by whoever needs it, or given up */
+  if (s->own_host) unlink_own_area(comm, s); /* mapped by whoever needs it, or given up */
   if (!all_ok) {
-    fc_pcie_close(g);
-    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
+    close_side(s);
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name,
             why[0] ? why : "another rank could not map its areas");
     return FLEXCOLL_SUCCESS;
   }
-  p->on = 1;
+  s->on = 1;
   /* The proxy's mover (copy engines, or the link) where asked for and started on every rank;
    * else every rank's kernel moves the bytes itself, through the host areas. */
-  if (!strcmp(engine, "ce") || p->link) {
+  if (!strcmp(engine, "ce") || s->link) {
     why[0] = 0;
     /* With one hardware queue the proxy's copies and counter writes were held back behind the
      * spinning ring kernels (the node, session 17: the first call stopped for good); the default
@@ -514,60 +580,95 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
     const char *queues = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     if (queues && atoi(queues) < 8)
       snprintf(why, sizeof why, "CUDA_DEVICE_MAX_CONNECTIONS=%s (copy engines need at least 8 hardware queues)", queues);
-    else FC_CHECK(fc_pcie_ce_start(comm, g, why, sizeof why));
+    else FC_CHECK(fc_pcie_ce_start(comm, g, s, why, sizeof why));
     int all_ce = 0;
-    FC_CHECK(everyone(comm, g->pcie.proxy != NULL, &all_ce));
-    if (!all_ce && p->link) {
+    FC_CHECK(everyone(comm, s->proxy != NULL, &all_ce));
+    if (!all_ce && s->link) {
       /* The lane was asked of the link: without its proxy on every rank it is off (the kernel's
        * own engine would make it the pcie lane, which FLEXCOLL_RING_LANE did not choose). */
-      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, p->name,
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s off: %s", comm->rank, s->name,
               why[0] ? why : "another rank could not start its proxy");
-      fc_pcie_close(g);
+      close_side(s);
       return FLEXCOLL_SUCCESS;
     }
     if (!all_ce) {
-      fc_pcie_ce_stop(g);
+      fc_pcie_ce_stop(s);
       /* Every rank falls back alike (agreed above): the kernel's own default block count. */
-      if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) p->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks);
-      FC_INFO(FC_SUB_SCHED, "rank %d: pcie link: copy engines off, the ring kernel moves its bytes: %s", comm->rank,
+      if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) s->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks, lanes);
+      FC_INFO(FC_SUB_SCHED, "rank %d: ring lane pcie: copy engines off, the ring kernel moves its bytes: %s", comm->rank,
               why[0] ? why : "another rank could not start its proxy");
     }
-    p->ce = all_ce;
+    s->ce = all_ce;
   }
-  /* Without peer access (or without nvlink by choice, which leaves the peers unmapped) the
-   * NVLink lane has nowhere to write: the ring kernels run on this lane alone. */
-  p->only = !g->p2p;
-  p->fixed = fixed_fraction(p->name);
-  if (!p->only && p->fixed < 0) FC_CHECK(seed_models(comm, g));
-  /* seed_models may have turned the link off (a failed calibration). */
-  if (p->on && !p->only && p->fixed < 0 && p->stage2_bytes > 0) FC_CHECK(open_board(comm, p));
-  if (p->on)
-    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s on: %zu KiB ring area per rank, up to %u blocks, %s, %s", comm->rank,
-            p->name, p->area_bytes >> 10, p->blocks,
-            p->inband ? "each message, descriptor and acknowledgement one of the link's (in band)"
-            : p->link ? "each message one of the link's, sent and received by a proxy thread"
-            : p->ce   ? "copy engines"
-                      : "the kernel's loads and stores",
-            p->only ? "every ring call through it (no peer access)" : p->fixed >= 0 ? "fixed share" : "balanced share");
-  else
-    fc_pcie_close(g);
   return FLEXCOLL_SUCCESS;
 }
 
-size_t fc_pcie_split(const struct fc_gpu *g, size_t chunk) {
-  const fc_pcie_t *p = &g->pcie;
-  if (!p->on || chunk == 0) return 0;
-  if (p->only) return chunk;
-  size_t pc;
-  if (p->fixed >= 0) {
-    pc = (size_t)((double)chunk * p->fixed);
-  } else {
-    size_t shares[2] = {0, 0};
-    if (fc_stage2_split(p->model, NULL, p->probe, 2, chunk, 16, shares) != FLEXCOLL_SUCCESS) return 0;
-    pc = shares[1];
+flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  fc_pcie_t *p = &g->pcie;
+  memset(p, 0, sizeof *p);
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) p->side[k].index = k;
+  /* The NVLink lane's calls are timed for the statistics even where no side lane is on. */
+  const int64_t s2 = fc_param_lane_stage2_bytes();
+  p->stage2_bytes = s2 > 0 ? (size_t)s2 : 0;
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_ENGINE")); /* sm or ce */
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_CE_READY"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE")); /* pcie, rdma, or both */
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE_INBAND"));
+  /* One side lane per name, in the list's order (the check above allows each name once); a lane
+   * that does not open leaves its place to the next. */
+  char names[64];
+  snprintf(names, sizeof names, "%s", fc_param_str("FLEXCOLL_RING_LANE", "pcie"));
+  const char *asked[FC_RING_SIDE_LANES];
+  int lanes = 0;
+  for (char *save = NULL, *tok = strtok_r(names, ", ", &save); tok && lanes < FC_RING_SIDE_LANES;
+       tok = strtok_r(NULL, ", ", &save))
+    asked[lanes++] = tok;
+  for (int i = 0; i < lanes; i++) {
+    fc_side_lane_t *s = &p->side[p->nside];
+    FC_CHECK(open_side(comm, g, s, asked[i], lanes));
+    if (s->on) {
+      p->nside++;
+    } else {
+      const int index = s->index;
+      memset(s, 0, sizeof *s);
+      s->index = index;
+    }
   }
-  if (pc >= chunk) return chunk;
-  return pc / 16 * 16;
+  if (!p->nside) {
+    fc_pcie_close(g);
+    return FLEXCOLL_SUCCESS;
+  }
+  /* Without peer access (or without nvlink by choice, which leaves the peers unmapped) the
+   * NVLink lane has nowhere to write: the ring kernels run on the side lanes alone. */
+  p->only = !g->p2p;
+  fixed_fractions(p);
+  const int balanced = p->fixed[0] < 0 && !(p->only && p->nside == 1);
+  if (balanced) FC_CHECK(seed_models(comm, g));
+  /* seed_models may have turned the lanes off (a failed calibration). */
+  if (!p->side[0].on) {
+    fc_pcie_close(g);
+    return FLEXCOLL_SUCCESS;
+  }
+  if (balanced && p->stage2_bytes > 0) FC_CHECK(open_board(comm, p));
+  for (int k = 0; k < p->nside; k++) {
+    const fc_side_lane_t *s = &p->side[k];
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s on: %zu KiB ring area per rank, up to %u blocks, %s, %s", comm->rank,
+            s->name, s->area_bytes >> 10, s->blocks,
+            s->inband ? "each message, descriptor and acknowledgement one of the link's (in band)"
+            : s->link ? "each message one of the link's, sent and received by a proxy thread"
+            : s->ce   ? "copy engines"
+                      : "the kernel's loads and stores",
+            p->only && p->nside == 1 ? "every ring call through it (no peer access)"
+            : p->fixed[0] >= 0       ? "fixed share"
+                                     : "balanced share");
+  }
+  return FLEXCOLL_SUCCESS;
+}
+
+void fc_pcie_split(const struct fc_gpu *g, size_t chunk, size_t *side) {
+  const fc_pcie_t *p = &g->pcie;
+  for (int k = p->nside; k < FC_RING_SIDE_LANES; k++) side[k] = 0; /* lanes that are not on */
+  fc_lanes_split(p->model, p->probe, p->fixed[0] >= 0 ? p->fixed : NULL, !p->only, p->nside, chunk, side);
 }
 
 /* ---- stage 2 ------------------------------------------------------------------------------- */
@@ -584,16 +685,17 @@ static void take_records(fc_pcie_t *p, const struct fc_gpu *g) {
     if (c < want) return; /* still running (or queued) */
     p->seen = want;
     if (c != want) continue; /* overwritten by a later call */
-    unsigned long long ns[2], bytes[2];
-    for (int L = 0; L < 2; L++) {
+    unsigned long long ns[FC_RING_LANES], bytes[FC_RING_LANES], total = 0;
+    for (int L = 0; L < FC_RING_LANES; L++) {
       ns[L] = __atomic_load_n(&r->ns[L], __ATOMIC_RELAXED);
       bytes[L] = __atomic_load_n(&r->bytes[L], __ATOMIC_RELAXED);
+      total += bytes[L];
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (__atomic_load_n(&r->call, __ATOMIC_RELAXED) != want) continue;
-    if (bytes[0] + bytes[1]) /* the last large call that finished */
-      for (int L = 0; L < 2; L++) p->share[L] = (double)bytes[L] / (double)(bytes[0] + bytes[1]);
-    for (int L = 0; L < 2; L++) {
+    if (total) /* the last large call that finished */
+      for (int L = 0; L < FC_RING_LANES; L++) p->share[L] = (double)bytes[L] / (double)total;
+    for (int L = 0; L < FC_RING_LANES; L++) {
       if (!ns[L] || !bytes[L]) continue;
       const double us = (double)ns[L] / 1e3;
       p->busy_us[L] += us;
@@ -612,25 +714,26 @@ int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes
   if (!large || capturing || !g->lane_clk) return large;
   /* A chain's last rank pushes nothing but still moves each chunk once (it receives it). */
   const unsigned long long msgs = pushes > 0 ? (unsigned long long)pushes : 1;
-  const size_t pc = a->side[0].chunk_bytes < chunk ? a->side[0].chunk_bytes : chunk;
+  size_t start[FC_RING_LANES], end[FC_RING_LANES];
+  fc_ring_lane_cut(a, chunk, start, end);
   a->clk = g->lane_clk;
   a->rec = g->lane_rec_dev;
   a->call = ++p->issued;
-  a->lane_bytes[0] = msgs * (chunk - pc);
-  a->lane_bytes[1] = msgs * pc;
+  for (int L = 0; L < FC_RING_LANES; L++) a->lane_bytes[L] = msgs * (end[L] - start[L]);
   return large;
 }
 
 /* Rank 0: fold its measurements since its last update into next_model (lib/sched's stage-2 rule)
  * and post the result as update m. */
 static void post_update(fc_pcie_t *p, uint64_t m) {
-  static const double floor[2] = {0, FC_PCIE_MIN_SHARE};
-  fc_stage2_update(p->next_model, p->next_idle, p->next_probe, floor, 2, p->meas_parts, p->meas_bytes, p->meas_us);
+  static const double floor[FC_RING_LANES] = {0, FC_PCIE_MIN_SHARE, FC_PCIE_MIN_SHARE};
+  fc_stage2_update(p->next_model, p->next_idle, p->next_probe, floor, 1 + p->nside, p->meas_parts, p->meas_bytes,
+                   p->meas_us);
   fc_lane_board_entry_t *e = &p->board[m % FC_LANE_BOARD_ENTRIES];
   __atomic_store_n(&e->m, 0, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
   memcpy(e->model, p->next_model, sizeof e->model);
-  for (int L = 0; L < 2; L++) {
+  for (int L = 0; L < FC_RING_LANES; L++) {
     e->probe[L] = p->next_probe[L];
     e->parts[L] = p->meas_parts[L];
     e->us[L] = p->meas_us[L];
@@ -670,10 +773,9 @@ static flexcoll_result_t install_update(struct flexcoll_comm *comm, fc_pcie_t *p
     if (spins > 64) sched_yield();
   }
   memcpy(p->model, got.model, sizeof p->model);
-  p->probe[0] = got.probe[0];
-  p->probe[1] = got.probe[1];
+  for (int L = 0; L < FC_RING_LANES; L++) p->probe[L] = got.probe[L];
   if (comm->rank != 0) /* only rank 0's measurements move the models */
-    for (int L = 0; L < 2; L++) p->meas_parts[L] = p->meas_bytes[L] = p->meas_us[L] = 0;
+    for (int L = 0; L < FC_RING_LANES; L++) p->meas_parts[L] = p->meas_bytes[L] = p->meas_us[L] = 0;
   *out = got;
   return FLEXCOLL_SUCCESS;
 }
@@ -694,13 +796,22 @@ flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *
   fc_lane_board_entry_t e = {0};
   FC_CHECK(install_update(comm, p, m, &e));
   const size_t ref = 64u << 20; /* a chunk to show the split at */
-  FC_INFO(FC_SUB_SCHED,
-          "rank %d: ring lanes stage 2: update %llu in force from large call %u (wall %.3f s), from rank 0's nvlink "
-          "%.0f calls %.1f us, pcie %.0f calls %.1f us: nvlink %.0f MB/s, pcie %.0f MB/s, pcie share of a 64 MiB chunk "
-          "%.4f%s",
-          comm->rank, (unsigned long long)m, c + 1, wall_s(), e.parts[0], e.parts[0] > 0 ? e.us[0] / e.parts[0] : 0.0,
-          e.parts[1], e.parts[1] > 0 ? e.us[1] / e.parts[1] : 0.0, p->model[0].beta, p->model[1].beta,
-          (double)fc_pcie_split(g, ref) / (double)ref, p->probe[1] ? " (a pcie probe)" : "");
+  size_t side[FC_RING_SIDE_LANES];
+  fc_pcie_split(g, ref, side);
+  char text[384];
+  size_t at = 0;
+  for (int L = 0; L <= p->nside && at < sizeof text; L++)
+    at += (size_t)snprintf(text + at, sizeof text - at, "%s%s %.0f calls %.1f us, %.0f MB/s%s%s", L ? "; " : "",
+                           L ? p->side[L - 1].name : "nvlink", e.parts[L], e.parts[L] > 0 ? e.us[L] / e.parts[L] : 0.0,
+                           p->model[L].beta, p->probe[L] ? " (a probe)" : "",
+                           L ? "" : " (rank 0's timed calls, the model)");
+  at = 0;
+  char split[128] = "";
+  for (int k = 0; k < p->nside && at < sizeof split; k++)
+    at += (size_t)snprintf(split + at, sizeof split - at, " %s %.4f", p->side[k].name, (double)side[k] / (double)ref);
+  FC_INFO(FC_SUB_SCHED, "rank %d: ring lanes stage 2: update %llu in force from large call %u (wall %.3f s): %s; "
+          "shares of a 64 MiB chunk:%s",
+          comm->rank, (unsigned long long)m, c + 1, wall_s(), text, split);
   return FLEXCOLL_SUCCESS;
 }
 
@@ -708,32 +819,41 @@ void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, dou
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
   if (!strcmp(name, "nvlink")) g->pcie.throttle[0] = factor;
-  if (g->pcie.name && !strcmp(name, g->pcie.name)) g->pcie.throttle[1] = factor;
+  for (int k = 0; k < g->pcie.nside; k++)
+    if (!strcmp(name, g->pcie.side[k].name)) g->pcie.throttle[k + 1] = factor;
 }
 
-int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, double *beta, size_t *pc) {
+_Static_assert(FC_GPU_LANES == FC_RING_LANES, "gpu.h's lane count is the ring kernels'");
+
+int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, fc_gpu_lane_state_t *lanes) {
   const struct fc_gpu *g = comm->gpu;
   if (!g || !g->pcie.adapt) return 0;
-  beta[0] = g->pcie.model[0].beta;
-  beta[1] = g->pcie.model[1].beta;
-  *pc = fc_pcie_split(g, chunk);
-  return 1;
+  size_t side[FC_RING_SIDE_LANES], left = chunk;
+  fc_pcie_split(g, chunk, side);
+  const int n = 1 + g->pcie.nside;
+  for (int L = n - 1; L >= 0; L--) {
+    fc_gpu_lane_state_t *x = &lanes[L];
+    snprintf(x->name, sizeof x->name, "%s", L ? g->pcie.side[L - 1].name : "nvlink");
+    x->beta = g->pcie.model[L].beta;
+    x->part = L ? side[L - 1] : left;
+    left -= x->part;
+  }
+  return n;
 }
 
 int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, int max) {
   struct fc_gpu *g = comm->gpu;
   if (!g || comm->nranks < 2) return 0;
   take_records(&g->pcie, g); /* busy_us up to the last timed call that has finished */
-  /* The lanes this communicator has: nvlink with peer access, the second (pcie, or the link that
-   * carries it) where it is on. */
-  const int has[2] = {g->p2p, g->ring && g->pcie.on};
-  const char *const names[2] = {"nvlink", g->pcie.name ? g->pcie.name : "pcie"};
+  /* The lanes this communicator has: nvlink with peer access, the side lanes (pcie, or the link
+   * that carries one) that are on. */
   int k = 0; /* lanes counted; those that fit in max written (as the host links are) */
-  for (int L = 0; L < 2; L++) {
-    if (!has[L] || k++ >= max) continue;
+  for (int L = 0; L < FC_RING_LANES; L++) {
+    const int has = L ? g->ring && L <= g->pcie.nside : g->p2p;
+    if (!has || k++ >= max) continue;
     flexcoll_link_stats_t *s = &stats[k - 1];
     memset(s, 0, sizeof *s);
-    snprintf(s->name, sizeof s->name, "%s", names[L]);
+    snprintf(s->name, sizeof s->name, "%s", L ? g->pcie.side[L - 1].name : "nvlink");
     s->peer = (comm->rank + 1) % comm->nranks;
     s->bytes = g->pcie.sent[L];
     s->busy_us = g->pcie.busy_us[L];

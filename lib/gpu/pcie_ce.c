@@ -19,7 +19,7 @@
  * block writes message m into its outbox only after the next rank consumed m - S, which implies
  * both proxies are done with that slot (outbox, staging, inbox) and its descriptor.
  *
- * Over a link (FLEXCOLL_RING_LANE=rdma, g->pcie.link) the kernels' protocol is the same; the
+ * Over a link (FLEXCOLL_RING_LANE=rdma, the side lane's link) the kernels' protocol is the same; the
  * proxy sends each published message from our outbox to the next rank as one of the link's
  * messages (GPUDirect RDMA on a NIC: no host copy), and receives the previous rank's into our
  * inbox at the offset its descriptor gives (read from its host area, as the copies read its
@@ -27,7 +27,7 @@
  * writes into device memory where the GPU offers one.  Messages of one block are sent and
  * received in order, each tagged with its block and number; a message of no bytes is neither
  * sent nor received (both ends read the same descriptor).  Within one host the descriptors and
- * the kernels' acknowledgements stay in the host areas; between hosts (g->pcie.inband) they go
+ * the kernels' acknowledgements stay in the host areas; between hosts (the side lane's inband) they go
  * over the link too, the kernel acknowledging into a stand-in in our own area that the proxy
  * forwards (lane_link.h).  The link's own flow control and the ring's bound what is in flight. */
 #define _GNU_SOURCE
@@ -104,7 +104,7 @@ struct fc_pcie_proxy {
   const volatile uint64_t *staged;
   fc_hop_trace_t trace_out, trace_in;
   double active_us; /* time with a batch in flight on either stream */
-  /* The link mover (g->pcie.link; mover.link NULL: copy engines), lane_link.h. */
+  /* The link mover (the side lane's link; mover.link NULL: copy engines), lane_link.h. */
   fc_lane_link_t mover;
   int gdr_flush; /* the device can flush remote (NIC) writes before a counter says they landed */
 };
@@ -203,8 +203,8 @@ static void doze(struct fc_pcie_proxy *x, unsigned seen) {
   atomic_store(&x->sleeping, 0);
 }
 
-void fc_pcie_ce_kick(struct fc_gpu *g) {
-  struct fc_pcie_proxy *x = g->pcie.proxy;
+void fc_pcie_ce_kick(fc_side_lane_t *s) {
+  struct fc_pcie_proxy *x = s->proxy;
   if (!x) return;
   atomic_fetch_add(&x->wake, 1u);
   if (atomic_load(&x->sleeping)) syscall(SYS_futex, &x->wake, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
@@ -313,8 +313,8 @@ link_failed:
   return NULL;
 }
 
-flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, char *why, size_t wlen) {
-  fc_pcie_t *p = &g->pcie;
+flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g, fc_side_lane_t *s, char *why,
+                                   size_t wlen) {
   enum cudaDriverEntryPointQueryResult q;
   void *w = NULL;
   if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &w, 12000, cudaEnableDefault, &q) != cudaSuccess ||
@@ -328,39 +328,39 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   x->write64 = (fc_write_value64_fn)w;
   x->device = g->device;
   x->rank = comm->rank;
-  x->blocks = p->blocks;
-  x->sent = (const volatile uint64_t *)(p->own_host + FC_PCIE_SENT_OFF);
-  x->desc = (const volatile fc_pcie_desc_t *)(p->own_host + FC_PCIE_DESC_OFF);
-  x->staging = p->own_host + p->ctr_bytes;
-  x->staged_dev = (CUdeviceptr)(p->own + FC_PCIE_STAGED_OFF);
-  x->ready_dev = (CUdeviceptr)p->own; /* the ready counters come first (kernels.h) */
+  x->blocks = s->blocks;
+  x->sent = (const volatile uint64_t *)(s->own_host + FC_PCIE_SENT_OFF);
+  x->desc = (const volatile fc_pcie_desc_t *)(s->own_host + FC_PCIE_DESC_OFF);
+  x->staging = s->own_host + s->ctr_bytes;
+  x->staged_dev = (CUdeviceptr)(s->own + FC_PCIE_STAGED_OFF);
+  x->ready_dev = (CUdeviceptr)s->own; /* the ready counters come first (kernels.h) */
   x->error = g->error_host;
-  x->ctr = (const volatile uint64_t *)p->own_host;
-  x->staged = (const volatile uint64_t *)(p->own_host + FC_PCIE_STAGED_OFF);
-  if (p->prev_host) { /* not in band */
-    x->prev_staged = (const volatile uint64_t *)(p->prev_host + FC_PCIE_STAGED_OFF);
-    x->prev_desc = (const volatile fc_pcie_desc_t *)(p->prev_host + FC_PCIE_DESC_OFF);
-    x->prev_staging = p->prev_host + p->ctr_bytes;
+  x->ctr = (const volatile uint64_t *)s->own_host;
+  x->staged = (const volatile uint64_t *)(s->own_host + FC_PCIE_STAGED_OFF);
+  if (s->prev_host) { /* not in band */
+    x->prev_staged = (const volatile uint64_t *)(s->prev_host + FC_PCIE_STAGED_OFF);
+    x->prev_desc = (const volatile fc_pcie_desc_t *)(s->prev_host + FC_PCIE_DESC_OFF);
+    x->prev_staging = s->prev_host + s->ctr_bytes;
   }
-  if (p->link) {
+  if (s->link) {
     fc_lane_link_t *m = &x->mover;
     m->comm = comm;
-    m->link = p->link;
+    m->link = s->link;
     m->rank = comm->rank;
     m->next = (comm->rank + 1) % comm->nranks;
     m->prev = (comm->rank + comm->nranks - 1) % comm->nranks;
     m->blocks = x->blocks;
     m->sent = x->sent;
     m->desc = x->desc;
-    m->box_bytes = p->area_bytes;
-    m->inband = p->inband;
-    if (p->inband) {
+    m->box_bytes = s->area_bytes;
+    m->inband = s->inband;
+    if (s->inband) {
       /* The kernel raises the previous rank's ack at pc_ctr_prev + FC_MAX_BLOCKS (exec.c points
        * it at the stand-in); our own ack counters follow our ready counters. */
-      m->ack_out = (const volatile uint64_t *)(p->own_host + FC_PCIE_PREV_OFF) + FC_MAX_BLOCKS;
-      m->ack_in = (volatile uint64_t *)p->own_host + FC_MAX_BLOCKS;
+      m->ack_out = (const volatile uint64_t *)(s->own_host + FC_PCIE_PREV_OFF) + FC_MAX_BLOCKS;
+      m->ack_in = (volatile uint64_t *)s->own_host + FC_MAX_BLOCKS;
     } else {
-      m->prev_sent = (const volatile uint64_t *)(p->prev_host + FC_PCIE_SENT_OFF);
+      m->prev_sent = (const volatile uint64_t *)(s->prev_host + FC_PCIE_SENT_OFF);
       m->prev_desc = x->prev_desc;
     }
     m->raise_ready = link_raise_ready;
@@ -371,16 +371,16 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
     cudaGetLastError();
   }
   /* Published counts, then the kernel's ready counters, after the two boxes. */
-  cudaError_t e = cudaMalloc((void **)&p->boxes, 2 * p->area_bytes + 2 * FC_MAX_BLOCKS * sizeof(uint64_t));
+  cudaError_t e = cudaMalloc((void **)&s->boxes, 2 * s->area_bytes + 2 * FC_MAX_BLOCKS * sizeof(uint64_t));
   if (e == cudaSuccess) {
-    x->outbox = x->mover.outbox = p->boxes;
-    x->inbox = x->mover.inbox = p->boxes + p->area_bytes;
-    p->pub = (uint64_t *)(p->boxes + 2 * p->area_bytes);
+    x->outbox = x->mover.outbox = s->boxes;
+    x->inbox = x->mover.inbox = s->boxes + s->area_bytes;
+    s->pub = (uint64_t *)(s->boxes + 2 * s->area_bytes);
     if (strcmp(fc_param_str("FLEXCOLL_PCIE_CE_READY", "device"), "host") != 0) {
-      p->ready = p->pub + FC_MAX_BLOCKS;
-      x->ready_kernel = (CUdeviceptr)p->ready;
+      s->ready = s->pub + FC_MAX_BLOCKS;
+      x->ready_kernel = (CUdeviceptr)s->ready;
     }
-    e = cudaMemsetAsync(p->pub, 0, 2 * FC_MAX_BLOCKS * sizeof(uint64_t), g->util_stream);
+    e = cudaMemsetAsync(s->pub, 0, 2 * FC_MAX_BLOCKS * sizeof(uint64_t), g->util_stream);
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(g->util_stream);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&x->out, cudaStreamNonBlocking);
@@ -404,23 +404,22 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
     cudaGetLastError();
     if (x->out) cudaStreamDestroy(x->out);
     if (x->in) cudaStreamDestroy(x->in);
-    cudaFree(p->boxes);
-    p->boxes = NULL;
-    p->pub = NULL;
-    p->ready = NULL;
+    cudaFree(s->boxes);
+    s->boxes = NULL;
+    s->pub = NULL;
+    s->ready = NULL;
     free(x);
     return FLEXCOLL_SUCCESS;
   }
-  p->proxy = x;
+  s->proxy = x;
   return FLEXCOLL_SUCCESS;
 }
 
-void fc_pcie_ce_stop(struct fc_gpu *g) {
-  fc_pcie_t *p = &g->pcie;
-  struct fc_pcie_proxy *x = p->proxy;
+void fc_pcie_ce_stop(fc_side_lane_t *s) {
+  struct fc_pcie_proxy *x = s->proxy;
   if (x) {
     atomic_store_explicit(&x->stop, 1, memory_order_release);
-    fc_pcie_ce_kick(g);
+    fc_pcie_ce_kick(s);
     pthread_join(x->thread, NULL);
     cudaStreamSynchronize(x->out);
     cudaStreamSynchronize(x->in);
@@ -429,12 +428,12 @@ void fc_pcie_ce_stop(struct fc_gpu *g) {
     cudaStreamDestroy(x->out);
     cudaStreamDestroy(x->in);
     free(x);
-    p->proxy = NULL;
+    s->proxy = NULL;
   }
-  cudaFree(p->boxes);
-  p->boxes = NULL;
-  p->pub = NULL;
-  p->ready = NULL;
+  cudaFree(s->boxes);
+  s->boxes = NULL;
+  s->pub = NULL;
+  s->ready = NULL;
   cudaGetLastError();
 }
 #endif

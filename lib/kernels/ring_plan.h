@@ -42,6 +42,21 @@ typedef struct fc_ring_io {
   unsigned long long msgs; /* most messages of a block and edge in the call: the epoch's advance */
 } fc_ring_io;
 
+/* How a chunk of `chunk` bytes is cut among the lanes: side lane 1 carries its first bytes, side
+ * lane 2 the next, the NVLink lane the rest; lane L's are [start[L], end[L]).  The host counts
+ * each lane's bytes with it (statistics, stage 2's records) as the kernels cut them. */
+static inline FC_HOST_DEVICE void fc_ring_lane_cut(const fc_ring_args_t *a, size_t chunk, size_t *start, size_t *end) {
+  size_t at = 0;
+  for (int L = 1; L < FC_RING_LANES; L++) {
+    const size_t want = a->side[L - 1].chunk_bytes, left = chunk - at;
+    start[L] = at;
+    at += want < left ? want : left;
+    end[L] = at;
+  }
+  start[0] = at;
+  end[0] = chunk;
+}
+
 /* The plan of a call of `bytes` (fc_kernel_ring_collective's meaning) and its grid; false when
  * some lane's area leaves a sub-slot no room. */
 static inline bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, size_t bytes, int root, fc_ring_io *io,
@@ -74,18 +89,10 @@ static inline bool fc_ring_plan(const fc_ring_args_t *a, fc_ring_coll_t coll, si
       io->msgs = 1;
       break;
   }
-  /* Side lane 1 carries the chunk's first bytes, side lane 2 the next, the NVLink lane the rest;
-   * each lane is cut among its own blocks as a whole chunk would be. */
-  size_t at = 0, area[FC_RING_LANES] = {a->area_bytes};
-  for (int L = 1; L < FC_RING_LANES; L++) {
-    const size_t want = a->side[L - 1].chunk_bytes, left = io->chunk - at;
-    io->start[L] = at;
-    at += want < left ? want : left;
-    io->end[L] = at;
-    area[L] = a->side[L - 1].area_bytes;
-  }
-  io->start[0] = at;
-  io->end[0] = io->chunk;
+  /* Each lane's bytes of a chunk are cut among its own blocks as a whole chunk would be. */
+  fc_ring_lane_cut(a, io->chunk, io->start, io->end);
+  size_t area[FC_RING_LANES] = {a->area_bytes};
+  for (int L = 1; L < FC_RING_LANES; L++) area[L] = a->side[L - 1].area_bytes;
   const unsigned long long per_slice = io->msgs;
   io->msgs = 0;
   /* The side lanes first: the NVLink lane takes every block they leave (a thin side share needs

@@ -147,6 +147,15 @@ void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, const doubl
  * arguments, like fc_balance. */
 flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe, int n,
                                   size_t bytes, size_t align, size_t *shares);
+/* The ring kernels' lanes (lib/gpu/pcie.c): the bytes of a ring chunk each of nside side lanes
+ * carries.  Lane 0 is NVLink (nvlink 0: there is none), lane k + 1 side lane k; fixed fractions
+ * per lane (fixed[L], NULL: none) or else fc_stage2_split over the models with probe, 16-byte
+ * aligned.  Side lane k's part begins where side lane k - 1's ends and is a multiple of 16 unless
+ * it reaches the chunk's end (NVLink takes what they leave); without NVLink the last side lane
+ * takes the rest (all of it where it is the only one, or no model is usable).  A pure function:
+ * every rank splits alike. */
+void fc_lanes_split(const fc_link_model_t *model, const int *probe, const double *fixed, int nvlink, int nside,
+                    size_t chunk, size_t *side);
 /* all: nranks rows of 3n doubles (per link: parts, bytes, us), row q rank q's; their sums per link,
  * added in rank order (the same bits on every rank that holds the same rows). */
 void fc_stage2_sum(const double *all, int nranks, int n, double *parts, double *bytes, double *us);

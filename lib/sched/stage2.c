@@ -57,3 +57,28 @@ void fc_stage2_sum(const double *all, int nranks, int n, double *parts, double *
       us[i] += all[(size_t)q * per + 3 * (size_t)i + 2];
     }
 }
+
+void fc_lanes_split(const fc_link_model_t *model, const int *probe, const double *fixed, int nvlink, int nside,
+                    size_t chunk, size_t *side) {
+  for (int k = 0; k < nside; k++) side[k] = 0;
+  if (nside < 1 || nside > FC_MAX_LINKS - 1 || chunk == 0) return;
+  size_t shares[FC_MAX_LINKS] = {0};
+  if (fixed) {
+    for (int L = 1; L <= nside; L++) shares[L] = fixed[L] > 0 ? (size_t)((double)chunk * fixed[L]) : 0;
+  } else if (nvlink || nside > 1) {
+    int enabled[FC_MAX_LINKS] = {nvlink != 0};
+    for (int L = 1; L <= nside; L++) enabled[L] = 1;
+    if (fc_stage2_split(model, enabled, probe, 1 + nside, chunk, 16, shares) != FLEXCOLL_SUCCESS) {
+      if (nvlink) return; /* no usable model: NVLink alone */
+      shares[1] = chunk;  /* no NVLink lane: the first side lane */
+    }
+  }
+  /* Each side lane's part starts where the previous one's ends, so each is a multiple of 16
+   * except one that reaches the chunk's end; without an NVLink lane the last one takes the rest. */
+  size_t left = chunk;
+  for (int k = 0; k < nside; k++) {
+    const size_t want = !nvlink && k == nside - 1 ? left : shares[k + 1];
+    side[k] = want >= left ? left : want / 16 * 16;
+    left -= side[k];
+  }
+}

@@ -160,6 +160,11 @@ static int lane_rank(hx_rank_t *r) {
       hx_fail(r, "stuck over %s: block 0 pushed %llu consumed %llu, mover sent %llu (%llu done) received %llu (%llu done)",
               name, (unsigned long long)pushed[0], (unsigned long long)consumed[0], (unsigned long long)m->out_done[0],
               (unsigned long long)m->sends_done[0], (unsigned long long)m->in_done[0], (unsigned long long)m->recvs_done[0]);
+      if (link->ops->describe) {
+        char line[600];
+        link->ops->describe(link, next, line, sizeof line);
+        fprintf(stderr, "[test_lane_link] rank %d: %s\n", me, line);
+      }
       break;
     }
   }

@@ -176,6 +176,16 @@ static void report(const struct fc_pcie_proxy *x, int warn) {
     if (warn) FC_WARN("%s", line);
     else FC_INFO(FC_SUB_SCHED, "%s", line);
   }
+  /* The link's own view of the two neighbours: where a message the mover posted stands. */
+  const fc_lane_link_t *m = &x->mover;
+  if (!m->link || !m->link->ops->describe) return;
+  const int peers[2] = {m->next, m->prev};
+  for (int i = 0; i < (m->next == m->prev ? 1 : 2); i++) {
+    char line[600];
+    m->link->ops->describe(m->link, peers[i], line, sizeof line);
+    if (warn) FC_WARN("rank %d: %s", x->rank, line);
+    else FC_INFO(FC_SUB_SCHED, "rank %d: %s", x->rank, line);
+  }
 }
 
 /* A copy of one message on a proxy stream. */

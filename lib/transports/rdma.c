@@ -1685,10 +1685,47 @@ static int rdma_rails(fc_link_t *link, unsigned char *alone, int max) {
   return n;
 }
 
+static int count_reqs(const rdma_req_t *q, int zlist) {
+  int n = 0;
+  for (; q; q = zlist ? q->znext : q->next) n++;
+  return n;
+}
+
+/* Sends and receives queued, fragments and credits in flight, the message arriving now and the
+ * unexpected ones: where a stalled message stands on this side. */
+static void rdma_describe(fc_link_t *link, int peer, char *buf, size_t len) {
+  rdma_t *r = link->state;
+  if (!r || peer < 0 || peer >= r->nranks || peer == r->rank) {
+    snprintf(buf, len, "no such peer");
+    return;
+  }
+  pthread_mutex_lock(&r->lock);
+  const peer_t *e = &r->peers[peer];
+  int unexp = 0, unexp_whole = 0;
+  for (const unexp_t *u = e->uq_head; u; u = u->next) unexp++, unexp_whole += !u->rts && u->got == u->total;
+  int busy = 0;
+  for (int k = 0; k < r->nslots; k++) busy += e->slot_busy ? e->slot_busy[k] : 0;
+  const rdma_req_t *s = e->sq_head;
+  const int n = snprintf(buf, len,
+                         "rdma to rank %d: %s; fragments written %llu, credited %llu, slots busy %d, work requests out %d "
+                         "of %d; sends queued %d (first: tag %#llx, %zu of %zu bytes posted, %s); rendezvous sends %d, "
+                         "receives %d, controls %s; receives posted %d; consumed %llu (credit told %llu); arriving %s "
+                         "(tag %#llx, %zu of %zu); unexpected %d (%d whole)",
+                         peer, e->broken ? e->why : "connected", (unsigned long long)e->sent,
+                         (unsigned long long)e->credited, busy, e->wr_out, r->max_send_wr, count_reqs(e->sq_head, 0),
+                         s ? (unsigned long long)s->tag : 0ull, s ? s->posted : 0, s ? s->bytes : 0,
+                         !s ? "-" : s->zc ? "rendezvous" : "eager", count_reqs(e->zs_head, 1), count_reqs(e->zq_head, 1),
+                         e->ctl_head ? "queued" : "none", count_reqs(e->rq_head, 0), (unsigned long long)e->consumed,
+                         (unsigned long long)e->credit_sent, !e->cur_open ? "nothing" : e->cur_req ? "into a receive" : "unexpected",
+                         (unsigned long long)e->cur_tag, e->cur_got, e->cur_total, unexp, unexp_whole);
+  (void)n;
+  pthread_mutex_unlock(&r->lock);
+}
+
 /* Between hosts as within one (a NIC reaches any port of the fabric). */
 const fc_link_ops_t fc_link_rdma = {"rdma",      rdma_open,   rdma_close, rdma_isend, rdma_irecv, rdma_progress,
                                     rdma_test,   rdma_cancel, 0,          0,          rdma_rails,
-                                    1};
+                                    1,           rdma_describe};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1706,6 +1743,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, NULL};
 
 #endif

@@ -65,6 +65,9 @@ typedef struct {
    * whose side failed as unreached (reach[q] = 0), and lib/sched/links.c keeps the link for the
    * pairs whose ranks both have it wherever two ranks or more do.  Zero: every rank or none. */
   int pairwise;
+  /* What the link holds for peer (its queues, counters, credits) in one line, for a stall
+   * report; NULL where the link has nothing to say beyond its requests. */
+  void (*describe)(fc_link_t *link, int peer, char *buf, size_t len);
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */

@@ -39,6 +39,11 @@
  *   nodmabuf ibv_reg_dmabuf_mr fails (EOPNOTSUPP), as a NIC driver without dma-buf support
  *   peermem  ibv_reg_mr takes device memory (nvidia-peermem loaded); without it, EFAULT
  *
+ * FLEXCOLL_VERBS_FAKE_STALL_MS=N (a debugging aid, off by default): a write that has waited N ms
+ * (not yet on the wire, or on it without an answer) or an arrival waiting N ms for a posted
+ * receive is told on stderr once, with the queue pair's queues and the target inbox's fill, so
+ * that a stall above the fake can be told from one inside it.
+ *
  * GPU memory (GPUDirect RDMA): ibv_reg_dmabuf_mr takes a dma-buf descriptor (checked to be one)
  * and iova = the device address, as callers pass it; the "NIC" then reads and writes that MR
  * through the CUDA driver (libcuda, loaded at the first registration that needs it), with the
@@ -398,10 +403,12 @@ typedef struct {
   uint32_t imm, rkey, len, lkey;
   uint64_t laddr;
   int signaled, has_imm, pushed;
+  double pushed_at; /* when it went onto the wire (FLEXCOLL_VERBS_FAKE_STALL_MS) */
 } fv_swr_t;
 
 typedef struct fv_in {
   fv_msg_t m;
+  double arrived;
   char *data;
   struct fv_in *next;
 } fv_in_t;
@@ -421,6 +428,8 @@ typedef struct fv_qp {
   int rbox_failed;
   double rnr_since, next_alive_check, gone_since;
   fv_in_t *in_head, *in_tail;
+  uint64_t stall_told; /* 1 + the seq of the last write told stalled; arrivals: the same, their seq */
+  uint64_t stall_in_told;
   struct fv_qp *next;
 } fv_qp_t;
 
@@ -489,6 +498,8 @@ struct fv_ctx {
   } boxes[FV_MAX_BOXES];
   int nboxes;
   fv_ack_t *acks_head, *acks_tail;
+  double acks_since; /* the first acknowledgement queued has waited since (or the last delivered) */
+  int acks_told;
   struct ibv_async_event events[FV_MAX_EVENTS];
   int nevents;
   int port_down;
@@ -761,7 +772,7 @@ static void send_ack(fv_ctx_t *c, const fv_msg_t *w, enum ibv_wc_status st) {
     return;
   }
   if (c->acks_tail) c->acks_tail->next = a;
-  else c->acks_head = a;
+  else c->acks_head = a, c->acks_since = now_ms(), c->acks_told = 0;
   c->acks_tail = a;
 }
 
@@ -769,6 +780,7 @@ static int flush_acks(fv_ctx_t *c) {
   while (c->acks_head) {
     fv_ack_t *a = c->acks_head;
     if (box_push(a->to, &a->m, NULL)) return -1;
+    c->acks_since = now_ms();
     c->acks_head = a->next;
     if (!c->acks_head) c->acks_tail = NULL;
     free(a);
@@ -882,6 +894,7 @@ static void push_sends(fv_qp_t *q) {
       return;
     }
     w->pushed = 1;
+    w->pushed_at = now_ms();
   }
   /* Writes in flight to a target that is gone never get an answer: retries exhausted. */
   if (q->sq_n && q->sq[q->sq_head].pushed && now_ms() >= q->next_alive_check) {
@@ -892,6 +905,49 @@ static void push_sends(fv_qp_t *q) {
     if (!gone) q->gone_since = 0;
     else if (!q->gone_since) q->gone_since = now_ms();
     else if (now_ms() - q->gone_since >= 300) qp_to_err(q, IBV_WC_RETRY_EXC_ERR);
+  }
+}
+
+static double stall_ms(void) {
+  static double ms = -1;
+  if (ms < 0) {
+    const char *e = getenv("FLEXCOLL_VERBS_FAKE_STALL_MS");
+    ms = e && atof(e) > 0 ? atof(e) : 0;
+  }
+  return ms;
+}
+
+static uint64_t box_used(fv_box_t *b) {
+  if (!b) return 0;
+  box_lock(b);
+  const uint64_t used = b->head - b->tail;
+  pthread_mutex_unlock(&b->lock);
+  return used;
+}
+
+/* FLEXCOLL_VERBS_FAKE_STALL_MS: tell the oldest write and the oldest arrival of q that waited
+ * that long, once each. */
+static void tell_stalls(fv_qp_t *q) {
+  const double limit = stall_ms(), now = now_ms();
+  if (q->sq_n) {
+    const fv_swr_t *w = &q->sq[q->sq_head];
+    const double since = w->pushed ? w->pushed_at : w->start;
+    if (now - since >= limit && q->stall_told != w->seq + 1) {
+      q->stall_told = w->seq + 1;
+      fprintf(stderr,
+              "fake verbs: qp %u (pid %d): write seq %llu (%u bytes%s) %s %.0f ms ago; %d writes queued, %d receives "
+              "posted, %s; the target's inbox holds %llu of %llu bytes, ours %llu\n",
+              q->qp.qp_num, (int)getpid(), (unsigned long long)w->seq, w->len, w->has_imm ? ", immediate" : "",
+              w->pushed ? "went onto the wire, no answer since" : "waits to go onto the wire, queued", now - since, q->sq_n,
+              q->rq_n, q->qp.state == IBV_QPS_RTS ? "RTS" : "not RTS", (unsigned long long)box_used(q->rbox),
+              (unsigned long long)FV_BOX_BYTES, (unsigned long long)box_used(q->ctx->box));
+    }
+  }
+  if (q->in_head && now - q->in_head->arrived >= limit && q->stall_in_told != q->in_head->m.seq + 1) {
+    q->stall_in_told = q->in_head->m.seq + 1;
+    fprintf(stderr, "fake verbs: qp %u (pid %d): an arrival (seq %llu, %u bytes%s) waits %.0f ms: %d receives posted\n",
+            q->qp.qp_num, (int)getpid(), (unsigned long long)q->in_head->m.seq, q->in_head->m.len,
+            q->in_head->m.has_imm ? ", immediate" : "", now - q->in_head->arrived, q->rq_n);
   }
 }
 
@@ -922,6 +978,7 @@ static void engine(fv_ctx_t *c) {
     }
     i->m = m;
     i->data = data;
+    i->arrived = now_ms();
     i->next = NULL;
     if (q->in_tail) q->in_tail->next = i;
     else q->in_head = i;
@@ -944,6 +1001,13 @@ static void engine(fv_ctx_t *c) {
     }
   }
   flush_acks(c);
+  if (stall_ms() > 0)
+    for (fv_qp_t *q = c->qps; q; q = q->next) tell_stalls(q);
+  if (stall_ms() > 0 && c->acks_head && now_ms() - c->acks_since >= stall_ms() && !c->acks_told) {
+    c->acks_told = 1;
+    fprintf(stderr, "fake verbs: pid %d: acknowledgements wait %.0f ms for room in a requester's inbox (ours holds %llu bytes)\n",
+            (int)getpid(), now_ms() - c->acks_since, (unsigned long long)box_used(c->box));
+  }
 }
 
 /* ---- the context's ops (ibv_post_send, ibv_post_recv, ibv_poll_cq are inline over them) ---------- */

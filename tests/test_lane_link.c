@@ -160,14 +160,19 @@ static int lane_rank(hx_rank_t *r) {
       hx_fail(r, "stuck over %s: block 0 pushed %llu consumed %llu, mover sent %llu (%llu done) received %llu (%llu done)",
               name, (unsigned long long)pushed[0], (unsigned long long)consumed[0], (unsigned long long)m->out_done[0],
               (unsigned long long)m->sends_done[0], (unsigned long long)m->in_done[0], (unsigned long long)m->recvs_done[0]);
+      char line[600];
+      fc_lane_link_slowest(m, line, sizeof line);
+      fprintf(stderr, "[test_lane_link] rank %d: %s\n", me, line);
       if (link->ops->describe) {
-        char line[600];
         link->ops->describe(link, next, line, sizeof line);
         fprintf(stderr, "[test_lane_link] rank %d: %s\n", me, line);
       }
       break;
     }
   }
+  /* The stall report's "longest step" names a step the mover took. */
+  if (!r->errors && (!m->slowest_what || !(m->slowest_us >= 0)))
+    hx_fail(r, "the mover kept no longest step (%s, %.1f us)", m->slowest_what ? m->slowest_what : "none", m->slowest_us);
   for (unsigned b = 0; b < LL_BLOCKS && !r->errors; b++)
     if (ctx.raised[b] != LL_MSGS) hx_fail(r, "block %u: ready ended at %llu", b, (unsigned long long)ctx.raised[b]);
   /* The previous rank waits for our last acknowledgements (its "kernel" has not ended yet). */

@@ -1,6 +1,9 @@
 /* lane_link.c — the ring kernels' second lane over a host link: the proxy's half (lane_link.h). */
 #include "config.h"
 
+#include <stdio.h>
+#include <string.h>
+
 #include "clock.h"
 #include "error.h"
 #include "gpu/lane_link.h"
@@ -14,10 +17,24 @@ static uint64_t lane_tag(int sender, unsigned kind, unsigned block, uint64_t n) 
   return ((uint64_t)(uint16_t)sender << 48) | (1ull << 47) | ((uint64_t)kind << 16) | ((n & 0x1ffu) << 7) | block;
 }
 
+/* Keep the step that began at t0 if it is the longest so far. */
+static void timed(fc_lane_link_t *m, double t0, const char *what, unsigned b, uint64_t n) {
+  const double us = fc_now_us() - t0;
+  if (us <= m->slowest_us) return;
+  m->slowest_us = us;
+  m->slowest_what = what;
+  m->slowest_block = b;
+  m->slowest_msg = n;
+}
+
 /* A request: done (and released) or still in flight; 0 when the link failed it. */
-static int req_done(fc_lane_link_t *m, fc_link_req_t *q, size_t expect, int *done) {
+static int req_done(fc_lane_link_t *m, fc_link_req_t *q, size_t expect, int *done, unsigned b, uint64_t n) {
   *done = 1;
-  return !*q || m->link->ops->test(m->comm, m->link, q, expect, done) == FLEXCOLL_SUCCESS;
+  if (!*q) return 1;
+  const double t0 = fc_now_us();
+  const int ok = m->link->ops->test(m->comm, m->link, q, expect, done) == FLEXCOLL_SUCCESS;
+  timed(m, t0, "a test", b, n);
+  return ok;
 }
 
 /* Sends: retire those done (a message and, in band, its descriptor), then send what the kernel
@@ -27,9 +44,9 @@ static int turn_sends(fc_lane_link_t *m, unsigned b, int *moved) {
   int done;
   while (m->sends_done[b] < m->out_done[b]) {
     const unsigned k = m->sends_done[b] % FC_PCIE_DESCS;
-    if (!req_done(m, &m->dsreq[b][k], SIZE_MAX, &done)) return -1;
+    if (!req_done(m, &m->dsreq[b][k], SIZE_MAX, &done, b, m->sends_done[b])) return -1;
     if (!done) break;
-    if (!req_done(m, &m->sreq[b][k], SIZE_MAX, &done)) return -1;
+    if (!req_done(m, &m->sreq[b][k], SIZE_MAX, &done, b, m->sends_done[b])) return -1;
     if (!done) break;
     m->sends_done[b]++;
   }
@@ -46,9 +63,11 @@ static int turn_sends(fc_lane_link_t *m, unsigned b, int *moved) {
                      &m->dsreq[b][k]) != FLEXCOLL_SUCCESS)
         return -1;
     }
+    const double t0 = fc_now_us();
     if (msg.bytes && ops->isend(m->comm, m->link, m->next, m->outbox + msg.off, msg.bytes,
                                 lane_tag(m->rank, TAG_DATA, b, n), &m->sreq[b][k]) != FLEXCOLL_SUCCESS)
       return -1;
+    timed(m, t0, "a send", b, n);
   }
   return 0;
 }
@@ -66,10 +85,11 @@ static int post_receive(fc_lane_link_t *m, unsigned b, uint64_t n, uint64_t off,
   m->rready[b][k] = ready;
   m->rbytes[b][k] = bytes;
   m->rreq[b][k] = NULL;
-  return bytes && m->link->ops->irecv(m->comm, m->link, m->prev, m->inbox + off, bytes,
-                                      lane_tag(m->prev, TAG_DATA, b, n), &m->rreq[b][k]) != FLEXCOLL_SUCCESS
-             ? -1
-             : 0;
+  const double t0 = fc_now_us();
+  const int failed = bytes && m->link->ops->irecv(m->comm, m->link, m->prev, m->inbox + off, bytes,
+                                                  lane_tag(m->prev, TAG_DATA, b, n), &m->rreq[b][k]) != FLEXCOLL_SUCCESS;
+  timed(m, t0, "a receive", b, n);
+  return failed ? -1 : 0;
 }
 
 /* Receives: post those of the messages the previous rank published (its descriptors read from its
@@ -94,7 +114,7 @@ static int turn_receives(fc_lane_link_t *m, unsigned b, int *moved) {
     }
     while (m->in_done[b] < m->desc_posted[b]) {
       const unsigned k = m->in_done[b] % FC_PCIE_DESCS;
-      if (!req_done(m, &m->drreq[b][k], sizeof m->rdesc[b][k], &done)) return -1;
+      if (!req_done(m, &m->drreq[b][k], sizeof m->rdesc[b][k], &done, b, m->in_done[b])) return -1;
       if (!done) break;
       const fc_pcie_desc_t *d = &m->rdesc[b][k];
       if (post_receive(m, b, m->in_done[b], d->off, d->bytes, d->ready)) return -1;
@@ -105,14 +125,17 @@ static int turn_receives(fc_lane_link_t *m, unsigned b, int *moved) {
   uint64_t ready = 0, bytes = 0;
   while (m->recvs_done[b] < m->in_done[b]) {
     const unsigned k = m->recvs_done[b] % FC_PCIE_DESCS;
-    if (!req_done(m, &m->rreq[b][k], m->rbytes[b][k], &done)) return -1;
+    if (!req_done(m, &m->rreq[b][k], m->rbytes[b][k], &done, b, m->recvs_done[b])) return -1;
     if (!done) break;
     ready = m->rready[b][k];
     bytes += m->rbytes[b][k];
     m->recvs_done[b]++;
   }
   if (!ready) return 0;
-  return m->raise_ready(m->arg, b, ready, bytes) ? -1 : 1;
+  const double t0 = fc_now_us();
+  const int failed = m->raise_ready(m->arg, b, ready, bytes);
+  timed(m, t0, "raising a ready counter", b, m->recvs_done[b] - 1);
+  return failed ? -1 : 1;
 }
 
 /* In band: tell the previous rank what our kernel consumed since we last did, and raise our
@@ -121,7 +144,8 @@ static int turn_acks(fc_lane_link_t *m, unsigned b, int *moved) {
   const fc_link_ops_t *ops = m->link->ops;
   int done;
   while (m->acks_sent_done[b] < m->acks_sent[b]) {
-    if (!req_done(m, &m->asreq[b][m->acks_sent_done[b] % FC_LANE_ACKS], SIZE_MAX, &done)) return -1;
+    if (!req_done(m, &m->asreq[b][m->acks_sent_done[b] % FC_LANE_ACKS], SIZE_MAX, &done, b, m->acks_sent_done[b]))
+      return -1;
     if (!done) break;
     m->acks_sent_done[b]++;
   }
@@ -146,7 +170,7 @@ static int turn_acks(fc_lane_link_t *m, unsigned b, int *moved) {
   }
   while (m->acks_in_done[b] < m->acks_posted[b]) {
     const unsigned j = m->acks_in_done[b] % FC_LANE_ACKS;
-    if (!req_done(m, &m->arreq[b][j], sizeof(uint64_t), &done)) return -1;
+    if (!req_done(m, &m->arreq[b][j], sizeof(uint64_t), &done, b, m->acks_in_done[b])) return -1;
     if (!done) break;
     /* Acknowledgements come in order, each the latest: the counter only grows. */
     if (m->ack_rbuf[b][j] > m->ack_in[b]) __atomic_store_n((uint64_t *)&m->ack_in[b], m->ack_rbuf[b][j], __ATOMIC_RELEASE);
@@ -164,7 +188,11 @@ int fc_lane_link_busy(const fc_lane_link_t *m) {
 }
 
 int fc_lane_link_turn(fc_lane_link_t *m) {
-  if (fc_lane_link_busy(m)) m->link->ops->progress(m->link);
+  if (fc_lane_link_busy(m)) {
+    const double t0 = fc_now_us();
+    m->link->ops->progress(m->link);
+    timed(m, t0, "the link's progress", 0, 0);
+  }
   int moved = 0;
   for (unsigned b = 0; b < m->blocks; b++) {
     if (turn_sends(m, b, &moved) || (m->inband && turn_acks(m, b, &moved))) return -1;
@@ -184,6 +212,15 @@ int fc_lane_link_drain(fc_lane_link_t *m, double deadline_us) {
     if (!pending) return 0;
     if (fc_lane_link_turn(m) < 0 || fc_now_us() > deadline_us) return -1;
   }
+}
+
+void fc_lane_link_slowest(const fc_lane_link_t *m, char *buf, size_t len) {
+  if (!m->slowest_what) snprintf(buf, len, "the mover has not called its link yet");
+  else if (!strcmp(m->slowest_what, "the link's progress"))
+    snprintf(buf, len, "the mover's longest step: the link's progress, %.1f ms", m->slowest_us / 1e3);
+  else
+    snprintf(buf, len, "the mover's longest step: %s of block %u's message %llu, %.1f ms", m->slowest_what,
+             m->slowest_block, (unsigned long long)m->slowest_msg, m->slowest_us / 1e3);
 }
 
 static void cancel_range(fc_lane_link_t *m, fc_link_req_t *reqs, unsigned ring, uint64_t from, uint64_t to) {

@@ -70,6 +70,13 @@ typedef struct fc_lane_link {
   uint64_t acks_posted[FC_MAX_BLOCKS], acks_in_done[FC_MAX_BLOCKS];
   uint64_t ack_sbuf[FC_MAX_BLOCKS][FC_LANE_ACKS], ack_rbuf[FC_MAX_BLOCKS][FC_LANE_ACKS];
   fc_link_req_t asreq[FC_MAX_BLOCKS][FC_LANE_ACKS], arreq[FC_MAX_BLOCKS][FC_LANE_ACKS];
+  /* The longest single step so far (a link call or raise_ready), what it was, and the block and
+   * message it was for: a mover held up inside one (a copy or registration waiting for the
+   * device) shows in the stall report. */
+  double slowest_us;
+  const char *slowest_what;
+  unsigned slowest_block;
+  uint64_t slowest_msg;
 } fc_lane_link_t;
 
 /* One turn over every block: progress the link while requests are in flight, retire finished
@@ -83,6 +90,9 @@ int fc_lane_link_busy(const fc_lane_link_t *m);
  * rank (whose kernel may still wait for the last one), at most until deadline_us (fc_now_us).
  * 0 when done (at once where not in band). */
 int fc_lane_link_drain(fc_lane_link_t *m, double deadline_us);
+/* The longest step so far, in words ("the mover's longest step: a send of block 0's message 8,
+ * 19874.2 ms"), for a stall report. */
+void fc_lane_link_slowest(const fc_lane_link_t *m, char *buf, size_t len);
 /* Cancel the requests in flight (after a clean end only the receives in band keeps posted). */
 void fc_lane_link_cancel(fc_lane_link_t *m);
 

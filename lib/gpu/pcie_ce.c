@@ -178,7 +178,12 @@ static void report(const struct fc_pcie_proxy *x, int warn) {
   }
   /* The link's own view of the two neighbours: where a message the mover posted stands. */
   const fc_lane_link_t *m = &x->mover;
-  if (!m->link || !m->link->ops->describe) return;
+  if (!m->link) return;
+  char slow[200];
+  fc_lane_link_slowest(m, slow, sizeof slow);
+  if (warn) FC_WARN("rank %d: %s", x->rank, slow);
+  else FC_INFO(FC_SUB_SCHED, "rank %d: %s", x->rank, slow);
+  if (!m->link->ops->describe) return;
   const int peers[2] = {m->next, m->prev};
   for (int i = 0; i < (m->next == m->prev ? 1 : 2); i++) {
     char line[600];

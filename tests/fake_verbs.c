@@ -134,6 +134,7 @@ typedef int (*cu_ctx_fn)(void *ctx);
 typedef int (*cu_pop_fn)(void **ctx);
 typedef int (*cu_primary_fn)(void **ctx, int dev);
 typedef int (*cu_device_fn)(int *dev, int ordinal);
+typedef int (*cu_host_alloc_fn)(void **p, size_t bytes, unsigned flags);
 static struct {
   cu_attr_fn attr;
   cu_copy_fn copy;
@@ -143,6 +144,7 @@ static struct {
   cu_pop_fn pop;
   cu_primary_fn primary;
   cu_device_fn device;
+  cu_host_alloc_fn host_alloc;
 } cu;
 static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 /* CUDA's values (cuda.h), which this file does not include. */
@@ -151,6 +153,7 @@ static pthread_mutex_t cu_lock = PTHREAD_MUTEX_INITIALIZER;
 #define FV_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
 #define FV_CU_MEMORYTYPE_DEVICE 2
 #define FV_CU_STREAM_NON_BLOCKING 1
+#define FV_CU_MEMHOSTALLOC_PORTABLE 1
 
 /* Asked again until the process has loaded CUDA: before that no pointer is device memory. */
 static void cu_load(void) {
@@ -165,6 +168,7 @@ static void cu_load(void) {
     cu.primary = (cu_primary_fn)dlsym(h, "cuDevicePrimaryCtxRetain");
     cu.device = (cu_device_fn)dlsym(h, "cuDeviceGet");
     cu.attr = (cu_attr_fn)dlsym(h, "cuPointerGetAttribute");
+    cu.host_alloc = (cu_host_alloc_fn)dlsym(h, "cuMemHostAlloc");
     if (!cu.attr || !cu.copy || !cu.push || !cu.pop || !cu.primary || !cu.device || !cu.stream_new ||
         !cu.stream_sync)
       memset(&cu, 0, sizeof cu);
@@ -204,21 +208,53 @@ static void *copy_stream(void *ctx) {
   return st;
 }
 
+/* The "NIC's" pinned bounce buffer (FV_MAX_MSG bytes, under bounce_lock): its copies never take
+ * the driver's path for pageable memory, whose staging the process's streams share, so that a
+ * "DMA" never waits behind an application's pageable copy queued behind a kernel that waits for
+ * this very write (a NIC touches no CUDA stream at all).  Made at ibv_open_device where the
+ * process has CUDA up (before a communicator's kernels run: allocating pinned memory may wait
+ * for the device), else at the first copy. */
+static pthread_mutex_t bounce_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *gpu_bounce;
+
+static void make_bounce(void *ctx) {
+  void *old = NULL;
+  pthread_mutex_lock(&bounce_lock);
+  if (!gpu_bounce && cu.host_alloc && cu.push(ctx) == 0) {
+    void *p = NULL;
+    if (cu.host_alloc(&p, FV_MAX_MSG, FV_CU_MEMHOSTALLOC_PORTABLE) == 0) gpu_bounce = p;
+    cu.pop(&old);
+  }
+  pthread_mutex_unlock(&bounce_lock);
+}
+
 /* The "NIC's" DMA into or out of GPU memory (gpu: the side that is, dst or src): a copy in the
- * memory's own context, landed when this returns, as a NIC's completion says the data is in
- * memory (cuMemcpy returns before a copy from pageable memory reaches the device, and a kernel
- * on another non-blocking stream could then read the old bytes).  0 on success.  Memory freed
- * since its registration fails the access (-1): the driver would take an address it no longer
- * knows for host memory and copy through it, where a NIC's access to a registration whose
- * memory went away faults instead. */
+ * memory's own context, through the pinned bounce buffer, landed when this returns, as a NIC's
+ * completion says the data is in memory.  0 on success.  Memory freed since its registration
+ * fails the access (-1): the driver would take an address it no longer knows for host memory
+ * and copy through it, where a NIC's access to a registration whose memory went away faults
+ * instead. */
 static int gpu_copy(void *ctx, void *dst, const void *src, size_t n, const void *gpu) {
   void *old = NULL, *now = NULL;
   if (!n) return 0;
   if (!is_gpu(gpu, &now) || !is_gpu((const char *)gpu + n - 1, &now)) return -1;
+  make_bounce(ctx);
   if (cu.push(ctx)) return -1;
   void *st = copy_stream(ctx);
-  const int rc = !st || cu.copy((unsigned long long)(uintptr_t)dst, (unsigned long long)(uintptr_t)src, n, st) ||
-                 cu.stream_sync(st);
+  const int to_gpu = gpu == dst;
+  int rc = !st;
+  pthread_mutex_lock(&bounce_lock);
+  for (size_t at = 0; !rc && at < n; at += FV_MAX_MSG) {
+    const size_t k = n - at < FV_MAX_MSG ? n - at : FV_MAX_MSG;
+    /* Without a bounce buffer (no cuMemHostAlloc): straight, through the driver's staging. */
+    char *b = gpu_bounce;
+    if (b && to_gpu) memcpy(b, (const char *)src + at, k);
+    const void *from = b && to_gpu ? b : (const char *)src + at;
+    void *into = b && !to_gpu ? b : (char *)dst + at;
+    rc = cu.copy((unsigned long long)(uintptr_t)into, (unsigned long long)(uintptr_t)from, k, st) || cu.stream_sync(st);
+    if (!rc && b && !to_gpu) memcpy((char *)dst + at, b, k);
+  }
+  pthread_mutex_unlock(&bounce_lock);
   cu.pop(&old);
   return rc ? -1 : 0;
 }
@@ -1214,6 +1250,12 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
     return NULL;
   }
   atomic_fetch_add(&fv_open_now[k], 1);
+  /* The bounce buffer now, while this process's kernels wait for nothing of ours (where CUDA is
+   * up: any device's primary context will do, the memory is portable). */
+  if (!cu.attr) cu_load();
+  void *primary = NULL;
+  int dev0 = -1;
+  if (cu.attr && cu.device(&dev0, 0) == 0 && cu.primary(&primary, dev0) == 0 && primary) make_bounce(primary);
   return &c->vctx.context;
 }
 

@@ -8,6 +8,14 @@
  * stream's work on the device, and another rank's kernel sharing the GPU may be spinning there
  * until this very copy lands.
  *
+ * Pageable host memory never meets the device here either.  The driver copies it through
+ * staging buffers of its own, shared by the process's streams, so such a copy can wait behind
+ * any pageable copy the application queued behind one of our kernels (a result copied into a
+ * malloc'd buffer), while that kernel spins for the very bytes the copy moves.  Copies between
+ * device memory and pageable memory go through a pinned bounce buffer of our own, per device,
+ * made by fc_mem_prepare where a caller knows it will copy while kernels run (a ring lane's proxy
+ * over a link), else at the first such copy.
+ *
  * A registration goes through dma-buf, as NVIDIA's open kernel modules and rdma-core (34+)
  * offer it: the allocation around the buffer is exported as a dma-buf file descriptor
  * (cuMemGetHandleForAddressRange) and the NIC's driver maps those pages itself; the older
@@ -33,8 +41,12 @@
 
 #define MAX_DEVICES 64
 
+/* The bounce buffer's size: copies longer than it go in pieces. */
+#define BOUNCE_BYTES ((size_t)4 << 20)
+
 static pthread_mutex_t copy_lock[MAX_DEVICES];
 static cudaStream_t copy_stream[MAX_DEVICES];
+static char *bounce[MAX_DEVICES]; /* pinned, under copy_lock */
 static pthread_once_t copy_once = PTHREAD_ONCE_INIT;
 
 static void copy_init(void) {
@@ -67,6 +79,28 @@ static int device_of(const void *ptr) {
   return fc_mem_type(ptr, &dev) == FC_MEM_DEVICE ? dev : -1;
 }
 
+/* Whether host memory at p is pinned (registered with CUDA, or CUDA's own), so that a copy
+ * touches it by DMA without the driver's staging. */
+static int host_pinned(const void *p) {
+  if (fc_host_pages_known(p)) return 0; /* only pageable pages are remembered */
+  struct cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return attr.type == cudaMemoryTypeHost;
+}
+
+/* dev's bounce buffer (its stream held): made now if it is not yet; NULL with the reason. */
+static char *bounce_of(int dev, char *why, size_t len) {
+  if (!bounce[dev] && cudaHostAlloc((void **)&bounce[dev], BOUNCE_BYTES, cudaHostAllocPortable) != cudaSuccess) {
+    bounce[dev] = NULL;
+    snprintf(why, len, "cannot allocate %zu bytes of pinned memory: %s", BOUNCE_BYTES,
+             cudaGetErrorString(cudaGetLastError()));
+  }
+  return bounce[dev];
+}
+
 /* Wait for what was enqueued (e: the enqueue's own error), then let the stream go. */
 static int stream_leave(int dev, int prev, cudaError_t e, const char *what, char *why, size_t len) {
   if (e == cudaSuccess) e = cudaStreamSynchronize(copy_stream[dev]);
@@ -92,7 +126,44 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
   int prev;
   const int dev = stream_enter(dt == FC_MEM_DEVICE ? ddev : sdev, what, &prev, why, len);
   if (dev < 0) return -1;
-  return stream_leave(dev, prev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream[dev]), what, why, len);
+  const int to_host = dt == FC_MEM_HOST, from_host = st == FC_MEM_HOST;
+  if ((!to_host || host_pinned(dst)) && (!from_host || host_pinned(src)))
+    return stream_leave(dev, prev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream[dev]), what, why, len);
+  /* Pageable on one side: through the bounce buffer, a piece at a time. */
+  char *b = bounce_of(dev, why, len);
+  cudaError_t e = b ? cudaSuccess : cudaErrorMemoryAllocation;
+  for (size_t at = 0; b && e == cudaSuccess && at < bytes; at += BOUNCE_BYTES) {
+    const size_t n = bytes - at < BOUNCE_BYTES ? bytes - at : BOUNCE_BYTES;
+    if (from_host) memcpy(b, (const char *)src + at, n);
+    e = cudaMemcpyAsync(from_host ? (char *)dst + at : b, from_host ? b : (const char *)src + at, n, cudaMemcpyDefault,
+                        copy_stream[dev]);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(copy_stream[dev]);
+    if (e == cudaSuccess && to_host) memcpy((char *)dst + at, b, n);
+  }
+  if (!b) {
+    /* bounce_of said why: keep its reason. */
+    pthread_mutex_unlock(&copy_lock[dev]);
+    fc_gpu_leave_device(prev);
+    return -1;
+  }
+  return stream_leave(dev, prev, e, what, why, len);
+}
+
+int fc_mem_prepare(int device, void *warm, char *why, size_t len) {
+  int prev;
+  const int dev = stream_enter(device, "preparing device copies", &prev, why, len);
+  if (dev < 0) return -1;
+  char *b = bounce_of(dev, why, len);
+  if (!b) {
+    pthread_mutex_unlock(&copy_lock[dev]);
+    fc_gpu_leave_device(prev);
+    return -1;
+  }
+  /* A first copy each way (the bytes go back where they were). */
+  cudaError_t e = cudaSuccess;
+  if (warm) e = cudaMemcpyAsync(b, warm, 16, cudaMemcpyDeviceToHost, copy_stream[dev]);
+  if (warm && e == cudaSuccess) e = cudaMemcpyAsync(warm, b, 16, cudaMemcpyHostToDevice, copy_stream[dev]);
+  return stream_leave(dev, prev, e, "preparing device copies", why, len);
 }
 
 int fc_mem_reduce(void *dst, const void *a, const void *b, size_t count, flexcoll_datatype_t dtype, flexcoll_op_t op,
@@ -227,6 +298,11 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
   (void)why, (void)len;
   if (bytes && dst != src) memcpy(dst, src, bytes);
   return 0;
+}
+int fc_mem_prepare(int device, void *warm, char *why, size_t len) {
+  (void)device, (void)warm;
+  snprintf(why, len, "flexcoll was built without CUDA");
+  return -1;
 }
 int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char *why, size_t len) {
   (void)ptr, (void)bytes, (void)fd, (void)offset;

@@ -33,6 +33,12 @@ void fc_host_pages_note(const void *ptr, uint64_t epoch);
  * pointer ptr, whole pages, and ptr's offset in it, for ibv_reg_dmabuf_mr; -1 with the reason
  * where the driver cannot export it (no dma-buf support, memory it cannot export). */
 int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len);
+/* What fc_mem_copy needs on device (its stream, and the pinned buffer it moves pageable host
+ * memory through), made now, while no kernel of the caller's waits for a copy (making them, or
+ * a stream's first copy, may wait for the device); warm: device memory of at least 16 bytes
+ * copied out and back, or NULL.  0, or -1 with the reason (fc_mem_copy then tries again at its
+ * first use). */
+int fc_mem_prepare(int device, void *warm, char *why, size_t len);
 /* For a host schedule run on device buffers (lib/host, fc_host_run_device), on the same stream
  * as fc_mem_copy and done when they return; 0, or -1 with the reason in why.
  * fc_mem_reduce: dst[i] = a[i] op b[i] over count elements of device memory (AVG as SUM), dst may

@@ -413,6 +413,12 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
     e = cudaErrorUnknown;
   if (e == cudaSuccess) e = cudaStreamSynchronize(x->out);
   if (e == cudaSuccess) e = cudaStreamSynchronize(x->in);
+  /* A link copies the lane's device boxes itself (eager messages through host memory): its copy
+   * stream and pinned bounce buffer now too, for the same reason (gpu.h, fc_mem_prepare). */
+  char prep[200];
+  if (e == cudaSuccess && x->mover.link && fc_mem_prepare(g->device, x->outbox, prep, sizeof prep))
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s: device copies not prepared (%s): made at their first use", comm->rank,
+            x->mover.link->ops->name, prep);
   int err = e == cudaSuccess ? pthread_create(&x->thread, NULL, proxy_main, x) : 0;
   if (e != cudaSuccess || err) {
     snprintf(why, wlen, "starting its proxy: %s", e != cudaSuccess ? cudaGetErrorString(e) : strerror(err));

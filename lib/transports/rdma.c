@@ -1706,20 +1706,19 @@ static void rdma_describe(fc_link_t *link, int peer, char *buf, size_t len) {
   int busy = 0;
   for (int k = 0; k < r->nslots; k++) busy += e->slot_busy ? e->slot_busy[k] : 0;
   const rdma_req_t *s = e->sq_head;
-  const int n = snprintf(buf, len,
-                         "rdma to rank %d: %s; fragments written %llu, credited %llu, slots busy %d, work requests out %d "
-                         "of %d; sends queued %d (first: tag %#llx, %zu of %zu bytes posted, %s); rendezvous sends %d, "
-                         "receives %d, controls %s; receives posted %d; consumed %llu (credit told %llu); arriving %s "
-                         "(tag %#llx, %zu of %zu); unexpected %d (%d whole); progress calls %llu",
-                         peer, e->broken ? e->why : "connected", (unsigned long long)e->sent,
-                         (unsigned long long)e->credited, busy, e->wr_out, r->max_send_wr, count_reqs(e->sq_head, 0),
-                         s ? (unsigned long long)s->tag : 0ull, s ? s->posted : 0, s ? s->bytes : 0,
-                         !s ? "-" : s->zc ? "rendezvous" : "eager", count_reqs(e->zs_head, 1), count_reqs(e->zq_head, 1),
-                         e->ctl_head ? "queued" : "none", count_reqs(e->rq_head, 0), (unsigned long long)e->consumed,
-                         (unsigned long long)e->credit_sent, !e->cur_open ? "nothing" : e->cur_req ? "into a receive" : "unexpected",
-                         (unsigned long long)e->cur_tag, e->cur_got, e->cur_total, unexp, unexp_whole,
-                         (unsigned long long)r->progress_calls);
-  (void)n;
+  snprintf(buf, len,
+           "rdma to rank %d: %s; fragments written %llu, credited %llu, slots busy %d, work requests out %d "
+           "of %d; sends queued %d (first: tag %#llx, %zu of %zu bytes posted, %s); rendezvous sends %d, "
+           "receives %d, controls %s; receives posted %d; consumed %llu (credit told %llu); arriving %s "
+           "(tag %#llx, %zu of %zu); unexpected %d (%d whole); progress calls %llu",
+           peer, e->broken ? e->why : "connected", (unsigned long long)e->sent,
+           (unsigned long long)e->credited, busy, e->wr_out, r->max_send_wr, count_reqs(e->sq_head, 0),
+           s ? (unsigned long long)s->tag : 0ull, s ? s->posted : 0, s ? s->bytes : 0,
+           !s ? "-" : s->zc ? "rendezvous" : "eager", count_reqs(e->zs_head, 1), count_reqs(e->zq_head, 1),
+           e->ctl_head ? "queued" : "none", count_reqs(e->rq_head, 0), (unsigned long long)e->consumed,
+           (unsigned long long)e->credit_sent, !e->cur_open ? "nothing" : e->cur_req ? "into a receive" : "unexpected",
+           (unsigned long long)e->cur_tag, e->cur_got, e->cur_total, unexp, unexp_whole,
+           (unsigned long long)r->progress_calls);
   pthread_mutex_unlock(&r->lock);
 }
 

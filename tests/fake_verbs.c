@@ -217,15 +217,12 @@ static void *copy_stream(void *ctx) {
 static pthread_mutex_t bounce_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *gpu_bounce;
 
-static void make_bounce(void *ctx) {
-  void *old = NULL;
-  pthread_mutex_lock(&bounce_lock);
-  if (!gpu_bounce && cu.host_alloc && cu.push(ctx) == 0) {
-    void *p = NULL;
-    if (cu.host_alloc(&p, FV_MAX_MSG, FV_CU_MEMHOSTALLOC_PORTABLE) == 0) gpu_bounce = p;
-    cu.pop(&old);
-  }
-  pthread_mutex_unlock(&bounce_lock);
+/* The bounce buffer, made if it is not yet (bounce_lock held, a context current); NULL without
+ * cuMemHostAlloc or pinned memory. */
+static char *bounce_locked(void) {
+  void *p = NULL;
+  if (!gpu_bounce && cu.host_alloc && cu.host_alloc(&p, FV_MAX_MSG, FV_CU_MEMHOSTALLOC_PORTABLE) == 0) gpu_bounce = p;
+  return gpu_bounce;
 }
 
 /* The "NIC's" DMA into or out of GPU memory (gpu: the side that is, dst or src): a copy in the
@@ -238,16 +235,15 @@ static int gpu_copy(void *ctx, void *dst, const void *src, size_t n, const void 
   void *old = NULL, *now = NULL;
   if (!n) return 0;
   if (!is_gpu(gpu, &now) || !is_gpu((const char *)gpu + n - 1, &now)) return -1;
-  make_bounce(ctx);
   if (cu.push(ctx)) return -1;
   void *st = copy_stream(ctx);
   const int to_gpu = gpu == dst;
   int rc = !st;
   pthread_mutex_lock(&bounce_lock);
+  /* Without a bounce buffer (no cuMemHostAlloc): straight, through the driver's staging. */
+  char *b = bounce_locked();
   for (size_t at = 0; !rc && at < n; at += FV_MAX_MSG) {
     const size_t k = n - at < FV_MAX_MSG ? n - at : FV_MAX_MSG;
-    /* Without a bounce buffer (no cuMemHostAlloc): straight, through the driver's staging. */
-    char *b = gpu_bounce;
     if (b && to_gpu) memcpy(b, (const char *)src + at, k);
     const void *from = b && to_gpu ? b : (const char *)src + at;
     void *into = b && !to_gpu ? b : (char *)dst + at;
@@ -1253,9 +1249,14 @@ FV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *dev) {
   /* The bounce buffer now, while this process's kernels wait for nothing of ours (where CUDA is
    * up: any device's primary context will do, the memory is portable). */
   if (!cu.attr) cu_load();
-  void *primary = NULL;
+  void *primary = NULL, *was = NULL;
   int dev0 = -1;
-  if (cu.attr && cu.device(&dev0, 0) == 0 && cu.primary(&primary, dev0) == 0 && primary) make_bounce(primary);
+  if (cu.attr && cu.device(&dev0, 0) == 0 && cu.primary(&primary, dev0) == 0 && primary && cu.push(primary) == 0) {
+    pthread_mutex_lock(&bounce_lock);
+    bounce_locked();
+    pthread_mutex_unlock(&bounce_lock);
+    cu.pop(&was);
+  }
   return &c->vctx.context;
 }
 

@@ -53,6 +53,13 @@ static void copy_init(void) {
   for (int d = 0; d < MAX_DEVICES; d++) pthread_mutex_init(&copy_lock[d], NULL);
 }
 
+/* Let dev's stream go without waiting for it (the caller has set why): -1. */
+static int stream_drop(int dev, int prev) {
+  pthread_mutex_unlock(&copy_lock[dev]);
+  fc_gpu_leave_device(prev);
+  return -1;
+}
+
 /* The copy stream of dev (the device of memory the caller asked fc_mem_type about), locked and
  * current: dev, or -1 with the reason (then nothing is held). */
 static int stream_enter(int dev, const char *what, int *prev, char *why, size_t len) {
@@ -65,10 +72,8 @@ static int stream_enter(int dev, const char *what, int *prev, char *why, size_t 
   pthread_mutex_lock(&copy_lock[dev]);
   if (!copy_stream[dev] && cudaStreamCreateWithFlags(&copy_stream[dev], cudaStreamNonBlocking) != cudaSuccess) {
     copy_stream[dev] = NULL;
-    pthread_mutex_unlock(&copy_lock[dev]);
-    fc_gpu_leave_device(*prev);
     snprintf(why, len, "%s: cannot create a stream on device %d: %s", what, dev, cudaGetErrorString(cudaGetLastError()));
-    return -1;
+    return stream_drop(dev, *prev);
   }
   return dev;
 }
@@ -131,20 +136,15 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
     return stream_leave(dev, prev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream[dev]), what, why, len);
   /* Pageable on one side: through the bounce buffer, a piece at a time. */
   char *b = bounce_of(dev, why, len);
-  cudaError_t e = b ? cudaSuccess : cudaErrorMemoryAllocation;
-  for (size_t at = 0; b && e == cudaSuccess && at < bytes; at += BOUNCE_BYTES) {
+  if (!b) return stream_drop(dev, prev);
+  cudaError_t e = cudaSuccess;
+  for (size_t at = 0; e == cudaSuccess && at < bytes; at += BOUNCE_BYTES) {
     const size_t n = bytes - at < BOUNCE_BYTES ? bytes - at : BOUNCE_BYTES;
     if (from_host) memcpy(b, (const char *)src + at, n);
     e = cudaMemcpyAsync(from_host ? (char *)dst + at : b, from_host ? b : (const char *)src + at, n, cudaMemcpyDefault,
                         copy_stream[dev]);
     if (e == cudaSuccess) e = cudaStreamSynchronize(copy_stream[dev]);
     if (e == cudaSuccess && to_host) memcpy((char *)dst + at, b, n);
-  }
-  if (!b) {
-    /* bounce_of said why: keep its reason. */
-    pthread_mutex_unlock(&copy_lock[dev]);
-    fc_gpu_leave_device(prev);
-    return -1;
   }
   return stream_leave(dev, prev, e, what, why, len);
 }
@@ -154,11 +154,7 @@ int fc_mem_prepare(int device, void *warm, char *why, size_t len) {
   const int dev = stream_enter(device, "preparing device copies", &prev, why, len);
   if (dev < 0) return -1;
   char *b = bounce_of(dev, why, len);
-  if (!b) {
-    pthread_mutex_unlock(&copy_lock[dev]);
-    fc_gpu_leave_device(prev);
-    return -1;
-  }
+  if (!b) return stream_drop(dev, prev);
   /* A first copy each way (the bytes go back where they were). */
   cudaError_t e = cudaSuccess;
   if (warm) e = cudaMemcpyAsync(b, warm, 16, cudaMemcpyDeviceToHost, copy_stream[dev]);

@@ -2,7 +2,6 @@
 #include "config.h"
 
 #include <stdio.h>
-#include <string.h>
 
 #include "clock.h"
 #include "error.h"
@@ -16,6 +15,9 @@ enum { TAG_DATA = 0x7ffffffe, TAG_DESC = 0x7ffffffd, TAG_ACK = 0x7ffffffc };
 static uint64_t lane_tag(int sender, unsigned kind, unsigned block, uint64_t n) {
   return ((uint64_t)(uint16_t)sender << 48) | (1ull << 47) | ((uint64_t)kind << 16) | ((n & 0x1ffu) << 7) | block;
 }
+
+/* The one step that is for no block or message (fc_lane_link_slowest words it without them). */
+static const char progress_step[] = "the link's progress";
 
 /* Keep the step that began at t0 if it is the longest so far. */
 static void timed(fc_lane_link_t *m, double t0, const char *what, unsigned b, uint64_t n) {
@@ -191,7 +193,7 @@ int fc_lane_link_turn(fc_lane_link_t *m) {
   if (fc_lane_link_busy(m)) {
     const double t0 = fc_now_us();
     m->link->ops->progress(m->link);
-    timed(m, t0, "the link's progress", 0, 0);
+    timed(m, t0, progress_step, 0, 0);
   }
   int moved = 0;
   for (unsigned b = 0; b < m->blocks; b++) {
@@ -216,8 +218,8 @@ int fc_lane_link_drain(fc_lane_link_t *m, double deadline_us) {
 
 void fc_lane_link_slowest(const fc_lane_link_t *m, char *buf, size_t len) {
   if (!m->slowest_what) snprintf(buf, len, "the mover has not called its link yet");
-  else if (!strcmp(m->slowest_what, "the link's progress"))
-    snprintf(buf, len, "the mover's longest step: the link's progress, %.1f ms", m->slowest_us / 1e3);
+  else if (m->slowest_what == progress_step)
+    snprintf(buf, len, "the mover's longest step: %s, %.1f ms", progress_step, m->slowest_us / 1e3);
   else
     snprintf(buf, len, "the mover's longest step: %s of block %u's message %llu, %.1f ms", m->slowest_what,
              m->slowest_block, (unsigned long long)m->slowest_msg, m->slowest_us / 1e3);

@@ -58,6 +58,10 @@ static const fc_param_def_t table[] = {
     {"FLEXCOLL_RING_LANE_INBAND", FC_PK_INT, "0",
      "ring lane over a link: descriptors and acknowledgements over the link too, within one host as well (1)", 1, 0, 1,
      NULL},
+    {"FLEXCOLL_RING_HOPS", FC_PK_INT, "1",
+     "ranks on several hosts with the rdma ring lane: NVLink between the ranks of a host, the link only between hosts (0: "
+     "every hop over the link)",
+     1, 0, 1, NULL},
     {"FLEXCOLL_LANE_STAGE2_BYTES", FC_PK_INT, "16777216",
      "device ring calls from this size (count x type size) are timed and move the nvlink/pcie split (0: never)", 1, 0, BIG,
      NULL},

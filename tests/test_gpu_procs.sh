@@ -15,7 +15,9 @@
 # sum only; then 2, 3 and 4 ranks as two hosts with the ring kernels' lane over rdma on the fake
 # verbs provider (FLEXCOLL_RING_LANE=rdma: descriptors and acknowledgements over the link, in
 # band, as between real hosts), where the build has the fake (FC_TEST_RDMA_REAL=1: on libibverbs
-# instead, for a machine with a NIC); then 2, 3 and 4 ranks of one host with three lanes
+# instead, for a machine with a NIC), and the same with nvlink among the links: the ring by hops
+# (NVLink between the processes of a "host", the rdma lane only between them: FLEXCOLL_RING_HOPS;
+# a logged run checks each rank's two edges); then 2, 3 and 4 ranks of one host with three lanes
 # (FLEXCOLL_RING_LANE=pcie,rdma at fixed shares 0.4/0.3/0.3 beside NVLink, every size through the
 # ring kernels: the two side lanes' host areas mapped between processes; FC_GPU_PROCS_ONLY_LANE=1:
 # the lane runs alone).  The ranks share the GPUs present
@@ -83,6 +85,8 @@ elif [ ! -f "$fake" ]; then
   lane_setup=""
   echo "test_gpu_procs: no $fake: the ring lane over rdma between hosts not run"
 fi
+# With nvlink too: the ring by hops (NVLink between the processes of a "host", rdma between them).
+hops_setup=${lane_setup:+"nvlink,$lane_setup"}
 three="FLEXCOLL_RING_LANE=pcie,rdma FLEXCOLL_LINK_SHARES=nvlink:0.4,pcie:0.3,rdma:0.3 FLEXCOLL_ONESHOT_MAX_BYTES=0"
 three="$three FLEXCOLL_VERBS_PROVIDER=fake FLEXCOLL_VERBS_FAKE_LIB=$fake"
 three_setup="nvlink,pcie,rdma,shm,tcp:0:$three"
@@ -90,8 +94,10 @@ three_setup="nvlink,pcie,rdma,shm,tcp:0:$three"
 # FC_GPU_PROCS_ONLY_LANE=1: the ring lane's runs alone (the node's time is short).
 setups=":0 pcie,shm,tcp:0 :2 :2:FLEXCOLL_UCX_PEER_FAILURE=0"
 [ "${FC_GPU_PROCS_ONLY_LANE:-0}" = 1 ] && setups=""
+# FC_GPU_PROCS_ONLY_LANE=hops: the ring by hops alone.
+[ "${FC_GPU_PROCS_ONLY_LANE:-0}" = hops ] && setups="" lane_setup="" three_setup=""
 # setup: LINKS:HOSTS[:VAR=VALUE ...]
-for setup in $setups ${lane_setup:+"$lane_setup"} ${three_setup:+"$three_setup"}; do
+for setup in $setups ${lane_setup:+"$lane_setup"} ${hops_setup:+"$hops_setup"} ${three_setup:+"$three_setup"}; do
   links=${setup%%:*} rest=${setup#*:}
   hosts=${rest%%:*} extra=""
   [ "$rest" != "$hosts" ] && extra=${rest#*:}
@@ -147,6 +153,29 @@ if [ -n "$lane_setup" ]; then
       fail=$((fail + 1))
       echo "FAIL: rank $r: the ring lane over rdma between hosts is not on:"
       grep -h "ring lane\|WARN" "$tmp/lane.$r" | sed "s/^/  rank $r: /"
+    fi
+  done
+fi
+# The ring by hops: 4 processes as two hosts, numbered round them (the ring visits 0 2 1 3): every
+# rank runs by hops, NVLink on the edge within its host, rdma on the one to the other host.
+if [ -n "$hops_setup" ]; then
+  port=$((port + 1)) pids=""
+  for r in 0 1 2 3; do
+    env $lane FLEXCOLL_LINKS=nvlink,rdma,shm,tcp FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED \
+      FLEXCOLL_HOSTID=host-$((r % 2)) FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=4 FLEXCOLL_RANK=$r \
+      FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" -b 4M -e 4M -n 1 -w 0 -c 1 >"$tmp/hops.$r" 2>&1 &
+    pids="$pids $!"
+  done
+  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of the ring by hops"; }; done
+  for r in 0 1 2 3; do
+    case $r in 0) want="from rank 3 over rdma, to rank 2 over nvlink" ;; 1) want="from rank 2 over rdma, to rank 3 over nvlink" ;;
+      2) want="from rank 0 over nvlink, to rank 1 over rdma" ;; *) want="from rank 1 over nvlink, to rank 0 over rdma" ;; esac
+    if grep -q "ring kernels by hops, host by host: $want" "$tmp/hops.$r"; then
+      grep -h "ring kernels by hops" "$tmp/hops.$r" | sed "s/^/test_gpu_procs: /"
+    else
+      fail=$((fail + 1))
+      echo "FAIL: rank $r: not by hops ($want):"
+      grep -h "ring lane\|ring kernels\|WARN" "$tmp/hops.$r" | sed "s/^/  rank $r: /"
     fi
   done
 fi

@@ -108,6 +108,9 @@ typedef struct {
   fc_side_lane_t side[FC_RING_SIDE_LANES];
   int nside;               /* side lanes on: side[0 .. nside - 1], in FLEXCOLL_RING_LANE's order, on every rank */
   int only;                /* no NVLink lane (no peer access): ring calls go through the side lanes whole */
+  /* A ring by hops (ranks on several hosts, FLEXCOLL_RING_HOPS): NVLink within a host, side lane
+   * 0 over the link between hosts; hop_in and hop_out are our two edges' lanes (kernels.h). */
+  int hops, hop_in, hop_out;
   /* FLEXCOLL_LINK_SHARES's fractions of the lanes it names (summing to 1 over the lanes that can
    * carry bytes); fixed[0] < 0: the balancer's split */
   double fixed[FC_RING_LANES];
@@ -160,6 +163,11 @@ struct fc_gpu {
   int ring;
   size_t ring_off, ring_bytes, ring_ctr_off;
   unsigned ring_blocks, ring_subslots;
+  /* The ring's order (ring_place, set_ring_order in gpu.c): host by host where the ranks are on
+   * several hosts (the links' order), else by rank.  Our place, the ranks before and after us,
+   * and the rank at each place in device memory (NULL where places are ranks). */
+  int ring_pos, ring_next, ring_prev;
+  int *ring_rank_dev;
   fc_pcie_t pcie;              /* their second lane, through host memory (pcie.c) */
   /* The ring kernels' clock (device memory) and record ring (host-mapped; the device's view of
    * it), kernels.h: stage 2 of the lanes. */
@@ -234,6 +242,8 @@ void fc_pcie_ce_kick(fc_side_lane_t *s);
  * the call is large. */
 int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes, int capturing, fc_ring_args_t *a);
 flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *g, int large);
+/* A rank's place in the ring kernels' order (gpu.c, fc_gpu.ring_pos). */
+int fc_gpu_ring_place(const struct flexcoll_comm *comm, int rank);
 /* The ring kernels' arguments of this communicator, without a pcie share (exec.c). */
 void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a);
 

@@ -163,16 +163,18 @@ static int ring_takes(const struct fc_gpu *g, const fc_algo_args_t *args) {
 }
 
 void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, fc_ring_args_t *a) {
-  const int n = comm->nranks, me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
-  /* Without peer access the neighbours' staging is not mapped (NULL): no NVLink lane. */
-  char *const next_stage = g->peers[next].stage, *const prev_stage = g->peers[prev].stage;
-  *a = (fc_ring_args_t){.rank = me, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
+  const int n = comm->nranks;
+  /* Without peer access the neighbours' staging is not mapped (NULL): no NVLink lane (in a ring
+   * by hops, none on an edge between hosts). */
+  char *const next_stage = g->peers[g->ring_next].stage, *const prev_stage = g->peers[g->ring_prev].stage;
+  *a = (fc_ring_args_t){.rank = g->ring_pos, .nranks = n, .epoch = g->epoch, .area = g->stage + g->ring_off,
                         .area_next = next_stage ? next_stage + g->ring_off : NULL,
                         .ctr = (uint64_t *)(g->stage + g->ring_ctr_off),
                         .ctr_next = next_stage ? (uint64_t *)(next_stage + g->ring_ctr_off) : NULL,
                         .ctr_prev = prev_stage ? (uint64_t *)(prev_stage + g->ring_ctr_off) : NULL,
                         .area_bytes = g->ring_bytes, .blocks = g->ring_blocks, .subslots = g->ring_subslots,
-                        .timeout_ns = g->timeout_ns, .error = g->error_dev};
+                        .timeout_ns = g->timeout_ns, .error = g->error_dev, .ring_rank = g->ring_rank_dev,
+                        .hops = g->pcie.hops, .hop_in = g->pcie.hop_in, .hop_out = g->pcie.hop_out};
   for (int k = 0; k < g->pcie.nside; k++) {
     const fc_side_lane_t *s = &g->pcie.side[k];
     if (!s->on) continue;
@@ -191,18 +193,25 @@ void fc_gpu_ring_args(const struct flexcoll_comm *comm, const struct fc_gpu *g, 
     sd->ctr_prev = (uint64_t *)s->prev;
     sd->area_bytes = s->area_bytes;
     sd->blocks = s->blocks;
+    /* A ring by hops: a block's sub-slots lie at the same offsets in both edges' areas, and the
+     * grid is the link lane's (few blocks, large messages: each costs the link a message, and a
+     * ring runs at its slowest edge's speed, so more blocks on the NVLink edges gain nothing). */
+    if (a->hops && s->area_bytes < a->area_bytes) a->area_bytes = s->area_bytes;
+    if (a->hops && s->blocks < a->blocks) a->blocks = s->blocks;
   }
 }
 
 /* The links' statistics of a ring call: what this rank pushes to the next rank on each lane. */
 static void count_ring_bytes(struct fc_gpu *g, fc_ring_coll_t coll, const fc_algo_args_t *args, size_t bytes,
-                             const fc_ring_args_t *a) {
+                             const fc_ring_args_t *a, int root) {
   const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
-  const unsigned long long pushes = (unsigned long long)fc_ring_pushes(coll, args->rank, args->nranks, args->root);
+  const unsigned long long pushes = (unsigned long long)fc_ring_pushes(coll, a->rank, args->nranks, root);
   /* Allreduce's last chunk may be short: its lanes are cut at the same offsets, so the side lanes
-   * (the chunk's first bytes) lose least; counted as full chunks (statistics only). */
-  size_t start[FC_RING_LANES], end[FC_RING_LANES];
-  fc_ring_lane_cut(a, chunk, start, end);
+   * (the chunk's first bytes) lose least; counted as full chunks (statistics only).  In a ring by
+   * hops every byte we push goes on the lane of our edge to the next rank. */
+  size_t start[FC_RING_LANES] = {0}, end[FC_RING_LANES] = {0};
+  if (a->hops) end[a->hop_out] = chunk;
+  else fc_ring_lane_cut(a, chunk, start, end);
   for (int L = 0; L < FC_RING_LANES; L++) g->pcie.sent[L] += pushes * (end[L] - start[L]);
   /* Where large calls are timed, the shares come from their records (pcie.c, take_records). */
   if (g->pcie.stage2_bytes) return;
@@ -231,20 +240,22 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
       FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: %s carries %zu bytes of each ring chunk", fc_coll_name(args->coll),
                bytes, g->pcie.side[k].name, side[k]);
   }
-  const int large = fc_pcie_before_ring(g, bytes, chunk, fc_ring_pushes(coll, args->rank, args->nranks, args->root),
+  /* The kernel counts places in the ring, which visits hosts in turn: the root's is its place. */
+  const int root = fc_gpu_ring_place(x->comm, args->root);
+  const int large = fc_pcie_before_ring(g, bytes, chunk, fc_ring_pushes(coll, a.rank, args->nranks, root),
                                         x->capturing, &a);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */
   FC_CHECK(kernel_order_before(x, stream));
   /* A proxy that has dozed off is woken now, as the kernel it will serve is enqueued. */
   for (int k = 0; k < FC_RING_SIDE_LANES; k++)
-    if (a.side[k].chunk_bytes && a.side[k].ce) fc_pcie_ce_kick(&g->pcie.side[k]);
-  const int e = fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, args->root, stream);
+    if ((a.side[k].chunk_bytes || a.hops) && a.side[k].ce) fc_pcie_ce_kick(&g->pcie.side[k]);
+  const int e = fc_kernel_ring_collective(&a, coll, send, recv, bytes, x->dtype, x->op, root, stream);
   if (e) {
     if (a.clk) g->pcie.issued--; /* no record will come for it */
     return fc_error(x->comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "fc_kernel_ring_collective failed: %s",
                     cudaGetErrorString((cudaError_t)e));
   }
-  count_ring_bytes(g, coll, args, bytes, &a);
+  count_ring_bytes(g, coll, args, bytes, &a, root);
   FC_CHECK(kernel_order_after(x, stream));
   return fc_pcie_after_ring(x->comm, g, large);
 }

@@ -17,6 +17,7 @@
 #include "error.h"
 #include "param.h"
 #include "topo.h"
+#include "sched/sched.h"
 
 #if HAVE_CUDA
 #include "device.h"
@@ -401,6 +402,36 @@ static flexcoll_result_t upload_p2p_peers(struct flexcoll_comm *comm, struct fc_
   return res;
 }
 
+/* The ring kernels' order: the links' host-by-host order where the ranks are on several hosts,
+ * so that a ring crosses each host boundary once whatever the numbering (and a ring by hops can
+ * take NVLink between the ranks of a host); by rank otherwise.  The rank at each place goes to
+ * the device for allgather's and reduce_scatter's blocks. */
+static int ring_by_host(const struct flexcoll_comm *comm) {
+  const fc_links_t *l = comm->links;
+  return l && l->nhosts > 1 && l->order && l->pos;
+}
+
+int fc_gpu_ring_place(const struct flexcoll_comm *comm, int rank) {
+  return ring_by_host(comm) ? comm->links->pos[rank] : rank;
+}
+
+static flexcoll_result_t set_ring_order(struct flexcoll_comm *comm, struct fc_gpu *g) {
+  const int n = comm->nranks;
+  const fc_links_t *l = comm->links;
+  const int by_host = ring_by_host(comm);
+  g->ring_pos = fc_gpu_ring_place(comm, comm->rank);
+  g->ring_next = by_host ? l->order[(g->ring_pos + 1) % n] : (comm->rank + 1) % n;
+  g->ring_prev = by_host ? l->order[(g->ring_pos + n - 1) % n] : (comm->rank + n - 1) % n;
+  int identity = 1;
+  for (int p = 0; by_host && p < n; p++) identity &= l->order[p] == p;
+  if (!by_host || identity) return FLEXCOLL_SUCCESS;
+  const size_t bytes = (size_t)n * sizeof(int);
+  CUDA_CHECK(comm, cudaMalloc((void **)&g->ring_rank_dev, bytes));
+  CUDA_CHECK(comm, cudaMemcpyAsync(g->ring_rank_dev, l->order, bytes, cudaMemcpyHostToDevice, g->util_stream));
+  CUDA_CHECK(comm, cudaStreamSynchronize(g->util_stream));
+  return FLEXCOLL_SUCCESS;
+}
+
 static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   struct fc_gpu *g = calloc(1, sizeof *g);
   if (!g) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
@@ -411,6 +442,7 @@ static flexcoll_result_t gpu_comm_setup(struct flexcoll_comm *comm, int want) {
   FC_CHECK(alloc_local(comm, g));
   FC_CHECK(connect_peers(comm, g));
   if (g->p2p) FC_CHECK(upload_p2p_peers(comm, g));
+  FC_CHECK(set_ring_order(comm, g));
   /* Peers must not write into staging areas before their owners have cleared the flags. */
   FC_CHECK(fc_bootstrap_barrier(comm->bootstrap));
   FC_CHECK(fc_pcie_open(comm, g));
@@ -505,6 +537,7 @@ void fc_gpu_comm_fini(struct flexcoll_comm *comm) {
   cudaFree(g->stage);
   cudaFree(g->epoch);
   cudaFree(g->p2p_base);
+  cudaFree(g->ring_rank_dev);
   cudaFree(g->p2p_peer_area);
   cudaFree(g->p2p_peer_ctr);
   cudaFree(g->dev_scratch);

@@ -60,6 +60,7 @@
 FC_PARAM_INT(pcie_area_bytes, "PCIE_AREA_BYTES", 4 << 20)
 FC_PARAM_INT(pcie_blocks, "PCIE_BLOCKS", 16)
 FC_PARAM_INT(ring_lane_inband, "RING_LANE_INBAND", 0)
+FC_PARAM_INT(ring_hops, "RING_HOPS", 1)
 /* Ring calls from this size (count x type size) are timed and move the split (0: none): timing
  * costs a few atomics per block, an update a few microseconds of rank 0's host, so only calls
  * whose lane times are long against the device clock's steps and the launch skew between ranks. */
@@ -483,7 +484,7 @@ static unsigned lane_blocks(int64_t asked, unsigned ring_blocks, int lanes) {
  * (collective).  s->on where every rank has it; else one INFO line says why and s is closed. */
 static flexcoll_result_t open_side(struct flexcoll_comm *comm, struct fc_gpu *g, fc_side_lane_t *s, const char *name,
                                    int lanes) {
-  const int n = comm->nranks, next = (comm->rank + 1) % n, prev = (comm->rank + n - 1) % n;
+  const int next = g->ring_next, prev = g->ring_prev;
   char why[256] = "";
   const char *engine = fc_param_str("FLEXCOLL_PCIE_ENGINE", "sm");
   const int over_link = !strcmp(name, "rdma");
@@ -592,7 +593,7 @@ static flexcoll_result_t open_side(struct flexcoll_comm *comm, struct fc_gpu *g,
       return FLEXCOLL_SUCCESS;
     }
     if (!all_ce) {
-      fc_pcie_ce_stop(s);
+      fc_pcie_ce_stop(s); /* not a link's lane (above): a ring by hops never gets here */
       /* Every rank falls back alike (agreed above): the kernel's own default block count. */
       if (!fc_param_str("FLEXCOLL_PCIE_BLOCKS", NULL)) s->blocks = lane_blocks(fc_param_pcie_blocks(), g->ring_blocks, lanes);
       FC_INFO(FC_SUB_SCHED, "rank %d: ring lane pcie: copy engines off, the ring kernel moves its bytes: %s", comm->rank,
@@ -601,6 +602,50 @@ static flexcoll_result_t open_side(struct flexcoll_comm *comm, struct fc_gpu *g,
     s->ce = all_ce;
   }
   return FLEXCOLL_SUCCESS;
+}
+
+/* Whether the ring kernels may run by hops (collective, the same answer on every rank): ranks on
+ * several hosts (where the pcie lane never opens, so the rdma lane is the one side lane),
+ * FLEXCOLL_RING_HOPS, the rdma lane asked, nvlink among FLEXCOLL_LINKS, and on every rank peer
+ * access to each ring neighbour on its own host (why says what is missing here, for the INFO line). */
+static flexcoll_result_t hops_possible(struct flexcoll_comm *comm, struct fc_gpu *g, const char *const *asked,
+                                       int lanes, int *possible, char *why, size_t wlen) {
+  const fc_links_t *l = comm->links;
+  int rdma = 0;
+  for (int i = 0; i < lanes; i++) rdma |= !strcmp(asked[i], "rdma");
+  *possible = 0;
+  if (!l || l->nhosts < 2 || !rdma || !g->ring) return FLEXCOLL_SUCCESS;
+  if (!fc_param_ring_hops()) {
+    snprintf(why, wlen, "FLEXCOLL_RING_HOPS=0");
+    return FLEXCOLL_SUCCESS;
+  }
+  if (!fc_links_names("nvlink")) {
+    snprintf(why, wlen, "FLEXCOLL_LINKS leaves nvlink out");
+    return FLEXCOLL_SUCCESS;
+  }
+  int ok = 1;
+  const int me = l->host[comm->rank];
+  if (l->host[g->ring_next] == me && !g->peers[g->ring_next].stage) ok = 0;
+  if (l->host[g->ring_prev] == me && !g->peers[g->ring_prev].stage) ok = 0;
+  if (!ok) snprintf(why, wlen, "no peer access to a ring neighbour on this host");
+  FC_CHECK(everyone(comm, ok, possible));
+  if (ok && !*possible) snprintf(why, wlen, "another rank has no peer access to a ring neighbour on its host");
+  return FLEXCOLL_SUCCESS;
+}
+
+/* A ring by hops: each edge on NVLink within our host, on the link's lane (side lane 0) to
+ * another host. */
+static void set_hops(const struct flexcoll_comm *comm, struct fc_gpu *g) {
+  fc_pcie_t *p = &g->pcie;
+  const int *host = comm->links->host, me = host[comm->rank];
+  p->hops = 1;
+  p->hop_in = host[g->ring_prev] == me ? 0 : 1;
+  p->hop_out = host[g->ring_next] == me ? 0 : 1;
+  p->stage2_bytes = 0; /* nothing to balance: each edge has one lane */
+  FC_INFO(FC_SUB_SCHED,
+          "rank %d: ring kernels by hops, host by host: from rank %d over %s, to rank %d over %s (%u blocks, whole parts)",
+          comm->rank, g->ring_prev, p->hop_in ? p->side[0].name : "nvlink", g->ring_next,
+          p->hop_out ? p->side[0].name : "nvlink", p->side[0].blocks);
 }
 
 flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
@@ -614,6 +659,7 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_PCIE_CE_READY"));
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE")); /* pcie, rdma, or both */
   FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_LANE_INBAND"));
+  FC_CHECK(fc_param_check(comm, "FLEXCOLL_RING_HOPS"));
   /* One side lane per name, in the list's order (the check above allows each name once); a lane
    * that does not open leaves its place to the next. */
   char names[64];
@@ -623,6 +669,9 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   for (char *save = NULL, *tok = strtok_r(names, ", ", &save); tok && lanes < FC_RING_SIDE_LANES;
        tok = strtok_r(NULL, ", ", &save))
     asked[lanes++] = tok;
+  int hops = 0;
+  char hops_why[160] = "";
+  FC_CHECK(hops_possible(comm, g, asked, lanes, &hops, hops_why, sizeof hops_why));
   for (int i = 0; i < lanes; i++) {
     fc_side_lane_t *s = &p->side[p->nside];
     FC_CHECK(open_side(comm, g, s, asked[i], lanes));
@@ -641,8 +690,12 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   /* Without peer access (or without nvlink by choice, which leaves the peers unmapped) the
    * NVLink lane has nowhere to write: the ring kernels run on the side lanes alone. */
   p->only = !g->p2p;
+  if (hops) set_hops(comm, g); /* the one lane on, the link's (hops_possible), is on everywhere */
+  else if (hops_why[0] && p->side[0].link)
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring kernels not by hops (every hop over %s): %s", comm->rank, p->side[0].name,
+            hops_why);
   fixed_fractions(p);
-  const int balanced = p->fixed[0] < 0 && !(p->only && p->nside == 1);
+  const int balanced = !p->hops && p->fixed[0] < 0 && !(p->only && p->nside == 1);
   if (balanced) FC_CHECK(seed_models(comm, g));
   /* seed_models may have turned the lanes off (a failed calibration). */
   if (!p->side[0].on) {
@@ -658,7 +711,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
             : s->link ? "each message one of the link's, sent and received by a proxy thread"
             : s->ce   ? "copy engines"
                       : "the kernel's loads and stores",
-            p->only && p->nside == 1 ? "every ring call through it (no peer access)"
+            p->hops                  ? "the edges between hosts (by hops)"
+            : p->only && p->nside == 1 ? "every ring call through it (no peer access)"
             : p->fixed[0] >= 0       ? "fixed share"
                                      : "balanced share");
   }
@@ -667,7 +721,8 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
 
 void fc_pcie_split(const struct fc_gpu *g, size_t chunk, size_t *side) {
   const fc_pcie_t *p = &g->pcie;
-  for (int k = p->nside; k < FC_RING_SIDE_LANES; k++) side[k] = 0; /* lanes that are not on */
+  for (int k = p->hops ? 0 : p->nside; k < FC_RING_SIDE_LANES; k++) side[k] = 0; /* lanes that are not on */
+  if (p->hops) return; /* each edge's lane carries its whole part (fc_ring_args_t.hops) */
   fc_lanes_split(p->model, p->probe, p->fixed[0] >= 0 ? p->fixed : NULL, !p->only, p->nside, chunk, side);
 }
 
@@ -849,12 +904,14 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
    * that carries one) that are on. */
   int k = 0; /* lanes counted; those that fit in max written (as the host links are) */
   for (int L = 0; L < FC_RING_LANES; L++) {
-    const int has = L ? g->ring && L <= g->pcie.nside : g->p2p;
+    /* By hops, the lane of our edge to the next rank only. */
+    const fc_pcie_t *p = &g->pcie;
+    const int has = p->hops ? L == p->hop_out : L ? g->ring && L <= p->nside : g->p2p;
     if (!has || k++ >= max) continue;
     flexcoll_link_stats_t *s = &stats[k - 1];
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", L ? g->pcie.side[L - 1].name : "nvlink");
-    s->peer = (comm->rank + 1) % comm->nranks;
+    s->peer = g->ring_next;
     s->bytes = g->pcie.sent[L];
     s->busy_us = g->pcie.busy_us[L];
     s->share = g->pcie.share[L];

@@ -362,8 +362,8 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
     m->comm = comm;
     m->link = s->link;
     m->rank = comm->rank;
-    m->next = (comm->rank + 1) % comm->nranks;
-    m->prev = (comm->rank + comm->nranks - 1) % comm->nranks;
+    m->next = g->ring_next;
+    m->prev = g->ring_prev;
     m->blocks = x->blocks;
     m->sent = x->sent;
     m->desc = x->desc;

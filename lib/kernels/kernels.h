@@ -239,6 +239,16 @@ typedef struct {
   uint64_t timeout_ns;
   int *error;              /* host-mapped, as the one-shot kernels' */
   fc_ring_side_t side[FC_RING_SIDE_LANES];
+  /* Ranks on several hosts: rank is our place in the ring, which visits the ranks host by host,
+   * and ring_rank (device memory, nranks entries) the rank at each place, whose block an
+   * allgather's or reduce_scatter's chunk of that place is (NULL: places are ranks).  hops: a
+   * ring by hops, whose every block carries its whole part of a chunk on each edge's own lane:
+   * hop_in the lane of the edge from the previous rank, hop_out of the edge to the next (0: the
+   * NVLink lane, the peers' device memory of our host; k: side lane k, over the link between
+   * hosts).  The plan then gives lane 0 every block and byte (the side lanes' chunk_bytes are 0)
+   * and area_bytes is the smaller of the areas the block uses. */
+  const int *ring_rank;
+  int hops, hop_in, hop_out;
   /* Stage 2: clk NULL, nothing measured (small calls, captured ones); else the clock, the record
    * ring (as the device sees it), this call's number and its lanes' bytes for the record. */
   fc_lane_clock_t *clk;

@@ -38,7 +38,9 @@ constexpr unsigned FC_RING_THREADS = 512;
 
 /* What a block of the grid uses: its lane's areas and counters (its own ready and ack at
  * ctr[b] and ctr[FC_MAX_BLOCKS + b], b its index in the lane; a proxy's lane's ready at ready[b]
- * where the proxy raises it in device memory), and its bytes of a chunk. */
+ * where the proxy raises it in device memory), and its bytes of a chunk.  In a ring by hops the
+ * fields of the edge from the previous rank (area, ready, ack_prev, sys) and of the edge to the
+ * next (area_next, ready_next, ack, ce and its descriptors) come from the edges' lanes. */
 struct fc_ring_lane {
   char *area, *area_next;
   uint64_t *ready, *ack;            /* ours */
@@ -66,26 +68,28 @@ __device__ __forceinline__ fc_ring_lane fc_ring_lane_of(const fc_ring_args_t &a,
   fc_ring_lane l;
   const int L = fc_ring_lane_index(io, &l.idx);
   l.blocks = io.blocks[L];
-  const fc_ring_side_t *sd = L ? &a.side[L - 1] : nullptr;
-  uint64_t *ctr = sd ? sd->ctr : a.ctr, *ctr_next = sd ? sd->ctr_next : a.ctr_next;
-  uint64_t *ctr_prev = sd ? sd->ctr_prev : a.ctr_prev;
-  l.area = sd ? sd->area : a.area;
-  l.area_next = sd ? sd->area_next : a.area_next;
-  l.ready = sd && sd->ce && sd->ready ? sd->ready + l.idx : ctr + l.idx;
-  l.ack = ctr + FC_MAX_BLOCKS + l.idx;
-  l.ready_next = ctr_next + l.idx;
-  l.ack_prev = ctr_prev + FC_MAX_BLOCKS + l.idx;
+  /* The lane of each edge: the block's own, or in a ring by hops each edge's (a.hops, L 0). */
+  const fc_ring_side_t *in = a.hops ? (a.hop_in ? &a.side[a.hop_in - 1] : nullptr) : L ? &a.side[L - 1] : nullptr;
+  const fc_ring_side_t *out = a.hops ? (a.hop_out ? &a.side[a.hop_out - 1] : nullptr) : in;
+  /* The edge from the previous rank: our area, our ready counter, the previous rank's ack. */
+  l.area = in ? in->area : a.area;
+  l.ready = in && in->ce && in->ready ? in->ready + l.idx : (in ? in->ctr : a.ctr) + l.idx;
+  l.ack_prev = (in ? in->ctr_prev : a.ctr_prev) + FC_MAX_BLOCKS + l.idx;
+  l.sys = in != nullptr;
+  /* The edge to the next rank: its area (or our outbox), its ready counter, our ack. */
+  l.area_next = out ? out->area_next : a.area_next;
+  l.ready_next = (out ? out->ctr_next : a.ctr_next) + l.idx;
+  l.ack = (out ? out->ctr : a.ctr) + FC_MAX_BLOCKS + l.idx;
+  l.ce = out && out->ce;
+  l.desc = l.ce ? out->desc + (size_t)l.idx * FC_PCIE_DESCS : nullptr;
+  l.sent = l.ce ? out->sent + l.idx : nullptr;
+  l.pub = l.ce ? out->pub + l.idx : nullptr;
   l.lo = io.start[L] + (size_t)l.idx * io.part[L];
   if (l.lo > io.end[L]) l.lo = io.end[L];
   l.hi = l.lo + io.part[L] < io.end[L] ? l.lo + io.part[L] : io.end[L];
   l.step = io.step[L];
   l.room = io.room[L];
   l.nslices = io.nslices[L];
-  l.sys = sd != nullptr;
-  l.ce = sd && sd->ce;
-  l.desc = l.ce ? sd->desc + (size_t)l.idx * FC_PCIE_DESCS : nullptr;
-  l.sent = l.ce ? sd->sent + l.idx : nullptr;
-  l.pub = l.ce ? sd->pub + l.idx : nullptr;
   return l;
 }
 
@@ -304,8 +308,12 @@ __device__ __forceinline__ void fc_ring_run(const fc_ring_args_t &a, const fc_ri
       if ((ready_target || ack_target) && !fc_ring_wait(a, l, ready_target, ack_target)) goto done;
       const char *in = r.recv ? l.area + ((size_t)(received % S) * l.blocks + l.idx) * l.room : nullptr;
       char *nxt = r.push ? l.area_next + ((size_t)(pushed % S) * l.blocks + l.idx) * l.room : nullptr;
-      const char *own = r.own ? io.send + (size_t)r.chunk * io.own_stride + lo : nullptr;
-      char *out = r.out ? io.recv + (size_t)r.chunk * io.out_stride + lo : nullptr;
+      /* Allgather's and reduce_scatter's chunk of a place is the block of the rank there
+       * (allreduce's chunks are the buffer's, in order, whatever the places). */
+      const bool by_rank = a.ring_rank && (io.coll == FC_RING_ALLGATHER || io.coll == FC_RING_REDUCE_SCATTER);
+      const size_t block = by_rank ? (size_t)a.ring_rank[r.chunk] : (size_t)r.chunk;
+      const char *own = r.own ? io.send + block * io.own_stride + lo : nullptr;
+      char *out = r.out ? io.recv + block * io.out_stride + lo : nullptr;
       if (out == own && !r.recv) out = nullptr; /* our own data, in place: already there */
       if (l.sys) fc_ring_xfer<V, D, Op, AVG, true>(in, own, out, nxt, hi - lo, r.fin, dn);
       else fc_ring_xfer<V, D, Op, AVG, false>(in, own, out, nxt, hi - lo, r.fin, dn);
@@ -400,9 +408,27 @@ bool fc_ring_side_ok(const fc_ring_side_t *s, unsigned blocks) {
           2 * s->blocks <= blocks && (!s->ce || (s->desc && s->sent && s->pub)));
 }
 
+/* A ring by hops: each edge's lane has what the blocks use of it, and no side lane splits chunks. */
+bool fc_ring_hops_ok(const fc_ring_args_t *a) {
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++)
+    if (a->side[k].chunk_bytes) return false;
+  if (a->hop_in < 0 || a->hop_in > FC_RING_SIDE_LANES || a->hop_out < 0 || a->hop_out > FC_RING_SIDE_LANES) return false;
+  const fc_ring_side_t *in = a->hop_in ? &a->side[a->hop_in - 1] : nullptr;
+  const fc_ring_side_t *out = a->hop_out ? &a->side[a->hop_out - 1] : nullptr;
+  const bool in_ok = in ? in->area && in->ctr && in->ctr_prev : a->area && a->ctr && a->ctr_prev;
+  const bool out_ok = out ? out->area_next && out->ctr && out->ctr_next && (!out->ce || (out->desc && out->sent && out->pub))
+                          : a->area_next && a->ctr && a->ctr_next;
+  const uintptr_t al = (uintptr_t)(in ? in->area : a->area) | (uintptr_t)(out ? out->area_next : a->area_next);
+  return in_ok && out_ok && (al & 15u) == 0;
+}
+
 /* nvlink: whether the NVLink lane carries bytes (without peer access it has no peer area and
  * the side lanes take whole chunks). */
 bool fc_ring_args_ok(const fc_ring_args_t *a, bool nvlink) {
+  if (a && a->hops)
+    return a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
+           fc_ring_hops_ok(a) && (a->area_bytes & 15u) == 0 && a->blocks >= 1 && a->blocks <= FC_MAX_BLOCKS &&
+           a->subslots >= 2 && a->subslots <= 8 && (!a->clk || (a->rec && ((uintptr_t)a->clk & 7u) == 0 && a->call));
   unsigned side_blocks = 0;
   for (int k = 0; a && k < FC_RING_SIDE_LANES; k++) {
     if (!fc_ring_side_ok(&a->side[k], a->blocks)) return false;

@@ -17,7 +17,8 @@
  * its area, acknowledgements stored into it), and in band, as between hosts (lane_link.h): the
  * mover sees no other rank's area, the "kernel" acknowledges into its own stand-in, and a rank
  * ends, as the ring kernel does, once the next rank has acknowledged everything it sent; then
- * the mover drains its own last acknowledgements. */
+ * the mover drains its own last acknowledgements.  And the movers of a ring by hops (4 ranks on two
+ * "hosts", only the edges between them through the movers: lane_case_t.hops). */
 #define _GNU_SOURCE
 #include <check.h>
 #include <stdio.h>
@@ -63,6 +64,7 @@ static size_t slot_off(unsigned b, uint64_t n) { return ((size_t)(n % LL_SLOTS) 
 typedef struct {
   hx_rank_t *r;
   area_t *a;
+  int prev;
   uint64_t raised[FC_MAX_BLOCKS];
 } ready_ctx_t;
 
@@ -71,8 +73,7 @@ typedef struct {
 static int raise_ready(void *arg, unsigned b, uint64_t value, uint64_t bytes) {
   ready_ctx_t *c = arg;
   (void)bytes;
-  const int prev = (c->r->rank + c->r->nranks - 1) % c->r->nranks;
-  const uint64_t published = __atomic_load_n(&g_area[prev].sent[b], __ATOMIC_ACQUIRE);
+  const uint64_t published = __atomic_load_n(&g_area[c->prev].sent[b], __ATOMIC_ACQUIRE);
   if (value <= c->raised[b] || value > published)
     return hx_fail(c->r, "block %u: ready %llu after %llu, the previous rank published %llu", b, (unsigned long long)value,
                    (unsigned long long)c->raised[b], (unsigned long long)published);
@@ -91,7 +92,17 @@ static fc_link_t *find_link(struct flexcoll_comm *comm, const char *name) {
 typedef struct {
   const char *link;
   int inband;
+  /* The ring by hops (lib/gpu/pcie.c): 4 ranks on two "hosts" {0, 2} and {1, 3}, the ring host by
+   * host (0 2 1 3); the edges within a host are played as NVLink (the sender stores into the next
+   * rank's inbox and raises its ready counter, the receiver acknowledges into the sender's area),
+   * only 2 -> 1 and 3 -> 0 go through the movers, in band.  Every mover still keeps its
+   * descriptor and acknowledgement receives posted toward both neighbours, which on the edges
+   * within a host never complete: it must neither stall nor fail, and end cleanly. */
+  int hops;
 } lane_case_t;
+
+static const int hops_order[4] = {0, 2, 1, 3};
+static int hops_place(int rank) { return rank == 0 ? 0 : rank == 2 ? 1 : rank == 1 ? 2 : 3; }
 
 static int sends_retired(const fc_lane_link_t *m) {
   for (unsigned b = 0; b < m->blocks; b++)
@@ -102,13 +113,17 @@ static int sends_retired(const fc_lane_link_t *m) {
 static int lane_rank(hx_rank_t *r) {
   const lane_case_t *c = r->arg;
   const char *name = c->link;
-  const int me = r->rank, n = r->nranks, next = (me + 1) % n, prev = (me + n - 1) % n;
-  area_t *a = &g_area[me], *pa = &g_area[prev];
+  const int me = r->rank, n = r->nranks;
+  const int next = c->hops ? hops_order[(hops_place(me) + 1) % n] : (me + 1) % n;
+  const int prev = c->hops ? hops_order[(hops_place(me) + n - 1) % n] : (me + n - 1) % n;
+  /* By hops: which of our edges the mover carries (the others are "NVLink": same host). */
+  const int in_link = !c->hops || prev % 2 != me % 2, out_link = !c->hops || next % 2 != me % 2;
+  area_t *a = &g_area[me], *pa = &g_area[prev], *na = &g_area[next];
   struct flexcoll_comm *comm = (struct flexcoll_comm *)r->comm;
   fc_link_t *link = find_link(comm, name);
   if (!link) return hx_fail(r, "no %s link on this communicator", name);
   fc_lane_link_t *m = calloc(1, sizeof *m);
-  ready_ctx_t ctx = {.r = r, .a = a};
+  ready_ctx_t ctx = {.r = r, .a = a, .prev = prev};
   if (!m) return hx_fail(r, "out of memory");
   *m = (fc_lane_link_t){.comm = comm, .link = link, .rank = me, .next = next, .prev = prev, .blocks = LL_BLOCKS,
                         .sent = a->sent, .desc = a->desc, .outbox = a->outbox, .inbox = a->inbox, .box_bytes = LL_BOX,
@@ -121,7 +136,7 @@ static int lane_rank(hx_rank_t *r) {
     m->prev_sent = pa->sent;
     m->prev_desc = pa->desc;
   }
-  uint64_t *ack_to_prev = c->inband ? a->ack_out : pa->ack;
+  uint64_t *ack_to_prev = c->inband && in_link ? a->ack_out : pa->ack;
   uint64_t pushed[LL_BLOCKS] = {0}, consumed[LL_BLOCKS] = {0};
   const double deadline = hx_now() + 60;
   int done = 0;
@@ -133,9 +148,14 @@ static int lane_rank(hx_rank_t *r) {
       if (pushed[b] < LL_MSGS && (pushed[b] < LL_SLOTS || acked >= pushed[b] - LL_SLOTS + 1)) {
         const uint64_t k = pushed[b];
         const size_t off = slot_off(b, k), bytes = msg_bytes(r->seed, me, b, k);
-        for (size_t i = 0; i < bytes; i++) a->outbox[off + i] = (char)msg_byte(me, b, k, i);
-        a->desc[b * FC_PCIE_DESCS + k % FC_PCIE_DESCS] = (fc_pcie_desc_t){.off = off, .bytes = bytes, .ready = k + 1};
-        __atomic_store_n(&a->sent[b], k + 1, __ATOMIC_RELEASE);
+        char *to = out_link ? a->outbox : na->inbox; /* "NVLink": straight into the next rank's */
+        for (size_t i = 0; i < bytes; i++) to[off + i] = (char)msg_byte(me, b, k, i);
+        if (out_link) {
+          a->desc[b * FC_PCIE_DESCS + k % FC_PCIE_DESCS] = (fc_pcie_desc_t){.off = off, .bytes = bytes, .ready = k + 1};
+          __atomic_store_n(&a->sent[b], k + 1, __ATOMIC_RELEASE);
+        } else {
+          __atomic_store_n(&na->ready[b], k + 1, __ATOMIC_RELEASE);
+        }
         pushed[b]++;
       }
       /* Consume: message n once our ready counter says it landed; acknowledge it. */
@@ -174,7 +194,8 @@ static int lane_rank(hx_rank_t *r) {
   if (!r->errors && (!m->slowest_what || !(m->slowest_us >= 0)))
     hx_fail(r, "the mover kept no longest step (%s, %.1f us)", m->slowest_what ? m->slowest_what : "none", m->slowest_us);
   for (unsigned b = 0; b < LL_BLOCKS && !r->errors; b++)
-    if (ctx.raised[b] != LL_MSGS) hx_fail(r, "block %u: ready ended at %llu", b, (unsigned long long)ctx.raised[b]);
+    if (in_link && ctx.raised[b] != LL_MSGS) hx_fail(r, "block %u: ready ended at %llu", b, (unsigned long long)ctx.raised[b]);
+    else if (!in_link && ctx.raised[b]) hx_fail(r, "block %u: the mover raised ready on an edge within the host", b);
   /* The previous rank waits for our last acknowledgements (its "kernel" has not ended yet). */
   if (!r->errors && fc_lane_link_drain(m, fc_now_us() + 30e6))
     hx_fail(r, "the last acknowledgements over %s did not go out: %s", name, flexcoll_get_last_error(r->comm));
@@ -186,7 +207,7 @@ static int lane_rank(hx_rank_t *r) {
 static const char *const links[] = {"tcp", "shm", "rdma"};
 
 START_TEST(test_lane_over_link) {
-  const lane_case_t c = {links[_i / 6], _i % 2};
+  const lane_case_t c = {links[_i / 6], _i % 2, 0};
   const char *name = c.link;
   const int nranks = 2 + _i / 2 % 3;
   char e1[64], label[48];
@@ -208,11 +229,33 @@ START_TEST(test_lane_over_link) {
 }
 END_TEST
 
+/* The movers of a ring by hops (lane_case_t.hops), over each link. */
+START_TEST(test_lane_by_hops) {
+  const lane_case_t c = {links[_i], 1, 1};
+  char e1[64], label[48];
+  snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", c.link);
+  snprintf(label, sizeof label, "lane-%s-hops", c.link);
+  const char *env[] = {e1, "FLEXCOLL_UCX_PEER_FAILURE=0", NULL, NULL, NULL};
+  if (!strcmp(c.link, "rdma")) {
+#ifdef FC_FAKE_VERBS_LIB
+    env[2] = "FLEXCOLL_VERBS_PROVIDER=fake";
+    env[3] = "FLEXCOLL_VERBS_FAKE_LIB=" FC_FAKE_VERBS_LIB;
+#else
+    fprintf(stderr, "[test_lane_link] rdma: this build has no fake verbs provider: skipped\n");
+    return;
+#endif
+  }
+  hx_opts_t o = {.label = label, .env = env, .deadline_s = 120, .exit_barrier = 1};
+  ck_assert_msg(hx_run_threads(4, &o, lane_rank, (void *)&c), "4 ranks by hops over %s: see stderr", c.link);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("lane_link");
   TCase *tc = tcase_create("links");
   tcase_set_timeout(tc, 300);
   tcase_add_loop_test(tc, test_lane_over_link, 0, 18);
+  tcase_add_loop_test(tc, test_lane_by_hops, 0, 3);
   suite_add_tcase(s, tc);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);

@@ -422,24 +422,26 @@ bool fc_ring_hops_ok(const fc_ring_args_t *a) {
   return in_ok && out_ok && (al & 15u) == 0;
 }
 
+/* What every ring call needs, whatever its lanes. */
+bool fc_ring_common_ok(const fc_ring_args_t *a) {
+  return a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
+         (a->area_bytes & 15u) == 0 && a->blocks >= 1 && a->blocks <= FC_MAX_BLOCKS && a->subslots >= 2 &&
+         a->subslots <= 8 && (!a->clk || (a->rec && ((uintptr_t)a->clk & 7u) == 0 && a->call));
+}
+
 /* nvlink: whether the NVLink lane carries bytes (without peer access it has no peer area and
  * the side lanes take whole chunks). */
 bool fc_ring_args_ok(const fc_ring_args_t *a, bool nvlink) {
-  if (a && a->hops)
-    return a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
-           fc_ring_hops_ok(a) && (a->area_bytes & 15u) == 0 && a->blocks >= 1 && a->blocks <= FC_MAX_BLOCKS &&
-           a->subslots >= 2 && a->subslots <= 8 && (!a->clk || (a->rec && ((uintptr_t)a->clk & 7u) == 0 && a->call));
+  if (!a || !fc_ring_common_ok(a)) return false;
+  if (a->hops) return fc_ring_hops_ok(a);
   unsigned side_blocks = 0;
-  for (int k = 0; a && k < FC_RING_SIDE_LANES; k++) {
+  for (int k = 0; k < FC_RING_SIDE_LANES; k++) {
     if (!fc_ring_side_ok(&a->side[k], a->blocks)) return false;
     if (a->side[k].chunk_bytes) side_blocks += a->side[k].blocks;
   }
-  return a && a->nranks >= 2 && a->rank >= 0 && a->rank < a->nranks && a->epoch && ((uintptr_t)a->epoch & 15u) == 0 &&
-         (!nvlink || (a->area && a->area_next && a->ctr && a->ctr_next && a->ctr_prev && ((uintptr_t)a->area & 15u) == 0 &&
+  return (!nvlink || (a->area && a->area_next && a->ctr && a->ctr_next && a->ctr_prev && ((uintptr_t)a->area & 15u) == 0 &&
                       ((uintptr_t)a->area_next & 15u) == 0)) &&
-         (a->area_bytes & 15u) == 0 && a->blocks >= 1 && side_blocks < a->blocks + (nvlink ? 0u : 1u) &&
-         a->blocks <= FC_MAX_BLOCKS && a->subslots >= 2 && a->subslots <= 8 &&
-         (!a->clk || (a->rec && ((uintptr_t)a->clk & 7u) == 0 && a->call));
+         side_blocks < a->blocks + (nvlink ? 0u : 1u);
 }
 
 }  // namespace

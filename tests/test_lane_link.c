@@ -206,15 +206,12 @@ static int lane_rank(hx_rank_t *r) {
 
 static const char *const links[] = {"tcp", "shm", "rdma"};
 
-START_TEST(test_lane_over_link) {
-  const lane_case_t c = {links[_i / 6], _i % 2, 0};
-  const char *name = c.link;
-  const int nranks = 2 + _i / 2 % 3;
-  char e1[64], label[48];
-  snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", name);
-  snprintf(label, sizeof label, "lane-%s-%d%s", name, nranks, c.inband ? "-inband" : "");
+/* Case c over nranks threads, each with a communicator over the case's link alone. */
+static void run_lane(const lane_case_t *c, int nranks, const char *label) {
+  char e1[64];
+  snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", c->link);
   const char *env[] = {e1, "FLEXCOLL_UCX_PEER_FAILURE=0", NULL, NULL, NULL};
-  if (!strcmp(name, "rdma")) {
+  if (!strcmp(c->link, "rdma")) {
 #ifdef FC_FAKE_VERBS_LIB
     env[2] = "FLEXCOLL_VERBS_PROVIDER=fake";
     env[3] = "FLEXCOLL_VERBS_FAKE_LIB=" FC_FAKE_VERBS_LIB;
@@ -224,29 +221,25 @@ START_TEST(test_lane_over_link) {
 #endif
   }
   hx_opts_t o = {.label = label, .env = env, .deadline_s = 120, .exit_barrier = 1};
-  ck_assert_msg(hx_run_threads(nranks, &o, lane_rank, (void *)&c), "%d ranks, the lane over %s%s: see stderr", nranks, name,
-                c.inband ? " in band" : "");
+  ck_assert_msg(hx_run_threads(nranks, &o, lane_rank, (void *)c), "%s: %d ranks, the lane over %s%s%s: see stderr", label,
+                nranks, c->link, c->inband ? " in band" : "", c->hops ? " by hops" : "");
+}
+
+START_TEST(test_lane_over_link) {
+  const lane_case_t c = {links[_i / 6], _i % 2, 0};
+  const int nranks = 2 + _i / 2 % 3;
+  char label[48];
+  snprintf(label, sizeof label, "lane-%s-%d%s", c.link, nranks, c.inband ? "-inband" : "");
+  run_lane(&c, nranks, label);
 }
 END_TEST
 
 /* The movers of a ring by hops (lane_case_t.hops), over each link. */
 START_TEST(test_lane_by_hops) {
   const lane_case_t c = {links[_i], 1, 1};
-  char e1[64], label[48];
-  snprintf(e1, sizeof e1, "FLEXCOLL_LINKS=%s", c.link);
+  char label[48];
   snprintf(label, sizeof label, "lane-%s-hops", c.link);
-  const char *env[] = {e1, "FLEXCOLL_UCX_PEER_FAILURE=0", NULL, NULL, NULL};
-  if (!strcmp(c.link, "rdma")) {
-#ifdef FC_FAKE_VERBS_LIB
-    env[2] = "FLEXCOLL_VERBS_PROVIDER=fake";
-    env[3] = "FLEXCOLL_VERBS_FAKE_LIB=" FC_FAKE_VERBS_LIB;
-#else
-    fprintf(stderr, "[test_lane_link] rdma: this build has no fake verbs provider: skipped\n");
-    return;
-#endif
-  }
-  hx_opts_t o = {.label = label, .env = env, .deadline_s = 120, .exit_barrier = 1};
-  ck_assert_msg(hx_run_threads(4, &o, lane_rank, (void *)&c), "4 ranks by hops over %s: see stderr", c.link);
+  run_lane(&c, 4, label);
 }
 END_TEST
 

@@ -136,16 +136,28 @@ for extra in ${setups:+"" FLEXCOLL_UCX_PEER_FAILURE=0}; do
     echo "FAIL: with $extra the tcp link between processes did not take device buffers"
   fi
 done
+# One 4 MiB allreduce of n ranks logged at INFO (subsystem SCHED) into $tmp/TAG.<rank>: logged TAG N
+# HOSTS LINKS "WHAT" [VAR=VALUE ...] (HOSTS > 0: rank r on host-(r mod HOSTS)); a rank that fails
+# counts as a failure of WHAT.
+logged() {
+  tag=$1 n=$2 h=$3 links=$4 what=$5
+  shift 5
+  port=$((port + 1)) pids="" r=0
+  while [ $r -lt "$n" ]; do
+    hostid=""
+    [ "$h" -gt 0 ] && hostid=host-$((r % h))
+    env "$@" FLEXCOLL_LINKS=$links FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED FLEXCOLL_HOSTID=$hostid \
+      FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=$n FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" \
+      -b 4M -e 4M -n 1 -w 0 -c 1 >"$tmp/$tag.$r" 2>&1 &
+    pids="$pids $!"
+    r=$((r + 1))
+  done
+  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of $what"; }; done
+}
 # The ring lane between the "hosts": on, in band, on every rank (INFO, subsystem SCHED).
 if [ -n "$lane_setup" ]; then
-  port=$((port + 1)) pids=""
-  for r in 0 1; do
-    env $lane FLEXCOLL_LINKS=rdma,shm,tcp FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED FLEXCOLL_HOSTID=host-$r \
-      FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=2 FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" \
-      -b 4M -e 4M -n 1 -w 0 -c 1 >"$tmp/lane.$r" 2>&1 &
-    pids="$pids $!"
-  done
-  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of the ring lane over rdma between hosts"; }; done
+  # shellcheck disable=SC2086
+  logged lane 2 2 rdma,shm,tcp "the ring lane over rdma between hosts" $lane
   for r in 0 1; do
     if grep -q "ring lane rdma on: .*(in band)" "$tmp/lane.$r"; then
       grep -h "ring lane rdma on" "$tmp/lane.$r" | sed "s/^/test_gpu_procs: /"
@@ -159,14 +171,8 @@ fi
 # The ring by hops: 4 processes as two hosts, numbered round them (the ring visits 0 2 1 3): every
 # rank runs by hops, NVLink on the edge within its host, rdma on the one to the other host.
 if [ -n "$hops_setup" ]; then
-  port=$((port + 1)) pids=""
-  for r in 0 1 2 3; do
-    env $lane FLEXCOLL_LINKS=nvlink,rdma,shm,tcp FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED \
-      FLEXCOLL_HOSTID=host-$((r % 2)) FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=4 FLEXCOLL_RANK=$r \
-      FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" -b 4M -e 4M -n 1 -w 0 -c 1 >"$tmp/hops.$r" 2>&1 &
-    pids="$pids $!"
-  done
-  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of the ring by hops"; }; done
+  # shellcheck disable=SC2086
+  logged hops 4 2 nvlink,rdma,shm,tcp "the ring by hops" $lane
   for r in 0 1 2 3; do
     case $r in 0) want="from rank 3 over rdma, to rank 2 over nvlink" ;; 1) want="from rank 2 over rdma, to rank 3 over nvlink" ;;
       2) want="from rank 0 over nvlink, to rank 1 over rdma" ;; *) want="from rank 1 over nvlink, to rank 0 over rdma" ;; esac
@@ -181,14 +187,8 @@ if [ -n "$hops_setup" ]; then
 fi
 # Three lanes between processes of one host: both side lanes on, on every rank (INFO, SCHED).
 if [ -n "$three_setup" ]; then
-  port=$((port + 1)) pids=""
-  for r in 0 1; do
-    env $three FLEXCOLL_LINKS=nvlink,pcie,rdma,shm,tcp FLEXCOLL_DEBUG=INFO FLEXCOLL_DEBUG_SUBSYS=SCHED \
-      FLEXCOLL_ROOT=127.0.0.1:$port FLEXCOLL_NRANKS=2 FLEXCOLL_RANK=$r FLEXCOLL_LOCAL_RANK=$r timeout 120 "$perf" \
-      -b 4M -e 4M -n 1 -w 0 -c 1 >"$tmp/three.$r" 2>&1 &
-    pids="$pids $!"
-  done
-  for p in $pids; do wait "$p" || { fail=$((fail + 1)); echo "FAIL: the logged run of three lanes"; }; done
+  # shellcheck disable=SC2086
+  logged three 2 0 nvlink,pcie,rdma,shm,tcp "three lanes" $three
   for r in 0 1; do
     if grep -q "ring lane pcie on: .*fixed share" "$tmp/three.$r" && grep -q "ring lane rdma on: .*fixed share" "$tmp/three.$r"; then
       grep -h "ring lane .* on" "$tmp/three.$r" | sed "s/^/test_gpu_procs: /"

@@ -902,19 +902,19 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
   take_records(&g->pcie, g); /* busy_us up to the last timed call that has finished */
   /* The lanes this communicator has: nvlink with peer access, the side lanes (pcie, or the link
    * that carries one) that are on. */
+  const fc_pcie_t *p = &g->pcie;
   int k = 0; /* lanes counted; those that fit in max written (as the host links are) */
   for (int L = 0; L < FC_RING_LANES; L++) {
     /* By hops, the lane of our edge to the next rank only. */
-    const fc_pcie_t *p = &g->pcie;
     const int has = p->hops ? L == p->hop_out : L ? g->ring && L <= p->nside : g->p2p;
     if (!has || k++ >= max) continue;
     flexcoll_link_stats_t *s = &stats[k - 1];
     memset(s, 0, sizeof *s);
-    snprintf(s->name, sizeof s->name, "%s", L ? g->pcie.side[L - 1].name : "nvlink");
+    snprintf(s->name, sizeof s->name, "%s", L ? p->side[L - 1].name : "nvlink");
     s->peer = g->ring_next;
-    s->bytes = g->pcie.sent[L];
-    s->busy_us = g->pcie.busy_us[L];
-    s->share = g->pcie.share[L];
+    s->bytes = p->sent[L];
+    s->busy_us = p->busy_us[L];
+    s->share = p->share[L];
   }
   return k;
 }

@@ -14,7 +14,9 @@
  * malloc'd buffer), while that kernel spins for the very bytes the copy moves.  Copies between
  * device memory and pageable memory go through a pinned bounce buffer of our own, per device,
  * made by fc_mem_prepare where a caller knows it will copy while kernels run (a ring lane's proxy
- * over a link), else at the first such copy.
+ * over a link), else at the first such copy.  A link whose own host memory meets device bytes
+ * on every message (the rdma link's slots) pins it instead (fc_mem_pin), so that those copies go
+ * by DMA in one step.
  *
  * A registration goes through dma-buf, as NVIDIA's open kernel modules and rdma-core (34+)
  * offer it: the allocation around the buffer is exported as a dma-buf file descriptor
@@ -84,18 +86,6 @@ static int device_of(const void *ptr) {
   return fc_mem_type(ptr, &dev) == FC_MEM_DEVICE ? dev : -1;
 }
 
-/* Whether host memory at p is pinned (registered with CUDA, or CUDA's own), so that a copy
- * touches it by DMA without the driver's staging. */
-static int host_pinned(const void *p) {
-  if (fc_host_pages_known(p)) return 0; /* only pageable pages are remembered */
-  struct cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return attr.type == cudaMemoryTypeHost;
-}
-
 /* dev's bounce buffer (its stream held): made now if it is not yet; NULL with the reason. */
 static char *bounce_of(int dev, char *why, size_t len) {
   if (!bounce[dev] && cudaHostAlloc((void **)&bounce[dev], BOUNCE_BYTES, cudaHostAllocPortable) != cudaSuccess) {
@@ -120,8 +110,8 @@ static int stream_leave(int dev, int prev, cudaError_t e, const char *what, char
 
 int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len) {
   if (!bytes || dst == src) return 0;
-  int ddev = -1, sdev = -1;
-  const fc_mem_t dt = fc_mem_type(dst, &ddev), st = fc_mem_type(src, &sdev);
+  int ddev, sdev, dpinned, spinned;
+  const fc_mem_t dt = fc_mem_query(dst, &ddev, &dpinned), st = fc_mem_query(src, &sdev, &spinned);
   if (dt == FC_MEM_HOST && st == FC_MEM_HOST) {
     memcpy(dst, src, bytes);
     return 0;
@@ -132,7 +122,7 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
   const int dev = stream_enter(dt == FC_MEM_DEVICE ? ddev : sdev, what, &prev, why, len);
   if (dev < 0) return -1;
   const int to_host = dt == FC_MEM_HOST, from_host = st == FC_MEM_HOST;
-  if ((!to_host || host_pinned(dst)) && (!from_host || host_pinned(src)))
+  if ((!to_host || dpinned) && (!from_host || spinned))
     return stream_leave(dev, prev, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream[dev]), what, why, len);
   /* Pageable on one side: through the bounce buffer, a piece at a time. */
   char *b = bounce_of(dev, why, len);
@@ -160,6 +150,22 @@ int fc_mem_prepare(int device, void *warm, char *why, size_t len) {
   if (warm) e = cudaMemcpyAsync(b, warm, 16, cudaMemcpyDeviceToHost, copy_stream[dev]);
   if (warm && e == cudaSuccess) e = cudaMemcpyAsync(warm, b, 16, cudaMemcpyHostToDevice, copy_stream[dev]);
   return stream_leave(dev, prev, e, "preparing device copies", why, len);
+}
+
+int fc_mem_pin(void *ptr, size_t bytes, char *why, size_t len) {
+  /* Portable: ranks of one process may run on other devices, and one link's slots serve them. */
+  const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    snprintf(why, len, "cudaHostRegister of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    cudaGetLastError();
+    return -1;
+  }
+  fc_host_pages_forget();
+  return 0;
+}
+
+void fc_mem_unpin(void *ptr) {
+  if (ptr && cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
 }
 
 int fc_mem_reduce(void *dst, const void *a, const void *b, size_t count, flexcoll_datatype_t dtype, flexcoll_op_t op,
@@ -300,6 +306,12 @@ int fc_mem_prepare(int device, void *warm, char *why, size_t len) {
   snprintf(why, len, "flexcoll was built without CUDA");
   return -1;
 }
+int fc_mem_pin(void *ptr, size_t bytes, char *why, size_t len) {
+  (void)ptr, (void)bytes;
+  snprintf(why, len, "flexcoll was built without CUDA");
+  return -1;
+}
+void fc_mem_unpin(void *ptr) { (void)ptr; }
 int fc_gpu_dmabuf(const void *ptr, size_t bytes, int *fd, uint64_t *offset, char *why, size_t len) {
   (void)ptr, (void)bytes, (void)fd, (void)offset;
   snprintf(why, len, "flexcoll was built without CUDA");

@@ -92,11 +92,12 @@ int fc_gpu_stream_capturing(flexcoll_stream_t stream) {
   return st != cudaStreamCaptureStatusNone;
 }
 
-fc_mem_t fc_mem_type(const void *ptr, int *device) {
+fc_mem_t fc_mem_query(const void *ptr, int *device, int *pinned) {
   struct cudaPointerAttributes attr;
   *device = -1;
-  /* A CUDA query per buffer is most of a small host call's cost: pages found to be host memory
-   * are remembered until something is unmapped (host_pages.c). */
+  *pinned = 0;
+  /* A CUDA query per buffer is most of a small host call's cost: pages found to be plain host
+   * memory are remembered until something is unmapped or pinned (host_pages.c). */
   if (fc_host_pages_known(ptr)) return FC_MEM_HOST;
   const uint64_t epoch = fc_host_pages_epoch();
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
@@ -107,10 +108,16 @@ fc_mem_t fc_mem_type(const void *ptr, int *device) {
     /* Plain host memory only: CUDA's own pinned allocations are unmapped by the driver, maybe
      * out of UCM's sight, and their addresses could come back as device memory. */
     if (attr.type == cudaMemoryTypeUnregistered) fc_host_pages_note(ptr, epoch);
+    *pinned = attr.type == cudaMemoryTypeHost;
     return FC_MEM_HOST;
   }
   *device = attr.device;
   return FC_MEM_DEVICE;
+}
+
+fc_mem_t fc_mem_type(const void *ptr, int *device) {
+  int pinned;
+  return fc_mem_query(ptr, device, &pinned);
 }
 
 /* What each rank tells the others about its GPU and staging area. */
@@ -618,6 +625,10 @@ int fc_gpu_enter_device(const struct flexcoll_comm *comm) { (void)comm; return -
 void fc_gpu_leave_device(int previous) { (void)previous; }
 int fc_gpu_stream_capturing(flexcoll_stream_t stream) { (void)stream; return 0; }
 fc_mem_t fc_mem_type(const void *ptr, int *device) { (void)ptr; *device = -1; return FC_MEM_HOST; }
+fc_mem_t fc_mem_query(const void *ptr, int *device, int *pinned) {
+  *pinned = 0;
+  return fc_mem_type(ptr, device);
+}
 flexcoll_result_t fc_gpu_comm_init(struct flexcoll_comm *comm) {
   comm->cuda_device = -1;
   if (comm->init_config.cuda_device >= 0)

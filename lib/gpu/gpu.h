@@ -17,6 +17,9 @@ typedef enum { FC_MEM_HOST, FC_MEM_DEVICE } fc_mem_t;
 /* Where ptr lives: device memory (cudaMalloc, managed) or host memory (anything else);
  * *device gets the CUDA device of device memory (-1 otherwise). */
 fc_mem_t fc_mem_type(const void *ptr, int *device);
+/* fc_mem_type's answer and, for host memory, whether it is pinned (CUDA's own or registered with
+ * it, so that a copy reaches it by DMA without the driver's staging), from one CUDA query. */
+fc_mem_t fc_mem_query(const void *ptr, int *device, int *pinned);
 /* Pages known to hold no CUDA memory (host_pages.c), fc_mem_type's shortcut past a CUDA query
  * per buffer: a page CUDA called host memory stays so until something in the process is
  * unmapped (UCM's events, counted).  fc_host_pages_epoch: the count to note an answer under,
@@ -25,6 +28,9 @@ fc_mem_t fc_mem_type(const void *ptr, int *device);
 uint64_t fc_host_pages_epoch(void);
 int fc_host_pages_known(const void *ptr);
 void fc_host_pages_note(const void *ptr, uint64_t epoch);
+/* Forget every page noted: host memory was just pinned (fc_mem_pin), and a page noted as plain
+ * would otherwise keep being copied through the bounce buffer. */
+void fc_host_pages_forget(void);
 /* Device memory for links that move it themselves (dev_mem.c: the rdma link's GPUDirect path).
  * fc_mem_copy: bytes from src to dst, either in host or device memory, done when it returns; on
  * a non-blocking stream of the device involved, so it waits for nothing else on that device
@@ -39,6 +45,13 @@ int fc_mem_copy(void *dst, const void *src, size_t bytes, char *why, size_t len)
  * copied out and back, or NULL.  0, or -1 with the reason (fc_mem_copy then tries again at its
  * first use). */
 int fc_mem_prepare(int device, void *warm, char *why, size_t len);
+/* Host memory a link copies device bytes through while kernels run (the rdma link's slots),
+ * pinned with CUDA, so that fc_mem_copy moves it by DMA instead of through the bounce buffer.
+ * Like fc_mem_prepare, called while no kernel of the caller's waits for a copy.  0, or -1 with
+ * the reason (the memory then stays pageable, and copies stay correct).  fc_mem_unpin undoes
+ * it before the memory is freed. */
+int fc_mem_pin(void *ptr, size_t bytes, char *why, size_t len);
+void fc_mem_unpin(void *ptr);
 /* For a host schedule run on device buffers (lib/host, fc_host_run_device), on the same stream
  * as fc_mem_copy and done when they return; 0, or -1 with the reason in why.
  * fc_mem_reduce: dst[i] = a[i] op b[i] over count elements of device memory (AVG as SUM), dst may

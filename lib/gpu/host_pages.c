@@ -11,7 +11,8 @@
  *
  * Only plain host memory is remembered (fc_mem_type notes what CUDA calls unregistered): a freed
  * device buffer's address may come back on another device, and CUDA's own pinned allocations are
- * unmapped by the driver, perhaps out of UCM's sight.
+ * unmapped by the driver, perhaps out of UCM's sight.  Pinning plain memory (fc_mem_pin) counts
+ * as an unmapping: the page stays host memory, but copies should now reach it by DMA.
  * Each thread keeps its own few pages (ranks as threads never share or lock). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -43,6 +44,8 @@ static void on_unmap(ucm_event_type_t type, ucm_event_t *event, void *arg) {
   (void)arg;
   atomic_fetch_add(&g_unmaps, 1);
 }
+
+void fc_host_pages_forget(void) { atomic_fetch_add(&g_unmaps, 1); }
 
 static void install(void) {
   if (!fc_param_mem_type_cache()) {

@@ -419,6 +419,10 @@ flexcoll_result_t fc_pcie_ce_start(struct flexcoll_comm *comm, struct fc_gpu *g,
   if (e == cudaSuccess && x->mover.link && fc_mem_prepare(g->device, x->outbox, prep, sizeof prep))
     FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s: device copies not prepared (%s): made at their first use", comm->rank,
             x->mover.link->ops->name, prep);
+  fc_link_t *link = x->mover.link;
+  if (e == cudaSuccess && link && link->ops->prepare_device && link->ops->prepare_device(link, g->device, prep, sizeof prep))
+    FC_INFO(FC_SUB_SCHED, "rank %d: ring lane %s: the link's host memory stays pageable (%s): its copies go through a "
+            "bounce buffer", comm->rank, link->ops->name, prep);
   int err = e == cudaSuccess ? pthread_create(&x->thread, NULL, proxy_main, x) : 0;
   if (e != cudaSuccess || err) {
     snprintf(why, wlen, "starting its proxy: %s", e != cudaSuccess ? cudaGetErrorString(e) : strerror(err));

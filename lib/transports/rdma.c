@@ -300,6 +300,8 @@ typedef struct {
   struct ibv_cq *cq;
   struct ibv_mr *ring_mr, *send_mr;
   char *ring, *send; /* nranks * nslots slots each (own rank's unused) */
+  size_t area;       /* bytes of each */
+  int pinned;        /* ring and send pinned with CUDA (rdma_prepare_device) */
   peer_t *peers;
   uint8_t port;
   int gid_index;          /* RoCE: the port's GID entry this rank is addressed by */
@@ -1207,7 +1209,7 @@ static int setup_local(rdma_t *r, conn_hdr_t *me, uint32_t *qpn, char *why, size
   if (fc_param_rdma_progress_thread()) open_channel(r);
   r->cq = r->v->create_cq(r->ctx, (int)cqe, NULL, r->channel, 0);
   if (!r->cq) return snprintf(why, len, "ibv_create_cq(%ld): %s", cqe, strerror(errno)), -1;
-  size_t area = (size_t)r->nranks * (size_t)r->nslots * SLOT_BYTES;
+  const size_t area = r->area = (size_t)r->nranks * (size_t)r->nslots * SLOT_BYTES;
   if (posix_memalign((void **)&r->ring, 4096, area) || posix_memalign((void **)&r->send, 4096, area)) {
     return snprintf(why, len, "out of memory for %zu bytes of rdma slots", 2 * area), -1;
   }
@@ -1350,6 +1352,10 @@ static void rdma_free(rdma_t *r) {
   if (r->wake_fd >= 0) close(r->wake_fd);
   if (r->pd) r->v->dealloc_pd(r->pd);
   if (r->ctx) r->v->close_device(r->ctx);
+  if (r->pinned) {
+    fc_mem_unpin(r->ring);
+    fc_mem_unpin(r->send);
+  }
   free(r->ring);
   free(r->send);
   free(r->peers);
@@ -1693,6 +1699,29 @@ static int count_reqs(const rdma_req_t *q, int zlist) {
 
 /* Sends and receives queued, fragments and credits in flight, the message arriving now and the
  * unexpected ones: where a stalled message stands on this side. */
+/* Device bytes meet the slots on every eager message and every message the NIC cannot take
+ * from device memory: pinned, each such copy is one DMA instead of a copy through fc_mem_copy's
+ * bounce buffer and a memcpy.  device: unused (pinned memory serves every device). */
+static int rdma_prepare_device(fc_link_t *link, int device, char *why, size_t len) {
+  (void)device;
+  rdma_t *r = link->state;
+  if (!r) return snprintf(why, len, "the link is off on this rank"), -1;
+  pthread_mutex_lock(&r->lock);
+  int rc = 0;
+  if (!r->pinned) {
+    rc = fc_mem_pin(r->ring, r->area, why, len);
+    if (!rc && fc_mem_pin(r->send, r->area, why, len)) {
+      fc_mem_unpin(r->ring);
+      rc = -1;
+    }
+    r->pinned = !rc;
+    if (!rc)
+      FC_INFO(FC_SUB_NET, "rank %d: rdma: slots pinned for device copies (2 x %zu bytes)", r->rank, r->area);
+  }
+  pthread_mutex_unlock(&r->lock);
+  return rc;
+}
+
 static void rdma_describe(fc_link_t *link, int peer, char *buf, size_t len) {
   rdma_t *r = link->state;
   if (!r || peer < 0 || peer >= r->nranks || peer == r->rank) {
@@ -1725,7 +1754,7 @@ static void rdma_describe(fc_link_t *link, int peer, char *buf, size_t len) {
 /* Between hosts as within one (a NIC reaches any port of the fabric). */
 const fc_link_ops_t fc_link_rdma = {"rdma",      rdma_open,   rdma_close, rdma_isend, rdma_irecv, rdma_progress,
                                     rdma_test,   rdma_cancel, 0,          0,          rdma_rails,
-                                    1,           rdma_describe};
+                                    1,           rdma_describe, rdma_prepare_device};
 
 #else /* !HAVE_VERBS_H */
 
@@ -1743,6 +1772,6 @@ static flexcoll_result_t rdma_open(struct flexcoll_comm *comm, fc_link_t *link, 
 }
 static void rdma_close(struct flexcoll_comm *comm, fc_link_t *link, int force) { (void)comm, (void)link, (void)force; }
 
-const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, NULL};
+const fc_link_ops_t fc_link_rdma = {"rdma", rdma_open, rdma_close, NULL, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, NULL, NULL};
 
 #endif

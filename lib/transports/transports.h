@@ -68,6 +68,11 @@ typedef struct {
   /* What the link holds for peer (its queues, counters, credits) in one line, for a stall
    * report; NULL where the link has nothing to say beyond its requests. */
   void (*describe)(fc_link_t *link, int peer, char *buf, size_t len);
+  /* NULL, or: the link is about to carry device buffers of CUDA device `device` while kernels
+   * wait for them (a ring lane's proxy, lib/gpu/pcie_ce.c); make what its copies need now, while
+   * none waits yet (rdma pins its slots, gpu.h fc_mem_pin).  0, or -1 with the reason: the link
+   * still works, its copies then take the slower way. */
+  int (*prepare_device)(fc_link_t *link, int device, char *why, size_t len);
 } fc_link_ops_t;
 
 /* What this rank sent over one link to one peer (flexcoll_comm_get_link_stats). */

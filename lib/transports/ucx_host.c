@@ -670,5 +670,5 @@ static flexcoll_result_t tcp_open(struct flexcoll_comm *comm, fc_link_t *link, i
 /* Shared memory joins the ranks of one host (host name: lib/sched/links.c), TCP any two.  Device
  * buffers where UCX has its CUDA transports (ucx_link_kind_t); Debian's UCX has none, and device
  * buffers are then staged by the caller. */
-const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 1, NULL, 0, NULL};
-const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 0, NULL, 0, NULL};
+const fc_link_ops_t fc_link_shm = {"shm", shm_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 1, NULL, 0, NULL, NULL};
+const fc_link_ops_t fc_link_tcp = {"tcp", tcp_open, ucx_close, ucx_isend, ucx_irecv, ucx_progress, ucx_test, ucx_cancel, 1, 0, NULL, 0, NULL, NULL};

@@ -30,7 +30,8 @@
  *
  * The library reads its environment once per process, so each environment runs in a forked
  * child that sets it before its first CUDA call (the parent never touches CUDA; even the GPU
- * probe runs in a child).  Environments (FC_ONEGPU_ENVS, default all but j):
+ * probe runs in a child), with a calibration cache of its own (FLEXCOLL_CACHE_DIR in /tmp): the
+ * ring lanes are calibrated in every environment, under its hardware queues.  Environments (FC_ONEGPU_ENVS, default all but j):
  *   a  defaults (and CUDA_DEVICE_MAX_CONNECTIONS=32, see envs[])
  *   b  FLEXCOLL_ONESHOT_MAX_BYTES=0: no one-shot kernels, every non-empty call takes the N-rank
  *      ring, alltoall or point-to-point kernels
@@ -77,6 +78,7 @@
  * skip) where there is no GPU. */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1018,6 +1020,26 @@ static int parse_ranks(int *out) {
 
 /* The child of one environment: its exit status says whether everything passed. */
 
+/* A calibration cache of the environment's own, removed when it ends. */
+static int cache_make(char *dir) {
+  if (!mkdtemp(dir)) {
+    perror(TAG " mkdtemp");
+    return -1;
+  }
+  setenv("FLEXCOLL_CACHE_DIR", dir, 1);
+  return 0;
+}
+static void cache_remove(const char *dir) {
+  DIR *d = opendir(dir);
+  for (struct dirent *f; d && (f = readdir(d));) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, f->d_name);
+    if (f->d_name[0] != '.') unlink(path);
+  }
+  if (d) closedir(d);
+  rmdir(dir);
+}
+
 static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   /* Defaults are defaults: the knobs of the other environments come from nowhere else. */
   unsetenv("FLEXCOLL_ONESHOT_MAX_BYTES");
@@ -1044,6 +1066,11 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   }
   g_env = e->key;
   g_lockstep = e->one_queue;
+  /* Every environment calibrates the ring lanes for itself, under its own hardware queues: with
+   * a model left by an earlier run or environment the calibration would never run here (with one
+   * queue it hung creation, which the cached model hid). */
+  char cache[] = "/tmp/fc-test-onegpu-XXXXXX";
+  if (cache_make(cache)) return 1;
   signal(SIGALRM, on_alarm);
   int failed = 0;
   for (int i = 0; i < nranks_list; i++) {
@@ -1052,6 +1079,7 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   }
   failed |= run_hang();
   alarm(0);
+  cache_remove(cache);
   return failed || g_phase_fail ? 1 : 0;
 }
 

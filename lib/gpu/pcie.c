@@ -219,36 +219,30 @@ static flexcoll_result_t everyone(struct flexcoll_comm *comm, int ok, int *all_o
 /* ---- calibration --------------------------------------------------------------------------- */
 
 /* Microseconds of one ring allgather of `bytes` per rank on lane L alone (0: NVLink, k + 1: side
- * lane k; the fastest of a few, after a warm-up), or a negative number when a launch failed.  Every rank runs the same
- * kernels in the same order; each waits for its own before the next, so ranks sharing a GPU
- * with one hardware queue never queue a kernel behind one that waits for them. */
+ * lane k; the fastest of a few, after a warm-up), or a negative number when a launch failed.  Every
+ * rank runs the same kernels in the same order and waits for each before the next.  Timed by the
+ * host around the launch and cudaStreamSynchronize, not by events: an event recorded behind the
+ * kernel is work queued behind it, and where ranks of one process share a GPU's hardware queue
+ * (CUDA_DEVICE_MAX_CONNECTIONS=1, or more streams than queues) it held back the peer's kernel
+ * that this one was waiting for, so creation hung until every kernel timed out.  The host's
+ * launch and wake-up add a few microseconds to alpha, the same on every lane. */
 static double time_lane(struct flexcoll_comm *comm, struct fc_gpu *g, int L, size_t bytes, char *buf) {
   fc_ring_args_t a;
   fc_gpu_ring_args(comm, g, &a);
   for (int k = 0; k < FC_RING_SIDE_LANES; k++) a.side[k].chunk_bytes = k + 1 == L ? bytes : 0;
-  cudaEvent_t t0, t1;
-  if (cudaEventCreate(&t0) != cudaSuccess) return -1;
-  if (cudaEventCreate(&t1) != cudaSuccess) {
-    cudaEventDestroy(t0);
-    return -1;
-  }
   double best = -1;
   for (int rep = 0; rep < 4; rep++) {
     if (L) fc_pcie_ce_kick(&g->pcie.side[L - 1]); /* as run_ring does: a dozing proxy would add its sleep */
-    cudaEventRecord(t0, g->util_stream);
+    const double t0 = fc_now_us();
     int e = fc_kernel_ring_collective(&a, FC_RING_ALLGATHER, buf + (size_t)comm->rank * bytes, buf, bytes, FLEXCOLL_UINT8,
                                       FLEXCOLL_SUM, 0, g->util_stream);
-    cudaEventRecord(t1, g->util_stream);
-    if (e || cudaEventSynchronize(t1) != cudaSuccess) {
+    if (e || cudaStreamSynchronize(g->util_stream) != cudaSuccess) {
       best = -1;
       break;
     }
-    float ms = 0;
-    cudaEventElapsedTime(&ms, t0, t1);
-    if (rep > 0 && (best < 0 || ms * 1e3 < best)) best = ms * 1e3;
+    const double us = fc_now_us() - t0;
+    if (rep > 0 && (best < 0 || us < best)) best = us;
   }
-  cudaEventDestroy(t0);
-  cudaEventDestroy(t1);
   cudaGetLastError();
   return best;
 }

@@ -11,9 +11,9 @@
  * the end of every phase; and every call's result must be bitwise the first one's, whatever the
  * split (the inputs are random floats, so a change of the reduction order would show).  The
  * lanes' statistics (flexcoll_comm_get_link_stats) must carry busy time, and the throttled lane's
- * share (its mean over the phase's calls) must fall with it.  Cases: nvlink+pcie with pcie slowed; nvlink+pcie+rdma with rdma
- * slowed, then with pcie slowed (the three-lane cases need the fake provider: skipped without it).
- * FC_LANES_CASES=0,1,2 picks cases.
+ * share (its mean over the phase's calls) must fall with it.  Cases: nvlink+pcie with pcie
+ * slowed; nvlink+pcie+rdma with rdma slowed, then with pcie slowed (the three-lane cases need the
+ * fake provider: skipped without it).  FC_LANES_CASES=0,1,2 picks cases.
  *
  * Exit 77 (automake's skip) where there is no GPU. */
 #define _GNU_SOURCE

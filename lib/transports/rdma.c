@@ -1697,8 +1697,6 @@ static int count_reqs(const rdma_req_t *q, int zlist) {
   return n;
 }
 
-/* Sends and receives queued, fragments and credits in flight, the message arriving now and the
- * unexpected ones: where a stalled message stands on this side. */
 /* Device bytes meet the slots on every eager message and every message the NIC cannot take
  * from device memory: pinned, each such copy is one DMA instead of a copy through fc_mem_copy's
  * bounce buffer and a memcpy.  device: unused (pinned memory serves every device). */
@@ -1722,6 +1720,8 @@ static int rdma_prepare_device(fc_link_t *link, int device, char *why, size_t le
   return rc;
 }
 
+/* Sends and receives queued, fragments and credits in flight, the message arriving now and the
+ * unexpected ones: where a stalled message stands on this side. */
 static void rdma_describe(fc_link_t *link, int peer, char *buf, size_t len) {
   rdma_t *r = link->state;
   if (!r || peer < 0 || peer >= r->nranks || peer == r->rank) {

@@ -805,6 +805,30 @@ START_TEST(test_three_lanes_stage2) {
 }
 END_TEST
 
+/* A side lane whose fixed cost is large against its bytes (the fake verbs provider's rdma lane:
+ * hundreds of microseconds a call, a few GB/s) beside NVLink, its fixed cost twice what the
+ * calibration found.  Slowed 30x, its share falls to nothing; recovered, its probes and then its
+ * small parts take little more than their fixed cost, and their rates must still lift the model
+ * back: its share comes back to what it was. */
+START_TEST(test_lane_with_large_alpha_recovers) {
+  const fc_link_model_t truth[2] = {{.alpha_us = 20, .beta = 70000, .port = -1}, {.alpha_us = 600, .beta = 2900, .port = -1}};
+  const fc_link_model_t calibrated[2] = {model(20, 70000, 0, -1), model(300, 2900, 64 << 10, -1)};
+  static lanes_t s;
+  lanes_start(&s, 2, 0, calibrated);
+  const size_t chunk = 64u << 20;
+  int probes = 0;
+  double share[LANES_MAX];
+  lanes_run(&s, truth, 1, 1, chunk, 160, &probes, share);
+  const double before = share[1];
+  ck_assert_msg(before > 0, "the lane carries nothing while well");
+  lanes_run(&s, truth, 1, 30, chunk, 80, &probes, share);
+  ck_assert_msg(share[1] < before / 10, "30x slower, the lane kept a share of %.4f (was %.4f)", share[1], before);
+  lanes_run(&s, truth, 1, 1, chunk, 200, &probes, share);
+  ck_assert_msg(share[1] > before * 0.8 && share[1] < before * 1.25, "recovered to %.4f, before it was slowed %.4f",
+                share[1], before);
+}
+END_TEST
+
 /* fc_lanes_split: what the kernels are handed.  For random models, fixed fractions, 1 and 2 side
  * lanes, with and without NVLink and every kind of chunk size: side lanes' parts start where the
  * previous one ends and stay inside the chunk, each a multiple of 16 unless it reaches the chunk's
@@ -878,6 +902,7 @@ int main(void) {
   tcase_add_test(tm, test_stage2_keeps_large_operations_only);
   tcase_add_test(tm, test_lanes_stage2);
   tcase_add_test(tm, test_three_lanes_stage2);
+  tcase_add_test(tm, test_lane_with_large_alpha_recovers);
   tcase_add_test(tm, test_lanes_split);
   suite_add_tcase(s, tm);
   SRunner *sr = srunner_create(s);

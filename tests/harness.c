@@ -212,11 +212,11 @@ static int wait_children(const pid_t *pids, int n, double deadline, double grace
             wchan[k] = '\0';
             fclose(f);
           }
-          if (!quiet) {
-            fprintf(stderr, "[%s] %s %d (pid %d) still running at the deadline (waiting in %s): killing it\n", label,
-                    what, i, (int)pids[i], wchan[0] ? wchan : "?");
-            print_backtrace(pids[i]);
-          }
+          /* Said even where failures are expected (a rank killed on purpose): a rank still
+           * running at the deadline hung, which no test expects. */
+          fprintf(stderr, "[%s] %s %d (pid %d) still running at the deadline (waiting in %s): killing it\n", label,
+                  what, i, (int)pids[i], wchan[0] ? wchan : "?");
+          print_backtrace(pids[i]);
           kill(pids[i], SIGKILL);
         }
       for (int i = 0; i < n; i++)

@@ -354,10 +354,25 @@ typedef struct {
   uint32_t rnr_retry; /* the requester's: how long the responder may keep it waiting */
 } fv_msg_t;
 
-static void box_lock(fv_box_t *b) {
-  /* A process that died holding the lock leaves it to the next one, consistent (the ring's
-   * head and tail move only after a whole message is copied). */
-  if (pthread_mutex_lock(&b->lock) == EOWNERDEAD) pthread_mutex_consistent(&b->lock);
+/* 0 with the lock held; -1 where the lock cannot be had any more (ENOTRECOVERABLE).
+ * A process that died holding the lock leaves it to the next one, consistent (the ring's head
+ * and tail move only after a whole message is copied). The kernel's wake for a dead owner can
+ * be lost (a survivor slept forever in one CI run, and woke as soon as a debugger attached), so
+ * the wait is a series of short timed waits, each of which looks at the lock word again. */
+static int box_lock(fv_box_t *b) {
+  for (;;) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += 20L * 1000 * 1000;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec += 1;
+      until.tv_nsec -= 1000000000L;
+    }
+    const int rc = pthread_mutex_timedlock(&b->lock, &until);
+    if (rc == 0) return 0;
+    if (rc == EOWNERDEAD) return pthread_mutex_consistent(&b->lock) == 0 ? 0 : -1;
+    if (rc != ETIMEDOUT) return -1;
+  }
 }
 
 static void ring_copy_in(fv_box_t *b, uint64_t at, const void *src, size_t n) {
@@ -384,7 +399,7 @@ static void box_wake(fv_box_t *b) {
 /* 0, or -1 when the inbox has no room now (the caller retries later, as a NIC would). */
 static int box_push(fv_box_t *b, fv_msg_t *m, const void *payload) {
   m->bytes = (uint32_t)((sizeof *m + m->len + 7) & ~(size_t)7);
-  box_lock(b);
+  if (box_lock(b) != 0) return -1;
   int ok = b->cap - (b->head - b->tail) >= m->bytes;
   if (ok) {
     ring_copy_in(b, b->head, m, sizeof *m);
@@ -398,9 +413,9 @@ static int box_push(fv_box_t *b, fv_msg_t *m, const void *payload) {
 
 /* The next message, payload in *payload (malloc'ed); 0 when there is none. */
 static int box_pop(fv_box_t *b, fv_msg_t *m, char **payload) {
-  box_lock(b);
-  int have = b->head != b->tail;
   *payload = NULL;
+  if (box_lock(b) != 0) return 0;
+  int have = b->head != b->tail;
   if (have) {
     ring_copy_out(b, b->tail, m, sizeof *m);
     *payload = malloc(m->len ? m->len : 1);
@@ -950,8 +965,7 @@ static double stall_ms(void) {
 }
 
 static uint64_t box_used(fv_box_t *b) {
-  if (!b) return 0;
-  box_lock(b);
+  if (!b || box_lock(b) != 0) return 0;
   const uint64_t used = b->head - b->tail;
   pthread_mutex_unlock(&b->lock);
   return used;
@@ -1114,7 +1128,7 @@ static int fv_post_recv(struct ibv_qp *qp_, struct ibv_recv_wr *wr, struct ibv_r
 /* Work this context's "NIC" still has to do, which only a poll moves: arrivals not taken,
  * acknowledgements not delivered, writes not yet pushed (delayed, or their target's inbox full). */
 static int has_own_work(fv_ctx_t *c) {
-  box_lock(c->box);
+  if (box_lock(c->box) != 0) return 0;
   const int arrivals = c->box->head != c->box->tail;
   pthread_mutex_unlock(&c->box->lock);
   if (arrivals || c->acks_head) return 1;

@@ -678,6 +678,9 @@ typedef struct {
   lane_rank_t rank[LANE_RANKS];
   fc_link_model_t next[LANES_MAX];  /* rank 0's, as of its last post */
   int next_idle[LANES_MAX], next_probe[LANES_MAX];
+  fc_stage2_history_t next_hist[LANES_MAX];
+  int fixed_cost_learnt;            /* 0: rank 0 updates beta alone (last NULL), as before two points */
+  double noise;                     /* each measured time times 1 + noise * uniform(-1, 1) */
   double meas[3][LANES_MAX];        /* rank 0's since its last post: parts, bytes, us */
   lane_rank_t posted[LANE_POSTS];
   int calls;
@@ -694,7 +697,7 @@ static void lanes_run(lanes_t *s, const fc_link_model_t *truth, int slowed, doub
     for (int q = 0; q < LANE_RANKS; q++) {
       lane_rank_t *r = &s->rank[q];
       size_t side[LANES_MAX - 1];
-      fc_lanes_split(r->model, r->probe, NULL, 1, n - 1, chunk, side);
+      fc_lanes_split(r->model, r->probe, NULL, 1, n - 1, chunk, 3, side);
       part[q][0] = chunk;
       for (int L = 1; L < n; L++) part[q][L] = side[L - 1], part[q][0] -= side[L - 1];
       ck_assert_uint_le(chunk - part[q][0], chunk);
@@ -715,12 +718,13 @@ static void lanes_run(lanes_t *s, const fc_link_model_t *truth, int slowed, doub
       const double bytes = 3.0 * (double)part[0][L];
       s->meas[0][L] += 1;
       s->meas[1][L] += bytes;
-      s->meas[2][L] += truth[L].alpha_us + bytes / beta[L];
+      s->meas[2][L] += (truth[L].alpha_us + bytes / beta[L]) * (1 + s->noise * uniform(-1, 1));
     }
     for (int L = 0; L < n; L++) share[L] = (double)part[0][L] / (double)chunk;
     const int c = ++s->calls;
     if (c % FC_STAGE2_EVERY == 0) { /* rank 0 posts update c / EVERY */
-      fc_stage2_update(s->next, s->next_idle, s->next_probe, floor, n, s->meas[0], s->meas[1], s->meas[2]);
+      fc_stage2_update(s->next, s->next_idle, s->next_probe, s->fixed_cost_learnt ? s->next_hist : NULL, floor, n,
+                       s->meas[0], s->meas[1], s->meas[2]);
       for (int L = 1; L < n; L++) ck_assert(s->next[L].min_bytes >= floor[L]);
       lane_rank_t *e = &s->posted[(c / FC_STAGE2_EVERY) % LANE_POSTS];
       memcpy(e->model, s->next, sizeof e->model);
@@ -736,6 +740,7 @@ static void lanes_start(lanes_t *s, int n, double port, const fc_link_model_t *c
   memset(s, 0, sizeof *s);
   s->n = n;
   s->port = port;
+  s->fixed_cost_learnt = 1;
   memcpy(s->next, calibrated, (size_t)n * sizeof *calibrated);
   for (int q = 0; q < LANE_RANKS; q++) memcpy(s->rank[q].model, s->next, sizeof s->next);
 }
@@ -749,7 +754,7 @@ START_TEST(test_lanes_stage2) {
   const size_t chunk = 64u << 20;
   int probes = 0;
   size_t first[1];
-  fc_lanes_split(s.rank[0].model, NULL, NULL, 1, 1, chunk, first);
+  fc_lanes_split(s.rank[0].model, NULL, NULL, 1, 1, chunk, 3, first);
   ck_assert_uint_eq(first[0], 0);
   const double fair = 25000.0 / 425000.0;
   double share[LANES_MAX];
@@ -829,6 +834,77 @@ START_TEST(test_lane_with_large_alpha_recovers) {
 }
 END_TEST
 
+/* The same lane, its fixed cost learnt from its parts of several sizes (fc_stage2_update's
+ * history) against beta alone (no history): after the slow spell both come back, the learnt one
+ * within RECOVER calls, and only the learnt model has the lane's fixed cost and rate, so that only
+ * it splits a chunk of another size (an eighth) as the truth would. */
+START_TEST(test_fixed_cost_learnt_from_several_sizes) {
+  const fc_link_model_t truth[2] = {{.alpha_us = 20, .beta = 70000, .port = -1}, {.alpha_us = 600, .beta = 2900, .port = -1}};
+  const fc_link_model_t calibrated[2] = {model(20, 70000, 0, -1), model(300, 2900, 64 << 10, -1)};
+  const size_t chunk = 64u << 20, small = chunk / 2;
+  enum { RECOVER = 48 };
+  fc_link_model_t best[2] = {truth[0], truth[1]};
+  best[1].min_bytes = best[1].alpha_us * best[1].beta;
+  size_t want[1];
+  fc_lanes_split(best, NULL, NULL, 1, 1, small, 3, want);
+  ck_assert_uint_gt(want[0], 0);
+  double off[2];
+  for (int learnt = 0; learnt <= 1; learnt++) {
+    static lanes_t s;
+    lanes_start(&s, 2, 0, calibrated);
+    s.fixed_cost_learnt = learnt;
+    int probes = 0, calls = 0;
+    double share[LANES_MAX];
+    lanes_run(&s, truth, 1, 1, chunk, 160, &probes, share);
+    const double before = share[1];
+    lanes_run(&s, truth, 1, 30, chunk, 80, &probes, share);
+    while (calls < 400 && !(share[1] > before * 0.8 && share[1] < before * 1.25)) {
+      lanes_run(&s, truth, 1, 1, chunk, 1, &probes, share);
+      calls++;
+    }
+    ck_assert_msg(calls < 400, "learnt %d: the lane did not come back (%.4f, before %.4f)", learnt, share[1], before);
+    if (learnt) ck_assert_msg(calls <= RECOVER, "with the fixed cost learnt, back after %d calls", calls);
+    lanes_run(&s, truth, 1, 1, chunk, 40, &probes, share);
+    size_t got[1];
+    fc_lanes_split(s.rank[0].model, NULL, NULL, 1, 1, small, 3, got);
+    off[learnt] = fabs((double)got[0] - (double)want[0]) / (double)want[0];
+    if (learnt)
+      ck_assert_msg(off[1] < 0.1, "the learnt model (%.0f us, %.0f MB/s) splits half the chunk %.0f %% off",
+                    s.next[1].alpha_us, s.next[1].beta, off[1] * 100);
+  }
+  ck_assert_msg(off[0] > 0.1, "beta alone splits half the chunk only %.0f %% off: the test shows nothing",
+                off[0] * 100);
+}
+END_TEST
+
+/* Measured times off by up to 10 % either way, every one: the lanes still settle near their
+ * true proportion and stay there, also after a slow spell, whose parts of changing sizes feed the
+ * fixed cost's fit (noisy points must not throw the model about). */
+START_TEST(test_lanes_stage2_noisy) {
+  const fc_link_model_t truth[2] = {{.alpha_us = 8, .beta = 400000, .port = -1}, {.alpha_us = 15, .beta = 25000, .port = -1}};
+  const fc_link_model_t calibrated[2] = {model(8, 400000, 0, -1), model(15, 25000, 64 << 10, -1)};
+  static lanes_t s;
+  lanes_start(&s, 2, 0, calibrated);
+  s.noise = 0.1;
+  const size_t chunk = 64u << 20;
+  const double fair = 25000.0 / 425000.0;
+  int probes = 0;
+  double share[LANES_MAX];
+  for (int spell = 0; spell < 2; spell++) {
+    if (spell) lanes_run(&s, truth, 1, 30, chunk, 60, &probes, share);
+    lanes_run(&s, truth, 1, 1, chunk, 120, &probes, share);
+    double lo = 1, hi = 0;
+    for (int k = 0; k < 400; k++) {
+      lanes_run(&s, truth, 1, 1, chunk, 1, &probes, share);
+      lo = share[1] < lo ? share[1] : lo;
+      hi = share[1] > hi ? share[1] : hi;
+    }
+    ck_assert_msg(lo > fair * 0.8 && hi < fair * 1.25, "with 10 %% noise%s the pcie share went from %.4f to %.4f; its "
+                  "true proportion is %.4f", spell ? ", after a slow spell," : "", lo, hi, fair);
+  }
+}
+END_TEST
+
 /* fc_lanes_split: what the kernels are handed.  For random models, fixed fractions, 1 and 2 side
  * lanes, with and without NVLink and every kind of chunk size: side lanes' parts start where the
  * previous one ends and stay inside the chunk, each a multiple of 16 unless it reaches the chunk's
@@ -838,6 +914,7 @@ START_TEST(test_lanes_split) {
   const size_t sizes[] = {0, 1, 15, 16, 17, 1000, 4096, 65537, 1u << 20, (64u << 20) + 48, (size_t)5 << 30};
   for (int iter = 0; iter < 400; iter++) {
     const int nside = 1 + iter % 2, nvlink = (iter / 2) % 2, use_fixed = (iter / 4) % 2;
+    const unsigned msgs = (unsigned)(iter / 8) % 15; /* 0 counts as 1 */
     fc_link_model_t m[3];
     int probe[3];
     double fixed[3], sum = 0;
@@ -851,8 +928,8 @@ START_TEST(test_lanes_split) {
     for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
       const size_t chunk = sizes[z];
       size_t side[2] = {7, 7}, again[2];
-      fc_lanes_split(m, probe, use_fixed ? fixed : NULL, nvlink, nside, chunk, side);
-      fc_lanes_split(m, probe, use_fixed ? fixed : NULL, nvlink, nside, chunk, again);
+      fc_lanes_split(m, probe, use_fixed ? fixed : NULL, nvlink, nside, chunk, msgs, side);
+      fc_lanes_split(m, probe, use_fixed ? fixed : NULL, nvlink, nside, chunk, msgs, again);
       ck_assert_mem_eq(side, again, (size_t)nside * sizeof *side);
       size_t at = 0;
       for (int k = 0; k < nside; k++) {
@@ -869,11 +946,11 @@ START_TEST(test_lanes_split) {
   /* A lone side lane without NVLink: all of it, even without a usable model. */
   const fc_link_model_t none[2] = {model(0, 0, 0, -1), model(0, 0, 0, -1)};
   size_t side[1];
-  fc_lanes_split(none, NULL, NULL, 0, 1, 12345, side);
+  fc_lanes_split(none, NULL, NULL, 0, 1, 12345, 1, side);
   ck_assert_uint_eq(side[0], 12345);
   /* With NVLink and no usable side model: nothing on the side. */
   const fc_link_model_t nv_only[2] = {model(8, 400000, 0, -1), model(0, 0, 0, -1)};
-  fc_lanes_split(nv_only, NULL, NULL, 1, 1, 12345, side);
+  fc_lanes_split(nv_only, NULL, NULL, 1, 1, 12345, 2, side);
   ck_assert_uint_eq(side[0], 0);
 }
 END_TEST
@@ -903,6 +980,8 @@ int main(void) {
   tcase_add_test(tm, test_lanes_stage2);
   tcase_add_test(tm, test_three_lanes_stage2);
   tcase_add_test(tm, test_lane_with_large_alpha_recovers);
+  tcase_add_test(tm, test_fixed_cost_learnt_from_several_sizes);
+  tcase_add_test(tm, test_lanes_stage2_noisy);
   tcase_add_test(tm, test_lanes_split);
   suite_add_tcase(s, tm);
   SRunner *sr = srunner_create(s);

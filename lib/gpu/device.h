@@ -130,6 +130,7 @@ typedef struct {
   int probe[FC_RING_LANES];       /* in force, with model */
   fc_link_model_t next_model[FC_RING_LANES]; /* rank 0: as of its last update (the others' lag behind) */
   int next_idle[FC_RING_LANES], next_probe[FC_RING_LANES];
+  fc_stage2_history_t next_hist[FC_RING_LANES];
   fc_lane_board_entry_t *board; /* mapped (adapt) */
   double busy_us[FC_RING_LANES];  /* the timed calls' lane times, summed (statistics) */
 } fc_pcie_t;
@@ -223,7 +224,9 @@ void fc_pcie_close(struct fc_gpu *g);
  * that has moved, so that the ranks' lines together show where the ring stopped.  Once per
  * communicator; the copy-engine lane's proxy reports its own. */
 void fc_pcie_report_timeout(struct fc_gpu *g, int rank);
-void fc_pcie_split(const struct fc_gpu *g, size_t chunk, size_t *side);
+/* Each side lane's bytes of a ring chunk (fc_lanes_split over the lanes' models in force), for a
+ * call in which a rank pushes at most msgs chunk messages: the same on every rank. */
+void fc_pcie_split(const struct fc_gpu *g, size_t chunk, unsigned msgs, size_t *side);
 /* The copy-engine mover (pcie_ce.c), after the areas are mapped: its device boxes and proxy
  * thread for side lane s; where it cannot start, s->proxy stays NULL and why says so.  Stop: the proxy joined,
  * its copies done, the boxes freed (also after a failed start). */

@@ -230,18 +230,21 @@ static flexcoll_result_t run_ring(fc_dexec_t *x, const fc_algo_args_t *args, con
   fc_gpu_ring_args(x->comm, g, &a);
   const size_t bytes = args->count * x->esize;
   const size_t chunk = fc_ring_chunk_bytes(coll, bytes, args->nranks);
-  /* The split is a function of the size and the shared models (which stage 2 changes on every
-   * rank at the same large call, fc_pcie_after_ring): the same on every rank. */
+  /* The place of the root, the ring's start: the kernel counts places in the ring, which visits
+   * hosts in turn. */
+  const int root = fc_gpu_ring_place(x->comm, args->root);
+  /* The split is a function of the size, the most chunk messages a rank pushes (a chain's last
+   * rank pushes none) and the shared models (which stage 2 changes on every rank at the same
+   * large call, fc_pcie_after_ring): the same on every rank. */
+  const int most_pushes = fc_ring_pushes(coll, root, args->nranks, root);
   size_t side[FC_RING_SIDE_LANES];
-  fc_pcie_split(g, chunk, side);
+  fc_pcie_split(g, chunk, most_pushes > 0 ? (unsigned)most_pushes : 1, side);
   for (int k = 0; k < FC_RING_SIDE_LANES; k++) {
     a.side[k].chunk_bytes = side[k];
     if (side[k])
       FC_TRACE(FC_SUB_SCHED, "%s of %zu bytes: %s carries %zu bytes of each ring chunk", fc_coll_name(args->coll),
                bytes, g->pcie.side[k].name, side[k]);
   }
-  /* The kernel counts places in the ring, which visits hosts in turn: the root's is its place. */
-  const int root = fc_gpu_ring_place(x->comm, args->root);
   const int large = fc_pcie_before_ring(g, bytes, chunk, fc_ring_pushes(coll, a.rank, args->nranks, root),
                                         x->capturing, &a);
   g->oneshot_seq++; /* a kernel of the communicator's chain (kernel_order_before) */

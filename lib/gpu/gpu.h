@@ -141,7 +141,7 @@ int fc_gpu_link_stats(struct flexcoll_comm *comm, flexcoll_link_stats_t *stats, 
 void fc_gpu_lanes_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);
 /* Tests: the ring kernels' lanes whose split stage 2 moves (nvlink, then the side lanes that are
  * on): each one's model bandwidth (MB/s) and its bytes of a ring chunk of `chunk` bytes as the
- * next call would split it, into lanes[0 ..] (room for FC_GPU_LANES); returns how many, 0 (and
+ * next allreduce would split it, into lanes[0 ..] (room for FC_GPU_LANES); returns how many, 0 (and
  * nothing written) when comm has no side lane whose split stage 2 moves. */
 #define FC_GPU_LANES 3
 typedef struct {

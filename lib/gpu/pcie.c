@@ -713,11 +713,11 @@ flexcoll_result_t fc_pcie_open(struct flexcoll_comm *comm, struct fc_gpu *g) {
   return FLEXCOLL_SUCCESS;
 }
 
-void fc_pcie_split(const struct fc_gpu *g, size_t chunk, size_t *side) {
+void fc_pcie_split(const struct fc_gpu *g, size_t chunk, unsigned msgs, size_t *side) {
   const fc_pcie_t *p = &g->pcie;
   for (int k = p->hops ? 0 : p->nside; k < FC_RING_SIDE_LANES; k++) side[k] = 0; /* lanes that are not on */
   if (p->hops) return; /* each edge's lane carries its whole part (fc_ring_args_t.hops) */
-  fc_lanes_split(p->model, p->probe, p->fixed[0] >= 0 ? p->fixed : NULL, !p->only, p->nside, chunk, side);
+  fc_lanes_split(p->model, p->probe, p->fixed[0] >= 0 ? p->fixed : NULL, !p->only, p->nside, chunk, msgs, side);
 }
 
 /* ---- stage 2 ------------------------------------------------------------------------------- */
@@ -776,8 +776,8 @@ int fc_pcie_before_ring(struct fc_gpu *g, size_t bytes, size_t chunk, int pushes
  * and post the result as update m. */
 static void post_update(fc_pcie_t *p, uint64_t m) {
   static const double floor[FC_RING_LANES] = {0, FC_PCIE_MIN_SHARE, FC_PCIE_MIN_SHARE};
-  fc_stage2_update(p->next_model, p->next_idle, p->next_probe, floor, 1 + p->nside, p->meas_parts, p->meas_bytes,
-                   p->meas_us);
+  fc_stage2_update(p->next_model, p->next_idle, p->next_probe, p->next_hist, floor, 1 + p->nside, p->meas_parts,
+                   p->meas_bytes, p->meas_us);
   fc_lane_board_entry_t *e = &p->board[m % FC_LANE_BOARD_ENTRIES];
   __atomic_store_n(&e->m, 0, __ATOMIC_RELAXED);
   __atomic_thread_fence(__ATOMIC_RELEASE);
@@ -844,15 +844,16 @@ flexcoll_result_t fc_pcie_after_ring(struct flexcoll_comm *comm, struct fc_gpu *
   const uint64_t m = (c - FC_LANE_STAGE2_LAG) / FC_STAGE2_EVERY;
   fc_lane_board_entry_t e = {0};
   FC_CHECK(install_update(comm, p, m, &e));
-  const size_t ref = 64u << 20; /* a chunk to show the split at */
+  const size_t ref = 64u << 20; /* an allgather's chunk to show the split at */
   size_t side[FC_RING_SIDE_LANES];
-  fc_pcie_split(g, ref, side);
+  fc_pcie_split(g, ref, (unsigned)comm->nranks - 1, side);
   char text[384];
   size_t at = 0;
   for (int L = 0; L <= p->nside && at < sizeof text; L++)
-    at += (size_t)snprintf(text + at, sizeof text - at, "%s%s %.0f calls %.1f us, %.0f MB/s%s%s", L ? "; " : "",
-                           L ? p->side[L - 1].name : "nvlink", e.parts[L], e.parts[L] > 0 ? e.us[L] / e.parts[L] : 0.0,
-                           p->model[L].beta, p->probe[L] ? " (a probe)" : "",
+    at += (size_t)snprintf(text + at, sizeof text - at, "%s%s %.0f calls %.1f us, model %.1f us + %.0f MB/s%s%s",
+                           L ? "; " : "", L ? p->side[L - 1].name : "nvlink", e.parts[L],
+                           e.parts[L] > 0 ? e.us[L] / e.parts[L] : 0.0, p->model[L].alpha_us, p->model[L].beta,
+                           p->probe[L] ? " (a probe)" : "",
                            L ? "" : " (rank 0's timed calls, the model)");
   at = 0;
   char split[128] = "";
@@ -878,7 +879,7 @@ int fc_gpu_lanes_state(struct flexcoll_comm *comm, size_t chunk, fc_gpu_lane_sta
   const struct fc_gpu *g = comm->gpu;
   if (!g || !g->pcie.adapt) return 0;
   size_t side[FC_RING_SIDE_LANES], left = chunk;
-  fc_pcie_split(g, chunk, side);
+  fc_pcie_split(g, chunk, 2 * ((unsigned)comm->nranks - 1), side);
   const int n = 1 + g->pcie.nside;
   for (int L = n - 1; L >= 0; L--) {
     fc_gpu_lane_state_t *x = &lanes[L];

@@ -715,7 +715,7 @@ void fc_links_after_p2p(struct flexcoll_comm *comm, size_t bytes) {
 }
 
 void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us) {
-  fc_stage2_update(l->model, l->idle, l->probe, NULL, l->n, parts, bytes, us);
+  fc_stage2_update(l->model, l->idle, l->probe, l->hist, NULL, l->n, parts, bytes, us);
 }
 
 /* Every rank adds up everyone's measurements and applies the same update (the bootstrap's waits

@@ -133,29 +133,45 @@ void fc_chunk_get(size_t share, size_t slice, size_t k, size_t *off, size_t *len
  * is still slow costs little. */
 #define FC_STAGE2_PROBE_AFTER 4
 #define FC_PROBE_PART 256
+#define FC_PROBE_MAX_PART 16
 
-/* Fold one exchange's sums into the n models: a measured link's beta moves toward what it showed
- * (fc_cost_update, weight FC_STAGE2_WEIGHT; a part that took less than alpha halves alpha to it);
- * a link without parts for FC_STAGE2_PROBE_AFTER exchanges in a row gets probe[i] = 1 for the
- * next window (every other link 0).  min_bytes becomes alpha * beta, never under floor[i] (floor
- * may be NULL: no floor). */
-void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, const double *floor, int n, const double *parts,
-                      const double *bytes, const double *us);
+/* A link's recent mean parts (one point per exchange that measured it), as exponentially weighted
+ * sums for a least-squares line: sizes in MiB, times in microseconds.  Zeroed: none yet. */
+typedef struct {
+  double w, x, y, xx, xy;
+} fc_stage2_history_t;
+
+/* Fold one exchange's sums into the n models.  A measured link's mean part joins its history
+ * (hist[i]; older points weigh 1 - FC_STAGE2_WEIGHT less per new one, and a part more than twice
+ * as slow or fast as the model predicts starts the history afresh: the link changed).  Where the
+ * history's sizes spread enough to tell a fixed cost from a rate and its line is a cost model (no
+ * negative fixed cost, the mean part at least half transfer), alpha and beta move toward it
+ * (weight FC_STAGE2_WEIGHT); otherwise beta alone moves toward what the part showed
+ * (fc_cost_update, same weight; a part that took less than alpha halves alpha to it).  A link
+ * without parts for FC_STAGE2_PROBE_AFTER exchanges in a row gets probe[i] = 1 for the next window
+ * (every other link 0).  min_bytes becomes alpha * beta, never under floor[i] (floor may be NULL:
+ * no floor).  hist may be NULL: beta alone, always. */
+void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, fc_stage2_history_t *hist, const double *floor,
+                      int n, const double *parts, const double *bytes, const double *us);
 /* fc_balance over the enabled models (enabled may be NULL: all), then every enabled link with
- * probe[i] and no share takes bytes / FC_PROBE_PART (align multiples) out of the largest share,
- * where that leaves it at least as much again.  probe may be NULL.  A pure function of its
+ * probe[i] and no share takes a probe share out of the largest share, where that leaves it at
+ * least as much again: bytes / FC_PROBE_PART, or the link's min_bytes where that is more (up to
+ * bytes / FC_PROBE_MAX_PART), in align multiples.  A probe under min_bytes takes little more than
+ * the fixed cost, which tells nothing of the rate.  probe may be NULL.  A pure function of its
  * arguments, like fc_balance. */
 flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe, int n,
                                   size_t bytes, size_t align, size_t *shares);
 /* The ring kernels' lanes (lib/gpu/pcie.c): the bytes of a ring chunk each of nside side lanes
  * carries.  Lane 0 is NVLink (nvlink 0: there is none), lane k + 1 side lane k; fixed fractions
  * per lane (fixed[L], NULL: none) or else fc_stage2_split over the models with probe, 16-byte
- * aligned.  Side lane k's part begins where side lane k - 1's ends and is a multiple of 16 unless
+ * aligned.  The models are per call, a lane's bytes the msgs chunk messages it pushes in one (0
+ * counts as 1), so the split balances msgs chunks and each lane's part is its share of them over
+ * msgs: a lane's fixed cost is paid once per call, not once per chunk.  Side lane k's part begins where side lane k - 1's ends and is a multiple of 16 unless
  * it reaches the chunk's end (NVLink takes what they leave); without NVLink the last side lane
  * takes the rest (all of it where it is the only one, or no model is usable).  A pure function:
  * every rank splits alike. */
 void fc_lanes_split(const fc_link_model_t *model, const int *probe, const double *fixed, int nvlink, int nside,
-                    size_t chunk, size_t *side);
+                    size_t chunk, unsigned msgs, size_t *side);
 /* all: nranks rows of 3n doubles (per link: parts, bytes, us), row q rank q's; their sums per link,
  * added in rank order (the same bits on every rank that holds the same rows). */
 void fc_stage2_sum(const double *all, int nranks, int n, double *parts, double *bytes, double *us);
@@ -191,6 +207,7 @@ typedef struct fc_links {
   double throttle[FC_MAX_LINKS]; /* tests: measured times are multiplied by it (0: 1) */
   int idle[FC_MAX_LINKS];   /* exchanges in a row without a share */
   int probe[FC_MAX_LINKS];  /* this window gives the link a small probe share */
+  fc_stage2_history_t hist[FC_MAX_LINKS]; /* each link's recent measured parts */
   uint32_t large_calls;   /* large host collectives so far: the same count on every rank */
   unsigned long long *call_bytes; /* [link * nranks + peer]: bytes of the current collective */
   /* Rounds of the host wait loop so far, over all its waits: idle links are progressed every

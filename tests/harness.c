@@ -292,6 +292,11 @@ static int proc_rank_main(const hx_opts_t *o, int rank, int nranks, const flexco
   char rank_s[16];
   snprintf(rank_s, sizeof rank_s, "%d", rank);
   setenv("FC_TEST_RANK", rank_s, 1);
+  if (o->hosts > 1) {
+    char host[32];
+    snprintf(host, sizeof host, "hx-host-%d", rank % o->hosts);
+    setenv("FLEXCOLL_HOSTID", host, 1);
+  }
   hx_rank_t r;
   hx_rank_init(&r, o, rank, nranks, arg);
   r.ncomms = ncomms;

@@ -83,6 +83,7 @@ typedef struct {
   const char *const *env; /* more "NAME=value" settings for the children, NULL-terminated, or NULL */
   int expect_fail;    /* procs/threads: 1 when some rank is expected to fail (no failure banner) */
   int exit_barrier;   /* 1: ranks wait for each other (outside the library) before destroying */
+  int hosts;          /* procs: > 1: rank r runs as host "hx-host-<r mod hosts>" (FLEXCOLL_HOSTID) */
 } hx_opts_t;
 
 /* The seed of this process: FC_TEST_SEED (any strtoull base) or time ^ pid; printed once. */

@@ -642,17 +642,17 @@ START_TEST(test_stage2_keeps_large_operations_only) {
   comm.links = &l;
   fc_links_record(&l, 2, 0, 1, 4096, 40.0, 0); /* a delivery of a small collective */
   ck_assert_int_eq(fc_links_after_collective(&comm, 4096), FLEXCOLL_SUCCESS);
-  ck_assert(l.meas_parts[0] == 0 && l.meas_bytes[0] == 0 && l.meas_us[0] == 0);
+  ck_assert(l.pairs[0].meas_parts[0] == 0 && l.pairs[0].meas_bytes[0] == 0 && l.pairs[0].meas_us[0] == 0);
   fc_links_record(&l, 2, 1, 1, 1 << 20, 300.0, 0); /* one of a large collective (no exchange yet) */
   ck_assert_int_eq(fc_links_after_collective(&comm, 4u << 20), FLEXCOLL_SUCCESS);
-  ck_assert(l.meas_parts[1] == 1 && l.meas_bytes[1] == (double)(1 << 20) && l.meas_us[1] == 300.0);
+  ck_assert(l.pairs[0].meas_parts[1] == 1 && l.pairs[0].meas_bytes[1] == (double)(1 << 20) && l.pairs[0].meas_us[1] == 300.0);
   fc_links_record(&l, 2, 0, 1, 512, 20.0, 0); /* a small batch of sends and receives */
   fc_links_after_p2p(&comm, 512);
-  ck_assert(l.meas_parts[0] == 0);
+  ck_assert(l.pairs[0].meas_parts[0] == 0);
   fc_links_record(&l, 2, 0, 1, 2 << 20, 500.0, 0); /* a large one */
   fc_links_after_p2p(&comm, 2 << 20);
-  ck_assert(l.meas_parts[0] == 1 && l.meas_us[0] == 500.0);
-  ck_assert(l.op_parts[0] == 0 && l.op_parts[1] == 0);
+  ck_assert(l.pairs[0].meas_parts[0] == 1 && l.pairs[0].meas_us[0] == 500.0);
+  ck_assert(l.pairs[0].op_parts[0] == 0 && l.pairs[0].op_parts[1] == 0);
 }
 END_TEST
 

@@ -138,7 +138,7 @@ END_TEST
 static double model_beta(hx_rank_t *r, const char *name) {
   const fc_links_t *l = r->comm->links;
   for (int i = 0; i < l->n; i++)
-    if (!strcmp(l->link[i].ops->name, name)) return l->model[i].beta;
+    if (!strcmp(l->link[i].ops->name, name)) return l->pairs[FC_PAIRS_WITHIN_HOST].model[i].beta;
   return -1;
 }
 
@@ -199,7 +199,7 @@ static double sim_share(const fc_link_model_t *truth, fc_links_t *l, double slow
       b[i] = 4.0 * (double)shares[i];
       us[i] = shares[i] ? 4 * (truth[i].alpha_us + (double)shares[i] / beta) : 0;
     }
-    fc_links_stage2_update(l, parts, b, us);
+    fc_links_stage2_update(l, FC_PAIRS_WITHIN_HOST, parts, b, us);
     share = (double)shares[1] / (double)bytes;
   }
   return share;
@@ -210,8 +210,8 @@ START_TEST(test_stage2_simulated) {
   /* Calibrated badly: the second link looks 100x slower than it is, with 50x its fixed cost, so it
    * starts without a share and only a probe finds it. */
   fc_links_t l = {.n = 2};
-  l.model[0] = (fc_link_model_t){.alpha_us = 5, .beta = 10000, .min_bytes = 5 * 10000, .port = -1};
-  l.model[1] = (fc_link_model_t){.alpha_us = 1000, .beta = 30, .min_bytes = 1000 * 30, .port = -1};
+  l.pairs[FC_PAIRS_WITHIN_HOST].model[0] = (fc_link_model_t){.alpha_us = 5, .beta = 10000, .min_bytes = 5 * 10000, .port = -1};
+  l.pairs[FC_PAIRS_WITHIN_HOST].model[1] = (fc_link_model_t){.alpha_us = 1000, .beta = 30, .min_bytes = 1000 * 30, .port = -1};
   double fair = 3000.0 / 13000.0;
   double settled = sim_share(truth, &l, 1, 60);
   ck_assert_msg(settled > fair * 0.9 && settled < fair * 1.1, "settled at %.4f, the links' proportion is %.4f", settled, fair);
@@ -302,7 +302,7 @@ START_TEST(test_split_device_pairs) {
   fc_links_t l = {.n = 3};
   for (int i = 0; i < 3; i++) {
     l.link[i].reach = all;
-    l.model[i] = (fc_link_model_t){.alpha_us = 5, .beta = 10000, .port = -1};
+    l.pairs[FC_PAIRS_WITHIN_HOST].model[i] = (fc_link_model_t){.alpha_us = 5, .beta = 10000, .port = -1};
   }
   l.link[1].reach = near; /* shm: rank 2 is on another host */
   const size_t bytes = 64u << 20;
@@ -605,6 +605,110 @@ START_TEST(test_calibration_cache) {
 }
 END_TEST
 
+/* ---- models per kind of pair ---------------------------------------------------------------- */
+
+/* The split of a transfer follows the models of its pair's kind: two links reaching every rank of
+ * two hosts, the first the faster within a host and the second between hosts; a transfer within
+ * a host goes mostly over the first, one between hosts mostly over the second, and stage 2's
+ * measurements of each land in its kind's. */
+START_TEST(test_split_by_pair_kind) {
+  static const fc_link_ops_t tcp = {.name = "tcp"}, rdma = {.name = "rdma", .pairwise = 1};
+  unsigned char all[4] = {1, 1, 1, 1};
+  int host[4] = {0, 1, 0, 1};
+  fc_links_t l = {.nhosts = 2, .host = host, .n = 2, .me = 0};
+  l.link[0].ops = &tcp;
+  l.link[1].ops = &rdma;
+  l.link[0].reach = l.link[1].reach = all;
+  l.pairs[FC_PAIRS_WITHIN_HOST].used = l.pairs[FC_PAIRS_BETWEEN_HOSTS].used = 1;
+  const fc_link_model_t fast = {.alpha_us = 5, .beta = 20000, .port = -1}, slow = {.alpha_us = 5, .beta = 2000, .port = -1};
+  l.pairs[FC_PAIRS_WITHIN_HOST].model[0] = l.pairs[FC_PAIRS_BETWEEN_HOSTS].model[1] = fast;
+  l.pairs[FC_PAIRS_WITHIN_HOST].model[1] = l.pairs[FC_PAIRS_BETWEEN_HOSTS].model[0] = slow;
+  ck_assert_int_eq(fc_links_pair_kind(&l, 0, 2), FC_PAIRS_WITHIN_HOST);
+  ck_assert_int_eq(fc_links_pair_kind(&l, 0, 3), FC_PAIRS_BETWEEN_HOSTS);
+  ck_assert_int_eq(fc_links_pair_kind(&l, 3, 1), FC_PAIRS_WITHIN_HOST);
+  const size_t bytes = 64u << 20;
+  size_t within[2], between[2], any[2];
+  ck_assert_int_eq(fc_links_split(&l, 2, bytes, 4096, within), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_links_split(&l, 3, bytes, 4096, between), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_links_split(&l, -1, bytes, 4096, any), FLEXCOLL_SUCCESS);
+  ck_assert_msg(within[0] > 8 * within[1], "within a host: %zu on the fast link, %zu on the slow", within[0], within[1]);
+  ck_assert_msg(between[1] > 8 * between[0], "between hosts: %zu on the fast link, %zu on the slow", between[1],
+                between[0]);
+  ck_assert_mem_eq(any, within, sizeof any); /* statistics: pairs within a host, where there are any */
+  /* Deliveries from a peer of each kind feed that kind's measurements only. */
+  fc_links_record(&l, 4, 0, 2, 1 << 20, 100.0, 0);
+  fc_links_record(&l, 4, 1, 3, 2 << 20, 150.0, 0);
+  ck_assert(l.pairs[FC_PAIRS_WITHIN_HOST].op_parts[0] == 1 && l.pairs[FC_PAIRS_BETWEEN_HOSTS].op_parts[0] == 0);
+  ck_assert(l.pairs[FC_PAIRS_BETWEEN_HOSTS].op_parts[1] == 1 && l.pairs[FC_PAIRS_WITHIN_HOST].op_parts[1] == 0);
+  ck_assert(l.pairs[FC_PAIRS_BETWEEN_HOSTS].op_us[1] == 150.0);
+}
+END_TEST
+
+/* The models' doubles of both kinds, the same bits on every rank: their minimum and maximum over
+ * the ranks must agree. */
+static void check_models_agree(hx_rank_t *r, const char *when) {
+  const fc_links_t *l = r->comm->links;
+  enum { MAXV = FC_PAIR_KINDS * FC_MAX_LINKS * 2 };
+  double v[MAXV], lo[MAXV], hi[MAXV];
+  int n = 0;
+  for (int k = 0; k < FC_PAIR_KINDS; k++)
+    for (int i = 0; i < l->n; i++) v[n++] = l->pairs[k].model[i].alpha_us, v[n++] = l->pairs[k].model[i].beta;
+  if (!hx_ok(r, flexcoll_allreduce(v, lo, (size_t)n, FLEXCOLL_FLOAT64, FLEXCOLL_MIN, r->comm, NULL), r->comm, "min") ||
+      !hx_ok(r, flexcoll_allreduce(v, hi, (size_t)n, FLEXCOLL_FLOAT64, FLEXCOLL_MAX, r->comm, NULL), r->comm, "max"))
+    return;
+  for (int j = 0; j < n; j++)
+    if (lo[j] != hi[j]) hx_fail(r, "%s: model value %d differs between ranks (%.17g .. %.17g)", when, j, lo[j], hi[j]);
+}
+
+/* Four processes as two hosts (ranks 0, 2 and 1, 3), shm and tcp: tcp has a model for pairs
+ * within a host and one for pairs between hosts, both calibrated, the same on every rank; stage 2
+ * moves the one between hosts (tcp alone carries those pairs' bytes) and keeps them alike. */
+static int pair_kinds_rank(hx_rank_t *r) {
+  const fc_links_t *l = r->comm->links;
+  int tcp = -1;
+  for (int i = 0; i < l->n; i++)
+    if (!strcmp(l->link[i].ops->name, "tcp")) tcp = i;
+  if (l->nhosts != 2 || tcp < 0 || !l->pairs[FC_PAIRS_WITHIN_HOST].used || !l->pairs[FC_PAIRS_BETWEEN_HOSTS].used)
+    return hx_fail(r, "%d hosts, tcp link %d, kinds used %d %d: expected 2 hosts, tcp, both kinds", l->nhosts, tcp,
+                   l->pairs[FC_PAIRS_WITHIN_HOST].used, l->pairs[FC_PAIRS_BETWEEN_HOSTS].used);
+  const fc_link_model_t calibrated = l->pairs[FC_PAIRS_BETWEEN_HOSTS].model[tcp];
+  if (!(calibrated.beta > 1 && calibrated.alpha_us > 0) || !(l->pairs[FC_PAIRS_WITHIN_HOST].model[tcp].beta > 1))
+    hx_fail(r, "tcp's models not calibrated: between hosts %.2f us %.1f MB/s, within %.1f MB/s", calibrated.alpha_us,
+            calibrated.beta, l->pairs[FC_PAIRS_WITHIN_HOST].model[tcp].beta);
+  check_models_agree(r, "calibrated");
+  const size_t count = 1 << 20;
+  float *a = malloc(count * sizeof *a), *b = malloc(count * sizeof *b);
+  if (!a || !b) return hx_fail(r, "out of memory");
+  for (size_t i = 0; i < count; i++) a[i] = (float)((i + (size_t)r->rank) % 7);
+  for (int k = 0; k < 2 * FC_STAGE2_EVERY && !r->errors; k++)
+    hx_ok(r, flexcoll_allreduce(a, b, count, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, r->comm, NULL), r->comm, "allreduce");
+  for (size_t i = 0; i < count && !r->errors; i++) {
+    float want = 0;
+    for (int q = 0; q < r->nranks; q++) want += (float)((i + (size_t)q) % 7);
+    if (b[i] != want) hx_fail(r, "allreduce element %zu: %g, expected %g", i, b[i], want);
+  }
+  const fc_link_model_t moved = l->pairs[FC_PAIRS_BETWEEN_HOSTS].model[tcp];
+  if (moved.beta == calibrated.beta && moved.alpha_us == calibrated.alpha_us)
+    hx_fail(r, "stage 2 left tcp's model between hosts as calibrated (%.2f us, %.1f MB/s)", moved.alpha_us, moved.beta);
+  check_models_agree(r, "after stage 2");
+  free(a);
+  free(b);
+  return 0;
+}
+
+START_TEST(test_models_per_pair_kind) {
+  char cache[320], dir[300], cmd[700];
+  snprintf(dir, sizeof dir, "%s/cache-kinds", g_dir);
+  snprintf(cache, sizeof cache, "FLEXCOLL_CACHE_DIR=%s", dir);
+  const char *env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=shm,tcp", cache, NULL};
+  hx_opts_t o = {.label = "pair kinds", .env = env, .hosts = 2, .deadline_s = 120};
+  ck_assert_msg(hx_run_procs(4, &o, pair_kinds_rank, NULL), "calibrated: see stderr");
+  snprintf(cmd, sizeof cmd, "ls %s/hosts-n4-*-shm-tcp.links %s/between-n4-*-shm-tcp.links >/dev/null 2>&1", dir, dir);
+  ck_assert_msg(system(cmd) == 0, "no cache file for either kind in %s", dir);
+  ck_assert_msg(hx_run_procs(4, &o, pair_kinds_rank, NULL), "from the cache: see stderr");
+}
+END_TEST
+
 /* ---- bad settings and arguments ------------------------------------------------------------- */
 
 static int bad_args_rank(hx_rank_t *r) {
@@ -698,6 +802,8 @@ int main(void) {
   tcase_add_test(tc, test_device_memory_agreed);
   tcase_add_test(tc, test_adaptive);
   tcase_add_test(tc, test_calibration_cache);
+  tcase_add_test(tc, test_split_by_pair_kind);
+  tcase_add_test(tc, test_models_per_pair_kind);
   tcase_add_test(tc, test_exchange_after_collective);
   tcase_add_test(tc, test_sender_away);
   tcase_add_test(tc, test_progress_thread_stands_back);

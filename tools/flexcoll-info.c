@@ -97,8 +97,10 @@ static void bootstrap_interface(void) {
 }
 
 /* The link models communicators calibrated on this machine (the cache lib/sched/cost.c keeps):
- * one file per set of hosts, rank count and links (host-...), or per shape of the ring kernels'
- * device lanes (ring-...), the links or lanes named at the end of its key. */
+ * one file per set of hosts, rank count and links (host-... on one host; on several hosts-... for
+ * pairs within a host and between-... for pairs between hosts), or per shape of the ring kernels'
+ * device lanes (ring-...), the links or lanes named at the end of its key (then "pf" where UCX
+ * handles peer failures, which changes shm's models). */
 static void cached_links(void) {
   const char *dir = fc_cost_cache_dir();
   printf("Calibrated links (cache %s):\n", dir ? dir : "none: set FLEXCOLL_CACHE_DIR");
@@ -114,9 +116,15 @@ static void cached_links(void) {
     int nwords = 0, nlinks = 0;
     for (char *save = NULL, *w = strtok_r(words, "-", &save); w; w = strtok_r(NULL, "-", &save))
       if (nwords++ >= 3 && nlinks < FC_MAX_LINKS) names[nlinks++] = w;
+    const int pf = strncmp(key, "ring-", 5) && nlinks > 1 && !strcmp(names[nlinks - 1], "pf");
+    nlinks -= pf;
     fc_link_model_t m[FC_MAX_LINKS];
     if (nlinks < 1 || fc_cost_cache_load(dir, key, m, nlinks) != FLEXCOLL_SUCCESS) continue;
-    printf("  %s%s\n", key, !strncmp(key, "ring-", 5) ? " (the ring kernels' device lanes)" : "");
+    printf("  %s%s\n", key,
+           !strncmp(key, "ring-", 5)      ? " (the ring kernels' device lanes)"
+           : !strncmp(key, "hosts-", 6)   ? " (pairs within a host, of several hosts)"
+           : !strncmp(key, "between-", 8) ? " (pairs between hosts)"
+                                          : "");
     for (int i = 0; i < nlinks; i++)
       printf("    %-8s alpha %9.2f us  beta %10.1f MB/s\n", names[i], m[i].alpha_us, m[i].beta);
     shown++;

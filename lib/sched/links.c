@@ -156,6 +156,10 @@ static flexcoll_result_t find_hosts(struct flexcoll_comm *comm, fc_links_t *l) {
   return FLEXCOLL_SUCCESS;
 }
 
+int fc_links_pair_kind(const fc_links_t *l, int p, int q) {
+  return l->host && p >= 0 && q >= 0 && l->host[p] != l->host[q] ? FC_PAIRS_BETWEEN_HOSTS : FC_PAIRS_WITHIN_HOST;
+}
+
 int fc_links_joins(const fc_links_t *l, int i, int p, int q) {
   /* Every link joins a rank to itself (send/recv to self, as before links were per pair), where
    * the rank has it. */
@@ -405,16 +409,23 @@ static flexcoll_result_t open_one(struct flexcoll_comm *comm, fc_links_t *l, int
 
 /* ---- stage 1: calibration --------------------------------------------------------------------- */
 
-/* Link i's calibration ring: the ranks it joins with this one (its host's for shm, else all), in
+/* Link i's calibration ring: the ranks it joins with this one (its host's only where within), in
  * l->order, and this rank's neighbours there.  0 when it joins nobody (a host of one rank). */
-static int cal_ring(const fc_links_t *l, int i, int me, int n, int *next, int *prev) {
+static int cal_ring(const fc_links_t *l, int i, int within, int me, int n, int *next, int *prev) {
   *next = *prev = -1;
-  for (int s = 1; s < n && *next < 0; s++)
-    if (fc_links_joins(l, i, me, l->order[(l->pos[me] + s) % n])) *next = l->order[(l->pos[me] + s) % n];
-  for (int s = 1; s < n && *prev < 0; s++)
-    if (fc_links_joins(l, i, me, l->order[(l->pos[me] - s + n) % n])) *prev = l->order[(l->pos[me] - s + n) % n];
+  for (int s = 1; s < n && *next < 0; s++) {
+    const int q = l->order[(l->pos[me] + s) % n];
+    if (fc_links_joins(l, i, me, q) && (!within || l->host[q] == l->host[me])) *next = q;
+  }
+  for (int s = 1; s < n && *prev < 0; s++) {
+    const int q = l->order[(l->pos[me] - s + n) % n];
+    if (fc_links_joins(l, i, me, q) && (!within || l->host[q] == l->host[me])) *prev = q;
+  }
   return *next >= 0 && *prev >= 0;
 }
+
+static const size_t cal_sizes[] = {8 << 10, 2 << 20};
+enum { CAL_SIZES = sizeof cal_sizes / sizeof cal_sizes[0], CAL_TRIES = 5 };
 
 /* Microseconds of one ring exchange of `bytes` on link i: send to next, receive from prev.  Tags
  * above every collective's and point-to-point message number. */
@@ -442,62 +453,76 @@ static flexcoll_result_t ring_exchange(struct flexcoll_comm *comm, fc_link_t *li
   return FLEXCOLL_SUCCESS;
 }
 
-/* Fit each link's model from ring exchanges of a few sizes (best of a few tries each); measured[i]
- * = 0 where link i joins this rank to nobody (it then has nothing to add to the average). */
-static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l, int *measured) {
+/* Fit link i's model from ring exchanges of a few sizes (best of a few tries each) with next and
+ * prev, tags from *k on. */
+static flexcoll_result_t measure_ring(struct flexcoll_comm *comm, fc_link_t *link, int next, int prev, char *sbuf,
+                                      char *rbuf, int *k, fc_link_model_t *m) {
   /* Two sizes, the best of a few tries each: the fixed cost is the small one's time, the bandwidth
    * the large one's rate.  Conservative (the fixed cost counts twice at large sizes) but never
    * absurd: on a busy host a fit through the two points turned one slow small exchange into a
    * bandwidth of 81 GB/s for TCP.  Stage 2 refines both from real transfers. */
-  static const size_t sizes[] = {8 << 10, 2 << 20};
-  enum { NSIZES = sizeof sizes / sizeof sizes[0], TRIES = 5 };
-  char *sbuf = malloc(sizes[NSIZES - 1]), *rbuf = malloc(sizes[NSIZES - 1]);
+  double y[CAL_SIZES], warm;
+  /* The first message of a link sets up its connection: not part of the model. */
+  FC_CHECK(ring_exchange(comm, link, next, prev, sbuf, rbuf, 1, (*k)++, &warm));
+  for (int s = 0; s < CAL_SIZES; s++) {
+    y[s] = INFINITY;
+    for (int t = 0; t < CAL_TRIES; t++) {
+      double us = INFINITY;
+      FC_CHECK(ring_exchange(comm, link, next, prev, sbuf, rbuf, cal_sizes[s], (*k)++, &us));
+      if (us < y[s]) y[s] = us;
+    }
+  }
+  *m = (fc_link_model_t){.alpha_us = y[0], .beta = (double)cal_sizes[CAL_SIZES - 1] / y[CAL_SIZES - 1], .port = -1};
+  return FLEXCOLL_SUCCESS;
+}
+
+/* Every link's models from ring exchanges into cal[kind][i], has[kind][i] where this rank measured
+ * that kind of pair (0: it has nothing to add to that average).  On one host one ring per link
+ * (pairs within a host); on several, a ring of each host's ranks (within) and, for links between
+ * hosts, a ring of all ranks host by host, which measures pairs between hosts at the ranks whose
+ * ring neighbour is on another host (that pair's time dominates their exchange). */
+static flexcoll_result_t calibrate(struct flexcoll_comm *comm, fc_links_t *l, fc_link_model_t cal[][FC_MAX_LINKS],
+                                   int has[][FC_MAX_LINKS]) {
+  char *sbuf = malloc(cal_sizes[CAL_SIZES - 1]), *rbuf = malloc(cal_sizes[CAL_SIZES - 1]);
   flexcoll_result_t res = FLEXCOLL_SUCCESS;
   if (!sbuf || !rbuf) res = fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory for link calibration");
-  else memset(sbuf, 0x5a, sizes[NSIZES - 1]);
-  for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
-    double x[NSIZES], y[NSIZES], warm;
-    int next, prev;
-    /* Each link's own tag numbers: ranks that skip a link stay in step with those that do not. */
-    int k = i * (1 + NSIZES * TRIES);
-    measured[i] = cal_ring(l, i, comm->rank, comm->nranks, &next, &prev);
-    if (!measured[i]) continue;
-    /* The first message of a link sets up its connection: not part of the model. */
-    res = ring_exchange(comm, &l->link[i], next, prev, sbuf, rbuf, 1, k++, &warm);
-    for (int s = 0; s < NSIZES && res == FLEXCOLL_SUCCESS; s++) {
-      x[s] = (double)sizes[s];
-      y[s] = INFINITY;
-      for (int t = 0; t < TRIES && res == FLEXCOLL_SUCCESS; t++) {
-        double us = INFINITY;
-        res = ring_exchange(comm, &l->link[i], next, prev, sbuf, rbuf, sizes[s], k++, &us);
-        if (res == FLEXCOLL_SUCCESS && us < y[s]) y[s] = us;
-      }
+  else memset(sbuf, 0x5a, cal_sizes[CAL_SIZES - 1]);
+  const int me = comm->rank, n = comm->nranks;
+  for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++)
+    for (int ring = 0; ring < 2 && res == FLEXCOLL_SUCCESS; ring++) {
+      /* Each link and ring its own tag numbers: ranks that skip one stay in step with those that do not. */
+      int k = (2 * i + ring) * (1 + CAL_SIZES * CAL_TRIES), next, prev;
+      const int within = l->nhosts > 1 && ring == 0;
+      if (ring == 1 && (l->nhosts == 1 || l->link[i].ops->same_host)) continue;
+      if (!cal_ring(l, i, within, me, n, &next, &prev)) continue;
+      fc_link_model_t m;
+      res = measure_ring(comm, &l->link[i], next, prev, sbuf, rbuf, &k, &m);
+      const int kind = ring == 0 ? FC_PAIRS_WITHIN_HOST
+                       : fc_links_pair_kind(l, me, next) == FC_PAIRS_BETWEEN_HOSTS ||
+                               fc_links_pair_kind(l, prev, me) == FC_PAIRS_BETWEEN_HOSTS
+                           ? FC_PAIRS_BETWEEN_HOSTS
+                           : -1;
+      if (res == FLEXCOLL_SUCCESS && kind >= 0) cal[kind][i] = m, has[kind][i] = 1;
     }
-    if (res != FLEXCOLL_SUCCESS) break;
-    l->model[i] = (fc_link_model_t){.alpha_us = y[0], .beta = x[NSIZES - 1] / y[NSIZES - 1], .port = -1};
-  }
   free(sbuf);
   free(rbuf);
   return res;
 }
 
-/* The cache key: the ranks' hosts, the rank count, the links and FLEXCOLL_UCX_PEER_FAILURE, the same
- * on every rank; and
- * whether all ranks run on one host. */
-static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t *l, char *key, size_t len,
-                                   int *one_host) {
+/* The cache key of the models of one kind of pair: the ranks' hosts, the rank count, the links and
+ * FLEXCOLL_UCX_PEER_FAILURE, the same on every rank.  On one host host-n<ranks>-<hash>-<links>;
+ * on several hosts-... for pairs within a host and between-... for pairs between hosts (keys
+ * before the models told the kinds apart held one average of both: not taken for either). */
+static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t *l, int kind, char *key, size_t len) {
   uint64_t *h = calloc((size_t)comm->nranks, sizeof *h);
   if (!h) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   h[comm->rank] = fc_topo_host_hash();
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, h, sizeof *h);
   uint64_t all = 1469598103934665603ULL;
-  *one_host = 1;
-  for (int q = 0; q < comm->nranks; q++) {
-    all = (all ^ h[q]) * 1099511628211ULL;
-    *one_host &= h[q] == h[0];
-  }
+  for (int q = 0; q < comm->nranks; q++) all = (all ^ h[q]) * 1099511628211ULL;
   free(h);
-  int used = snprintf(key, len, "host-n%d-%016llx", comm->nranks, (unsigned long long)all);
+  const char *prefix = l->nhosts == 1 ? "host" : kind == FC_PAIRS_WITHIN_HOST ? "hosts" : "between";
+  int used = snprintf(key, len, "%s-n%d-%016llx", prefix, comm->nranks, (unsigned long long)all);
   for (int i = 0; i < l->n && used > 0 && (size_t)used < len; i++)
     used += snprintf(key + used, len - (size_t)used, "-%s", l->link[i].ops->name);
   /* With peer-failure handling shm copies through UCX's FIFOs (no cross-memory attach): other
@@ -507,16 +532,17 @@ static flexcoll_result_t cache_key(struct flexcoll_comm *comm, const fc_links_t 
   return res;
 }
 
-/* All ranks end with the mean of the models of the ranks that measured them (bitwise the same
- * everywhere). */
-static flexcoll_result_t average_models(struct flexcoll_comm *comm, fc_links_t *l, const int *measured) {
+/* out[i]: the mean of mine[i] over the ranks where has[i] (bitwise the same everywhere); got[i]:
+ * whether any rank had it. */
+static flexcoll_result_t average_models(struct flexcoll_comm *comm, const fc_links_t *l, const fc_link_model_t *mine,
+                                        const int *has, fc_link_model_t *out, int *got) {
   size_t per = (size_t)l->n * 3;
   double *all = calloc((size_t)comm->nranks * per, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   for (int i = 0; i < l->n; i++) {
-    all[(size_t)comm->rank * per + 3 * (size_t)i] = l->model[i].alpha_us;
-    all[(size_t)comm->rank * per + 3 * (size_t)i + 1] = l->model[i].beta;
-    all[(size_t)comm->rank * per + 3 * (size_t)i + 2] = measured[i];
+    all[(size_t)comm->rank * per + 3 * (size_t)i] = has[i] ? mine[i].alpha_us : 0;
+    all[(size_t)comm->rank * per + 3 * (size_t)i + 1] = has[i] ? mine[i].beta : 0;
+    all[(size_t)comm->rank * per + 3 * (size_t)i + 2] = has[i] != 0;
   }
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per * sizeof *all);
   for (int i = 0; i < l->n && res == FLEXCOLL_SUCCESS; i++) {
@@ -527,26 +553,33 @@ static flexcoll_result_t average_models(struct flexcoll_comm *comm, fc_links_t *
       b += all[(size_t)q * per + 3 * (size_t)i + 1];
       cnt += 1;
     }
-    /* A kept link joins some pair, whose ranks measured it; cnt 0 cannot happen, but never / 0. */
-    l->model[i].alpha_us = cnt > 0 ? a / cnt : 0;
-    l->model[i].beta = cnt > 0 ? b / cnt : 1;
-    l->model[i].port = -1;
+    got[i] = cnt > 0;
+    out[i] = (fc_link_model_t){.alpha_us = cnt > 0 ? a / cnt : 0, .beta = cnt > 0 ? b / cnt : 1, .port = -1};
     /* A share is worth sending when it takes at least its fixed cost again. */
-    l->model[i].min_bytes = l->model[i].alpha_us * l->model[i].beta;
-    FC_INFO(FC_SUB_SCHED, "link %s: alpha %.2f us, beta %.1f MB/s", l->link[i].ops->name, l->model[i].alpha_us,
-            l->model[i].beta);
+    out[i].min_bytes = out[i].alpha_us * out[i].beta;
   }
   free(all);
   return res;
 }
 
+static const char *const kind_name[FC_PAIR_KINDS] = {"pairs within a host", "pairs between hosts"};
+
+/* Every used kind's models: from the cache where every rank has them, else calibrated, the
+ * measurements of each kind averaged over the ranks that made them (a link that no rank measured
+ * on pairs of a kind, shm between hosts for one, takes the other kind's); an unused kind copies
+ * the used one. */
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) {
-  char key[256];
-  int one_host = 0;
-  FC_CHECK(cache_key(comm, l, key, sizeof key, &one_host));
+  /* One rank: no pair to model; the models stay as open set them. */
+  if (!l->pairs[FC_PAIRS_WITHIN_HOST].used && !l->pairs[FC_PAIRS_BETWEEN_HOSTS].used) return FLEXCOLL_SUCCESS;
+  char key[FC_PAIR_KINDS][256];
   const char *dir = fc_cost_cache_dir();
   double t0 = fc_now_us();
-  int have = dir && fc_cost_cache_load(dir, key, l->model, l->n) == FLEXCOLL_SUCCESS;
+  int have = 1;
+  for (int k = 0; k < FC_PAIR_KINDS; k++) {
+    if (!l->pairs[k].used) continue;
+    FC_CHECK(cache_key(comm, l, k, key[k], sizeof key[k]));
+    have &= dir && fc_cost_cache_load(dir, key[k], l->pairs[k].model, l->n) == FLEXCOLL_SUCCESS;
+  }
   int all_have = have;
   int *flags = calloc((size_t)comm->nranks, sizeof *flags);
   if (!flags) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
@@ -554,27 +587,41 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, flags, sizeof *flags);
   for (int q = 0; q < comm->nranks; q++) all_have &= flags[q];
   free(flags);
-  int measured[FC_MAX_LINKS];
-  for (int i = 0; i < l->n; i++) measured[i] = 1; /* from the cache: every rank has them */
-  if (res == FLEXCOLL_SUCCESS && !all_have) res = calibrate(comm, l, measured);
-  if (res == FLEXCOLL_SUCCESS) res = average_models(comm, l, measured);
   if (res != FLEXCOLL_SUCCESS) return res;
-  /* One port for all: within a host shared memory, TCP and a NIC's loopback are all copies
-   * through the same memory system (measured on the GPU node's 16 cores: TCP beside shared
-   * memory only slowed it down), and between hosts TCP and RDMA leave through the same NIC on
-   * most machines; so the balancer splits only where that beats the better link alone.  (Before
-   * links were per pair this held within one host only; ranks on several hosts had no shm.) */
-  (void)one_host;
-  /* A further NIC (rail) behind a PCIe port of its own adds its bandwidth: a port of its own. */
-  for (int i = 0; i < l->n; i++) {
-    l->model[i].port = l->link[i].own_port ? 1 + i : 0;
-    if (l->link[i].rail) FC_INFO(FC_SUB_SCHED, "link %s rail %d: port %d in the model", l->link[i].ops->name,
-                                 l->link[i].rail, l->model[i].port);
+  fc_link_model_t cal[FC_PAIR_KINDS][FC_MAX_LINKS], avg[FC_PAIR_KINDS][FC_MAX_LINKS];
+  int has[FC_PAIR_KINDS][FC_MAX_LINKS] = {{0}}, got[FC_PAIR_KINDS][FC_MAX_LINKS] = {{0}};
+  if (!all_have) FC_CHECK(calibrate(comm, l, cal, has));
+  for (int k = 0; k < FC_PAIR_KINDS; k++) {
+    if (!l->pairs[k].used) continue;
+    if (all_have) /* from the cache: every rank has them */
+      for (int i = 0; i < l->n; i++) has[k][i] = 1;
+    FC_CHECK(average_models(comm, l, all_have ? l->pairs[k].model : cal[k], has[k], avg[k], got[k]));
   }
-  FC_INFO(FC_SUB_SCHED, "link models %s in %.1f ms (key %s)", all_have ? "from the cache" : "calibrated",
-          (fc_now_us() - t0) / 1e3, key);
-  if (!all_have && dir && fc_cost_cache_save(dir, key, l->model, l->n) != FLEXCOLL_SUCCESS)
-    FC_INFO(FC_SUB_SCHED, "link models not cached in %s: %s", dir, fc_thread_last_error());
+  const int only = l->pairs[FC_PAIRS_WITHIN_HOST].used ? FC_PAIRS_WITHIN_HOST : FC_PAIRS_BETWEEN_HOSTS;
+  for (int k = 0; k < FC_PAIR_KINDS; k++)
+    for (int i = 0; i < l->n; i++) {
+      const int from = !l->pairs[k].used ? only : got[k][i] ? k : 1 - k;
+      l->pairs[k].model[i] = avg[from][i];
+      /* One port for all: within a host shared memory, TCP and a NIC's loopback are all copies
+       * through the same memory system (measured on the GPU node's 16 cores: TCP beside shared
+       * memory only slowed it down), and between hosts TCP and RDMA leave through the same NIC
+       * on most machines; so the balancer splits only where that beats the better link alone.  A
+       * further NIC (rail) behind a PCIe port of its own adds its bandwidth: a port of its own. */
+      l->pairs[k].model[i].port = l->link[i].own_port ? 1 + i : 0;
+      if (l->pairs[k].used)
+        FC_INFO(FC_SUB_SCHED, "link %s, %s: alpha %.2f us, beta %.1f MB/s", l->link[i].ops->name, kind_name[k],
+                l->pairs[k].model[i].alpha_us, l->pairs[k].model[i].beta);
+    }
+  for (int i = 0; i < l->n; i++)
+    if (l->link[i].rail) FC_INFO(FC_SUB_SCHED, "link %s rail %d: port %d in the model", l->link[i].ops->name,
+                                 l->link[i].rail, l->link[i].own_port ? 1 + i : 0);
+  for (int k = 0; k < FC_PAIR_KINDS; k++) {
+    if (!l->pairs[k].used) continue;
+    FC_INFO(FC_SUB_SCHED, "link models of %s %s in %.1f ms (key %s)", kind_name[k],
+            all_have ? "from the cache" : "calibrated", (fc_now_us() - t0) / 1e3, key[k]);
+    if (!all_have && dir && fc_cost_cache_save(dir, key[k], l->pairs[k].model, l->n) != FLEXCOLL_SUCCESS)
+      FC_INFO(FC_SUB_SCHED, "link models not cached in %s: %s", dir, fc_thread_last_error());
+  }
   return FLEXCOLL_SUCCESS;
 }
 
@@ -605,7 +652,11 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
   log_hosts(comm, l);
   l->call_bytes = calloc((size_t)l->n * (size_t)comm->nranks, sizeof *l->call_bytes);
   if (!l->call_bytes) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
-  for (int i = 0; i < l->n; i++) l->model[i] = (fc_link_model_t){.beta = 1, .port = -1};
+  l->me = comm->rank;
+  l->pairs[FC_PAIRS_WITHIN_HOST].used = l->nhosts < comm->nranks;
+  l->pairs[FC_PAIRS_BETWEEN_HOSTS].used = l->nhosts > 1;
+  for (int k = 0; k < FC_PAIR_KINDS; k++)
+    for (int i = 0; i < l->n; i++) l->pairs[k].model[i] = (fc_link_model_t){.beta = 1, .port = -1};
   if (l->n > 1) FC_CHECK(seed_models(comm, l));
   FC_CHECK(fixed_shares(comm, l));
   /* The communicator's exchanges from here on (stage 2, comm_split, window registration) come
@@ -657,7 +708,13 @@ flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, si
     shares[first] = bytes;
     return FLEXCOLL_SUCCESS;
   }
-  if (!l->fixed_set) return fc_stage2_split(l->model, enabled, l->probe, l->n, bytes, align, shares);
+  if (!l->fixed_set) {
+    const int kind = peer >= 0                                  ? fc_links_pair_kind(l, l->me, peer)
+                     : l->pairs[FC_PAIRS_BETWEEN_HOSTS].used &&
+                               !l->pairs[FC_PAIRS_WITHIN_HOST].used ? FC_PAIRS_BETWEEN_HOSTS
+                                                                    : FC_PAIRS_WITHIN_HOST;
+    return fc_stage2_split(l->pairs[kind].model, enabled, l->pairs[kind].probe, l->n, bytes, align, shares);
+  }
   /* Fixed fractions of the pair's links (renormalised over them), rounded down to align; what is
    * left goes to the largest fraction's link, all of it to the first link where they sum to 0. */
   double sum = 0;
@@ -693,56 +750,74 @@ void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, d
   /* Stage 2 learns from arrivals: a send may complete as soon as its bytes are buffered (TCP),
    * or only once the receiver pulled them (shared memory), so only the receiver sees when a
    * part was delivered; all parts of a transfer are posted together, so these are finish times. */
-  l->op_parts[i] += 1;
-  l->op_bytes[i] += (double)bytes;
-  l->op_us[i] += us;
+  fc_pair_models_t *k = &l->pairs[fc_links_pair_kind(l, l->me, peer)];
+  k->op_parts[i] += 1;
+  k->op_bytes[i] += (double)bytes;
+  k->op_us[i] += us;
 }
 
 /* The operation's measurements into stage 2's (keep) or away. */
 static void end_operation(fc_links_t *l, int keep) {
-  for (int i = 0; i < l->n; i++) {
-    if (keep) {
-      l->meas_parts[i] += l->op_parts[i];
-      l->meas_bytes[i] += l->op_bytes[i];
-      l->meas_us[i] += l->op_us[i];
+  for (int k = 0; k < FC_PAIR_KINDS; k++)
+    for (int i = 0; i < l->n; i++) {
+      fc_pair_models_t *m = &l->pairs[k];
+      if (keep) {
+        m->meas_parts[i] += m->op_parts[i];
+        m->meas_bytes[i] += m->op_bytes[i];
+        m->meas_us[i] += m->op_us[i];
+      }
+      m->op_parts[i] = m->op_bytes[i] = m->op_us[i] = 0;
     }
-    l->op_parts[i] = l->op_bytes[i] = l->op_us[i] = 0;
-  }
 }
 
 void fc_links_after_p2p(struct flexcoll_comm *comm, size_t bytes) {
   if (comm->links) end_operation(comm->links, bytes >= FC_STAGE2_MIN_BYTES);
 }
 
-void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us) {
-  fc_stage2_update(l->model, l->idle, l->probe, l->hist, NULL, l->n, parts, bytes, us);
+void fc_links_stage2_update(fc_links_t *l, int kind, const double *parts, const double *bytes, const double *us) {
+  fc_pair_models_t *m = &l->pairs[kind];
+  fc_stage2_update(m->model, m->idle, m->probe, m->hist, NULL, l->n, parts, bytes, us);
 }
 
 /* Every rank adds up everyone's measurements and applies the same update (the bootstrap's waits
  * progress the links meanwhile: fc_links_open). */
 static flexcoll_result_t stage2_exchange(struct flexcoll_comm *comm, fc_links_t *l) {
-  size_t per = (size_t)l->n * 3;
+  /* Per rank a row of every kind's links: (parts, bytes, us) for link i of kind k at k * n + i. */
+  const int slots = FC_PAIR_KINDS * l->n;
+  const size_t per = (size_t)slots * 3;
   double *all = calloc((size_t)comm->nranks * per, sizeof *all);
   if (!all) return fc_error(comm, FLEXCOLL_SYSTEM_ERROR, "out of memory");
   double *mine = all + (size_t)comm->rank * per;
-  for (int i = 0; i < l->n; i++) {
-    mine[3 * i] = l->meas_parts[i];
-    mine[3 * i + 1] = l->meas_bytes[i];
-    mine[3 * i + 2] = l->meas_us[i];
-    l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;
-  }
+  for (int k = 0; k < FC_PAIR_KINDS; k++)
+    for (int i = 0; i < l->n; i++) {
+      fc_pair_models_t *m = &l->pairs[k];
+      double *slot = mine + 3 * (size_t)(k * l->n + i);
+      slot[0] = m->meas_parts[i];
+      slot[1] = m->meas_bytes[i];
+      slot[2] = m->meas_us[i];
+      m->meas_parts[i] = m->meas_bytes[i] = m->meas_us[i] = 0;
+    }
   flexcoll_result_t res = fc_bootstrap_allgather(comm->bootstrap, all, per * sizeof *all);
   if (res == FLEXCOLL_SUCCESS) {
-    double parts[FC_MAX_LINKS], bytes[FC_MAX_LINKS], us[FC_MAX_LINKS];
-    fc_stage2_sum(all, comm->nranks, l->n, parts, bytes, us);
-    fc_links_stage2_update(l, parts, bytes, us);
-    size_t shares[FC_MAX_LINKS];
-    const size_t ref = 64u << 20; /* a transfer size to show the split at */
-    int have = fc_links_split(l, -1, ref, 4096, shares) == FLEXCOLL_SUCCESS;
-    for (int i = 0; i < l->n; i++)
-      FC_INFO(FC_SUB_SCHED, "link %s: stage 2 over %.0f parts: alpha %.2f us, beta %.1f MB/s, share of 64 MiB %.3f%s",
-              l->link[i].ops->name, parts[i], l->model[i].alpha_us, l->model[i].beta,
-              have ? (double)shares[i] / (double)ref : 0.0, l->probe[i] ? " (probe next)" : "");
+    double parts[FC_PAIR_KINDS * FC_MAX_LINKS], bytes[FC_PAIR_KINDS * FC_MAX_LINKS], us[FC_PAIR_KINDS * FC_MAX_LINKS];
+    fc_stage2_sum(all, comm->nranks, slots, parts, bytes, us);
+    for (int k = 0; k < FC_PAIR_KINDS; k++) {
+      const fc_pair_models_t *m = &l->pairs[k];
+      if (!m->used) continue;
+      const int at = k * l->n;
+      fc_links_stage2_update(l, k, parts + at, bytes + at, us + at);
+      int joins[FC_MAX_LINKS]; /* links that join pairs of this kind (shm: none between hosts) */
+      for (int i = 0; i < l->n; i++) joins[i] = k == FC_PAIRS_WITHIN_HOST || !l->link[i].ops->same_host;
+      size_t shares[FC_MAX_LINKS];
+      const size_t ref = 64u << 20; /* a transfer size to show the split at */
+      const int have = fc_stage2_split(m->model, joins, m->probe, l->n, ref, 4096, shares) == FLEXCOLL_SUCCESS;
+      for (int i = 0; i < l->n; i++)
+        if (joins[i])
+          FC_INFO(FC_SUB_SCHED,
+                  "link %s, %s: stage 2 over %.0f parts: alpha %.2f us, beta %.1f MB/s, share of 64 MiB %.3f%s",
+                  l->link[i].ops->name, kind_name[k], parts[at + i], m->model[i].alpha_us, m->model[i].beta,
+                  have ? (double)shares[i] / (double)ref : 0.0, m->probe[i] ? " (probe next)" : "");
+    }
   }
   free(all);
   if (res != FLEXCOLL_SUCCESS) {
@@ -769,7 +844,11 @@ flexcoll_result_t fc_links_after_collective(struct flexcoll_comm *comm, size_t b
   end_operation(l, bytes >= FC_STAGE2_MIN_BYTES);
   if (bytes < FC_STAGE2_MIN_BYTES) return FLEXCOLL_SUCCESS;
   if (l->n < 2 || l->fixed_set) {
-    for (int i = 0; i < l->n; i++) l->meas_parts[i] = l->meas_bytes[i] = l->meas_us[i] = 0;
+    for (int k = 0; k < FC_PAIR_KINDS; k++)
+      for (int i = 0; i < l->n; i++) {
+        fc_pair_models_t *m = &l->pairs[k];
+        m->meas_parts[i] = m->meas_bytes[i] = m->meas_us[i] = 0;
+      }
     return FLEXCOLL_SUCCESS;
   }
   if (++l->large_calls % FC_STAGE2_EVERY) return FLEXCOLL_SUCCESS;

@@ -166,10 +166,10 @@ flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabl
  * per lane (fixed[L], NULL: none) or else fc_stage2_split over the models with probe, 16-byte
  * aligned.  The models are per call, a lane's bytes the msgs chunk messages it pushes in one (0
  * counts as 1), so the split balances msgs chunks and each lane's part is its share of them over
- * msgs: a lane's fixed cost is paid once per call, not once per chunk.  Side lane k's part begins where side lane k - 1's ends and is a multiple of 16 unless
- * it reaches the chunk's end (NVLink takes what they leave); without NVLink the last side lane
- * takes the rest (all of it where it is the only one, or no model is usable).  A pure function:
- * every rank splits alike. */
+ * msgs: a lane's fixed cost is paid once per call, not once per chunk.  Side lane k's part begins
+ * where side lane k - 1's ends and is a multiple of 16 unless it reaches the chunk's end (NVLink
+ * takes what they leave); without NVLink the last side lane takes the rest (all of it where it is
+ * the only one, or no model is usable).  A pure function: every rank splits alike. */
 void fc_lanes_split(const fc_link_model_t *model, const int *probe, const double *fixed, int nvlink, int nside,
                     size_t chunk, unsigned msgs, size_t *side);
 /* all: nranks rows of 3n doubles (per link: parts, bytes, us), row q rank q's; their sums per link,
@@ -184,6 +184,24 @@ struct flexcoll_comm;
 
 #define FC_HOST_NAME_LEN 72 /* HOST_NAME_MAX (64) and its NUL, rounded up */
 
+/* The kinds of pairs of ranks a link's models tell apart. */
+enum { FC_PAIRS_WITHIN_HOST, FC_PAIRS_BETWEEN_HOSTS, FC_PAIR_KINDS };
+
+/* A communicator's models of its links for one kind of pair, and stage 2's state for them. */
+typedef struct {
+  int used;
+  fc_link_model_t model[FC_MAX_LINKS]; /* in force, identical on every rank */
+  /* Stage 2: what this rank measured since the last exchange, per link: parts received, their
+   * bytes and microseconds from post to completion. */
+  double meas_parts[FC_MAX_LINKS], meas_bytes[FC_MAX_LINKS], meas_us[FC_MAX_LINKS];
+  /* The same for the operation under way, kept (added to meas_*) only when it was large: a small
+   * one's parts cost their latency, not their bytes, and would drag a link's bandwidth down. */
+  double op_parts[FC_MAX_LINKS], op_bytes[FC_MAX_LINKS], op_us[FC_MAX_LINKS];
+  int idle[FC_MAX_LINKS];                 /* exchanges in a row without a share */
+  int probe[FC_MAX_LINKS];                /* this window gives the link a small probe share */
+  fc_stage2_history_t hist[FC_MAX_LINKS]; /* each link's recent measured parts */
+} fc_pair_models_t;
+
 typedef struct fc_links {
   /* The ranks' hosts (ranks whose host names are equal share one; lib/topo.c's hash compares
    * the same names): host[q] indexes host_name, hosts numbered in the order of their lowest rank.
@@ -193,21 +211,16 @@ typedef struct fc_links {
   int nhosts;
   int *host, *order, *pos;
   char (*host_name)[FC_HOST_NAME_LEN];
+  int me; /* this rank */
   int n;
   fc_link_t link[FC_MAX_LINKS];
-  fc_link_model_t model[FC_MAX_LINKS];      /* in force, identical on every rank */
+  /* A link's models and stage 2 per kind of pair (fc_links_pair_kind): tcp between two processes
+   * of a host is a copy through memory, between hosts a network; one model for both was an average
+   * of the two, right for neither.  used: the communicator has pairs of that kind. */
+  fc_pair_models_t pairs[FC_PAIR_KINDS];
   double fixed[FC_MAX_LINKS];               /* FLEXCOLL_LINK_SHARES fractions; used when fixed_set */
   int fixed_set;
-  /* Stage 2: what this rank measured since the last exchange, per link: parts sent, their bytes
-   * and microseconds from post to completion. */
-  double meas_parts[FC_MAX_LINKS], meas_bytes[FC_MAX_LINKS], meas_us[FC_MAX_LINKS];
-  /* The same for the operation under way, kept (added to meas_*) only when it was large: a small
-   * one's parts cost their latency, not their bytes, and would drag a link's bandwidth down. */
-  double op_parts[FC_MAX_LINKS], op_bytes[FC_MAX_LINKS], op_us[FC_MAX_LINKS];
   double throttle[FC_MAX_LINKS]; /* tests: measured times are multiplied by it (0: 1) */
-  int idle[FC_MAX_LINKS];   /* exchanges in a row without a share */
-  int probe[FC_MAX_LINKS];  /* this window gives the link a small probe share */
-  fc_stage2_history_t hist[FC_MAX_LINKS]; /* each link's recent measured parts */
   uint32_t large_calls;   /* large host collectives so far: the same count on every rank */
   unsigned long long *call_bytes; /* [link * nranks + peer]: bytes of the current collective */
   /* Rounds of the host wait loop so far, over all its waits: idle links are progressed every
@@ -226,9 +239,13 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm);
 void fc_links_close(struct flexcoll_comm *comm, int force);
 /* Cut a transfer of bytes to or from peer into per-link shares (multiples of align but the fastest
  * link's) over the links that reach peer (a link that does not gets 0), and of those only the
- * ones that take device buffers where one does (fc_links_device_memory); peer < 0: over every
- * link (statistics, tests).  The same on both ends of a pair. */
+ * ones that take device buffers where one does (fc_links_device_memory), by the models of the
+ * pair's kind; peer < 0: over every link, by the models of pairs within a host where there are
+ * any, else between hosts (statistics, tests).  The same on both ends of a pair. */
 flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, size_t align, size_t *shares);
+/* FC_PAIRS_BETWEEN_HOSTS where ranks p and q are on different hosts, else FC_PAIRS_WITHIN_HOST
+ * (also where l knows no hosts). */
+int fc_links_pair_kind(const fc_links_t *l, int p, int q);
 /* Whether link i of l joins ranks p and q (from the hosts and the link's same_host: the same
  * answer on every rank). */
 int fc_links_joins(const fc_links_t *l, int i, int p, int q);
@@ -245,10 +262,11 @@ void fc_links_agree_device_memory(fc_links_t *l, int nranks, const unsigned *mas
 /* A part of `bytes` to (is_send) or from peer completed on link i us microseconds after it was
  * posted: sends count in the statistics, receives (deliveries) feed stage 2. */
 void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, double us, int is_send);
-/* Stage 2's update of l's models from the measurements of all ranks since the last one (per link:
- * parts, their bytes and microseconds, summed): a measured link moves toward what it showed; one
- * that stayed idle a few exchanges gets a probe share in the next window.  Pure (no I/O). */
-void fc_links_stage2_update(fc_links_t *l, const double *parts, const double *bytes, const double *us);
+/* Stage 2's update of l's models of one kind of pair from the measurements of all ranks since the
+ * last one (per link: parts, their bytes and microseconds, summed): a measured link moves toward
+ * what it showed; one that stayed idle a few exchanges gets a probe share in the next window.
+ * Pure (no I/O). */
+void fc_links_stage2_update(fc_links_t *l, int kind, const double *parts, const double *bytes, const double *us);
 /* Tests: make link `name` look `factor` times slower to stage 2 (its measured times are scaled);
  * every rank of comm must do the same. */
 void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);

@@ -106,6 +106,7 @@ for setup in $setups ${lane_setup:+"$lane_setup"} ${hops_setup:+"$hops_setup"} $
   [ "$hosts" -gt 0 ] && ns="3 4"
   [ -n "$extra" ] && ns="4"
   [ "$extra" = "$lane" ] || [ "$extra" = "$three" ] && ns="2 3 4"
+  setup_start=$(date +%s) setup_pass=$pass setup_fail=$fail
   for n in $ns; do
     for coll in allreduce allgather reduce_scatter broadcast reduce alltoall; do
       for dt_op in "float32 sum" "bfloat16 max" "int32 sum"; do
@@ -117,6 +118,9 @@ for setup in $setups ${lane_setup:+"$lane_setup"} ${hops_setup:+"$hops_setup"} $
       done
     done
   done
+  # Progress, so that a run cut short by a time limit still says how far it got and how fast.
+  echo "test_gpu_procs: links ${links:-(all)}, ${hosts} hosts${extra:+, $extra}: $((pass - setup_pass)) runs passed," \
+    "$((fail - setup_fail)) failed in $(($(date +%s) - setup_start)) s"
 done
 # Which links took the device buffers between the "hosts" (INFO, subsystem NET): by default tcp
 # takes host memory only (peer-failure handling); with FLEXCOLL_UCX_PEER_FAILURE=0 it must take

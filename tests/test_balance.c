@@ -905,6 +905,46 @@ START_TEST(test_lanes_stage2_noisy) {
 }
 END_TEST
 
+/* A probe is worth its link's fixed cost: bytes / FC_PROBE_PART, or the link's min_bytes where
+ * that is more, up to bytes / FC_PROBE_MAX_PART; taken from the largest share, in align multiples. */
+START_TEST(test_probe_share_size) {
+  const size_t bytes = 64u << 20, align = 4096;
+  const double mins[] = {0, 1000, (double)(bytes / FC_PROBE_PART) * 3, (double)bytes};
+  const size_t want[] = {bytes / FC_PROBE_PART, bytes / FC_PROBE_PART, (size_t)mins[2] / align * align,
+                         bytes / FC_PROBE_MAX_PART};
+  for (int k = 0; k < 4; k++) {
+    /* The second link so slow that the balancer gives it nothing. */
+    const fc_link_model_t m[2] = {model(5, 100000, 0, -1), model(5000, 10, mins[k], -1)};
+    const int probe[2] = {0, 1};
+    size_t shares[2];
+    ck_assert_int_eq(fc_stage2_split(m, NULL, probe, 2, bytes, align, shares), FLEXCOLL_SUCCESS);
+    ck_assert_msg(shares[1] == want[k], "min_bytes %.0f: a probe of %zu bytes, wanted %zu", mins[k], shares[1], want[k]);
+    ck_assert_uint_eq(shares[0] + shares[1], bytes);
+  }
+}
+END_TEST
+
+/* The lanes split a call's worth of chunks (msgs): a lane whose fixed cost is large against its
+ * rate gets at least as much of a chunk when a call pushes more chunk messages (its fixed cost is
+ * spread over more bytes), and with msgs 1 the split is the chunk's own. */
+START_TEST(test_lanes_split_per_call) {
+  const fc_link_model_t m[2] = {model(10, 90000, 0, -1), model(400, 3000, 64 << 10, -1)};
+  const size_t chunk = 8u << 20;
+  size_t prev = 0, one[1], plain[2];
+  for (unsigned msgs = 1; msgs <= 14; msgs++) {
+    size_t side[1];
+    fc_lanes_split(m, NULL, NULL, 1, 1, chunk, msgs, side);
+    ck_assert_msg(side[0] >= prev, "%u messages a call: %zu bytes of a chunk on the side lane, %zu with one less",
+                  msgs, side[0], prev);
+    prev = side[0];
+  }
+  fc_lanes_split(m, NULL, NULL, 1, 1, chunk, 1, one);
+  ck_assert_int_eq(fc_stage2_split(m, NULL, NULL, 2, chunk, 16, plain), FLEXCOLL_SUCCESS);
+  ck_assert_uint_eq(one[0], plain[1]);
+  ck_assert_msg(prev > one[0], "14 messages a call gave the side lane no more than one (%zu bytes)", prev);
+}
+END_TEST
+
 /* fc_lanes_split: what the kernels are handed.  For random models, fixed fractions, 1 and 2 side
  * lanes, with and without NVLink and every kind of chunk size: side lanes' parts start where the
  * previous one ends and stay inside the chunk, each a multiple of 16 unless it reaches the chunk's
@@ -983,6 +1023,8 @@ int main(void) {
   tcase_add_test(tm, test_fixed_cost_learnt_from_several_sizes);
   tcase_add_test(tm, test_lanes_stage2_noisy);
   tcase_add_test(tm, test_lanes_split);
+  tcase_add_test(tm, test_probe_share_size);
+  tcase_add_test(tm, test_lanes_split_per_call);
   suite_add_tcase(s, tm);
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_ENV);

@@ -633,6 +633,44 @@ START_TEST(test_uneven_hosts_two_dimensions) {
 }
 END_TEST
 
+/* Allgather over hosts of equally many ranks runs in two dimensions (ring.c): every rank sends
+ * exactly H-1 blocks to other hosts (its position's ring), where the flat ring has one rank per
+ * host boundary send n-1 blocks; and in H + L - 1 rounds instead of n-1.  Checked on the
+ * schedules' steps for 2 x 2, 2 x 4, 3 x 2 and 4 x 3, ranks round the hosts and in blocks.
+ * (Their results: test_hierarchy_sweep.) */
+START_TEST(test_equal_hosts_allgather_two_dimensions) {
+  static const int shapes[][2] = {{2, 2}, {2, 4}, {3, 2}, {4, 3}};
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+    for (int blocks = 0; blocks <= 1; blocks++) {
+      const int H = shapes[si][0], L = shapes[si][1], n = H * L;
+      int raw[MAXN];
+      for (int r = 0; r < n; r++) raw[r] = blocks ? r / L : r % H;
+      make_hierarchy(n, raw);
+      const size_t c = 1000;
+      fc_algo_args_t a = {FC_COLL_ALLGATHER, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host};
+      for (int r = 0; r < n; r++) {
+        fc_schedule_t sch;
+        fc_schedule_init(&sch);
+        a.rank = r;
+        ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
+        size_t cross = 0, within = 0;
+        for (int i = 0; i < sch.nsteps; i++) {
+          if (sch.steps[i].kind != FC_STEP_SEND) continue;
+          if (h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
+          else within += sch.steps[i].count;
+        }
+        ck_assert_msg(cross == (size_t)(H - 1) * c, "%d x %d: rank %d sends %zu elements to other hosts, not %zu", H, L,
+                      r, cross, (size_t)(H - 1) * c);
+        ck_assert_msg(within == (size_t)(L - 1) * (size_t)H * c, "%d x %d: rank %d sends %zu within its host", H, L, r,
+                      within);
+        ck_assert_msg(sch.nrounds == H + L - 1, "%d x %d: rank %d has %d rounds, not %d", H, L, r, sch.nrounds,
+                      H + L - 1);
+        fc_schedule_free(&sch);
+      }
+    }
+}
+END_TEST
+
 /* The simulator itself must catch the faults it is there to catch. */
 static void hand_schedule(int r, const fc_step_t *steps, const int *round_of, int nsteps) {
   fc_build_t b = {&S.rk[r].s, FLEXCOLL_SUCCESS};
@@ -1068,6 +1106,7 @@ static Suite *schedule_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
   tcase_add_loop_test(tc, test_hierarchy_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
+  tcase_add_test(tc, test_equal_hosts_allgather_two_dimensions);
   tcase_add_test(tc, test_uneven_hosts_two_dimensions);
   tcase_add_test(tc, test_p2p_batches);
   suite_add_tcase(su, tc);

@@ -276,6 +276,49 @@ static void ring_allgather(fc_build_t *b, const ring_t *g) {
   }
 }
 
+/* Allgather over hosts of L ranks each (H >= 2 hosts, L >= 2, every host alike), in two
+ * dimensions: (A) the H ranks of one host position, one per host, run a ring allgather of their
+ * blocks, so each holds its position's column (H blocks); (B) a ring allgather of the columns
+ * within the host.  Between hosts each rank sends H-1 blocks over L parallel rings, where the flat
+ * ring takes every rank's block over one pair per host boundary, one after another; and (H-1) +
+ * (L-1) + 1 rounds instead of HL-1.  A column's blocks lie apart in recv (the ranks of a
+ * position are numbered anyhow), so it travels packed: A gathers this rank's column into scratch
+ * slot 0 in host order, B sends slot s%2 and receives the next column into slot (s+1)%2, and
+ * each round also copies the column it sends out to its places in recv; the last round only
+ * copies.  Slot s%2 is read in round s and written again in round s+1 at the earliest. */
+static void ring2d_allgather(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
+  const int v = a->pos[a->rank], hv = v / L, lv = v % L;
+  const int lnext = a->order[hv * L + (lv + 1) % L], lprev = a->order[hv * L + (lv + L - 1) % L];
+  const int hnext = a->order[((hv + 1) % H) * L + lv], hprev = a->order[((hv + H - 1) % H) * L + lv];
+  const size_t c = a->count, column = (size_t)H * c;
+  for (int s = 0; s < H - 1; s++) { /* A */
+    const int sh = fc_mod(hv - s, H), rh = fc_mod(hv - s - 1, H);
+    fc_build_round(b);
+    if (s == 0) {
+      fc_build_copy(b, FC_BUF_RECV, (size_t)a->rank * c, FC_BUF_SEND, 0, c);
+      fc_build_copy(b, FC_BUF_SCRATCH, (size_t)hv * c, FC_BUF_SEND, 0, c);
+      fc_build_send(b, hnext, FC_BUF_SEND, 0, c);
+    } else {
+      fc_build_send(b, hnext, FC_BUF_SCRATCH, (size_t)sh * c, c);
+    }
+    fc_build_recv(b, hprev, FC_BUF_SCRATCH, (size_t)rh * c, c);
+  }
+  for (int s = 0; s <= L - 1; s++) { /* B: round s sends column lv - s; the last one only unpacks */
+    const int col = fc_mod(lv - s, L);
+    const size_t slot = (size_t)(s % 2) * column, next_slot = (size_t)((s + 1) % 2) * column;
+    fc_build_round(b);
+    if (s < L - 1) {
+      fc_build_send(b, lnext, FC_BUF_SCRATCH, slot, column);
+      fc_build_recv(b, lprev, FC_BUF_SCRATCH, next_slot, column);
+    }
+    for (int h = 0; h < H; h++) {
+      const int q = a->order[h * L + col];
+      if (q != a->rank) fc_build_copy(b, FC_BUF_RECV, (size_t)q * c, FC_BUF_SCRATCH, slot + (size_t)h * c, c);
+    }
+  }
+  b->s->scratch_count = 2 * column;
+}
+
 /* Reduce-scatter: round s sends partial block r-s-1 and reduces block r-s-2, so rank r's last
  * round (s = n-2) completes block r, straight into recv.  Partials live in two scratch slots used
  * alternately: round s reads slot (s-1)%2 while writing slot s%2.  recv is written only by the
@@ -380,7 +423,12 @@ void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
       else ring_allreduce(b, &g);
       break;
     }
-    case FC_COLL_ALLGATHER: ring_allgather(b, &g); break;
+    case FC_COLL_ALLGATHER: {
+      int hosts, per;
+      if (uniform_hosts(a, &hosts, &per)) ring2d_allgather(b, a, hosts, per);
+      else ring_allgather(b, &g);
+      break;
+    }
     case FC_COLL_REDUCE_SCATTER: ring_reduce_scatter(b, &g); break;
     case FC_COLL_BROADCAST: ring_broadcast(b, &g, a->root, a->chunk_count); break;
     case FC_COLL_REDUCE: ring_reduce(b, &g, a->root, a->chunk_count); break;

@@ -905,8 +905,9 @@ START_TEST(test_lanes_stage2_noisy) {
 }
 END_TEST
 
-/* A probe is worth its link's fixed cost: bytes / FC_PROBE_PART, or the link's min_bytes where
- * that is more, up to bytes / FC_PROBE_MAX_PART; taken from the largest share, in align multiples. */
+/* A device lane's probe is worth its fixed cost: bytes / FC_PROBE_PART, or the link's min_bytes
+ * where that is more, up to bytes / FC_PROBE_MAX_PART; a host link's stays bytes / FC_PROBE_PART;
+ * taken from the largest share, in align multiples. */
 START_TEST(test_probe_share_size) {
   const size_t bytes = 64u << 20, align = 4096;
   const double mins[] = {0, 1000, (double)(bytes / FC_PROBE_PART) * 3, (double)bytes};
@@ -917,9 +918,11 @@ START_TEST(test_probe_share_size) {
     const fc_link_model_t m[2] = {model(5, 100000, 0, -1), model(5000, 10, mins[k], -1)};
     const int probe[2] = {0, 1};
     size_t shares[2];
-    ck_assert_int_eq(fc_stage2_split(m, NULL, probe, 2, bytes, align, shares), FLEXCOLL_SUCCESS);
+    ck_assert_int_eq(fc_stage2_split(m, NULL, probe, FC_PROBE_FIXED_COST, 2, bytes, align, shares), FLEXCOLL_SUCCESS);
     ck_assert_msg(shares[1] == want[k], "min_bytes %.0f: a probe of %zu bytes, wanted %zu", mins[k], shares[1], want[k]);
     ck_assert_uint_eq(shares[0] + shares[1], bytes);
+    ck_assert_int_eq(fc_stage2_split(m, NULL, probe, FC_PROBE_FRACTION, 2, bytes, align, shares), FLEXCOLL_SUCCESS);
+    ck_assert_uint_eq(shares[1], bytes / FC_PROBE_PART);
   }
 }
 END_TEST
@@ -939,7 +942,7 @@ START_TEST(test_lanes_split_per_call) {
     prev = side[0];
   }
   fc_lanes_split(m, NULL, NULL, 1, 1, chunk, 1, one);
-  ck_assert_int_eq(fc_stage2_split(m, NULL, NULL, 2, chunk, 16, plain), FLEXCOLL_SUCCESS);
+  ck_assert_int_eq(fc_stage2_split(m, NULL, NULL, FC_PROBE_FIXED_COST, 2, chunk, 16, plain), FLEXCOLL_SUCCESS);
   ck_assert_uint_eq(one[0], plain[1]);
   ck_assert_msg(prev > one[0], "14 messages a call gave the side lane no more than one (%zu bytes)", prev);
 }

@@ -153,14 +153,22 @@ typedef struct {
  * no floor).  hist may be NULL: beta alone, always. */
 void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, fc_stage2_history_t *hist, const double *floor,
                       int n, const double *parts, const double *bytes, const double *us);
+/* How large a probe share is (fc_stage2_split). */
+typedef enum {
+  FC_PROBE_FRACTION,  /* bytes / FC_PROBE_PART */
+  FC_PROBE_FIXED_COST /* that, or the link's min_bytes where that is more, up to bytes / FC_PROBE_MAX_PART */
+} fc_probe_size_t;
+
 /* fc_balance over the enabled models (enabled may be NULL: all), then every enabled link with
- * probe[i] and no share takes a probe share out of the largest share, where that leaves it at
- * least as much again: bytes / FC_PROBE_PART, or the link's min_bytes where that is more (up to
- * bytes / FC_PROBE_MAX_PART), in align multiples.  A probe under min_bytes takes little more than
- * the fixed cost, which tells nothing of the rate.  probe may be NULL.  A pure function of its
- * arguments, like fc_balance. */
-flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe, int n,
-                                  size_t bytes, size_t align, size_t *shares);
+ * probe[i] and no share takes a probe share (sized by how, in align multiples) out of the largest
+ * share, where that leaves it at least as much again.  A probe under min_bytes takes little more
+ * than the fixed cost, which tells nothing of the rate: the device lanes' probes are worth their
+ * fixed cost.  The host links' stay a fraction: beside processes that share cores, their larger
+ * probes made test_links' adaptive case miss its recovery now and then (1 run in 12 beside two
+ * busy loops, 0 in 16 with the fraction).  probe may be NULL.  A pure function of its arguments,
+ * like fc_balance. */
+flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe,
+                                  fc_probe_size_t how, int n, size_t bytes, size_t align, size_t *shares);
 /* The ring kernels' lanes (lib/gpu/pcie.c): the bytes of a ring chunk each of nside side lanes
  * carries.  Lane 0 is NVLink (nvlink 0: there is none), lane k + 1 side lane k; fixed fractions
  * per lane (fixed[L], NULL: none) or else fc_stage2_split over the models with probe, 16-byte
@@ -199,7 +207,6 @@ typedef struct {
   double op_parts[FC_MAX_LINKS], op_bytes[FC_MAX_LINKS], op_us[FC_MAX_LINKS];
   int idle[FC_MAX_LINKS];                 /* exchanges in a row without a share */
   int probe[FC_MAX_LINKS];                /* this window gives the link a small probe share */
-  fc_stage2_history_t hist[FC_MAX_LINKS]; /* each link's recent measured parts */
 } fc_pair_models_t;
 
 typedef struct fc_links {

@@ -68,8 +68,8 @@ void fc_stage2_update(fc_link_model_t *model, int *idle, int *probe, fc_stage2_h
   }
 }
 
-flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe, int n,
-                                  size_t bytes, size_t align, size_t *shares) {
+flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabled, const int *probe,
+                                  fc_probe_size_t how, int n, size_t bytes, size_t align, size_t *shares) {
   flexcoll_result_t res = fc_balance(model, enabled, n, bytes, align, shares, NULL);
   if (res != FLEXCOLL_SUCCESS || !probe) return res;
   if (align == 0) align = 1;
@@ -77,7 +77,8 @@ flexcoll_result_t fc_stage2_split(const fc_link_model_t *model, const int *enabl
   for (int i = 0; i < n; i++) {
     if (!probe[i] || shares[i] || (enabled && !enabled[i])) continue;
     const double least = (double)bytes / FC_PROBE_PART, most_worth = (double)bytes / FC_PROBE_MAX_PART;
-    const double want = model[i].min_bytes > least ? fmin(model[i].min_bytes, most_worth) : least;
+    const double want =
+        how == FC_PROBE_FIXED_COST && model[i].min_bytes > least ? fmin(model[i].min_bytes, most_worth) : least;
     const size_t give = (size_t)want / align * align;
     if (!give) continue;
     int most = 0;
@@ -112,7 +113,8 @@ void fc_lanes_split(const fc_link_model_t *model, const int *probe, const double
   } else if (nvlink || nside > 1) {
     int enabled[FC_MAX_LINKS] = {nvlink != 0};
     for (int L = 1; L <= nside; L++) enabled[L] = 1;
-    if (fc_stage2_split(model, enabled, probe, 1 + nside, chunk * msgs, 16 * (size_t)msgs, shares) != FLEXCOLL_SUCCESS) {
+    if (fc_stage2_split(model, enabled, probe, FC_PROBE_FIXED_COST, 1 + nside, chunk * msgs, 16 * (size_t)msgs,
+                        shares) != FLEXCOLL_SUCCESS) {
       if (nvlink) return; /* no usable model: NVLink alone */
       shares[1] = chunk;  /* no NVLink lane: the first side lane */
     } else {

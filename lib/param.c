@@ -97,7 +97,7 @@ static const fc_param_def_t table[] = {
      "(allgather), the split's threshold (1M) where ranks outnumber cores", 1, -1, BIG, NULL},
     {"FLEXCOLL_LINKS", FC_PK_LINKS, "(all)", "links to use: nvlink,pcie,rdma,shm,tcp; every one that works on all ranks (rdma: between those that have it)", 1, 0,
      0, NULL},
-    {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce within hosts first (0: rank order)",
+    {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce and allgather in two dimensions (0: rank order)",
      1, 0, 1, NULL},
     {"FLEXCOLL_HOSTID", FC_PK_TEXT, "(the host name)",
      "this rank's host as flexcoll compares hosts (as NCCL_HOSTID): ranks with equal ids share memory, peer access "

@@ -99,6 +99,9 @@ static const fc_param_def_t table[] = {
      0, NULL},
     {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce and allgather in two dimensions (0: rank order)",
      1, 0, 1, NULL},
+    {"FLEXCOLL_ALLGATHER_2D_MAX_BYTES", FC_PK_INT, "1048576",
+     "host allgather over hosts of equally many ranks in two dimensions up to this size (larger: the flat ring)", 1, 0,
+     BIG, NULL},
     {"FLEXCOLL_HOSTID", FC_PK_TEXT, "(the host name)",
      "this rank's host as flexcoll compares hosts (as NCCL_HOSTID): ranks with equal ids share memory, peer access "
      "and shm, others reach each other over tcp or rdma", 0, 0, 0, NULL},

@@ -602,7 +602,7 @@ START_TEST(test_uneven_hosts_two_dimensions) {
     static const size_t counts[] = {1, 5, 1000, 100003};
     for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
       const size_t c = counts[ci];
-      fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host};
+      fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host, 0};
       size_t max_cross = 0;
       int senders = 0;
       for (int r = 0; r < n; r++) {
@@ -636,8 +636,9 @@ END_TEST
 /* Allgather over hosts of equally many ranks runs in two dimensions (ring.c): every rank sends
  * exactly H-1 blocks to other hosts (its position's ring), where the flat ring has one rank per
  * host boundary send n-1 blocks; and in H + L - 1 rounds instead of n-1.  Checked on the
- * schedules' steps for 2 x 2, 2 x 4, 3 x 2 and 4 x 3, ranks round the hosts and in blocks.
- * (Their results: test_hierarchy_sweep.) */
+ * schedules' steps for 2 x 2, 2 x 4, 3 x 2 and 4 x 3, ranks round the hosts and in blocks; and
+ * flat_allgather (the tuner's choice for large sizes) keeps the flat ring.  (Their results:
+ * test_hierarchy_sweep.) */
 START_TEST(test_equal_hosts_allgather_two_dimensions) {
   static const int shapes[][2] = {{2, 2}, {2, 4}, {3, 2}, {4, 3}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -647,7 +648,7 @@ START_TEST(test_equal_hosts_allgather_two_dimensions) {
       for (int r = 0; r < n; r++) raw[r] = blocks ? r / L : r % H;
       make_hierarchy(n, raw);
       const size_t c = 1000;
-      fc_algo_args_t a = {FC_COLL_ALLGATHER, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host};
+      fc_algo_args_t a = {FC_COLL_ALLGATHER, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host, 0};
       for (int r = 0; r < n; r++) {
         fc_schedule_t sch;
         fc_schedule_init(&sch);
@@ -667,6 +668,22 @@ START_TEST(test_equal_hosts_allgather_two_dimensions) {
                       H + L - 1);
         fc_schedule_free(&sch);
       }
+      a.flat_allgather = 1;
+      size_t most_cross = 0;
+      for (int r = 0; r < n; r++) {
+        fc_schedule_t sch;
+        fc_schedule_init(&sch);
+        a.rank = r;
+        ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
+        size_t cross = 0;
+        for (int i = 0; i < sch.nsteps; i++)
+          if (sch.steps[i].kind == FC_STEP_SEND && h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
+        most_cross = cross > most_cross ? cross : most_cross;
+        ck_assert_int_eq(sch.nrounds, n - 1);
+        fc_schedule_free(&sch);
+      }
+      ck_assert_msg(most_cross == (size_t)(n - 1) * c, "%d x %d flat: the boundary rank sends %zu to the next host", H, L,
+                    most_cross);
     }
 }
 END_TEST
@@ -686,7 +703,7 @@ static void hand_schedule(int r, const fc_step_t *steps, const int *round_of, in
 
 static const char *run_hand(const fc_step_t *s0, const int *r0, int n0, const fc_step_t *s1, const int *r1, int n1,
                             int rendezvous) {
-  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0, NULL, NULL, NULL};
+  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0, NULL, NULL, NULL, 0};
   ck_assert_int_eq(sim_build(&S, &a), FLEXCOLL_SUCCESS);
   hand_schedule(0, s0, r0, n0);
   hand_schedule(1, s1, r1, n1);
@@ -733,7 +750,7 @@ END_TEST
 
 START_TEST(test_verify_catches_wrong_data) {
   /* A correct schedule whose reduction is then dropped on one rank must fail verification. */
-  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 3, 0, 10, 0, NULL, NULL, NULL};
+  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 3, 0, 10, 0, NULL, NULL, NULL, 0};
   ck_assert_int_eq(sim_build(&S, &a), FLEXCOLL_SUCCESS);
   fc_step_t *st = &S.rk[1].s.steps[1];
   ck_assert_int_eq(st->kind, FC_STEP_RECV_REDUCE);
@@ -832,7 +849,7 @@ END_TEST
 START_TEST(test_invalid_args_and_reuse) {
   fc_schedule_t s;
   fc_schedule_init(&s);
-  fc_algo_args_t ok = {FC_COLL_BROADCAST, FC_ALGO_TREE, 2, 5, 4, 100, 7, NULL, NULL, NULL}, a;
+  fc_algo_args_t ok = {FC_COLL_BROADCAST, FC_ALGO_TREE, 2, 5, 4, 100, 7, NULL, NULL, NULL, 0}, a;
   ck_assert_int_eq(fc_algo_build(NULL, &ok), FLEXCOLL_INVALID_ARGUMENT);
   ck_assert_int_eq(fc_algo_build(&s, NULL), FLEXCOLL_INVALID_ARGUMENT);
   a = ok, a.nranks = 0, a.rank = 0, a.root = 0;
@@ -878,7 +895,7 @@ END_TEST
 START_TEST(test_alltoall_shape) {
   fc_schedule_t s;
   fc_schedule_init(&s);
-  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, 1, 0, 6, 0, NULL, NULL, NULL};
+  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, 1, 0, 6, 0, NULL, NULL, NULL, 0};
   ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
   ck_assert_int_eq(s.nrounds, 1);
   ck_assert_int_eq(s.nsteps, 1);
@@ -977,7 +994,7 @@ static int p2p_verify(sim_t *sim) {
 
 /* Build every rank's batch, check each schedule against its ops, simulate and verify. */
 static const char *run_p2p(sim_t *sim, int n, int rendezvous, uint64_t seed) {
-  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, n, 0, 0, 0, NULL, NULL, NULL};
+  fc_algo_args_t a = {FC_COLL_ALLTOALL, FC_ALGO_RING, 0, n, 0, 0, 0, NULL, NULL, NULL, 0};
   sim->a = a;
   sim->p2p = 1;
   sim->err[0] = 0;
@@ -1074,7 +1091,7 @@ START_TEST(test_p2p_invalid_and_empty) {
   ck_assert_int_eq(s.nrounds, 0);
   ck_assert_int_eq(s.nsteps, 0);
   /* Count-0 ops are skipped but keep their buffer index; a reused schedule loses its old result. */
-  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0, NULL, NULL, NULL};
+  fc_algo_args_t a = {FC_COLL_ALLREDUCE, FC_ALGO_RING, 0, 2, 0, 8, 0, NULL, NULL, NULL, 0};
   ck_assert_int_eq(fc_algo_build(&s, &a), FLEXCOLL_SUCCESS);
   ck_assert_uint_ne(s.result_count, 0);
   ck_assert_int_eq(fc_algo_build_p2p(&s, ops, 3), FLEXCOLL_SUCCESS);

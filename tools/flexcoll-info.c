@@ -33,7 +33,7 @@ static int settings(void) {
     char why[160] = "";
     int bad = v && *v && fc_param_validate(&t[i], v, why, sizeof why);
     const char *shown = !(v && *v) ? t[i].dflt : t[i].kind == FC_PK_SECRET ? "(set)" : v;
-    printf("  %-31s%s %-12s %s", t[i].name, t[i].shared ? "*" : " ", shown, t[i].help);
+    printf("  %-32s%s %-12s %s", t[i].name, t[i].shared ? "*" : " ", shown, t[i].help);
     if (bad) printf(" (from the environment: INVALID, %s; the default is %s)", why, t[i].dflt);
     else if (v && *v) printf(" (from the environment)");
     printf("\n");
@@ -47,7 +47,7 @@ static int settings(void) {
     if (strncmp(*e, "FLEXCOLL_", 9) || !eq || (size_t)(eq - *e) >= sizeof name) continue;
     snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);
     if (!fc_param_find(name) && strcmp(name, "FLEXCOLL_LOCAL_RANK")) {
-      printf("  %-32s %-12s UNKNOWN: flexcoll reads no such variable\n", name, eq + 1);
+      printf("  %-33s %-12s UNKNOWN: flexcoll reads no such variable\n", name, eq + 1);
       invalid++;
     }
   }

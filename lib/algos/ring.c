@@ -425,7 +425,7 @@ void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
     }
     case FC_COLL_ALLGATHER: {
       int hosts, per;
-      if (uniform_hosts(a, &hosts, &per)) ring2d_allgather(b, a, hosts, per);
+      if (!a->flat_allgather && uniform_hosts(a, &hosts, &per)) ring2d_allgather(b, a, hosts, per);
       else ring_allgather(b, &g);
       break;
     }

@@ -18,6 +18,11 @@ FC_PARAM_INT(direct_min_bytes, "DIRECT_MIN_BYTES", 1 << 20)
  * against 154 GB/s busbw at 16 MB; at 32 MB direct 87.6 µs, staged 93.0, NCCL 91.0; for 2 ranks
  * the one-shot kernel covers up to 16 MB). */
 FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
+/* Host allgather over hosts of equally many ranks in two dimensions up to this size (the larger
+ * buffer): beyond it, on 4 processes as two hosts of one machine, the packed columns' copies cost
+ * more than the fewer rounds and transfers between hosts gain (docs/PERFORMANCE.md, session 34);
+ * between real hosts the crossover is likely higher, not yet measured. */
+FC_PARAM_INT(allgather_2d_max_bytes, "ALLGATHER_2D_MAX_BYTES", 1 << 20)
 /* Host collectives of ranks of one host through the communicator's shared-memory segment. */
 FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)
 /* Allreduce from this size splits the reduction over the ranks (reduce-scatter + allgather
@@ -112,6 +117,8 @@ int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
 }
 
 int fc_tuner_direct_exchange(void) { return fc_param_direct() >= 2; }
+
+int fc_tuner_allgather_2d(size_t bytes) { return bytes <= (size_t)fc_param_allgather_2d_max_bytes(); }
 
 int fc_tuner_kernels(void) { return forced_algo() < 0; }
 

@@ -582,6 +582,25 @@ END_TEST
  * to other hosts about 2(H-1)/H of its own block, where the flat ring sends the whole message
  * (2(n-1)/n of it) over one pair per host boundary; checked on the schedules' steps, for counts
  * that leave empty blocks too.  (Their results: test_hierarchy_sweep, layouts 2 and 3.) */
+/* Rank r's schedule of a: the elements it sends to ranks of other hosts (returned) and of its own
+ * (*within, may be NULL), and its rounds (*rounds, may be NULL). */
+static size_t sends_between_hosts(fc_algo_args_t a, int r, size_t *within, int *rounds) {
+  fc_schedule_t sch;
+  fc_schedule_init(&sch);
+  a.rank = r;
+  ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
+  size_t cross = 0, same = 0;
+  for (int i = 0; i < sch.nsteps; i++) {
+    if (sch.steps[i].kind != FC_STEP_SEND) continue;
+    if (h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
+    else same += sch.steps[i].count;
+  }
+  if (within) *within = same;
+  if (rounds) *rounds = sch.nrounds;
+  fc_schedule_free(&sch);
+  return cross;
+}
+
 START_TEST(test_uneven_hosts_two_dimensions) {
   static const int layouts[][12] = {
       {0, 0, 1, 1, 1, -1},                      /* 2 + 3 */
@@ -606,14 +625,7 @@ START_TEST(test_uneven_hosts_two_dimensions) {
       size_t max_cross = 0;
       int senders = 0;
       for (int r = 0; r < n; r++) {
-        fc_schedule_t sch;
-        fc_schedule_init(&sch);
-        a.rank = r;
-        ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
-        size_t cross = 0;
-        for (int i = 0; i < sch.nsteps; i++)
-          if (sch.steps[i].kind == FC_STEP_SEND && h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
-        fc_schedule_free(&sch);
+        const size_t cross = sends_between_hosts(a, r, NULL, NULL);
         max_cross = cross > max_cross ? cross : max_cross;
         senders += cross > 0;
       }
@@ -650,37 +662,22 @@ START_TEST(test_equal_hosts_allgather_two_dimensions) {
       const size_t c = 1000;
       fc_algo_args_t a = {FC_COLL_ALLGATHER, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host, 0};
       for (int r = 0; r < n; r++) {
-        fc_schedule_t sch;
-        fc_schedule_init(&sch);
-        a.rank = r;
-        ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
-        size_t cross = 0, within = 0;
-        for (int i = 0; i < sch.nsteps; i++) {
-          if (sch.steps[i].kind != FC_STEP_SEND) continue;
-          if (h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
-          else within += sch.steps[i].count;
-        }
+        size_t within;
+        int rounds;
+        const size_t cross = sends_between_hosts(a, r, &within, &rounds);
         ck_assert_msg(cross == (size_t)(H - 1) * c, "%d x %d: rank %d sends %zu elements to other hosts, not %zu", H, L,
                       r, cross, (size_t)(H - 1) * c);
         ck_assert_msg(within == (size_t)(L - 1) * (size_t)H * c, "%d x %d: rank %d sends %zu within its host", H, L, r,
                       within);
-        ck_assert_msg(sch.nrounds == H + L - 1, "%d x %d: rank %d has %d rounds, not %d", H, L, r, sch.nrounds,
-                      H + L - 1);
-        fc_schedule_free(&sch);
+        ck_assert_msg(rounds == H + L - 1, "%d x %d: rank %d has %d rounds, not %d", H, L, r, rounds, H + L - 1);
       }
       a.flat_allgather = 1;
       size_t most_cross = 0;
       for (int r = 0; r < n; r++) {
-        fc_schedule_t sch;
-        fc_schedule_init(&sch);
-        a.rank = r;
-        ck_assert_int_eq(fc_algo_build(&sch, &a), FLEXCOLL_SUCCESS);
-        size_t cross = 0;
-        for (int i = 0; i < sch.nsteps; i++)
-          if (sch.steps[i].kind == FC_STEP_SEND && h_host[sch.steps[i].peer] != h_host[r]) cross += sch.steps[i].count;
+        int rounds;
+        const size_t cross = sends_between_hosts(a, r, NULL, &rounds);
         most_cross = cross > most_cross ? cross : most_cross;
-        ck_assert_int_eq(sch.nrounds, n - 1);
-        fc_schedule_free(&sch);
+        ck_assert_int_eq(rounds, n - 1);
       }
       ck_assert_msg(most_cross == (size_t)(n - 1) * c, "%d x %d flat: the boundary rank sends %zu to the next host", H, L,
                     most_cross);

@@ -566,8 +566,8 @@ static const char *const kind_name[FC_PAIR_KINDS] = {"pairs within a host", "pai
 
 /* Every used kind's models: from the cache where every rank has them, else calibrated, the
  * measurements of each kind averaged over the ranks that made them (a link that no rank measured
- * on pairs of a kind, shm between hosts for one, takes the other kind's); an unused kind copies
- * the used one. */
+ * on pairs of a kind, shm between hosts for one, takes the other kind's where there is one); an
+ * unused kind copies the used one. */
 static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) {
   /* One rank: no pair to model; the models stay as open set them. */
   if (!l->pairs[FC_PAIRS_WITHIN_HOST].used && !l->pairs[FC_PAIRS_BETWEEN_HOSTS].used) return FLEXCOLL_SUCCESS;
@@ -590,6 +590,8 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   if (res != FLEXCOLL_SUCCESS) return res;
   fc_link_model_t cal[FC_PAIR_KINDS][FC_MAX_LINKS], avg[FC_PAIR_KINDS][FC_MAX_LINKS];
   int has[FC_PAIR_KINDS][FC_MAX_LINKS] = {{0}}, got[FC_PAIR_KINDS][FC_MAX_LINKS] = {{0}};
+  for (int k = 0; k < FC_PAIR_KINDS; k++)
+    for (int i = 0; i < l->n; i++) avg[k][i] = (fc_link_model_t){.beta = 1, .port = -1};
   if (!all_have) FC_CHECK(calibrate(comm, l, cal, has));
   for (int k = 0; k < FC_PAIR_KINDS; k++) {
     if (!l->pairs[k].used) continue;
@@ -600,7 +602,9 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   const int only = l->pairs[FC_PAIRS_WITHIN_HOST].used ? FC_PAIRS_WITHIN_HOST : FC_PAIRS_BETWEEN_HOSTS;
   for (int k = 0; k < FC_PAIR_KINDS; k++)
     for (int i = 0; i < l->n; i++) {
-      const int from = !l->pairs[k].used ? only : got[k][i] ? k : 1 - k;
+      /* A link that joins no pair of either kind (shm where every host has one rank) keeps
+       * open's model: no transfer is split over it. */
+      const int from = !l->pairs[k].used ? only : got[k][i] || !got[1 - k][i] ? k : 1 - k;
       l->pairs[k].model[i] = avg[from][i];
       /* One port for all: within a host shared memory, TCP and a NIC's loopback are all copies
        * through the same memory system (measured on the GPU node's 16 cores: TCP beside shared

@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "flexcoll.h"
 #define TEST_TAG "[test_capture]"
@@ -45,6 +46,7 @@
 
 #define NRANKS 2
 #define COUNT 1000
+#define LATE_RANK_US 20000
 
 /* FLEXCOLL_RING_KERNEL=0: the algorithms' schedules run what the ring kernels would. */
 static int g_schedules = 0;
@@ -56,15 +58,19 @@ typedef struct {
   FC_TEST_RANK_MEMBERS;
 } rank_t;
 
-/* One AllReduce outside any capture, checked: the communicator still works. */
-static void allreduce_checked(rank_t *r, flexcoll_comm_t comm, float *dev, cudaStream_t s, int round) {
-  float host[COUNT];
+/* One AllReduce outside any capture, checked: the communicator still works.  host is pinned
+ * (COUNT floats): a copy from or to pageable memory can block this thread until another rank's
+ * kernel ends, while that kernel waits for ours (docs/ARCHITECTURE.md, known problems). */
+static void allreduce_checked(rank_t *r, flexcoll_comm_t comm, float *dev, float *host, cudaStream_t s, int round) {
+  /* The last rank comes late, every time: rank 0's kernel then waits for a peer that has yet to
+   * copy its input in, which must not hold that copy back. */
+  if (r->rank == NRANKS - 1) usleep(LATE_RANK_US);
   for (int i = 0; i < COUNT; i++) host[i] = (float)(r->rank + 1) * (float)(i % 7 + round);
   /* On s, not the legacy stream: the other rank's thread may be capturing meanwhile. */
-  cudaMemcpyAsync(dev, host, sizeof host, cudaMemcpyHostToDevice, s);
+  cudaMemcpyAsync(dev, host, COUNT * sizeof(float), cudaMemcpyHostToDevice, s);
   flexcoll_result_t res = flexcoll_allreduce(dev, dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
   EXPECT(r, res == FLEXCOLL_SUCCESS, "allreduce outside capture: %s", flexcoll_get_last_error(comm));
-  cudaMemcpyAsync(host, dev, sizeof host, cudaMemcpyDeviceToHost, s);
+  cudaMemcpyAsync(host, dev, COUNT * sizeof(float), cudaMemcpyDeviceToHost, s);
   cudaStreamSynchronize(s);
   float ranksum = NRANKS * (NRANKS + 1) / 2.0f;
   int bad = 0, first = -1;
@@ -102,9 +108,10 @@ static void end_empty_capture(rank_t *r, cudaStream_t s, const char *what) {
   }
 }
 
-/* What the refusal tests use: small device buffers (dev, 2 * COUNT floats) and host ones. */
+/* What the refusal tests use: small device buffers (dev, 2 * COUNT floats) and host ones
+ * (pageable: refused as host memory); pinned, COUNT floats for allreduce_checked. */
 typedef struct {
-  float *dev, *host;
+  float *dev, *host, *pinned;
 } bufs_t;
 
 /* Capture on s in `mode` and try every call that must stay refused; the capture stays valid and
@@ -276,7 +283,8 @@ typedef struct {
   char *table;              /* VARIANTS rows of ROW bytes: the inputs */
   char *send, *recv;
   float *eager_in, *eager_out;
-  char *host;               /* a row, or a result */
+  char *host;               /* a row, or a result (pinned, as every buffer copied while a peer's kernel may wait) */
+  float *eager_host;        /* an eager call's result (pinned) */
   flexcoll_window_t win[2]; /* send and recv are in windows */
 } replay_bufs_t;
 #define ROW ((size_t)NRANKS * MAX_COUNT * 4)
@@ -376,8 +384,8 @@ static int check_replay(rank_t *r, flexcoll_comm_t comm, const coll_t *c, size_t
     }
   }
   if (!eager_n) return 1;
-  float host[EAGER_MAX];
-  cudaMemcpyAsync(host, b->eager_out, eager_n * sizeof(float), cudaMemcpyDeviceToHost, s);
+  const float *host = b->eager_host;
+  cudaMemcpyAsync(b->eager_host, b->eager_out, eager_n * sizeof(float), cudaMemcpyDeviceToHost, s);
   cudaStreamSynchronize(s);
   for (size_t i = 0; i < eager_n; i++) {
     int want = 0;
@@ -471,8 +479,9 @@ static int alloc_all(rank_t *r, flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *
            cudaMalloc((void **)&rb->eager_in, EAGER_MAX * sizeof(float)) == cudaSuccess &&
            cudaMalloc((void **)&rb->eager_out, EAGER_MAX * sizeof(float)) == cudaSuccess;
   b->host = calloc(2 * COUNT, sizeof(float));
-  rb->host = malloc(ROW);
-  ok = ok && b->host && rb->host;
+  ok = ok && b->host && cudaMallocHost((void **)&b->pinned, COUNT * sizeof(float)) == cudaSuccess &&
+       cudaMallocHost((void **)&rb->host, ROW) == cudaSuccess &&
+       cudaMallocHost((void **)&rb->eager_host, EAGER_MAX * sizeof(float)) == cudaSuccess;
   EXPECT(r, ok, "allocating the buffers failed");
   if (!ok) return 0;
   for (size_t i = 0; i < EAGER_MAX; i++) ((float *)rb->host)[i] = (float)value(r->rank, 0, i);
@@ -495,7 +504,8 @@ static void free_all(flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *rb) {
     if (rb->win[w]) flexcoll_window_deregister(comm, rb->win[w]);
   cudaFree(b->dev);
   cudaFree(rb->table), cudaFree(rb->send), cudaFree(rb->recv), cudaFree(rb->eager_in), cudaFree(rb->eager_out);
-  free(b->host), free(rb->host);
+  free(b->host);
+  cudaFreeHost(b->pinned), cudaFreeHost(rb->host), cudaFreeHost(rb->eager_host);
 }
 
 static void *rank_main(void *arg) {
@@ -517,15 +527,15 @@ static void *rank_main(void *arg) {
   bufs_t b;
   replay_bufs_t rb;
   if (agree(r, alloc_all(r, comm, &b, &rb, s))) {
-    allreduce_checked(r, comm, b.dev, s, 1);
+    allreduce_checked(r, comm, b.dev, b.pinned, s, 1);
     refused_calls(r, comm, &b, s, cudaStreamCaptureModeThreadLocal);
-    allreduce_checked(r, comm, b.dev, s, 2);
+    allreduce_checked(r, comm, b.dev, b.pinned, s, 2);
     refused_calls(r, comm, &b, s, cudaStreamCaptureModeRelaxed);
-    allreduce_checked(r, comm, b.dev, s, 3);
+    allreduce_checked(r, comm, b.dev, b.pinned, s, 3);
     capture_after_other_stream(r, comm, b.dev, s, s2);
-    allreduce_checked(r, comm, b.dev, s, 4); /* back on s: captures there are allowed again */
+    allreduce_checked(r, comm, b.dev, b.pinned, s, 4); /* back on s: captures there are allowed again */
     replay_all(r, comm, &rb, s);
-    allreduce_checked(r, comm, b.dev, s, 5);
+    allreduce_checked(r, comm, b.dev, b.pinned, s, 5);
     agree(r, 1); /* no capture runs in the other thread from here on */
     /* A NULL (legacy default) stream is never captured and stays accepted. */
     res = flexcoll_allreduce(b.dev, b.dev, COUNT, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL);

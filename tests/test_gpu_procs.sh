@@ -96,6 +96,19 @@ setups=":0 pcie,shm,tcp:0 :2 :2:FLEXCOLL_UCX_PEER_FAILURE=0"
 [ "${FC_GPU_PROCS_ONLY_LANE:-0}" = 1 ] && setups=""
 # FC_GPU_PROCS_ONLY_LANE=hops: the ring by hops alone.
 [ "${FC_GPU_PROCS_ONLY_LANE:-0}" = hops ] && setups="" lane_setup="" three_setup=""
+# FC_GPU_PROCS_ONLY="NAME ...": those setups alone, so that a run too long for one sitting can be
+# cut into parts: default, nopeer, hosts, hosts-ucx, lane, hops, three.
+if [ -n "${FC_GPU_PROCS_ONLY:-}" ]; then
+  only() { case " $FC_GPU_PROCS_ONLY " in *" $1 "*) return 0 ;; esac; return 1; }
+  setups=""
+  only default && setups="$setups :0"
+  only nopeer && setups="$setups pcie,shm,tcp:0"
+  only hosts && setups="$setups :2"
+  only hosts-ucx && setups="$setups :2:FLEXCOLL_UCX_PEER_FAILURE=0"
+  only lane || lane_setup=""
+  only hops || hops_setup=""
+  only three || three_setup=""
+fi
 # setup: LINKS:HOSTS[:VAR=VALUE ...]
 for setup in $setups ${lane_setup:+"$lane_setup"} ${hops_setup:+"$hops_setup"} ${three_setup:+"$three_setup"}; do
   links=${setup%%:*} rest=${setup#*:}

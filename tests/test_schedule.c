@@ -556,10 +556,15 @@ START_TEST(test_hierarchy_sweep) {
   static const int sizes[] = {2, 3, 4, 5, 6, 7, 8, 11, 16};
   for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
     int n = sizes[si];
-    for (int layout = 0; layout < 4; layout++) {
+    for (int layout = 0; layout < 5; layout++) {
       int raw[MAXN];
+      /* Layouts 0, 1 and 4 give equal hosts where n divides (the two-dimensional schedules). */
       for (int r = 0; r < n; r++)
-        raw[r] = layout == 0 ? r % 2 : layout == 1 ? r % 3 : layout == 2 ? (r >= n / 3) : (r * 7 + 3) % 5 % 3;
+        raw[r] = layout == 0   ? r % 2
+                 : layout == 1 ? r % 3
+                 : layout == 2 ? (r >= n / 3)
+                 : layout == 3 ? (r * 7 + 3) % 5 % 3
+                               : r % 4;
       make_hierarchy(n, raw);
       a.order = h_order;
       a.pos = h_pos;
@@ -645,43 +650,48 @@ START_TEST(test_uneven_hosts_two_dimensions) {
 }
 END_TEST
 
-/* Allgather over hosts of equally many ranks runs in two dimensions (ring.c): every rank sends
- * exactly H-1 blocks to other hosts (its position's ring), where the flat ring has one rank per
- * host boundary send n-1 blocks; and in H + L - 1 rounds instead of n-1.  Checked on the
+/* Allgather and reduce_scatter over hosts of equally many ranks run in two dimensions (ring.c):
+ * every rank sends exactly H-1 blocks to other hosts (its position's ring), where the flat ring
+ * has one rank per host boundary send n-1 blocks; and in H + L - 1 rounds instead of n-1 (the
+ * allgather's last round unpacks, the reduce_scatter's first one packs).  Checked on the
  * schedules' steps for 2 x 2, 2 x 4, 3 x 2 and 4 x 3, ranks round the hosts and in blocks; and
- * flat_allgather (the tuner's choice for large sizes) keeps the flat ring.  (Their results:
+ * flat_ring (the tuner's choice for large sizes) keeps the flat ring.  (Their results:
  * test_hierarchy_sweep.) */
-START_TEST(test_equal_hosts_allgather_two_dimensions) {
+START_TEST(test_equal_hosts_two_dimensions) {
   static const int shapes[][2] = {{2, 2}, {2, 4}, {3, 2}, {4, 3}};
-  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-    for (int blocks = 0; blocks <= 1; blocks++) {
-      const int H = shapes[si][0], L = shapes[si][1], n = H * L;
-      int raw[MAXN];
-      for (int r = 0; r < n; r++) raw[r] = blocks ? r / L : r % H;
-      make_hierarchy(n, raw);
-      const size_t c = 1000;
-      fc_algo_args_t a = {FC_COLL_ALLGATHER, FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host, 0};
-      for (int r = 0; r < n; r++) {
-        size_t within;
-        int rounds;
-        const size_t cross = sends_between_hosts(a, r, &within, &rounds);
-        ck_assert_msg(cross == (size_t)(H - 1) * c, "%d x %d: rank %d sends %zu elements to other hosts, not %zu", H, L,
-                      r, cross, (size_t)(H - 1) * c);
-        ck_assert_msg(within == (size_t)(L - 1) * (size_t)H * c, "%d x %d: rank %d sends %zu within its host", H, L, r,
-                      within);
-        ck_assert_msg(rounds == H + L - 1, "%d x %d: rank %d has %d rounds, not %d", H, L, r, rounds, H + L - 1);
+  static const fc_coll_t colls[] = {FC_COLL_ALLGATHER, FC_COLL_REDUCE_SCATTER};
+  for (size_t ki = 0; ki < 2; ki++)
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+      for (int blocks = 0; blocks <= 1; blocks++) {
+        const int H = shapes[si][0], L = shapes[si][1], n = H * L;
+        const char *name = ki ? "reduce_scatter" : "allgather";
+        int raw[MAXN];
+        for (int r = 0; r < n; r++) raw[r] = blocks ? r / L : r % H;
+        make_hierarchy(n, raw);
+        const size_t c = 1000;
+        fc_algo_args_t a = {colls[ki], FC_ALGO_RING, 0, n, 0, c, 0, h_order, h_pos, h_host, 0};
+        for (int r = 0; r < n; r++) {
+          size_t within;
+          int rounds;
+          const size_t cross = sends_between_hosts(a, r, &within, &rounds);
+          ck_assert_msg(cross == (size_t)(H - 1) * c, "%s %d x %d: rank %d sends %zu elements to other hosts, not %zu",
+                        name, H, L, r, cross, (size_t)(H - 1) * c);
+          ck_assert_msg(within == (size_t)(L - 1) * (size_t)H * c, "%s %d x %d: rank %d sends %zu within its host", name,
+                        H, L, r, within);
+          ck_assert_msg(rounds == H + L - 1, "%s %d x %d: rank %d has %d rounds, not %d", name, H, L, r, rounds,
+                        H + L - 1);
+        }
+        a.flat_ring = 1;
+        size_t most_cross = 0;
+        for (int r = 0; r < n; r++) {
+          int rounds;
+          const size_t cross = sends_between_hosts(a, r, NULL, &rounds);
+          most_cross = cross > most_cross ? cross : most_cross;
+          ck_assert_int_eq(rounds, n - 1);
+        }
+        ck_assert_msg(most_cross == (size_t)(n - 1) * c, "%s %d x %d flat: the boundary rank sends %zu to the next host",
+                      name, H, L, most_cross);
       }
-      a.flat_allgather = 1;
-      size_t most_cross = 0;
-      for (int r = 0; r < n; r++) {
-        int rounds;
-        const size_t cross = sends_between_hosts(a, r, NULL, &rounds);
-        most_cross = cross > most_cross ? cross : most_cross;
-        ck_assert_int_eq(rounds, n - 1);
-      }
-      ck_assert_msg(most_cross == (size_t)(n - 1) * c, "%d x %d flat: the boundary rank sends %zu to the next host", H, L,
-                    most_cross);
-    }
 }
 END_TEST
 
@@ -1120,7 +1130,7 @@ static Suite *schedule_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
   tcase_add_loop_test(tc, test_hierarchy_sweep, 0, FC_NUM_COLLS * FC_NUM_ALGOS);
-  tcase_add_test(tc, test_equal_hosts_allgather_two_dimensions);
+  tcase_add_test(tc, test_equal_hosts_two_dimensions);
   tcase_add_test(tc, test_uneven_hosts_two_dimensions);
   tcase_add_test(tc, test_p2p_batches);
   suite_add_tcase(su, tc);

@@ -33,7 +33,7 @@ static int settings(void) {
     char why[160] = "";
     int bad = v && *v && fc_param_validate(&t[i], v, why, sizeof why);
     const char *shown = !(v && *v) ? t[i].dflt : t[i].kind == FC_PK_SECRET ? "(set)" : v;
-    printf("  %-32s%s %-12s %s", t[i].name, t[i].shared ? "*" : " ", shown, t[i].help);
+    printf("  %-38s%s %-12s %s", t[i].name, t[i].shared ? "*" : " ", shown, t[i].help);
     if (bad) printf(" (from the environment: INVALID, %s; the default is %s)", why, t[i].dflt);
     else if (v && *v) printf(" (from the environment)");
     printf("\n");

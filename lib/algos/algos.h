@@ -70,9 +70,9 @@ typedef struct {
    * reduction steps, the last broadcast steps) stay within hosts and only the upper ones cross
    * between them.  Every rank must pass the same arrays. */
   const int *order, *pos, *host;
-  /* 1: allgather keeps the flat ring where the hosts would allow two dimensions (the tuner's
-   * choice by size, the same on every rank). */
-  int flat_allgather;
+  /* 1: allgather and reduce_scatter keep the flat ring where the hosts would allow two
+   * dimensions (the tuner's choice by size, the same on every rank). */
+  int flat_ring;
 } fc_algo_args_t;
 
 /* Build the schedule of args on this rank into s (fc_schedule_init'ed or reused; fc_schedule_reset

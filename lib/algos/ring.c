@@ -343,6 +343,51 @@ static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
   fc_build_result(b, FC_BUF_RECV, 0, c);
 }
 
+/* Reduce-scatter over hosts of L ranks each (H >= 2 hosts, L >= 2, every host alike), in two
+ * dimensions, the allgather's mirror: (A) a ring reduce-scatter of the columns within the host
+ * (column l: the blocks of the H ranks at host position l) leaves each rank its position's column
+ * reduced over its host; (B) the H ranks of one position, one per host, run a ring reduce-scatter
+ * of that column, so each ends with its own block reduced over every rank.  Between hosts each
+ * rank sends H-1 blocks over L parallel rings, where the flat ring has one pair per host boundary
+ * carry n-1; and 1 + (L-1) + (H-1) rounds instead of n-1.  A column's blocks lie apart in send,
+ * so round 0 packs send column by column into scratch (P, host order within a column); A then
+ * runs on P with its partial columns in two slots (X, Y: round s reads (s-1)%2 and writes s%2,
+ * as the flat ring), and B on the column A left in slot (L-2)%2 with its partial blocks in two
+ * halves of the other slot.  recv is written only by B's last step, and send read only by round
+ * 0, so in place is safe. */
+static void ring2d_reduce_scatter(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
+  const int v = a->pos[a->rank], hv = v / L, lv = v % L;
+  const int lnext = a->order[hv * L + (lv + 1) % L], lprev = a->order[hv * L + (lv + L - 1) % L];
+  const int hnext = a->order[((hv + 1) % H) * L + lv], hprev = a->order[((hv + H - 1) % H) * L + lv];
+  const size_t c = a->count, column = (size_t)H * c, packed = (size_t)L * column;
+  /* Scratch: P (L columns), then slots 0 and 1 of a column each. */
+  const size_t slot[2] = {packed, packed + column};
+  fc_build_round(b);
+  for (int col = 0; col < L; col++)
+    for (int h = 0; h < H; h++)
+      fc_build_copy(b, FC_BUF_SCRATCH, (size_t)col * column + (size_t)h * c, FC_BUF_SEND,
+                    (size_t)a->order[h * L + col] * c, c);
+  for (int s = 0; s < L - 1; s++) { /* A: round s sends partial column lv-s-1, folds column lv-s-2 */
+    const int sc = fc_mod(lv - s - 1, L), rc = fc_mod(lv - s - 2, L);
+    fc_build_round(b);
+    if (s == 0) fc_build_send(b, lnext, FC_BUF_SCRATCH, (size_t)sc * column, column);
+    else fc_build_send(b, lnext, FC_BUF_SCRATCH, slot[(s - 1) % 2], column);
+    fc_build_recv_reduce(b, lprev, FC_BUF_SCRATCH, slot[s % 2], FC_BUF_SCRATCH, (size_t)rc * column, column);
+  }
+  /* Column lv, reduced over the host; B's partials in the other slot's first two blocks. */
+  const size_t col = slot[(L - 2) % 2], part[2] = {slot[(L - 1) % 2], slot[(L - 1) % 2] + c};
+  for (int s = 0; s < H - 1; s++) { /* B: round s sends partial block hv-s-1, folds block hv-s-2 */
+    const int sb = fc_mod(hv - s - 1, H), rb = fc_mod(hv - s - 2, H);
+    fc_build_round(b);
+    if (s == 0) fc_build_send(b, hnext, FC_BUF_SCRATCH, col + (size_t)sb * c, c);
+    else fc_build_send(b, hnext, FC_BUF_SCRATCH, part[(s - 1) % 2], c);
+    if (s == H - 2) fc_build_recv_reduce(b, hprev, FC_BUF_RECV, 0, FC_BUF_SCRATCH, col + (size_t)rb * c, c);
+    else fc_build_recv_reduce(b, hprev, FC_BUF_SCRATCH, part[s % 2], FC_BUF_SCRATCH, col + (size_t)rb * c, c);
+  }
+  b->s->scratch_count = packed + 2 * column;
+  fc_build_result(b, FC_BUF_RECV, 0, c);
+}
+
 /* Broadcast as a chain root -> root+1 -> ... -> root-1, pipelined over chunks: the rank at chain
  * position p receives chunk k in global round p-1+k and forwards it in round p+k, so successive
  * chunks occupy successive links at once.  A round writes chunk g-p+1 and reads chunk g-p. */
@@ -425,11 +470,16 @@ void fc_ring_build(fc_build_t *b, const fc_algo_args_t *a) {
     }
     case FC_COLL_ALLGATHER: {
       int hosts, per;
-      if (!a->flat_allgather && uniform_hosts(a, &hosts, &per)) ring2d_allgather(b, a, hosts, per);
+      if (!a->flat_ring && uniform_hosts(a, &hosts, &per)) ring2d_allgather(b, a, hosts, per);
       else ring_allgather(b, &g);
       break;
     }
-    case FC_COLL_REDUCE_SCATTER: ring_reduce_scatter(b, &g); break;
+    case FC_COLL_REDUCE_SCATTER: {
+      int hosts, per;
+      if (!a->flat_ring && uniform_hosts(a, &hosts, &per)) ring2d_reduce_scatter(b, a, hosts, per);
+      else ring_reduce_scatter(b, &g);
+      break;
+    }
     case FC_COLL_BROADCAST: ring_broadcast(b, &g, a->root, a->chunk_count); break;
     case FC_COLL_REDUCE: ring_reduce(b, &g, a->root, a->chunk_count); break;
     case FC_COLL_ALLTOALL: ring_alltoall(b, &g); break;

@@ -20,9 +20,10 @@ int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks);
 /* Whether direct mode may exchange buffer addresses at a call (FLEXCOLL_DIRECT=2) for buffers
  * outside symmetric windows; otherwise the other device paths run them. */
 int fc_tuner_direct_exchange(void);
-/* Whether a host allgather of `bytes` (its receive buffer) over hosts of equally many ranks runs
- * in two dimensions (up to FLEXCOLL_ALLGATHER_2D_MAX_BYTES) rather than the flat ring. */
-int fc_tuner_allgather_2d(size_t bytes);
+/* Whether a host allgather or reduce_scatter of `bytes` (its larger buffer: the whole message)
+ * over hosts of equally many ranks runs in two dimensions (up to FLEXCOLL_ALLGATHER_2D_MAX_BYTES
+ * and FLEXCOLL_REDUCE_SCATTER_2D_MAX_BYTES) rather than the flat ring. */
+int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes);
 /* Whether device calls above the one-shot limit may take the collective kernels (ring,
  * alltoall): not when FLEXCOLL_ALGO forces an algorithm, whose schedule then runs (lib/gpu). */
 int fc_tuner_kernels(void);

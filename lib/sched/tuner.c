@@ -23,6 +23,9 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
  * more than the fewer rounds and transfers between hosts gain (docs/PERFORMANCE.md, session 34);
  * between real hosts the crossover is likely higher, not yet measured. */
 FC_PARAM_INT(allgather_2d_max_bytes, "ALLGATHER_2D_MAX_BYTES", 1 << 20)
+/* The same for reduce_scatter (its send buffer), whose round 0 packs the whole input by columns:
+ * measured alike, it gained up to 4 MiB and lost at 16 MiB (docs/PERFORMANCE.md, session 35). */
+FC_PARAM_INT(reduce_scatter_2d_max_bytes, "REDUCE_SCATTER_2D_MAX_BYTES", 4 << 20)
 /* Host collectives of ranks of one host through the communicator's shared-memory segment. */
 FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)
 /* Allreduce from this size splits the reduction over the ranks (reduce-scatter + allgather
@@ -118,7 +121,11 @@ int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
 
 int fc_tuner_direct_exchange(void) { return fc_param_direct() >= 2; }
 
-int fc_tuner_allgather_2d(size_t bytes) { return bytes <= (size_t)fc_param_allgather_2d_max_bytes(); }
+int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes) {
+  if (coll == FC_COLL_ALLGATHER) return bytes <= (size_t)fc_param_allgather_2d_max_bytes();
+  if (coll == FC_COLL_REDUCE_SCATTER) return bytes <= (size_t)fc_param_reduce_scatter_2d_max_bytes();
+  return 0;
+}
 
 int fc_tuner_kernels(void) { return forced_algo() < 0; }
 

@@ -351,9 +351,9 @@ static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
  * rank sends H-1 blocks over L parallel rings, where the flat ring has one pair per host boundary
  * carry n-1; and 1 + (L-1) + (H-1) rounds instead of n-1.  A column's blocks lie apart in send,
  * so round 0 packs send column by column into scratch (P, host order within a column); A then
- * runs on P with its partial columns in two slots (X, Y: round s reads (s-1)%2 and writes s%2,
- * as the flat ring), and B on the column A left in slot (L-2)%2 with its partial blocks in two
- * halves of the other slot.  recv is written only by B's last step, and send read only by round
+ * runs on P with its partial columns in two slots (round s reads slot (s-1)%2 and writes slot
+ * s%2, as the flat ring), and B on the column A left in slot (L-2)%2 with its partial blocks in
+ * the first two blocks of the other slot.  recv is written only by B's last step, and send read only by round
  * 0, so in place is safe. */
 static void ring2d_reduce_scatter(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
   const int v = a->pos[a->rank], hv = v / L, lv = v % L;

@@ -26,6 +26,11 @@
  * gather go through host copies and must be refused.  With FLEXCOLL_LINKS or
  * FLEXCOLL_RING_KERNEL=0 set by the caller, only the first pass runs.
  *
+ * Host buffers of checked copies are pinned: a pageable copy behind a rank's waiting kernel holds
+ * the other rank's thread back (docs/ARCHITECTURE.md, known problems), and the last rank destroys
+ * each graph late so that round 5 would stall on them; FC_CAPTURE_PAGEABLE=1 takes pageable ones,
+ * to see that happen.
+ *
  * Ranks are threads of this process, all on device 0 (several ranks may share a GPU), so the
  * test runs on a one-GPU node.  Exit 77 (automake's skip) where there is no GPU.  Not under
  * CUDA_DEVICE_MAX_CONNECTIONS=1: with one hardware queue, threads of one process on one GPU
@@ -50,6 +55,9 @@
 
 /* FLEXCOLL_RING_KERNEL=0: the algorithms' schedules run what the ring kernels would. */
 static int g_schedules = 0;
+/* FC_CAPTURE_PAGEABLE=1: the checked copies through pageable buffers, as before session 35, to
+ * see the test fail (the stall at round 5 that the late graph destruction provokes). */
+static int g_pageable = 0;
 /* This pass leaves nvlink out (FLEXCOLL_LINKS): no peer access; replays divided by this. */
 static int g_no_peer = 0;
 #define NO_PEER_REPLAY_DIV 10
@@ -107,7 +115,8 @@ static void end_empty_capture(rank_t *r, cudaStream_t s, const char *what) {
 }
 
 /* What the refusal tests use: small device buffers (dev, 2 * COUNT floats) and host ones
- * (pageable: refused as host memory); pinned, COUNT floats for allreduce_checked. */
+ * (pageable: refused as host memory); pinned (but for FC_CAPTURE_PAGEABLE), COUNT floats for
+ * allreduce_checked. */
 typedef struct {
   float *dev, *host, *pinned;
 } bufs_t;
@@ -480,9 +489,16 @@ static int alloc_all(rank_t *r, flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *
            cudaMalloc((void **)&rb->eager_in, EAGER_MAX * sizeof(float)) == cudaSuccess &&
            cudaMalloc((void **)&rb->eager_out, EAGER_MAX * sizeof(float)) == cudaSuccess;
   b->host = calloc(2 * COUNT, sizeof(float));
-  ok = ok && b->host && cudaMallocHost((void **)&b->pinned, COUNT * sizeof(float)) == cudaSuccess &&
-       cudaMallocHost((void **)&rb->host, ROW) == cudaSuccess &&
-       cudaMallocHost((void **)&rb->eager_host, EAGER_MAX * sizeof(float)) == cudaSuccess;
+  if (g_pageable) {
+    b->pinned = malloc(COUNT * sizeof(float));
+    rb->host = malloc(ROW);
+    rb->eager_host = malloc(EAGER_MAX * sizeof(float));
+    ok = ok && b->host && b->pinned && rb->host && rb->eager_host;
+  } else {
+    ok = ok && b->host && cudaMallocHost((void **)&b->pinned, COUNT * sizeof(float)) == cudaSuccess &&
+         cudaMallocHost((void **)&rb->host, ROW) == cudaSuccess &&
+         cudaMallocHost((void **)&rb->eager_host, EAGER_MAX * sizeof(float)) == cudaSuccess;
+  }
   EXPECT(r, ok, "allocating the buffers failed");
   if (!ok) return 0;
   for (size_t i = 0; i < EAGER_MAX; i++) ((float *)rb->host)[i] = (float)value(r->rank, 0, i);
@@ -506,7 +522,8 @@ static void free_all(flexcoll_comm_t comm, bufs_t *b, replay_bufs_t *rb) {
   cudaFree(b->dev);
   cudaFree(rb->table), cudaFree(rb->send), cudaFree(rb->recv), cudaFree(rb->eager_in), cudaFree(rb->eager_out);
   free(b->host);
-  cudaFreeHost(b->pinned), cudaFreeHost(rb->host), cudaFreeHost(rb->eager_host);
+  if (g_pageable) free(b->pinned), free(rb->host), free(rb->eager_host);
+  else cudaFreeHost(b->pinned), cudaFreeHost(rb->host), cudaFreeHost(rb->eager_host);
 }
 
 static void *rank_main(void *arg) {
@@ -577,6 +594,7 @@ int main(void) {
   /* Without the ring kernels (FLEXCOLL_RING_KERNEL=0) nothing runs without peer access but
    * host copies: the second pass is for them. */
   g_schedules = getenv("FLEXCOLL_RING_KERNEL") && atoi(getenv("FLEXCOLL_RING_KERNEL")) == 0;
+  g_pageable = getenv("FC_CAPTURE_PAGEABLE") && atoi(getenv("FC_CAPTURE_PAGEABLE")) != 0;
   const char *links = getenv("FLEXCOLL_LINKS");
   const int passes = links || g_schedules ? 1 : 2;
   pthread_barrier_init(&g_barrier, NULL, NRANKS);

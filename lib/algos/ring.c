@@ -353,8 +353,8 @@ static void ring_reduce_scatter(fc_build_t *b, const ring_t *g) {
  * so round 0 packs send column by column into scratch (P, host order within a column); A then
  * runs on P with its partial columns in two slots (round s reads slot (s-1)%2 and writes slot
  * s%2, as the flat ring), and B on the column A left in slot (L-2)%2 with its partial blocks in
- * the first two blocks of the other slot.  recv is written only by B's last step, and send read only by round
- * 0, so in place is safe. */
+ * the first two blocks of the other slot.  recv is written only by B's last step, and send read
+ * only by round 0, so in place is safe. */
 static void ring2d_reduce_scatter(fc_build_t *b, const fc_algo_args_t *a, int H, int L) {
   const int v = a->pos[a->rank], hv = v / L, lv = v % L;
   const int lnext = a->order[hv * L + (lv + 1) % L], lprev = a->order[hv * L + (lv + L - 1) % L];

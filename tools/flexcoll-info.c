@@ -20,6 +20,9 @@
 #include <cuda_runtime.h>
 #endif
 
+/* The settings' name column: room for the longest name the registry holds. */
+#define NAME_WIDTH 38
+
 /* Every parameter of the registry (lib/param.c): its value, where it comes from, and whether
  * the library will accept it — a bad value is otherwise found only at the first communicator,
  * or silently replaced by the default with a warning nobody sees without FLEXCOLL_DEBUG. */
@@ -33,7 +36,7 @@ static int settings(void) {
     char why[160] = "";
     int bad = v && *v && fc_param_validate(&t[i], v, why, sizeof why);
     const char *shown = !(v && *v) ? t[i].dflt : t[i].kind == FC_PK_SECRET ? "(set)" : v;
-    printf("  %-38s%s %-12s %s", t[i].name, t[i].shared ? "*" : " ", shown, t[i].help);
+    printf("  %-*s%s %-12s %s", NAME_WIDTH, t[i].name, t[i].shared ? "*" : " ", shown, t[i].help);
     if (bad) printf(" (from the environment: INVALID, %s; the default is %s)", why, t[i].dflt);
     else if (v && *v) printf(" (from the environment)");
     printf("\n");
@@ -47,7 +50,7 @@ static int settings(void) {
     if (strncmp(*e, "FLEXCOLL_", 9) || !eq || (size_t)(eq - *e) >= sizeof name) continue;
     snprintf(name, sizeof name, "%.*s", (int)(eq - *e), *e);
     if (!fc_param_find(name) && strcmp(name, "FLEXCOLL_LOCAL_RANK")) {
-      printf("  %-33s %-12s UNKNOWN: flexcoll reads no such variable\n", name, eq + 1);
+      printf("  %-*s %-12s UNKNOWN: flexcoll reads no such variable\n", NAME_WIDTH + 1, name, eq + 1);
       invalid++;
     }
   }

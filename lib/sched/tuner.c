@@ -21,7 +21,8 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
 /* Host allgather over hosts of equally many ranks in two dimensions up to this size (the larger
  * buffer): beyond it, on 4 processes as two hosts of one machine, the packed columns' copies cost
  * more than the fewer rounds and transfers between hosts gain (docs/PERFORMANCE.md, session 34);
- * between real hosts the crossover is likely higher, not yet measured. */
+ * with the hosts' link limited to 1 Gbit/s two dimensions won at every size measured, at 10 Gbit/s
+ * up to about 4 MiB (session 35). */
 FC_PARAM_INT(allgather_2d_max_bytes, "ALLGATHER_2D_MAX_BYTES", 1 << 20)
 /* The same for reduce_scatter (its send buffer), whose round 0 packs the whole input by columns:
  * measured alike, it gained up to 4 MiB and lost at 16 MiB (docs/PERFORMANCE.md, session 35). */

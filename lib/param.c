@@ -99,12 +99,12 @@ static const fc_param_def_t table[] = {
      0, NULL},
     {"FLEXCOLL_HIERARCHY", FC_PK_INT, "1", "ranks on several hosts: host rings and trees host by host, allreduce, allgather and reduce_scatter in two dimensions (0: rank order)",
      1, 0, 1, NULL},
-    {"FLEXCOLL_ALLGATHER_2D_MAX_BYTES", FC_PK_INT, "1048576",
-     "host allgather over hosts of equally many ranks in two dimensions up to this size (larger: the flat ring)", 1, 0,
-     BIG, NULL},
-    {"FLEXCOLL_REDUCE_SCATTER_2D_MAX_BYTES", FC_PK_INT, "4194304",
-     "host reduce_scatter over hosts of equally many ranks in two dimensions up to this size (larger: the flat ring)", 1,
-     0, BIG, NULL},
+    {"FLEXCOLL_ALLGATHER_2D_MAX_BYTES", FC_PK_INT, "-1",
+     "host allgather over hosts of equally many ranks in two dimensions up to this size (larger: the flat ring); -1: "
+     "up to 1M, and beyond where the link models predict it faster", 1, -1, BIG, NULL},
+    {"FLEXCOLL_REDUCE_SCATTER_2D_MAX_BYTES", FC_PK_INT, "-1",
+     "host reduce_scatter over hosts of equally many ranks in two dimensions up to this size (larger: the flat ring); "
+     "-1: up to 4M, and beyond where the link models predict it faster", 1, -1, BIG, NULL},
     {"FLEXCOLL_HOSTID", FC_PK_TEXT, "(the host name)",
      "this rank's host as flexcoll compares hosts (as NCCL_HOSTID): ranks with equal ids share memory, peer access "
      "and shm, others reach each other over tcp or rdma", 0, 0, 0, NULL},

@@ -739,7 +739,7 @@ static unsigned long long bytes_to_other_host(hx_rank_t *r) {
 }
 
 /* Allgather and reduce_scatter of 4 ranks on two hosts, each rank's block c floats: in two
- * dimensions (below the tuner's limits) every rank sends exactly its one block to the other host;
+ * dimensions (the tuner's limits set above the size) every rank sends exactly its one block to the other host;
  * with the limits at 0 (arg: 1) the flat host-by-host ring has the two ranks at its host
  * boundaries send 3 blocks each and the others none.  Results checked either way. */
 static int hosts_2d_rank(hx_rank_t *r) {
@@ -777,7 +777,10 @@ static int hosts_2d_rank(hx_rank_t *r) {
 START_TEST(test_hosts_two_dimensions) {
   char cache[320];
   snprintf(cache, sizeof cache, "FLEXCOLL_CACHE_DIR=%s/cache-2d", g_dir);
-  const char *env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=shm,tcp", cache, NULL};
+  /* The limits set: by default the link models choose (test_two_dimensions_by_model). */
+  const char *env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=shm,tcp", cache,
+                       "FLEXCOLL_ALLGATHER_2D_MAX_BYTES=1073741824", "FLEXCOLL_REDUCE_SCATTER_2D_MAX_BYTES=1073741824",
+                       NULL};
   const char *flat_env[] = {"FLEXCOLL_UCX_PEER_FAILURE=0", "FLEXCOLL_LINKS=shm,tcp", cache,
                             "FLEXCOLL_ALLGATHER_2D_MAX_BYTES=0", "FLEXCOLL_REDUCE_SCATTER_2D_MAX_BYTES=0", NULL};
   int flat = 0;
@@ -787,6 +790,76 @@ START_TEST(test_hosts_two_dimensions) {
   o.label = "flat ring";
   o.env = flat_env;
   ck_assert_msg(hx_run_procs(4, &o, hosts_2d_rank, &flat), "flat ring: see stderr");
+}
+END_TEST
+
+/* The tuner's choice between two dimensions and the flat ring where its limits are unset (as in
+ * this process), from the calibrated link models: 4 ranks round two hosts, shm within them and tcp over all.
+ * Between hosts at about 1 Gbit/s, two dimensions send fewer blocks over the slow link at every
+ * size; between hosts faster than a copy within one (the column copies cost more than the fewer
+ * rounds save), the flat ring from some size on; small sizes pay the fewer rounds' latency. */
+START_TEST(test_two_dimensions_by_model) {
+  static const fc_link_ops_t shm = {.name = "shm", .same_host = 1}, tcp = {.name = "tcp"};
+  int host[6] = {0, 1, 0, 1}, order[6] = {0, 2, 1, 3};
+  fc_links_t l = {.nhosts = 2, .host = host, .order = order, .n = 2};
+  l.link[0].ops = &shm;
+  l.link[1].ops = &tcp;
+  fc_pair_models_t *within = &l.pairs[FC_PAIRS_WITHIN_HOST], *between = &l.pairs[FC_PAIRS_BETWEEN_HOSTS];
+  within->calibrated[0] = (fc_link_model_t){.alpha_us = 5, .beta = 5000, .port = 0};
+  within->calibrated[1] = (fc_link_model_t){.alpha_us = 30, .beta = 1500, .port = 0};
+  between->calibrated[0] = within->calibrated[0]; /* never used: shm joins no pair of hosts */
+  /* What stage 2 makes of them in a flat ring (within-host pairs as slow as the hosts' link) is
+   * not what the choice goes by. */
+  for (int i = 0; i < 2; i++) within->model[i] = between->model[i] = (fc_link_model_t){.alpha_us = 30, .beta = 120};
+  between->calibrated[1] = (fc_link_model_t){.alpha_us = 30, .beta = 120, .port = 0};
+  const fc_coll_t colls[] = {FC_COLL_ALLGATHER, FC_COLL_REDUCE_SCATTER};
+  for (int k = 0; k < 2; k++) {
+    for (size_t bytes = 4096; bytes <= ((size_t)1 << 30); bytes *= 16)
+      ck_assert_msg(fc_tuner_hosts_2d(colls[k], bytes, &l, 4), "1 Gbit/s between hosts: flat at %zu bytes", bytes);
+    ck_assert_uint_eq(fc_tuner_hosts_2d_predicted_limit(colls[k], &l, 4), (size_t)1 << 40);
+    ck_assert(!fc_tuner_hosts_2d(FC_COLL_ALLREDUCE, 1 << 20, &l, 4)); /* allreduce has its own 2-D */
+  }
+  /* Between hosts 4 times faster than shm within one: the models alone take two dimensions for
+   * small sizes (fewer rounds) and the flat ring for large ones; the tuner two dimensions up to the
+   * limits measured on one machine (1 MiB allgather, 4 MiB reduce_scatter) and up to the models'
+   * limit, the flat ring beyond both. */
+  between->calibrated[1].beta = 20000;
+  for (int k = 0; k < 2; k++) {
+    const size_t limit = fc_tuner_hosts_2d_predicted_limit(colls[k], &l, 4), measured = k ? 4 << 20 : 1 << 20;
+    ck_assert_msg(limit >= 4096 && limit < ((size_t)1 << 30), "fast hosts' link: limit %zu", limit);
+    ck_assert(fc_tuner_hosts_2d(colls[k], 4096, &l, 4) && fc_tuner_hosts_2d(colls[k], limit, &l, 4));
+    ck_assert(fc_tuner_hosts_2d(colls[k], measured, &l, 4));
+    const size_t beyond = 2 * (limit > measured ? limit : measured);
+    ck_assert_msg(!fc_tuner_hosts_2d(colls[k], beyond, &l, 4), "fast hosts' link: %zu bytes in two dimensions", beyond);
+    ck_assert(!fc_tuner_hosts_2d(colls[k], (size_t)1 << 30, &l, 4));
+  }
+  /* Near the crossing, only a predicted gain of more than a tenth counts: the hosts' link at
+   * 0.15 of shm's bandwidth predicts two dimensions at about 0.92 of the flat ring's time (flat),
+   * at 0.08 about 0.8 (two dimensions). */
+  between->calibrated[1].beta = 750;
+  ck_assert(!fc_tuner_hosts_2d(FC_COLL_ALLGATHER, (size_t)1 << 30, &l, 4));
+  between->calibrated[1].beta = 400;
+  ck_assert(fc_tuner_hosts_2d(FC_COLL_ALLGATHER, (size_t)1 << 30, &l, 4));
+  between->calibrated[1].beta = 20000;
+  /* The reduce_scatter's pack copies n blocks where the allgather unpacks n - 1: never later. */
+  ck_assert_uint_le(fc_tuner_hosts_2d_predicted_limit(FC_COLL_REDUCE_SCATTER, &l, 4),
+                    fc_tuner_hosts_2d_predicted_limit(FC_COLL_ALLGATHER, &l, 4));
+  /* Hosts of 3 and 1 ranks, or of one rank each: no two dimensions. */
+  int uneven[4] = {0, 0, 0, 1}, uneven_order[4] = {0, 1, 2, 3};
+  l.host = uneven;
+  l.order = uneven_order;
+  ck_assert(!fc_tuner_hosts_2d(FC_COLL_ALLGATHER, 4096, &l, 4));
+  int single[2] = {0, 1}, single_order[2] = {0, 1};
+  l.host = single;
+  l.order = single_order;
+  ck_assert(!fc_tuner_hosts_2d(FC_COLL_ALLGATHER, 4096, &l, 2));
+  /* Three hosts of two, in blocks: between hosts at 1 Gbit/s, two dimensions. */
+  int three[6] = {0, 0, 1, 1, 2, 2}, three_order[6] = {0, 1, 2, 3, 4, 5};
+  l.nhosts = 3;
+  l.host = three;
+  l.order = three_order;
+  between->calibrated[1].beta = 120;
+  ck_assert(fc_tuner_hosts_2d(FC_COLL_REDUCE_SCATTER, 64 << 20, &l, 6));
 }
 END_TEST
 
@@ -886,6 +959,7 @@ int main(void) {
   tcase_add_test(tc, test_split_by_pair_kind);
   tcase_add_test(tc, test_models_per_pair_kind);
   tcase_add_test(tc, test_hosts_two_dimensions);
+  tcase_add_test(tc, test_two_dimensions_by_model);
   tcase_add_test(tc, test_exchange_after_collective);
   tcase_add_test(tc, test_sender_away);
   tcase_add_test(tc, test_progress_thread_stands_back);

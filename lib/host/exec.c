@@ -488,7 +488,7 @@ static flexcoll_result_t host_run(struct flexcoll_comm *comm, const fc_algo_args
     a.order = comm->links->order;
     a.pos = comm->links->pos;
     a.host = comm->links->host;
-    a.flat_ring = !fc_tuner_hosts_2d(args->coll, larger);
+    a.flat_ring = !fc_tuner_hosts_2d(args->coll, larger, comm->links, comm->nranks);
   }
   flexcoll_result_t res = fc_algo_build(&comm->schedule, &a);
   if (res != FLEXCOLL_SUCCESS) {

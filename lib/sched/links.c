@@ -629,6 +629,21 @@ static flexcoll_result_t seed_models(struct flexcoll_comm *comm, fc_links_t *l) 
   return FLEXCOLL_SUCCESS;
 }
 
+/* Where the calibrated link models take two dimensions over equal hosts beyond the measured limits
+ * (fc_tuner_hosts_2d). */
+static void log_hosts_2d(struct flexcoll_comm *comm, const fc_links_t *l) {
+  static const fc_coll_t colls[] = {FC_COLL_ALLGATHER, FC_COLL_REDUCE_SCATTER};
+  static const char *const names[] = {"allgather", "reduce_scatter"};
+  if (l->nhosts < 2 || fc_log_level() < FC_LOG_INFO) return;
+  for (int k = 0; k < 2; k++) {
+    const size_t limit = fc_tuner_hosts_2d_predicted_limit(colls[k], l, comm->nranks);
+    if (limit) FC_INFO(FC_SUB_SCHED, "%s over the hosts: the calibrated link models predict two dimensions faster up to "
+                       "%zu bytes", names[k], limit);
+    else FC_INFO(FC_SUB_SCHED, "%s over the hosts: the calibrated link models predict the flat ring faster from 1 KiB "
+                 "(or the hosts are unequal)", names[k]);
+  }
+}
+
 /* Every link that is on, progressed once; nonzero when any did something. */
 static int progress_links(void *arg) {
   fc_links_t *l = arg;
@@ -662,7 +677,9 @@ flexcoll_result_t fc_links_open(struct flexcoll_comm *comm) {
   for (int k = 0; k < FC_PAIR_KINDS; k++)
     for (int i = 0; i < l->n; i++) l->pairs[k].model[i] = (fc_link_model_t){.beta = 1, .port = -1};
   if (l->n > 1) FC_CHECK(seed_models(comm, l));
+  for (int k = 0; k < FC_PAIR_KINDS; k++) memcpy(l->pairs[k].calibrated, l->pairs[k].model, sizeof l->pairs[k].model);
   FC_CHECK(fixed_shares(comm, l));
+  log_hosts_2d(comm, l);
   /* The communicator's exchanges from here on (stage 2, comm_split, window registration) come
    * after collectives: while a rank waits in one, its links must keep moving what a peer still
    * in the collective needs from it (test_hosts.sh matrix3 hung in stage 2's exchange without). */
@@ -735,6 +752,22 @@ flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, si
   }
   shares[most] += bytes - given;
   return FLEXCOLL_SUCCESS;
+}
+
+double fc_links_predict_us(const fc_links_t *l, int p, int q, size_t bytes) {
+  int enabled[FC_MAX_LINKS], device_pair = 0;
+  for (int i = 0; i < l->n; i++) {
+    enabled[i] = !l->link[i].off && fc_links_joins(l, i, p, q);
+    if (enabled[i] && l->link[i].device_memory) device_pair = 1;
+  }
+  for (int i = 0; i < l->n; i++)
+    if (device_pair && !l->link[i].device_memory) enabled[i] = 0;
+  size_t shares[FC_MAX_LINKS];
+  double finish_us;
+  if (fc_balance(l->pairs[fc_links_pair_kind(l, p, q)].calibrated, enabled, l->n, bytes, 1, shares, &finish_us) !=
+      FLEXCOLL_SUCCESS)
+    return INFINITY;
+  return finish_us;
 }
 
 void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor) {

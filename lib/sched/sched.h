@@ -21,9 +21,17 @@ int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks);
  * outside symmetric windows; otherwise the other device paths run them. */
 int fc_tuner_direct_exchange(void);
 /* Whether a host allgather or reduce_scatter of `bytes` (its larger buffer: the whole message)
- * over hosts of equally many ranks runs in two dimensions (up to FLEXCOLL_ALLGATHER_2D_MAX_BYTES
- * and FLEXCOLL_REDUCE_SCATTER_2D_MAX_BYTES) rather than the flat ring. */
-int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes);
+ * among nranks ranks on l's hosts, equally many on each, runs in two dimensions rather than the
+ * flat ring: up to FLEXCOLL_ALLGATHER_2D_MAX_BYTES and FLEXCOLL_REDUCE_SCATTER_2D_MAX_BYTES where
+ * they are set, else up to the limits measured on one machine and beyond them where l's
+ * calibrated link models predict it faster (the same answer on every rank, which holds the same
+ * models).
+ * 0 for other collectives and hosts of unequal size. */
+struct fc_links;
+int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes, const struct fc_links *l, int nranks);
+/* The largest power-of-two size up to which the calibrated link models predict two dimensions faster
+ * for coll, 0 where they predict it at no size from 1 KiB: for the log. */
+size_t fc_tuner_hosts_2d_predicted_limit(fc_coll_t coll, const struct fc_links *l, int nranks);
 /* Whether device calls above the one-shot limit may take the collective kernels (ring,
  * alltoall): not when FLEXCOLL_ALGO forces an algorithm, whose schedule then runs (lib/gpu). */
 int fc_tuner_kernels(void);
@@ -203,6 +211,11 @@ enum { FC_PAIRS_WITHIN_HOST, FC_PAIRS_BETWEEN_HOSTS, FC_PAIR_KINDS };
 typedef struct {
   int used;
   fc_link_model_t model[FC_MAX_LINKS]; /* in force, identical on every rank */
+  /* As stage 1 seeded them (cache or calibration), identical on every rank: each link measured
+   * alone, where stage 2 measures transfers inside running collectives, in which a ring's fast
+   * pairs wait on its slowest and look as slow as it (fine for sharing one transfer among links,
+   * wrong for comparing pair kinds). */
+  fc_link_model_t calibrated[FC_MAX_LINKS];
   /* Stage 2: what this rank measured since the last exchange, per link: parts received, their
    * bytes and microseconds from post to completion. */
   double meas_parts[FC_MAX_LINKS], meas_bytes[FC_MAX_LINKS], meas_us[FC_MAX_LINKS];
@@ -278,6 +291,11 @@ void fc_links_record(fc_links_t *l, int nranks, int i, int peer, size_t bytes, d
  * what it showed; one that stayed idle a few exchanges gets a probe share in the next window.
  * Pure (no I/O). */
 void fc_links_stage2_update(fc_links_t *l, int kind, const double *parts, const double *bytes, const double *us);
+/* Predicted microseconds for a transfer of bytes between ranks p and q, by the calibrated models
+ * of their kind of pair (fc_pair_models_t.calibrated) over the links that join them (those that
+ * take device buffers where one does, as fc_links_split cuts), balanced; INFINITY where no link
+ * is usable.  The same on every rank. */
+double fc_links_predict_us(const fc_links_t *l, int p, int q, size_t bytes);
 /* Tests: make link `name` look `factor` times slower to stage 2 (its measured times are scaled);
  * every rank of comm must do the same. */
 void fc_links_set_throttle(struct flexcoll_comm *comm, const char *name, double factor);

@@ -5,6 +5,8 @@
 #define _GNU_SOURCE
 #include "sched.h"
 
+#include <math.h>
+
 #include "log.h"
 #include "param.h"
 
@@ -18,15 +20,17 @@ FC_PARAM_INT(direct_min_bytes, "DIRECT_MIN_BYTES", 1 << 20)
  * against 154 GB/s busbw at 16 MB; at 32 MB direct 87.6 µs, staged 93.0, NCCL 91.0; for 2 ranks
  * the one-shot kernel covers up to 16 MB). */
 FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
-/* Host allgather over hosts of equally many ranks in two dimensions up to this size (the larger
- * buffer): beyond it, on 4 processes as two hosts of one machine, the packed columns' copies cost
- * more than the fewer rounds and transfers between hosts gain (docs/PERFORMANCE.md, session 34);
- * with the hosts' link limited to 1 Gbit/s two dimensions won at every size measured, at 10 Gbit/s
- * up to about 4 MiB (session 35). */
-FC_PARAM_INT(allgather_2d_max_bytes, "ALLGATHER_2D_MAX_BYTES", 1 << 20)
-/* The same for reduce_scatter (its send buffer), whose round 0 packs the whole input by columns:
- * measured alike, it gained up to 4 MiB and lost at 16 MiB (docs/PERFORMANCE.md, session 35). */
-FC_PARAM_INT(reduce_scatter_2d_max_bytes, "REDUCE_SCATTER_2D_MAX_BYTES", 4 << 20)
+/* Host allgather and reduce_scatter over hosts of equally many ranks in two dimensions up to these
+ * sizes (the larger buffer), the flat ring above.  Unset (-1): up to the sizes measured on two
+ * "hosts" of one machine, whose link is a copy through memory (beyond them the columns' copies
+ * cost more than the transfers saved: docs/PERFORMANCE.md, sessions 34 and 35), and beyond them
+ * where the calibrated link models predict two dimensions faster even on pessimistic terms
+ * (hosts_2d_predicted): between hosts much slower than a copy, as with hosts joined at 1 Gbit/s,
+ * where two dimensions won at every size measured (session 35). */
+FC_PARAM_INT(allgather_2d_max_bytes, "ALLGATHER_2D_MAX_BYTES", -1)
+FC_PARAM_INT(reduce_scatter_2d_max_bytes, "REDUCE_SCATTER_2D_MAX_BYTES", -1)
+#define ALLGATHER_2D_MEASURED_BYTES (1u << 20)
+#define REDUCE_SCATTER_2D_MEASURED_BYTES (4u << 20)
 /* Host collectives of ranks of one host through the communicator's shared-memory segment. */
 FC_PARAM_INT(shm_direct, "SHM_DIRECT", 1)
 /* Allreduce from this size splits the reduction over the ranks (reduce-scatter + allgather
@@ -122,10 +126,67 @@ int fc_tuner_direct(fc_coll_t coll, size_t bytes, int nranks) {
 
 int fc_tuner_direct_exchange(void) { return fc_param_direct() >= 2; }
 
-int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes) {
-  if (coll == FC_COLL_ALLGATHER) return bytes <= (size_t)fc_param_allgather_2d_max_bytes();
-  if (coll == FC_COLL_REDUCE_SCATTER) return bytes <= (size_t)fc_param_reduce_scatter_2d_max_bytes();
-  return 0;
+/* Two dimensions beyond the measured limits only where the models predict them at most this part of
+ * the flat ring's time: the rule below errs by more than the calibration's noise near the ratio of
+ * the hosts' link to shm's where the two cross (docs/PERFORMANCE.md, session 36: calibrations a
+ * run apart on one machine fell on either side), and the measured limits are the safer side. */
+#define HOSTS_2D_PREDICTED_MAX 0.9
+
+/* Whether two dimensions are predicted to finish within HOSTS_2D_PREDICTED_MAX of the flat ring's
+ * time, for coll of `bytes` among H hosts of L ranks, on terms that favour the flat ring.  With blocks of c = bytes / (H L) and w(x), b(x) the predicted times of x bytes within a
+ * host and between hosts (fc_links_predict_us: the calibrated models):
+ *   flat: H L - 1 rounds, each as long as its slowest pair: (H L - 1) max(w(c), b(c));
+ *   two dimensions: H - 1 rounds between hosts, as if a host's L ranks, sending at once, shared
+ *     one NIC: b(L c) each; L - 1 rounds of a column (H c) within the host: w(H c) each; and the
+ *     copies of the columns (the allgather unpacks H L - 1 blocks, the reduce_scatter packs H L)
+ *     at the within-host link's rate, where a local copy is faster.
+ * Both reduce H L - 1 blocks a rank in a reduce_scatter, so the reductions cancel out.  The
+ * representative pairs are the same on every rank: the first two ranks of the first host, and its
+ * first rank with the second host's. */
+static int hosts_2d_predicted(fc_coll_t coll, size_t bytes, const fc_links_t *l, int H, int L) {
+  const int n = H * L, p = l->order[0], near = l->order[1], far = l->order[L];
+  const size_t c = bytes / (size_t)n;
+  const double w = fc_links_predict_us(l, p, near, c), b = fc_links_predict_us(l, p, far, c);
+  const size_t copied = (coll == FC_COLL_REDUCE_SCATTER ? (size_t)n : (size_t)n - 1) * c;
+  const double flat = (n - 1) * fmax(w, b);
+  const double two = (H - 1) * fc_links_predict_us(l, p, far, (size_t)L * c) +
+                     (L - 1) * fc_links_predict_us(l, p, near, (size_t)H * c) + fc_links_predict_us(l, p, near, copied);
+  return two <= HOSTS_2D_PREDICTED_MAX * flat;
+}
+
+/* H and L of nranks ranks on l's hosts where every host has as many, at least 2; else 0.  l->order
+ * lists the ranks host by host, so the hosts are equal when its k-th rank is on host k / L. */
+static int equal_hosts(const fc_links_t *l, int nranks, int *H, int *L) {
+  if (!l || !l->order || l->nhosts < 2 || nranks % l->nhosts || nranks / l->nhosts < 2) return 0;
+  *H = l->nhosts;
+  *L = nranks / l->nhosts;
+  for (int k = 0; k < nranks; k++)
+    if (l->host[l->order[k]] != k / *L) return 0;
+  return 1;
+}
+
+static int64_t hosts_2d_limit(fc_coll_t coll) {
+  return coll == FC_COLL_ALLGATHER        ? fc_param_allgather_2d_max_bytes()
+         : coll == FC_COLL_REDUCE_SCATTER ? fc_param_reduce_scatter_2d_max_bytes()
+                                          : 0;
+}
+
+int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes, const fc_links_t *l, int nranks) {
+  int H, L;
+  if ((coll != FC_COLL_ALLGATHER && coll != FC_COLL_REDUCE_SCATTER) || !equal_hosts(l, nranks, &H, &L)) return 0;
+  const int64_t limit = hosts_2d_limit(coll);
+  if (limit >= 0) return bytes <= (size_t)limit;
+  const size_t measured = coll == FC_COLL_ALLGATHER ? ALLGATHER_2D_MEASURED_BYTES : REDUCE_SCATTER_2D_MEASURED_BYTES;
+  return bytes <= measured || hosts_2d_predicted(coll, bytes, l, H, L);
+}
+
+size_t fc_tuner_hosts_2d_predicted_limit(fc_coll_t coll, const fc_links_t *l, int nranks) {
+  int H, L;
+  if ((coll != FC_COLL_ALLGATHER && coll != FC_COLL_REDUCE_SCATTER) || !equal_hosts(l, nranks, &H, &L)) return 0;
+  size_t last = 0;
+  for (size_t bytes = 1 << 10; bytes <= ((size_t)1 << 40) && hosts_2d_predicted(coll, bytes, l, H, L); bytes *= 2)
+    last = bytes;
+  return last;
 }
 
 int fc_tuner_kernels(void) { return forced_algo() < 0; }

@@ -822,6 +822,11 @@ static Suite *coll_suite(void) {
  *                "error CODE after N calls at T" (T: CLOCK_REALTIME seconds) and exits 0 when
  *                the error is REMOTE_ERROR or TIMEOUT, 1 otherwise or when none came within
  *                FC_TEST_LOOP_S seconds (default 120).
+ *   sent-per-call  an allgather of 4 MiB (recv) and a reduce_scatter of 8 MiB (send), float32,
+ *                each checked; after each, the bytes this rank sent to every peer during it, from
+ *                the link statistics ("COLL peer P bytes B"): test_hosts.sh's slow case checks
+ *                that ranks on hosts joined by a slow link send one block each to the other host
+ *                (two dimensions; the flat ring's would send 0 or 3).
  * Exit 0 on success. */
 static double realtime_s(void) {
   struct timespec t;
@@ -855,6 +860,63 @@ static int launcher_until_error(flexcoll_comm_t comm, int rank) {
   return res == FLEXCOLL_REMOTE_ERROR || res == FLEXCOLL_TIMEOUT ? 0 : 1;
 }
 
+/* The bytes this rank has sent to each peer so far (all links), into sent[nranks]. */
+static int sent_per_peer(flexcoll_comm_t comm, int nranks, unsigned long long *sent) {
+  flexcoll_link_stats_t st[64];
+  int n = 0;
+  if (flexcoll_comm_get_link_stats(comm, st, 64, &n) != FLEXCOLL_SUCCESS) return 0;
+  for (int q = 0; q < nranks; q++) sent[q] = 0;
+  for (int i = 0; i < n && i < 64; i++)
+    if (st[i].peer >= 0 && st[i].peer < nranks) sent[st[i].peer] += st[i].bytes;
+  return 1;
+}
+
+static int launcher_sent_per_call(flexcoll_comm_t comm, int rank, int nranks) {
+  /* The allgather's block: its receive buffer is 4 MiB; the reduce_scatter's is twice that. */
+  const size_t c = ((size_t)4 << 20) / sizeof(float) / (size_t)(nranks > 0 ? nranks : 1);
+  const size_t recv_count = (size_t)(nranks > 2 ? nranks : 2) * c;
+  float *send = malloc((size_t)nranks * 2 * c * sizeof *send), *recv = malloc(recv_count * sizeof *recv);
+  unsigned long long *before = calloc((size_t)nranks, sizeof *before), *after = calloc((size_t)nranks, sizeof *after);
+  int rc = !send || !recv || !before || !after || nranks > 64;
+  for (int k = 0; k < 2 && !rc; k++) {
+    const int rs = k == 1;
+    const size_t block = rs ? 2 * c : c, nsend = rs ? (size_t)nranks * block : block;
+    const char *name = rs ? "reduce_scatter" : "allgather";
+    for (size_t i = 0; i < nsend; i++) send[i] = (float)((i * 3 + (size_t)rank * 5) % 11);
+    if (!sent_per_peer(comm, nranks, before)) {
+      rc = 1;
+      break;
+    }
+    flexcoll_result_t res = rs ? flexcoll_reduce_scatter(send, recv, block, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL)
+                               : flexcoll_allgather(send, recv, block, FLEXCOLL_FLOAT32, comm, NULL);
+    if (res != FLEXCOLL_SUCCESS || !sent_per_peer(comm, nranks, after)) {
+      printf("rank %d: %s: %d (%s): %s\n", rank, name, (int)res, flexcoll_get_error_string(res),
+             flexcoll_get_last_error(comm));
+      rc = 1;
+      break;
+    }
+    const size_t nrecv = rs ? block : (size_t)nranks * block;
+    for (size_t i = 0; i < nrecv && !rc; i++) {
+      float want = 0;
+      if (rs)
+        for (int q = 0; q < nranks; q++) want += (float)((((size_t)rank * block + i) * 3 + (size_t)q * 5) % 11);
+      else
+        want = (float)(((i % block) * 3 + (i / block) * 5) % 11);
+      if (recv[i] != want) {
+        printf("rank %d: %s element %zu: %g, expected %g\n", rank, name, i, recv[i], want);
+        rc = 1;
+      }
+    }
+    for (int q = 0; q < nranks; q++)
+      printf("rank %d: %s peer %d bytes %llu\n", rank, name, q, after[q] - before[q]);
+  }
+  free(send);
+  free(recv);
+  free(before);
+  free(after);
+  return rc;
+}
+
 /* Every rank must hold the same bits after an allreduce, whatever the schedule (flat, host by
  * host, two-dimensional): float32 sums whose rounding depends on the order of the fold, at a
  * tree size, a ring size and a large one, in place; each rank's digest all-gathered and compared. */
@@ -883,8 +945,8 @@ static int launcher_same_bits(hx_rank_t *r) {
 }
 
 static int launcher_main(const char *mode) {
-  if (strcmp(mode, "matrix") && strcmp(mode, "init") && strcmp(mode, "until-error")) {
-    fprintf(stderr, "test_coll --launcher %s: the mode is matrix, init or until-error\n", mode);
+  if (strcmp(mode, "matrix") && strcmp(mode, "init") && strcmp(mode, "until-error") && strcmp(mode, "sent-per-call")) {
+    fprintf(stderr, "test_coll --launcher %s: the mode is matrix, init, until-error or sent-per-call\n", mode);
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -904,6 +966,8 @@ static int launcher_main(const char *mode) {
   if (!strcmp(mode, "until-error")) {
     rc = launcher_until_error(comm, rank);
     flexcoll_comm_abort(comm);
+  } else if (!strcmp(mode, "sent-per-call")) {
+    rc = launcher_sent_per_call(comm, rank, nranks);
   } else {
     hx_opts_t o = {.label = "launcher", .algo = getenv("FLEXCOLL_ALGO")};
     hx_rank_t r;
@@ -926,7 +990,7 @@ static int launcher_main(const char *mode) {
 int main(int argc, char **argv) {
   if (argc == 3 && !strcmp(argv[1], "--launcher")) return launcher_main(argv[2]);
   if (argc != 1) {
-    fprintf(stderr, "usage: test_coll [--launcher matrix|init|until-error]\n");
+    fprintf(stderr, "usage: test_coll [--launcher matrix|init|until-error|sent-per-call]\n");
     return 2;
   }
   uint64_t seed = hx_seed(); /* chosen and printed once; the forked tests inherit it */

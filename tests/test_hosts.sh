@@ -30,6 +30,11 @@
 #             that no link joins
 #   down      2 hosts running allreduces until one fails; host 2's veth goes down: every rank
 #             must return REMOTE_ERROR or TIMEOUT within FLEXCOLL_TIMEOUT_MS (8 s) + 5 s
+#   slow      2 hosts of 2 ranks (round), each host's veth limited to 100 Mbit/s (tc tbf): an
+#             allgather of 4 MiB and a reduce_scatter of 8 MiB, above the sizes where two
+#             dimensions are taken on any machine, must run in two dimensions by the calibrated
+#             models (`test_coll --launcher sent-per-call`: each rank sends exactly one block to
+#             the other host; the flat ring sends 0 or 3); skipped without tc(8)
 # FC_HOSTS_CASES="matrix3 down" runs some; FC_TEST_SEED fixes the data.  The namespaces need root
 # and unshare(1), nsenter(1) and ip(8); where they cannot work (or FC_HOSTS_MODE=hostid) the
 # hosts are names only: every rank runs in this machine's namespaces with FLEXCOLL_HOSTID=fch-H
@@ -268,7 +273,7 @@ check_matrix() { # check_matrix CROSS
   [ $bad = 0 ] && echo "PASS: $CASE" || show
 }
 
-want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 uneven rdma device shmonly down} " in *" $1 "*) return 0 ;; esac; return 1; }
+want() { case " ${FC_HOSTS_CASES:-matrix3 matrix2 uneven rdma device shmonly down slow} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # One matrix case: run_matrix PRIVATE_SHM INTER_LINK INTRA_LINK [VAR=VALUE...] (CASE, NH, NR and
 # LAYOUT set): NH hosts, the full matrix on every rank, then the links' checks.
@@ -391,6 +396,48 @@ elif want down; then
     r=$((r + 1))
   done
   [ $bad = 0 ] && echo "PASS: $CASE" || show
+  drop_hosts
+fi
+
+# ---- slow: hosts joined by 100 Mbit/s take two dimensions beyond the measured limits ------------
+TCBIN=$(command -v tc 2>/dev/null || echo /usr/sbin/tc)
+if want slow && [ "$MODE" = hostid ]; then
+  echo "SKIP: slow: hosts by FLEXCOLL_HOSTID share one network, which cannot be slowed for them"
+elif want slow && [ ! -x "$TCBIN" ]; then
+  echo "SKIP: slow: tc(8) is not installed"
+elif want slow; then
+  CASE=slow NH=2 NR=4 LAYOUT=round
+  make_hosts 2 1
+  bad=0
+  for p in $HOSTPID; do
+    nsenter -t "$p" -n "$TCBIN" qdisc add dev eth0 root tbf rate 100mbit burst 256kb latency 200ms 2>"$W/tc.err" ||
+      { echo "SKIP: slow: tc cannot limit a veth here: $(cat "$W/tc.err")"; bad=skip; }
+  done
+  if [ $bad = 0 ]; then
+    start_ranks sent-per-call FLEXCOLL_TIMEOUT_MS=60000 FLEXCOLL_DEBUG_SUBSYS=SCHED
+    wait_ranks 180
+    check_exits
+    grep -h "predict" "$W/$CASE.0.err" | sed 's/^[^]]*] //' | sort -u
+    r=0
+    while [ $r -lt "$NR" ]; do
+      for coll in allgather:1048576 reduce_scatter:2097152; do
+        name=${coll%:*} block=${coll#*:}
+        cross=0
+        q=0
+        while [ $q -lt "$NR" ]; do
+          if [ "$(host_of $q)" != "$(host_of $r)" ]; then
+            b=$(sed -n "s/^rank $r: $name peer $q bytes \([0-9]*\)$/\1/p" "$W/$CASE.$r.out")
+            cross=$((cross + ${b:-0}))
+          fi
+          q=$((q + 1))
+        done
+        echo "$CASE: rank $r: $name sent $cross bytes to the other host (one block: $block)"
+        [ "$cross" = "$block" ] || { fail "$CASE: rank $r's $name sent $cross bytes to the other host, not one block ($block): not in two dimensions"; bad=1; }
+      done
+      r=$((r + 1))
+    done
+    [ $bad = 0 ] && echo "PASS: $CASE" || show
+  fi
   drop_hosts
 fi
 

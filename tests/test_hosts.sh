@@ -414,7 +414,8 @@ elif want slow; then
       { echo "SKIP: slow: tc cannot limit a veth here: $(cat "$W/tc.err")"; bad=skip; }
   done
   if [ $bad = 0 ]; then
-    start_ranks sent-per-call FLEXCOLL_TIMEOUT_MS=60000 FLEXCOLL_DEBUG_SUBSYS=SCHED
+    # A cache of its own: the other 2-host cases cached models of the same shape unthrottled.
+    start_ranks sent-per-call FLEXCOLL_TIMEOUT_MS=60000 FLEXCOLL_DEBUG_SUBSYS=SCHED FLEXCOLL_CACHE_DIR="$W/cache-slow"
     wait_ranks 180
     check_exits
     grep -h "predict" "$W/$CASE.0.err" | sed 's/^[^]]*] //' | sort -u

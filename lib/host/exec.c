@@ -21,6 +21,7 @@
 #include "error.h"
 #include "host.h"
 #include "host/shm.h"
+#include "log.h"
 #include "gpu/gpu.h"
 #include "param.h"
 #include "sched/sched.h"
@@ -489,6 +490,9 @@ static flexcoll_result_t host_run(struct flexcoll_comm *comm, const fc_algo_args
     a.pos = comm->links->pos;
     a.host = comm->links->host;
     a.flat_ring = !fc_tuner_hosts_2d(args->coll, larger, comm->links, comm->nranks);
+    if (a.algo == FC_ALGO_RING && (a.coll == FC_COLL_ALLGATHER || a.coll == FC_COLL_REDUCE_SCATTER))
+      FC_TRACE(FC_SUB_COLL, "%s of %zu bytes over %d hosts: %s", fc_coll_name(a.coll), larger, comm->links->nhosts,
+               a.flat_ring ? "the flat ring" : "two dimensions");
   }
   flexcoll_result_t res = fc_algo_build(&comm->schedule, &a);
   if (res != FLEXCOLL_SUCCESS) {

@@ -24,8 +24,8 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
  * sizes (the larger buffer), the flat ring above.  Unset (-1): up to the sizes measured on two
  * "hosts" of one machine, whose link is a copy through memory (beyond them the columns' copies
  * cost more than the transfers saved: docs/PERFORMANCE.md, sessions 34 and 35), and beyond them
- * where the calibrated link models predict two dimensions faster even on pessimistic terms
- * (hosts_2d_predicted): between hosts much slower than a copy, as with hosts joined at 1 Gbit/s,
+ * where the calibrated link models predict two dimensions faster by more than a tenth even on
+ * pessimistic terms (hosts_2d_predicted): between hosts much slower than a copy, as with hosts joined at 1 Gbit/s,
  * where two dimensions won at every size measured (session 35). */
 FC_PARAM_INT(allgather_2d_max_bytes, "ALLGATHER_2D_MAX_BYTES", -1)
 FC_PARAM_INT(reduce_scatter_2d_max_bytes, "REDUCE_SCATTER_2D_MAX_BYTES", -1)
@@ -133,8 +133,9 @@ int fc_tuner_direct_exchange(void) { return fc_param_direct() >= 2; }
 #define HOSTS_2D_PREDICTED_MAX 0.9
 
 /* Whether two dimensions are predicted to finish within HOSTS_2D_PREDICTED_MAX of the flat ring's
- * time, for coll of `bytes` among H hosts of L ranks, on terms that favour the flat ring.  With blocks of c = bytes / (H L) and w(x), b(x) the predicted times of x bytes within a
- * host and between hosts (fc_links_predict_us: the calibrated models):
+ * time, for coll of `bytes` among H hosts of L ranks, on terms that favour the flat ring.  With
+ * blocks of c = bytes / (H L) and w(x), b(x) the predicted times of x bytes within a host and
+ * between hosts (fc_links_predict_us: the calibrated models):
  *   flat: H L - 1 rounds, each as long as its slowest pair: (H L - 1) max(w(c), b(c));
  *   two dimensions: H - 1 rounds between hosts, as if a host's L ranks, sending at once, shared
  *     one NIC: b(L c) each; L - 1 rounds of a column (H c) within the host: w(H c) each; and the

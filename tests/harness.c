@@ -925,6 +925,44 @@ int hx_destroy_concurrently(flexcoll_comm_t *comms, int n) {
   return ok;
 }
 
+/* The bytes comm's rank has sent to each peer so far, over all links, into sent[nranks]. */
+static int sent_per_peer(flexcoll_comm_t comm, int nranks, unsigned long long *sent) {
+  flexcoll_link_stats_t st[64];
+  int n = 0;
+  if (flexcoll_comm_get_link_stats(comm, st, 64, &n) != FLEXCOLL_SUCCESS) return 0;
+  for (int q = 0; q < nranks; q++) sent[q] = 0;
+  for (int i = 0; i < n && i < 64; i++)
+    if (st[i].peer >= 0 && st[i].peer < nranks) sent[st[i].peer] += st[i].bytes;
+  return 1;
+}
+
+int hx_small_ints_call(flexcoll_comm_t comm, int rank, int nranks, int rs, size_t block, float *send, float *recv,
+                       unsigned long long *sent, char *why, size_t len) {
+  const char *name = rs ? "reduce_scatter" : "allgather";
+  unsigned long long before[64];
+  if (nranks > 64) return snprintf(why, len, "%s: more than 64 ranks", name), 1;
+  const size_t nsend = rs ? (size_t)nranks * block : block;
+  for (size_t i = 0; i < nsend; i++) send[i] = (float)((i * 3 + (size_t)rank * 5) % 11);
+  if (!sent_per_peer(comm, nranks, before)) return snprintf(why, len, "flexcoll_comm_get_link_stats failed"), 1;
+  flexcoll_result_t res = rs ? flexcoll_reduce_scatter(send, recv, block, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, NULL)
+                             : flexcoll_allgather(send, recv, block, FLEXCOLL_FLOAT32, comm, NULL);
+  if (res != FLEXCOLL_SUCCESS)
+    return snprintf(why, len, "%s returned %d (%s): %s", name, (int)res, flexcoll_get_error_string(res),
+                    flexcoll_get_last_error(comm)), 1;
+  if (!sent_per_peer(comm, nranks, sent)) return snprintf(why, len, "flexcoll_comm_get_link_stats failed"), 1;
+  for (int q = 0; q < nranks; q++) sent[q] -= before[q];
+  const size_t nrecv = rs ? block : (size_t)nranks * block;
+  for (size_t i = 0; i < nrecv; i++) {
+    float want = 0;
+    if (rs)
+      for (int q = 0; q < nranks; q++) want += (float)((((size_t)rank * block + i) * 3 + (size_t)q * 5) % 11);
+    else
+      want = (float)(((i % block) * 3 + (i / block) * 5) % 11);
+    if (recv[i] != want) return snprintf(why, len, "%s element %zu: %g, expected %g", name, i, recv[i], want), 1;
+  }
+  return 0;
+}
+
 uint64_t hx_digest(const void *buf, size_t bytes) {
   uint64_t h = 1469598103934665603ULL; /* FNV-1a */
   for (size_t i = 0; buf && i < bytes; i++) h = (h ^ ((const unsigned char *)buf)[i]) * 1099511628211ULL;

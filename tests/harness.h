@@ -127,6 +127,15 @@ int hx_ok(hx_rank_t *r, flexcoll_result_t res, flexcoll_comm_t comm, const char 
 uint64_t hx_digest(const void *buf, size_t bytes);
 int hx_same_digests(const char *tag, const char *dir, int nranks, const char *a, const char *b);
 
+/* Which way a collective went, from what it sent: a float32 allgather (rs 0) or sum reduce_scatter
+ * (rs 1) of `block` elements per rank on small integers ((i * 3 + rank * 5) % 11 at element i of
+ * send: exact whatever the order of the sums), every element checked, and the bytes this rank sent
+ * to each peer during the call (the link statistics) into sent[nranks] (nranks <= 64).  send holds
+ * nranks * block floats (the allgather reads the first block), recv max(nranks, 2) * block.
+ * 0 on success, else 1 with why filled. */
+int hx_small_ints_call(flexcoll_comm_t comm, int rank, int nranks, int rs, size_t block, float *send, float *recv,
+                       unsigned long long *sent, char *why, size_t len);
+
 /* ---- what a process holds (leak checks) ---------------------------------------------------- */
 
 /* Entries of a directory whose names start with prefix ("" for all), without "." and ".."; -1

@@ -759,13 +759,10 @@ flexcoll_result_t fc_links_split(const fc_links_t *l, int peer, size_t bytes, si
 }
 
 double fc_links_predict_us(const fc_links_t *l, int p, int q, size_t bytes) {
-  int enabled[FC_MAX_LINKS], device_pair = 0;
-  for (int i = 0; i < l->n; i++) {
-    enabled[i] = !l->link[i].off && fc_links_joins(l, i, p, q);
-    if (enabled[i] && l->link[i].device_memory) device_pair = 1;
-  }
+  const int device_pair = fc_links_device_memory(l, p, q);
+  int enabled[FC_MAX_LINKS];
   for (int i = 0; i < l->n; i++)
-    if (device_pair && !l->link[i].device_memory) enabled[i] = 0;
+    enabled[i] = !l->link[i].off && fc_links_joins(l, i, p, q) && (!device_pair || l->link[i].device_memory);
   size_t shares[FC_MAX_LINKS];
   double finish_us;
   if (fc_balance(l->pairs[fc_links_pair_kind(l, p, q)].calibrated, enabled, l->n, bytes, 1, shares, &finish_us) !=

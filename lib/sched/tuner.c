@@ -155,9 +155,11 @@ static int hosts_2d_predicted(fc_coll_t coll, size_t bytes, const fc_links_t *l,
   return two <= HOSTS_2D_PREDICTED_MAX * flat;
 }
 
-/* H and L of nranks ranks on l's hosts where every host has as many, at least 2; else 0.  l->order
- * lists the ranks host by host, so the hosts are equal when its k-th rank is on host k / L. */
-static int equal_hosts(const fc_links_t *l, int nranks, int *H, int *L) {
+/* Whether coll has two dimensions (allgather, reduce_scatter) and nranks ranks lie on l's hosts
+ * equally, at least 2 on each: then H and L.  l->order lists the ranks host by host, so the hosts
+ * are equal when its k-th rank is on host k / L. */
+static int hosts_2d_shape(fc_coll_t coll, const fc_links_t *l, int nranks, int *H, int *L) {
+  if (coll != FC_COLL_ALLGATHER && coll != FC_COLL_REDUCE_SCATTER) return 0;
   if (!l || !l->order || l->nhosts < 2 || nranks % l->nhosts || nranks / l->nhosts < 2) return 0;
   *H = l->nhosts;
   *L = nranks / l->nhosts;
@@ -166,24 +168,19 @@ static int equal_hosts(const fc_links_t *l, int nranks, int *H, int *L) {
   return 1;
 }
 
-static int64_t hosts_2d_limit(fc_coll_t coll) {
-  return coll == FC_COLL_ALLGATHER        ? fc_param_allgather_2d_max_bytes()
-         : coll == FC_COLL_REDUCE_SCATTER ? fc_param_reduce_scatter_2d_max_bytes()
-                                          : 0;
-}
-
 int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes, const fc_links_t *l, int nranks) {
   int H, L;
-  if ((coll != FC_COLL_ALLGATHER && coll != FC_COLL_REDUCE_SCATTER) || !equal_hosts(l, nranks, &H, &L)) return 0;
-  const int64_t limit = hosts_2d_limit(coll);
+  if (!hosts_2d_shape(coll, l, nranks, &H, &L)) return 0;
+  const int allgather = coll == FC_COLL_ALLGATHER;
+  const int64_t limit = allgather ? fc_param_allgather_2d_max_bytes() : fc_param_reduce_scatter_2d_max_bytes();
   if (limit >= 0) return bytes <= (size_t)limit;
-  const size_t measured = coll == FC_COLL_ALLGATHER ? ALLGATHER_2D_MEASURED_BYTES : REDUCE_SCATTER_2D_MEASURED_BYTES;
+  const size_t measured = allgather ? ALLGATHER_2D_MEASURED_BYTES : REDUCE_SCATTER_2D_MEASURED_BYTES;
   return bytes <= measured || hosts_2d_predicted(coll, bytes, l, H, L);
 }
 
 size_t fc_tuner_hosts_2d_predicted_limit(fc_coll_t coll, const fc_links_t *l, int nranks) {
   int H, L;
-  if ((coll != FC_COLL_ALLGATHER && coll != FC_COLL_REDUCE_SCATTER) || !equal_hosts(l, nranks, &H, &L)) return 0;
+  if (!hosts_2d_shape(coll, l, nranks, &H, &L)) return 0;
   size_t last = 0;
   for (size_t bytes = 1 << 10; bytes <= ((size_t)1 << 40) && hosts_2d_predicted(coll, bytes, l, H, L); bytes *= 2)
     last = bytes;

@@ -74,7 +74,9 @@
  * j, k, l, m, o and q); in m, n, o, p and q a second rdma entry toward the next rank (the lane,
  * beside the host link) with bytes.
  * Other knobs: FC_ONEGPU_QUICK=1 (counts 1, 1001, 65539; float32, int32, bfloat16 only).  Every
- * wait is bounded by a watchdog (alarm, 120 s per phase) that prints "HANG: <phase> <call>" and exits.
+ * wait is bounded by a watchdog (alarm, 120 s per phase, FC_ONEGPU_PHASE_ALARM seconds where set)
+ * that prints "HANG: <phase> <call>" and where each rank's thread is, and exits; a crash prints
+ * its backtrace and the same.
  * One line per (environment, N, phase) goes to stderr, then a summary.  Exit 77 (automake's
  * skip) where there is no GPU. */
 #define _GNU_SOURCE
@@ -91,6 +93,7 @@
 #include <unistd.h>
 
 #include "flexcoll.h"
+#include "crash_report.h"
 #include "gpu_serial.h"
 
 #define TAG "[test_onegpu]"
@@ -100,7 +103,10 @@
 #define MAX_RANKS 64
 #define BATCH_CALLS 8
 #define LARGE_COUNT 3000017u
-#define PHASE_ALARM 120
+/* Seconds a phase may take before the watchdog reports a HANG (FC_ONEGPU_PHASE_ALARM: shorter,
+ * where the node's time is short and a stall is expected). */
+static unsigned g_phase_alarm = 120;
+#define PHASE_ALARM g_phase_alarm
 #define HANG_TIMEOUT_MS 3000
 #define MAX_MSGS 40 /* error lines per rank and phase: a broken path fails thousands of elements */
 
@@ -121,17 +127,44 @@ typedef struct {
 
 static char g_phase[128] = "start";
 static char g_call[256] = "";
+/* Where each rank's thread is (a string literal) and the seed of its call, so that a HANG or a
+ * crash says which rank stopped where: inside a flexcoll call, waiting for its streams, at a
+ * barrier... */
+static const char *volatile g_where[MAX_RANKS];
+static volatile unsigned g_where_seed[MAX_RANKS];
+static volatile int g_where_n;
+static void where(int rank, const char *what, unsigned seed) {
+  g_where_seed[rank] = seed;
+  g_where[rank] = what;
+}
+
+/* What runs now and where every rank is (async-signal-safe). */
+static void write_context(void) {
+  crash_report_write(g_phase);
+  crash_report_write(" ");
+  crash_report_write(g_call);
+  crash_report_write("\n");
+  for (int q = 0; q < g_where_n && q < MAX_RANKS; q++) {
+    const char *w = g_where[q];
+    crash_report_write(TAG "   rank ");
+    crash_report_write_number((unsigned long)q, 10);
+    crash_report_write(": ");
+    crash_report_write(w ? w : "not started");
+    crash_report_write(" (call seed ");
+    crash_report_write_number(g_where_seed[q], 10);
+    crash_report_write(")\n");
+  }
+}
 
 static void on_alarm(int sig) {
   (void)sig;
-  static const char head[] = TAG " HANG: ";
-  ssize_t w = write(2, head, sizeof head - 1);
-  w += write(2, g_phase, strnlen(g_phase, sizeof g_phase));
-  w += write(2, " ", 1);
-  w += write(2, g_call, strnlen(g_call, sizeof g_call));
-  w += write(2, "\n", 1);
-  (void)w;
+  crash_report_write(TAG " HANG: ");
+  write_context();
   _exit(1);
+}
+static void on_crash_context(void) {
+  crash_report_write(TAG " at the crash: ");
+  write_context();
 }
 
 static double now_s(void) {
@@ -411,6 +444,7 @@ static int agree(rank_t *r, int ok) {
 
 /* Phases start and end together on every rank; rank 0 arms the watchdog and reports. */
 static void phase_begin(rank_t *r, const char *name) {
+  where(r->rank, "at the barrier that begins a phase", 0);
   pthread_barrier_wait(&g_barrier);
   if (r->rank == 0) {
     snprintf(g_phase, sizeof g_phase, "env %c N=%d %s", g_env, g_nranks, name);
@@ -423,6 +457,7 @@ static void phase_begin(rank_t *r, const char *name) {
   pthread_barrier_wait(&g_barrier);
 }
 static void phase_end(rank_t *r) {
+  where(r->rank, "at the barrier that ends a phase", 0);
   pthread_barrier_wait(&g_barrier);
   if (r->rank == 0) {
     const int f = total_failures() - g_phase_f0;
@@ -550,6 +585,7 @@ static void issue_call(rank_t *r, pend_t *p, size_t *top) {
   if (ns) cudaMemcpyAsync(dev + in_off, host + in_off, ns * es, cudaMemcpyHostToDevice, s);
   flexcoll_result_t res;
   const int dt = c->dt, op = c->op;
+  where(me, "inside the flexcoll call", c->seed);
   switch (c->kind) {
     case C_ALLREDUCE: res = flexcoll_allreduce(p->sendp, p->recvp, c->n, dt, op, r->comm, s); break;
     case C_ALLGATHER: res = flexcoll_allgather(p->sendp, p->recvp, c->n, dt, r->comm, s); break;
@@ -572,6 +608,7 @@ static void issue_call(rank_t *r, pend_t *p, size_t *top) {
     describe(c, d, sizeof d);
     FAIL(r, "%s: returned %s: %s", d, flexcoll_get_error_string(res), flexcoll_get_last_error(r->comm));
   }
+  where(me, "enqueuing the copies after its call", c->seed);
   /* With one queue nothing may follow the kernel before it is done (g_lockstep). */
   if (g_lockstep) cudaStreamSynchronize(s);
   cudaMemcpyAsync(host + p->soff, dev + p->soff, p->sbytes, cudaMemcpyDeviceToHost, s);
@@ -579,6 +616,7 @@ static void issue_call(rank_t *r, pend_t *p, size_t *top) {
 }
 
 static void finish_batch(rank_t *r, pend_t *batch, int nb) {
+  where(r->rank, "waiting for its streams (cudaStreamSynchronize) after a batch of calls", nb ? batch[nb - 1].c->seed : 0);
   for (int k = 0; k < g_nstreams; k++) {
     cudaError_t ce = cudaStreamSynchronize(r->s[k]);
     if (ce != cudaSuccess) FAIL(r, "stream %d: %s", k, cudaGetErrorString(ce));
@@ -586,6 +624,7 @@ static void finish_batch(rank_t *r, pend_t *batch, int nb) {
   flexcoll_result_t async = FLEXCOLL_SUCCESS;
   flexcoll_comm_get_async_error(r->comm, &async);
   if (async != FLEXCOLL_SUCCESS) FAIL(r, "async error %s: %s", flexcoll_get_error_string(async), flexcoll_get_last_error(r->comm));
+  where(r->rank, "checking its results, then at the barrier after the checks", nb ? batch[nb - 1].c->seed : 0);
   for (int b = 0; b < nb; b++)
     if (batch[b].ok) check_call(r, &batch[b]);
   /* Every rank's copies are in place: compare the allreduce results byte for byte with rank 0's
@@ -746,6 +785,7 @@ static void *rank_main(void *arg) {
   flexcoll_config_t config = FLEXCOLL_CONFIG_INITIALIZER;
   config.cuda_device = 0;
   config.timeout_ms = 20000; /* a lost peer fails the test, not hangs it */
+  where(r->rank, "inside flexcoll_comm_init_rank", 0);
   flexcoll_result_t res = flexcoll_comm_init_rank(&r->comm, g_nranks, g_id, r->rank, &config);
   if (res != FLEXCOLL_SUCCESS) FAIL(r, "comm_init_rank: %s", flexcoll_get_last_error(NULL));
   ok = agree(r, ok && res == FLEXCOLL_SUCCESS && cases);
@@ -774,6 +814,7 @@ static void *rank_main(void *arg) {
     }
     if (g_nranks == 4) {
       phase_begin(r, "tp-dp");
+      where(r->rank, "in the TP and DP rounds", 0);
       tpdp(r);
       phase_end(r);
     }
@@ -783,6 +824,7 @@ static void *rank_main(void *arg) {
   }
 
   phase_begin(r, "destroy");
+  where(r->rank, "destroying its communicators", 0);
   for (int k = 0; k < g_nstreams; k++) cudaStreamSynchronize(r->s[k]);
   flexcoll_comm_t all[3] = {r->comm, r->tp, r->dp};
   for (int k = 0; k < 3; k++)
@@ -818,6 +860,8 @@ static int run_nranks(int nranks) {
   g_cap = max_footprint(nranks, cases);
   free(cases);
   pthread_barrier_init(&g_barrier, NULL, (unsigned)nranks);
+  for (int q = 0; q < MAX_RANKS; q++) where(q, NULL, 0);
+  g_where_n = nranks;
   pthread_t th[MAX_RANKS];
   for (int q = 0; q < nranks; q++) {
     g_ranks[q].rank = q;
@@ -853,6 +897,7 @@ static void *hang_main(void *arg) {
   config.cuda_device = 0;
   config.timeout_ms = HANG_TIMEOUT_MS;
   flexcoll_comm_t comm = NULL;
+  where(h->rank, "hang: inside flexcoll_comm_init_rank", 0);
   flexcoll_result_t res = flexcoll_comm_init_rank(&comm, 2, h->id, h->rank, &config);
   int ok = res == FLEXCOLL_SUCCESS && buf;
   if (!ok) {
@@ -865,6 +910,7 @@ static void *hang_main(void *arg) {
     snprintf(g_call, sizeof g_call, "allreduce of %zu float32 with rank 1 absent, polling the async error", n);
     alarm(PHASE_ALARM);
     const double t0 = now_s(), limit = HANG_TIMEOUT_MS / 1000.0 + 10;
+    where(0, "hang: inside the allreduce that rank 1 does not make", 0);
     res = flexcoll_allreduce(buf, buf, n, FLEXCOLL_FLOAT32, FLEXCOLL_SUM, comm, s);
     /* Enqueued, or (a path that waits on the host) already timed out. */
     if (res != FLEXCOLL_SUCCESS && res != FLEXCOLL_TIMEOUT) {
@@ -873,6 +919,7 @@ static void *hang_main(void *arg) {
       h->failures++;
     }
     flexcoll_result_t async = FLEXCOLL_SUCCESS;
+    where(0, "hang: polling its stream and the async error", 0);
     for (;;) {
       cudaError_t q = cudaStreamQuery(s);
       flexcoll_comm_get_async_error(comm, &async);
@@ -890,6 +937,11 @@ static void *hang_main(void *arg) {
       fprintf(stderr, TAG " env %c hang: async error %s after %.2f s, not FLEXCOLL_TIMEOUT within %.0f s\n", g_env,
               flexcoll_get_error_string(async), took, limit);
       h->failures++;
+    } else if (!strstr(flexcoll_get_last_error(comm), "peer")) {
+      /* The code alone does not say what failed: the last error must (whichever path timed out). */
+      fprintf(stderr, TAG " env %c hang: FLEXCOLL_TIMEOUT with the last error \"%s\", which names no peer\n", g_env,
+              flexcoll_get_last_error(comm));
+      h->failures++;
     }
     fprintf(stderr, TAG " env %c N=2 hang-detect: %.2f s %s\n", g_env, took,
             async == FLEXCOLL_TIMEOUT && !h->failures ? "PASS" : "FAIL");
@@ -903,6 +955,7 @@ static void *hang_main(void *arg) {
   pthread_barrier_wait(&g_hang_barrier);
   const double t0 = now_s();
   const int failures_before = h->failures;
+  where(h->rank, "hang-abort: inside flexcoll_comm_abort", 0);
   if (comm) {
     res = flexcoll_comm_abort(comm);
     if (res != FLEXCOLL_SUCCESS) {
@@ -911,12 +964,15 @@ static void *hang_main(void *arg) {
     }
   }
   /* Aborted, the kernel that waited for rank 1 must end. */
+  where(h->rank, "hang-abort: waiting for its stream after the abort", 0);
   while (cudaStreamQuery(s) == cudaErrorNotReady && now_s() - t0 < 10) usleep(10000);
   if (cudaStreamQuery(s) == cudaErrorNotReady) {
     fprintf(stderr, TAG " env %c hang rank %d: the stream still runs 10 s after the abort\n", g_env, h->rank);
     h->failures++;
   }
+  where(h->rank, "hang-abort: inside flexcoll_comm_destroy", 0);
   if (comm) flexcoll_comm_destroy(comm);
+  where(h->rank, "hang-abort: at the barrier after the destroy", 0);
   g_hang_abort_fail[h->rank] = h->failures != failures_before;
   pthread_barrier_wait(&g_hang_barrier);
   if (h->rank == 0)
@@ -933,6 +989,8 @@ static int run_hang(void) {
   }
   hr[1].id = hr[0].id;
   pthread_barrier_init(&g_hang_barrier, NULL, 2);
+  for (int q = 0; q < MAX_RANKS; q++) where(q, NULL, 0);
+  g_where_n = 2;
   pthread_t th[2];
   for (int q = 0; q < 2; q++) pthread_create(&th[q], NULL, hang_main, &hr[q]);
   for (int q = 0; q < 2; q++) pthread_join(th[q], NULL);
@@ -1068,6 +1126,7 @@ static int child_main(const env_t *e, const int *ranks, int nranks_list) {
   char cache[] = "/tmp/fc-test-onegpu-XXXXXX";
   if (cache_make(cache)) return 1;
   signal(SIGALRM, on_alarm);
+  crash_report_install(TAG, on_crash_context);
   int failed = 0;
   for (int i = 0; i < nranks_list; i++) {
     g_nindex = i;
@@ -1102,6 +1161,8 @@ static int wait_child(pid_t pid, double limit_s) {
 
 int main(void) {
   g_quick = env_flag("FC_ONEGPU_QUICK");
+  if (getenv("FC_ONEGPU_PHASE_ALARM") && atoi(getenv("FC_ONEGPU_PHASE_ALARM")) > 0)
+    g_phase_alarm = (unsigned)atoi(getenv("FC_ONEGPU_PHASE_ALARM"));
   int ranks[16];
   const int nranks_list = parse_ranks(ranks);
   if (nranks_list < 0) return 1;

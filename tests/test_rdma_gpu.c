@@ -36,7 +36,6 @@
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
 #include <dlfcn.h>
-#include <execinfo.h>
 #include <signal.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -49,6 +48,7 @@
 #include "flexcoll.h"
 #include "gpu/gpu.h"
 #define TEST_TAG "[test_rdma_gpu]"
+#include "crash_report.h"
 #include "gpu_ranks.h"
 #include "gpu_serial.h"
 #include "transports/verbs.h"
@@ -387,32 +387,11 @@ static int real_devices(void) {
   return list && n > 0;
 }
 
-/* A mode that crashes prints the faulting address and where (addresses for addr2line -f -e
- * tests/.libs/... or the test itself, which links the library), then dies of the same signal,
- * which the parent reports. */
-static void on_crash(int sig, siginfo_t *info, void *ctx) {
-  (void)ctx;
-  void *frames[64];
-  const int n = backtrace(frames, 64);
-  char msg[96];
-  const int len = snprintf(msg, sizeof msg, "[test_rdma_gpu] crashed (signal %d at address %p); backtrace:\n", sig,
-                           info ? info->si_addr : NULL);
-  if (len <= 0 || write(2, msg, (size_t)len) < 0) _exit(128 + sig);
-  backtrace_symbols_fd(frames, n, 2);
-  signal(sig, SIG_DFL);
-  raise(sig);
-}
-
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* what a mode printed survives its crash */
   if (argc == 2) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = on_crash;
-    sa.sa_flags = SA_SIGINFO;
-    sigaction(SIGSEGV, &sa, NULL);
-    sigaction(SIGBUS, &sa, NULL);
-    sigaction(SIGABRT, &sa, NULL);
+    /* A mode that crashes prints where, then dies of the same signal, which the parent reports. */
+    crash_report_install(TEST_TAG, NULL);
     return run_mode(argv[1]);
   }
   const int real = getenv("FC_TEST_RDMA_REAL") && *getenv("FC_TEST_RDMA_REAL") == '1';

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "gpu.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -587,12 +588,22 @@ void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream) {
   g->inflight_t[i] = fc_now_ms();
 }
 
+/* The communicator's first error found in its device work becomes its async error, and why
+ * becomes its last-error string (and a WARN line), so that flexcoll_get_last_error after
+ * flexcoll_comm_get_async_error says what failed, not only the code. */
+static void device_work_failed(struct flexcoll_comm *comm, flexcoll_result_t err, const char *why) {
+  if (atomic_load(&comm->async_error) != FLEXCOLL_SUCCESS) return;
+  fc_comm_set_async_error(comm, err);
+  fc_error(comm, err, "rank %d: %s; abort and destroy the communicator", comm->rank, why);
+}
+
 void fc_gpu_note_kernel_error(struct flexcoll_comm *comm) {
   struct fc_gpu *g = comm->gpu;
   if (!g) return;
   const int found = __atomic_load_n(g->error_host, __ATOMIC_SEQ_CST);
   if (found == FC_DEV_ERROR_TIMEOUT) {
-    fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+    device_work_failed(comm, FLEXCOLL_TIMEOUT, "a kernel of this communicator waited for a peer longer than the "
+                       "timeout and gave up (a peer did not make the matching call, or its kernel could not start)");
     fc_pcie_report_timeout(g, comm->rank);
   }
   if (found == FC_DEV_ERROR_EXPERT_ID && atomic_load(&comm->async_error) == FLEXCOLL_SUCCESS) {
@@ -611,10 +622,20 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
     unsigned i = g->inflight_tail % 64;
     cudaError_t e = cudaEventQuery(g->inflight_ev[i]);
     if (e == cudaErrorNotReady) {
-      if (fc_now_ms() - g->inflight_t[i] > comm->timeout_ms) fc_comm_set_async_error(comm, FLEXCOLL_TIMEOUT);
+      const double age = fc_now_ms() - g->inflight_t[i];
+      if (age > comm->timeout_ms) {
+        char why[256];
+        snprintf(why, sizeof why, "a call enqueued %.0f ms ago has not finished (timeout %d ms): a peer did not make the "
+                 "matching call, or the work before it on a stream has not finished", age, comm->timeout_ms);
+        device_work_failed(comm, FLEXCOLL_TIMEOUT, why);
+      }
       return;
     }
-    if (e != cudaSuccess) fc_comm_set_async_error(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR);
+    if (e != cudaSuccess) {
+      char why[160];
+      snprintf(why, sizeof why, "a call's work on its stream failed: %s", cudaGetErrorString(e));
+      device_work_failed(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, why);
+    }
     g->inflight_tail++;
   }
 }

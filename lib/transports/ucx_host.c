@@ -213,9 +213,17 @@ static flexcoll_result_t create_worker(struct flexcoll_comm *comm, fc_ucx_t *u, 
   u->cuda = *cuda && ucp_context_query(u->context, &attr) == UCS_OK &&
             (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA));
   /* SERIALIZED: the thread that initialises and the threads that later drive the communicator
-   * (group_end runs each communicator in its own thread) may differ, never concurrently. */
-  ucp_worker_params_t wparams = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                                 .thread_mode = UCS_THREAD_MODE_SERIALIZED};
+   * (group_end runs each communicator in its own thread) may differ, never concurrently.
+   * IGNORE_REQUEST_LEAK: a send that a failed collective left behind can be neither cancelled
+   * (UCX cancels receives only) nor completed by closing its endpoint where the endpoint has no
+   * peer-failure handling (toward a thread of this process: a forced close is refused there), so
+   * it is still out when the worker goes.  UCX's leak check then describes each such request,
+   * reading its endpoint, which the worker destroyed just before: a crash in
+   * ucp_worker_destroy (test_onegpu env l, the hang case after an abort).  The requests' memory
+   * goes with the worker's pool either way. */
+  ucp_worker_params_t wparams = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_FLAGS,
+                                 .thread_mode = UCS_THREAD_MODE_SERIALIZED,
+                                 .flags = UCP_WORKER_FLAG_IGNORE_REQUEST_LEAK};
   st = ucp_worker_create(u->context, &wparams, &u->worker);
   if (st != UCS_OK) return ucx_fail(comm, "ucp_worker_create", st);
   /* Without a descriptor the tcp thread keeps its millisecond naps: correct, only busier. */
@@ -533,6 +541,8 @@ static void flush_worker(fc_ucx_t *u, int timeout_ms) {
   ucp_request_free(req);
 }
 
+/* Endpoints without peer-failure handling (toward threads of this process) refuse a forced
+ * close (UCS_ERR_INVALID_PARAM); ucp_worker_destroy purges and disconnects those itself. */
 static void close_endpoints(fc_ucx_t *u) {
   ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
   for (int r = 0; r < u->nranks; r++) {

@@ -799,7 +799,7 @@ START_TEST(test_two_dimensions_by_model) {
   for (int k = 0; k < 2; k++) {
     for (size_t bytes = 4096; bytes <= ((size_t)1 << 30); bytes *= 16)
       ck_assert_msg(fc_tuner_hosts_2d(colls[k], bytes, &l, 4), "1 Gbit/s between hosts: flat at %zu bytes", bytes);
-    ck_assert_uint_eq(fc_tuner_hosts_2d_predicted_limit(colls[k], &l, 4), (size_t)1 << 40);
+    ck_assert_uint_eq(fc_tuner_hosts_2d_predicted_limit(colls[k], &l, 4), FC_TUNER_HOSTS_2D_SCAN_MAX);
     ck_assert(!fc_tuner_hosts_2d(FC_COLL_ALLREDUCE, 1 << 20, &l, 4)); /* allreduce has its own 2-D */
   }
   /* Between hosts 4 times faster than shm within one: the models alone take two dimensions for

@@ -189,8 +189,9 @@ static int matrix_rank(hx_rank_t *r) {
          * ring's previous rank) may never see: each rail must carry bytes, not to every peer. */
         if (!st[i].bytes && fixed) hx_fail(r, "rdma (entry %d) carried nothing to rank %d", i, st[i].peer);
       }
-    for (int k = 0; rails > 1 && k < rails && k < 8 && n > 0; k++)
-      if (!rail_bytes[k]) hx_fail(r, "rdma rail %d carried nothing to any peer", k);
+    if (rails > 1 && n > 0)
+      for (int k = 0; k < rails && k < 8; k++)
+        if (!rail_bytes[k]) hx_fail(r, "rdma rail %d carried nothing to any peer", k);
     if (!rdma && (fixed || !strchr(links, ','))) hx_fail(r, "FLEXCOLL_LINKS=%s: rdma carried nothing", links);
     if (strchr(links, ',') && fixed && !shm) hx_fail(r, "FLEXCOLL_LINKS=%s at fixed shares: shm carried nothing", links);
   }

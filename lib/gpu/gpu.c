@@ -6,6 +6,7 @@
 #include "config.h"
 #include "gpu.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -588,11 +589,19 @@ void fc_gpu_track(struct flexcoll_comm *comm, cudaStream_t stream) {
   g->inflight_t[i] = fc_now_ms();
 }
 
-/* The communicator's first error found in its device work becomes its async error, and why
- * becomes its last-error string (and a WARN line), so that flexcoll_get_last_error after
- * flexcoll_comm_get_async_error says what failed, not only the code. */
-static void device_work_failed(struct flexcoll_comm *comm, flexcoll_result_t err, const char *why) {
+/* The communicator's first error found in its device work becomes its async error, and why (a
+ * printf format) becomes its last-error string (and a WARN line), so that flexcoll_get_last_error
+ * after flexcoll_comm_get_async_error says what failed, not only the code.  Later ones are not
+ * even formatted: get_async_error may be polled in a loop. */
+static void device_work_failed(struct flexcoll_comm *comm, flexcoll_result_t err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void device_work_failed(struct flexcoll_comm *comm, flexcoll_result_t err, const char *fmt, ...) {
   if (atomic_load(&comm->async_error) != FLEXCOLL_SUCCESS) return;
+  char why[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
   fc_comm_set_async_error(comm, err);
   fc_error(comm, err, "rank %d: %s; abort and destroy the communicator", comm->rank, why);
 }
@@ -606,12 +615,10 @@ void fc_gpu_note_kernel_error(struct flexcoll_comm *comm) {
                        "timeout and gave up (a peer did not make the matching call, or its kernel could not start)");
     fc_pcie_report_timeout(g, comm->rank);
   }
-  if (found == FC_DEV_ERROR_EXPERT_ID && atomic_load(&comm->async_error) == FLEXCOLL_SUCCESS) {
-    fc_error(comm, FLEXCOLL_INVALID_ARGUMENT,
-             "flexcoll_moe_dispatch: expert_ids held an id not below cfg.num_experts (ids below 0 mean no expert); "
-             "that k of its token went nowhere: abort the communicator");
-    fc_comm_set_async_error(comm, FLEXCOLL_INVALID_ARGUMENT);
-  }
+  if (found == FC_DEV_ERROR_EXPERT_ID)
+    device_work_failed(comm, FLEXCOLL_INVALID_ARGUMENT,
+                       "flexcoll_moe_dispatch: expert_ids held an id not below cfg.num_experts (ids below 0 mean no "
+                       "expert); that k of its token went nowhere");
 }
 
 void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
@@ -623,19 +630,15 @@ void fc_gpu_poll_async_error(struct flexcoll_comm *comm) {
     cudaError_t e = cudaEventQuery(g->inflight_ev[i]);
     if (e == cudaErrorNotReady) {
       const double age = fc_now_ms() - g->inflight_t[i];
-      if (age > comm->timeout_ms) {
-        char why[256];
-        snprintf(why, sizeof why, "a call enqueued %.0f ms ago has not finished (timeout %d ms): a peer did not make the "
-                 "matching call, or the work before it on a stream has not finished", age, comm->timeout_ms);
-        device_work_failed(comm, FLEXCOLL_TIMEOUT, why);
-      }
+      if (age > comm->timeout_ms)
+        device_work_failed(comm, FLEXCOLL_TIMEOUT, "a call enqueued %.0f ms ago has not finished (timeout %d ms): a "
+                           "peer did not make the matching call, or the work before it on a stream has not finished",
+                           age, comm->timeout_ms);
       return;
     }
-    if (e != cudaSuccess) {
-      char why[160];
-      snprintf(why, sizeof why, "a call's work on its stream failed: %s", cudaGetErrorString(e));
-      device_work_failed(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, why);
-    }
+    if (e != cudaSuccess)
+      device_work_failed(comm, FLEXCOLL_UNHANDLED_CUDA_ERROR, "a call's work on its stream failed: %s",
+                         cudaGetErrorString(e));
     g->inflight_tail++;
   }
 }

@@ -637,7 +637,7 @@ static void log_hosts_2d(struct flexcoll_comm *comm, const fc_links_t *l) {
   if (l->nhosts < 2 || fc_log_level() < FC_LOG_INFO) return;
   for (int k = 0; k < 2; k++) {
     const size_t limit = fc_tuner_hosts_2d_predicted_limit(colls[k], l, comm->nranks);
-    if (limit == (size_t)1 << 40)
+    if (limit == FC_TUNER_HOSTS_2D_SCAN_MAX)
       FC_INFO(FC_SUB_SCHED, "%s over the hosts: the calibrated link models predict two dimensions faster at every "
               "size (to 1 TiB)", names[k]);
     else if (limit)

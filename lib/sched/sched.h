@@ -30,7 +30,9 @@ int fc_tuner_direct_exchange(void);
 struct fc_links;
 int fc_tuner_hosts_2d(fc_coll_t coll, size_t bytes, const struct fc_links *l, int nranks);
 /* The largest power-of-two size up to which the calibrated link models predict two dimensions faster
- * for coll (at most 1 TiB: every size), 0 where they predict it at no size from 1 KiB: for the log. */
+ * for coll (at most FC_TUNER_HOSTS_2D_SCAN_MAX: every size), 0 where they predict it at no size
+ * from 1 KiB: for the log. */
+#define FC_TUNER_HOSTS_2D_SCAN_MAX ((size_t)1 << 40)
 size_t fc_tuner_hosts_2d_predicted_limit(fc_coll_t coll, const struct fc_links *l, int nranks);
 /* Whether device calls above the one-shot limit may take the collective kernels (ring,
  * alltoall): not when FLEXCOLL_ALGO forces an algorithm, whose schedule then runs (lib/gpu). */

@@ -25,8 +25,8 @@ FC_PARAM_INT(direct_rs_min_bytes, "DIRECT_RS_MIN_BYTES", 32 << 20)
  * "hosts" of one machine, whose link is a copy through memory (beyond them the columns' copies
  * cost more than the transfers saved: docs/PERFORMANCE.md, sessions 34 and 35), and beyond them
  * where the calibrated link models predict two dimensions faster by more than a tenth even on
- * pessimistic terms (hosts_2d_predicted): between hosts much slower than a copy, as with hosts joined at 1 Gbit/s,
- * where two dimensions won at every size measured (session 35). */
+ * pessimistic terms (hosts_2d_predicted): between hosts much slower than a copy, as with hosts
+ * joined at 1 Gbit/s, where two dimensions won at every size measured (session 35). */
 FC_PARAM_INT(allgather_2d_max_bytes, "ALLGATHER_2D_MAX_BYTES", -1)
 FC_PARAM_INT(reduce_scatter_2d_max_bytes, "REDUCE_SCATTER_2D_MAX_BYTES", -1)
 #define ALLGATHER_2D_MEASURED_BYTES (1u << 20)
@@ -182,7 +182,7 @@ size_t fc_tuner_hosts_2d_predicted_limit(fc_coll_t coll, const fc_links_t *l, in
   int H, L;
   if (!hosts_2d_shape(coll, l, nranks, &H, &L)) return 0;
   size_t last = 0;
-  for (size_t bytes = 1 << 10; bytes <= ((size_t)1 << 40) && hosts_2d_predicted(coll, bytes, l, H, L); bytes *= 2)
+  for (size_t bytes = 1 << 10; bytes <= FC_TUNER_HOSTS_2D_SCAN_MAX && hosts_2d_predicted(coll, bytes, l, H, L); bytes *= 2)
     last = bytes;
   return last;
 }
